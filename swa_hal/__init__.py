@@ -1,0 +1,54 @@
+"""swa_hal: sliding-window-attention metadata for DeepSeek-V4-style sparse MLA, on any hardware.
+
+A core builder (semantics, buffers, validation) over a backend protocol; backends are pluggy
+plugins found through the ``swa_hal.backends`` entry-point group and chosen per platform.
+"""
+
+from importlib.metadata import PackageNotFoundError, version as _version
+
+from .backend import Availability, Backend, BackendSpec, BuildPlan
+from .batch import AttentionBatch
+from .builder import SWAMetadataBuilder
+from .config import LAYER_TYPES, SWAConfig
+from .errors import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    BatchValidationError,
+    ConfigError,
+    PluginError,
+    SWAHalError,
+)
+from .hookspecs import hookimpl, hookspec
+from .metadata import SWAMetadata
+from .platform import PlatformInfo, probe_platform
+from .selection import Selection, select_backend
+
+try:
+    __version__ = _version("swa-hal")
+except PackageNotFoundError:  # a source checkout that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "AttentionBatch",
+    "Availability",
+    "Backend",
+    "BackendNotFoundError",
+    "BackendSpec",
+    "BackendUnavailableError",
+    "BatchValidationError",
+    "BuildPlan",
+    "ConfigError",
+    "LAYER_TYPES",
+    "PlatformInfo",
+    "PluginError",
+    "SWAConfig",
+    "SWAHalError",
+    "SWAMetadata",
+    "SWAMetadataBuilder",
+    "Selection",
+    "hookimpl",
+    "hookspec",
+    "probe_platform",
+    "select_backend",
+    "__version__",
+]

@@ -1,0 +1,195 @@
+"""The backend protocol: what a backend declares (BackendSpec) and what it implements (Backend).
+
+A backend holds no semantics. It says when it can run, computes the outputs of SPEC §4-§7 into the
+builder's fixed buffers (by calling the reference or the shared kernels), and may add FlashMLA
+scheduler objects or a post-pass. The core decides everything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from .config import LAYER_TYPES
+
+if TYPE_CHECKING:
+    import torch
+
+    from .batch import AttentionBatch
+    from .buffers import MetadataBuffers
+    from .config import SWAConfig
+    from .metadata import SWAMetadata
+    from .platform import PlatformInfo
+
+API_VERSION = 1
+SUPPORTED_API_VERSIONS = (1,)
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run on a platform, and if not, every reason why."""
+
+    ok: bool
+    reasons: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @classmethod
+    def yes(cls) -> "Availability":
+        return cls(True)
+
+    @classmethod
+    def no(cls, *reasons: str) -> "Availability":
+        return cls(False, tuple(reasons) or ("unavailable",))
+
+    @classmethod
+    def check(cls, failures: list[str]) -> "Availability":
+        """Available when ``failures`` is empty; else unavailable for all of them."""
+        return cls(not failures, tuple(failures))
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSpec:
+    """A backend as a plugin declares it. Cheap to create: nothing heavy is imported until ``factory``.
+
+    name: short, fixed, lowercase ("cuda", "acme").
+    priority: explicit number; the highest available auto-selectable backend wins. The built-ins use
+        0 (torch, the fallback) and 100-200 (hardware backends); third parties pick their own.
+    factory: "module:attr" naming a Backend subclass (or callable) taking (config, device, platform).
+    is_available: PlatformInfo -> Availability; must be pure (no probing, no CUDA initialisation).
+    vendors: the PlatformInfo.vendor values it targets (documentation and the CI matrix).
+    platforms: ``--assume`` strings of the platforms it should be selected on (the CI matrix).
+    kernels: "torch", "triton", or another word; "triton" lets the conformance kit run it on a CPU
+        through the Triton interpreter.
+    clamps_addresses: every lane address in bounds, masked or not (checked address-strict).
+    cuda_graphs: a decode-only build can be captured in a CUDA graph.
+    """
+
+    name: str
+    priority: int
+    factory: str
+    is_available: Callable[["PlatformInfo"], Availability]
+    vendors: tuple[str, ...] = ()
+    platforms: tuple[str, ...] = ()
+    api_version: int = API_VERSION
+    auto_select: bool = True
+    summary: str = ""
+    kernels: str = "torch"
+    clamps_addresses: bool = False
+    cuda_graphs: bool = False
+
+    def problems(self) -> list[str]:
+        """What is malformed about this spec (empty when it is well formed)."""
+        out = []
+        if not isinstance(self.name, str) or not NAME_PATTERN.match(self.name):
+            out.append(f"name {self.name!r} must match {NAME_PATTERN.pattern}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            out.append(f"priority {self.priority!r} must be an integer")
+        if not isinstance(self.factory, str) or not FACTORY_PATTERN.match(self.factory):
+            out.append(f"factory {self.factory!r} must be a 'module:attribute' string")
+        if not callable(self.is_available):
+            out.append("is_available must be callable")
+        if self.api_version not in SUPPORTED_API_VERSIONS:
+            out.append(f"api_version {self.api_version!r} is not supported (supported: {SUPPORTED_API_VERSIONS})")
+        if not isinstance(self.vendors, tuple) or not all(isinstance(v, str) for v in self.vendors):
+            out.append("vendors must be a tuple of strings")
+        if not isinstance(self.platforms, tuple) or not all(isinstance(p, str) for p in self.platforms):
+            out.append("platforms must be a tuple of --assume strings")
+        return out
+
+    def load_factory(self) -> Callable[..., "Backend"]:
+        module_name, _, attr = self.factory.partition(":")
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildPlan:
+    """The host-side facts of one build: the split (SPEC §3) and where each output goes.
+
+    Everything here comes from host values (the CPU copy of query_start_loc, max_query_len, sizes),
+    so computing it never synchronises with the device.
+    """
+
+    num_reqs: int
+    num_tokens: int
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+    causal: bool
+    decode_width: int
+    # Decode lens rows [num_decode_tokens, decode_lens_clear_end) are zeroed (SPEC §10).
+    decode_lens_clear_end: int
+
+
+class Backend:
+    """Base class of backends. Subclasses implement ``compute`` and ``recompute_decode_rows``."""
+
+    name: ClassVar[str] = "base"
+    # Whether update_draft_decode_metadata (SPEC §9) is supported.
+    supports_draft_decode_metadata_update: ClassVar[bool] = True
+
+    def __init__(self, config: "SWAConfig", device: "torch.device", platform: "PlatformInfo"):
+        self.config = config
+        self.device = device
+        self.platform = platform
+
+    def allocate(self, buffers: "MetadataBuffers") -> None:
+        """Allocate any extra fixed buffers (once, at builder construction)."""
+
+    def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
+        """Fill token_to_req, is_valid, decode and prefill rows and lens, gather lens."""
+        raise NotImplementedError
+
+    def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
+        """Recompute causal decode rows in place from the (advanced) seq_lens; no sync, no allocation."""
+        raise NotImplementedError
+
+    def make_tile_schedulers(self, num_decode_tokens: int) -> dict[str, Any]:
+        """One fresh scheduler object per present layer type, or None everywhere (the default)."""
+        return dict.fromkeys(LAYER_TYPES)
+
+    def post_process(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> "SWAMetadata":
+        """Derive extra forms from the finished metadata (ROCm's ragged rows)."""
+        return metadata
+
+    def warmup(self, buffers: "MetadataBuffers", progress: Callable[[str], None] | None = None) -> int:
+        """Compile everything a build can need; returns the number of kernel variants prepared."""
+        return 0
+
+    def status(self) -> dict[str, str]:
+        """Human-readable facts for ``swa-hal info`` (kernel variant, scheduler state, ...)."""
+        return {}
+
+
+def require(
+    platform: "PlatformInfo",
+    *,
+    vendor: str,
+    vendor_label: str,
+    capability_majors: tuple[int, ...] | None = None,
+    triton: bool = False,
+) -> Availability:
+    """Availability for the common case: a vendor, optionally capability majors, optionally Triton.
+
+    The vendor is checked before the capability: ROCm devices report capability tuples too.
+    """
+    failures = []
+    if platform.vendor != vendor:
+        failures.append(f"needs {vendor_label}; found vendor {platform.vendor!r}")
+    elif capability_majors is not None:
+        found = platform.capability_str or "none"
+        if platform.capability is None or platform.capability[0] not in capability_majors:
+            wanted = " or ".join(f"{m}.x" for m in capability_majors)
+            failures.append(f"needs CUDA capability {wanted}; found {found}")
+    if triton and not platform.triton:
+        failures.append("triton is not installed")
+    return Availability.check(failures)

@@ -1,0 +1,196 @@
+"""SWAMetadataBuilder: fixed buffers, the decode/prefill split, and one call into the backend.
+
+The host side of a build reads only host values (the CPU query_start_loc, sizes), so a decode-only
+build never synchronises and can be captured in a CUDA graph (SPEC §10).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .backend import BuildPlan
+from .batch import AttentionBatch
+from .buffers import MetadataBuffers
+from .config import SWAConfig
+from .errors import BatchDeviceError, SpeculativeModeError
+from .metadata import SWAMetadata
+from .platform import PlatformInfo, probe_platform
+from .plugins import PluginRegistry
+from .selection import select_backend
+from .split import split_decodes_and_prefills
+from .validation import guard_batch, validate_batch
+
+
+def debug_mode() -> bool:
+    return os.environ.get("SWA_HAL_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class SWAMetadataBuilder:
+    """Builds SWAMetadata for one model and engine configuration, on one device.
+
+    backend: a backend name, or None for ``SWA_HAL_BACKEND`` / auto-selection.
+    platform: replaces the probe (tests, ``--assume``).
+    validate: run the full, syncing validation on every build; default: ``SWA_HAL_DEBUG=1``.
+        The cheap host checks (dtypes, capacity, speculative mode) always run.
+    """
+
+    # The builder asks the engine for no reordering beyond "decodes first" (seed semantics).
+    reorder_batch_threshold: int | None = None
+
+    def __init__(
+        self,
+        config: SWAConfig,
+        device: str | torch.device = "cpu",
+        backend: str | None = None,
+        platform: PlatformInfo | None = None,
+        *,
+        registry: PluginRegistry | None = None,
+        validate: bool | None = None,
+    ):
+        self.config = config
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.platform = platform if platform is not None else probe_platform(device)
+        self.selection = select_backend(backend, self.platform, registry=registry)
+        self.backend = self.selection.create(config, device)
+        self.backend_name: str = self.backend.name
+        self.buffers = MetadataBuffers(config, device)
+        self.backend.allocate(self.buffers)
+        self.validate = debug_mode() if validate is None else validate
+        self.decode_threshold = config.decode_threshold
+        # Decode lens rows ever written; each build zeroes [num_decode_tokens, this) (SPEC §10).
+        self._lens_high_water = 0
+        self._views: dict[tuple[Any, ...], Any] = {}
+
+    # -- build -----------------------------------------------------------------------------------
+
+    def build(self, batch: AttentionBatch, validate: bool | None = None) -> SWAMetadata:
+        cfg = self.config
+        buffers = self.buffers
+        if validate if validate is not None else self.validate:
+            validate_batch(batch, cfg, buffers.capacity)
+            if batch.seq_lens.device != self.device:
+                raise BatchDeviceError("seq_lens", f"the batch is on {batch.seq_lens.device}; the builder is on {self.device}")
+        else:
+            guard_batch(batch, cfg, buffers.capacity)
+        num_tokens = batch.num_tokens
+        qsl_cpu = batch.query_start_loc_cpu.numpy()
+        nd, npf, ndt, npt = split_decodes_and_prefills(qsl_cpu, batch.max_query_len, num_tokens, self.decode_threshold)
+        causal = batch.causal
+        width = cfg.window_size if causal else self._noncausal_width(batch, qsl_cpu, nd)
+        clear_end = self._lens_high_water
+        if ndt > clear_end:
+            self._lens_high_water = ndt
+        plan = BuildPlan(qsl_cpu.shape[0] - 1, num_tokens, nd, npf, ndt, npt, causal, width, clear_end)
+        self.backend.compute(plan, batch, buffers)
+
+        t2r, valid = self._token_views(num_tokens)
+        dec_idx, dec_lens = self._decode_views(ndt, causal)
+        if npt:
+            pre_idx, pre_lens = self._prefill_views(npt)
+        else:
+            pre_idx = pre_lens = None
+        if npf:
+            seq_cpu = batch.seq_lens_cpu
+            pre_seq_cpu = seq_cpu[nd:] if seq_cpu is not None else batch.seq_lens[nd:].cpu()
+            md_prefill = (
+                buffers.gather_lens[:npf],
+                batch.seq_lens[nd:],
+                pre_seq_cpu,
+                torch.from_numpy(np.diff(qsl_cpu[nd:])),
+            )
+        else:
+            md_prefill = (None, None, None, None)
+        md = SWAMetadata(
+            batch.seq_lens, batch.query_start_loc, batch.query_start_loc_cpu, batch.block_table, batch.slot_mapping,
+            nd, npf, ndt, npt, t2r, valid, dec_idx, dec_lens, width, causal,
+            min(batch.max_query_len, self.decode_threshold),
+            pre_idx, pre_lens, *md_prefill,
+            cfg.block_size, cfg.window_size, cfg.max_model_len, cfg.max_num_batched_tokens,
+            self.backend.make_tile_schedulers(ndt), self.backend_name,
+        )
+        return self.backend.post_process(md, buffers)
+
+    def _noncausal_width(self, batch: AttentionBatch, qsl_cpu: np.ndarray, num_decodes: int) -> int:
+        """DSpark rows (SPEC §6): only legal with DSpark, and never truncated."""
+        cfg = self.config
+        if not cfg.is_dspark:
+            raise SpeculativeModeError(
+                "causal", f"causal=False is only legal with DSpark drafting; speculative_method={cfg.speculative_method!r}"
+            )
+        width = cfg.noncausal_index_width
+        if batch.max_query_len + cfg.window_size > width and num_decodes:
+            # A row holds min(S_r, q_r + W) entries; check the decode requests exactly.
+            query = np.diff(qsl_cpu[: num_decodes + 1]).astype(np.int64)
+            need = query + cfg.window_size
+            if batch.seq_lens_cpu is not None:
+                need = np.minimum(need, batch.seq_lens_cpu[:num_decodes].numpy())
+            over = np.flatnonzero(need > width)
+            if over.size:
+                r = int(over[0])
+                raise SpeculativeModeError(
+                    "query_start_loc",
+                    f"request {r}: its DSpark row needs {int(need[r])} entries (query {int(query[r])} + "
+                    f"window {cfg.window_size}), wider than the non-causal width {width}; refusing to truncate",
+                    r,
+                )
+        return width
+
+    # Views of the fixed buffers, made once per size: slicing a tensor costs host time per build.
+    def _token_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = ("tok", n)
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = (self.buffers.token_to_req[:n], self.buffers.is_valid[:n])
+        return views
+
+    def _decode_views(self, n: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        key = ("dec", n, causal)
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = (self.buffers.decode_rows(causal)[:n], self.buffers.decode_lens[:n])
+        return views
+
+    def _prefill_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = ("pre", n)
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = (self.buffers.prefill_indices[:n], self.buffers.prefill_lens[:n])
+        return views
+
+    # -- speculative decoding --------------------------------------------------------------------
+
+    @property
+    def supports_draft_decode_metadata_update(self) -> bool:
+        return self.backend.supports_draft_decode_metadata_update
+
+    def update_draft_decode_metadata(self, metadata: SWAMetadata) -> None:
+        """SPEC §9: after the engine advanced ``seq_lens`` in place by one draft step, recompute the
+        causal decode rows and lens in place and hand out fresh scheduler objects. No host sync,
+        no allocation: safe inside CUDA graph capture."""
+        if metadata.num_decode_tokens == 0:
+            return
+        if not metadata.causal:
+            raise SpeculativeModeError(
+                "causal", "update_draft_decode_metadata recomputes causal decode rows; this metadata was "
+                "built with causal=False (a DSpark draft block has no per-step updates)"
+            )
+        if not self.backend.supports_draft_decode_metadata_update:
+            raise NotImplementedError(f"backend {self.backend_name!r} does not support in-place draft-step updates")
+        if metadata.decode_swa_lens.data_ptr() != self.buffers.decode_lens.data_ptr():
+            raise ValueError("update_draft_decode_metadata: this metadata was not built by this builder")
+        self.backend.recompute_decode_rows(metadata, self.buffers)
+        metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)
+
+    # -- warmup ----------------------------------------------------------------------------------
+
+    def warmup(self, progress: Callable[[str], None] | None = None) -> int:
+        """Compile every kernel variant this config can launch (see ``jit.py``), so no build of any
+        shape up to capacity compiles afterwards. Returns the number of variants prepared."""
+        return self.backend.warmup(self.buffers, progress)

@@ -1,0 +1,194 @@
+"""SWAConfig: the static, per-model and per-engine settings (SPEC §2), validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError
+
+LAYER_TYPES = ("swaonly", "c4a", "c128a")
+# Index slots are int32 (FlashMLA's encoding), so no position or slot may reach 2**31.
+INT32_LIMIT = 2**31 - 1
+# FlashMLA reads index rows in tiles of 64 entries (SPEC §12), hence the DSpark row padding.
+INDEX_TILE = 64
+
+
+def layer_type_for(compress_ratio: int) -> str:
+    """SPEC §8: the FlashMLA layer type of a compress ratio."""
+    if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
+        raise ConfigError("compress_ratios", f"ratio {compress_ratio!r} is not an integer")
+    if 0 <= compress_ratio <= 1:
+        return "swaonly"
+    if compress_ratio == 4:
+        return "c4a"
+    if compress_ratio == 128:
+        return "c128a"
+    raise ConfigError("compress_ratios", f"unsupported compress ratio {compress_ratio} (allowed: 0, 1, 4, 128)")
+
+
+def dspark_index_width(window_size: int, num_speculative_tokens: int) -> int:
+    """SPEC §6: a DSpark row holds the window plus the draft block, padded to FlashMLA's tile."""
+    return math.ceil((window_size + num_speculative_tokens) / INDEX_TILE) * INDEX_TILE
+
+
+def _check_int(field: str, value: Any, minimum: int, maximum: int = INT32_LIMIT) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field, f"must be an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(field, f"{value} is outside [{minimum}, {maximum}]")
+
+
+@dataclasses.dataclass(frozen=True)
+class SWAConfig:
+    window_size: int = 128
+    block_size: int = 64
+    compress_ratios: tuple[int, ...] = (1,)
+    max_model_len: int = 65536
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    num_speculative_tokens: int = 0
+    parallel_drafting: bool = False
+    speculative_method: str | None = None
+    head_size: int = 512
+    # Pages in the SWA KV cache. Optional: when given, validation checks block ids against it.
+    num_kv_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("window_size", self.window_size, 1)
+        _check_int("block_size", self.block_size, 1)
+        _check_int("max_model_len", self.max_model_len, 1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, 0, 1024)
+        _check_int("head_size", self.head_size, 1)
+        if not isinstance(self.parallel_drafting, bool):
+            raise ConfigError("parallel_drafting", f"must be true or false, got {self.parallel_drafting!r}")
+        ratios = self.compress_ratios
+        if isinstance(ratios, (str, bytes)) or not isinstance(ratios, (list, tuple)):
+            raise ConfigError("compress_ratios", f"must be a list of integers, got {ratios!r}")
+        if len(ratios) == 0:
+            raise ConfigError("compress_ratios", "must name at least one layer")
+        for i, ratio in enumerate(ratios):
+            try:
+                layer_type_for(ratio)
+            except ConfigError as exc:
+                raise ConfigError(f"compress_ratios[{i}]", str(exc).split(": ", 1)[1]) from None
+        object.__setattr__(self, "compress_ratios", tuple(ratios))
+        method = self.speculative_method
+        if method is not None:
+            if not isinstance(method, str) or not method.strip():
+                raise ConfigError("speculative_method", f"must be a non-empty string or null, got {method!r}")
+            object.__setattr__(self, "speculative_method", method.strip().lower())
+        if self.num_speculative_tokens > 0 and self.speculative_method is None:
+            raise ConfigError(
+                "num_speculative_tokens",
+                f"{self.num_speculative_tokens} draft tokens need a speculative_method (mtp, dspark, ...)",
+            )
+        if self.parallel_drafting and self.num_speculative_tokens == 0:
+            raise ConfigError("parallel_drafting", "needs num_speculative_tokens > 0")
+        if self.num_kv_blocks is not None:
+            _check_int("num_kv_blocks", self.num_kv_blocks, 1)
+            if self.num_kv_blocks * self.block_size > INT32_LIMIT + 1:
+                raise ConfigError(
+                    "num_kv_blocks",
+                    f"{self.num_kv_blocks} pages x block_size {self.block_size} = "
+                    f"{self.num_kv_blocks * self.block_size} slots overflow the int32 slot ids FlashMLA reads",
+                )
+        if self.max_model_len + self.window_size + self.num_speculative_tokens > INT32_LIMIT:
+            raise ConfigError("max_model_len", f"{self.max_model_len} overflows int32 positions")
+
+    # -- derived values -------------------------------------------------------------------------
+
+    @property
+    def decode_threshold(self) -> int:
+        """SPEC §3: the longest query that still counts as a decode."""
+        return 1 + (2 if self.parallel_drafting else 1) * self.num_speculative_tokens
+
+    @property
+    def is_dspark(self) -> bool:
+        return self.speculative_method == "dspark"
+
+    @property
+    def noncausal_index_width(self) -> int:
+        """Width of DSpark non-causal rows; 0 when DSpark is not configured."""
+        return dspark_index_width(self.window_size, self.num_speculative_tokens) if self.is_dspark else 0
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """The layer types present in the model, in LAYER_TYPES order."""
+        present = {layer_type_for(r) for r in self.compress_ratios}
+        return tuple(t for t in LAYER_TYPES if t in present)
+
+    @property
+    def max_pages_per_request(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["compress_ratios"] = list(self.compress_ratios)
+        return out
+
+    # -- loaders -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> "SWAConfig":
+        if not isinstance(data, Mapping):
+            raise ConfigError(source, f"must be a mapping of settings, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        settings = {}
+        for key, value in data.items():
+            if key in ("name", "description"):
+                continue
+            if key not in known:
+                raise ConfigError(str(key), f"unknown setting in {source} (known: {', '.join(sorted(known))})")
+            settings[key] = value
+        if isinstance(settings.get("compress_ratios"), list):
+            settings["compress_ratios"] = tuple(settings["compress_ratios"])
+        return cls(**settings)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "SWAConfig":
+        """Load a config file. YAML is data here: safe_load only, no tags that construct objects."""
+        path = Path(path)
+        with path.open("r", encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+        return cls.from_mapping(data if data is not None else {}, source=str(path))
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any] | str | Path, **engine_settings: Any) -> "SWAConfig":
+        """Build from a Hugging Face ``config.json`` (a dict, the file, or its folder) plus engine settings.
+
+        The model gives ``sliding_window``, ``compress_ratios`` (absent: one SWA-only layer type),
+        ``head_dim`` and ``max_position_embeddings`` (the default ``max_model_len``); the engine gives the
+        rest (``block_size``, ``max_num_batched_tokens``, ``max_num_seqs``, speculative settings, ...).
+        """
+        if not isinstance(config, Mapping):
+            path = Path(config)
+            if path.is_dir():
+                path = path / "config.json"
+            with path.open("r", encoding="utf-8") as fh:
+                config = json.load(fh)
+            if not isinstance(config, Mapping):
+                raise ConfigError(str(path), "must hold a JSON object")
+        if "sliding_window" not in config or config["sliding_window"] is None:
+            raise ConfigError("sliding_window", "the model config has no sliding_window; this is not an SWA model")
+        settings: dict[str, Any] = {"window_size": config["sliding_window"]}
+        ratios = config.get("compress_ratios") or [1]
+        settings["compress_ratios"] = tuple(ratios) if isinstance(ratios, list) else ratios
+        if config.get("head_dim") is not None:
+            settings["head_size"] = config["head_dim"]
+        if config.get("max_position_embeddings") is not None:
+            settings["max_model_len"] = config["max_position_embeddings"]
+        model_keys = {"window_size", "compress_ratios", "head_size"}
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key, value in engine_settings.items():
+            if key not in known or key in model_keys:
+                raise ConfigError(key, f"is not an engine setting (engine settings: {', '.join(sorted(known - model_keys))})")
+            settings[key] = value
+        return cls(**settings)

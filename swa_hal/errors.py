@@ -1,0 +1,73 @@
+"""Exception types. Every error names the field, the index (where there is one) and the constraint."""
+
+from __future__ import annotations
+
+
+class SWAHalError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(SWAHalError, ValueError):
+    """An invalid SWAConfig value."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class BatchValidationError(SWAHalError, ValueError):
+    """An invalid AttentionBatch. Subclasses say which kind of constraint was broken.
+
+    ``message`` is the whole sentence and starts with the field (``seq_lens[3]=2 is shorter than its
+    query length 5``); ``field``, ``index`` and ``constraint`` are kept for programs.
+    """
+
+    def __init__(self, field: str, message: str, index: int | None = None):
+        self.field = field
+        self.index = index
+        self.constraint = message
+        super().__init__(message)
+
+
+class BatchDtypeError(BatchValidationError, TypeError):
+    """A tensor has the wrong dtype."""
+
+
+class BatchDeviceError(BatchValidationError):
+    """A tensor lives on the wrong device."""
+
+
+class BatchShapeError(BatchValidationError):
+    """A tensor has the wrong rank or length."""
+
+
+class BatchOrderError(BatchValidationError):
+    """query_start_loc is not a non-decreasing sequence starting at 0."""
+
+
+class BatchRangeError(BatchValidationError):
+    """A value lies outside its legal range."""
+
+
+class BatchCapacityError(BatchValidationError):
+    """The batch does not fit the builder's fixed buffers or the model limits."""
+
+
+class BatchConsistencyError(BatchValidationError):
+    """Two inputs disagree (CPU and device copies, slot_mapping and block_table, ...)."""
+
+
+class SpeculativeModeError(BatchValidationError):
+    """A request the configured speculative method does not allow (causal=False without DSpark, ...)."""
+
+
+class PluginError(SWAHalError):
+    """A plugin failed to load or gave something malformed (raised only in strict mode)."""
+
+
+class BackendNotFoundError(SWAHalError, LookupError):
+    """An explicitly requested backend is not registered."""
+
+
+class BackendUnavailableError(SWAHalError, RuntimeError):
+    """An explicitly requested backend exists but cannot run on this platform, or no backend can."""

@@ -1,0 +1,130 @@
+"""Compile keys and warmup.
+
+Every Triton kernel's variants are a function of the config and the backend alone: runtime sizes
+are never specialised (see ``kernels/swa_metadata.py``), so the keys listed here are all the
+compilations a builder can ever need, and ``warmup()`` makes them before the first real build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from .config import SWAConfig
+
+SEARCH_BLOCK = 128
+CLEAR_BLOCK = 1024
+GATHER_BLOCK = 256
+NUM_WARPS = 4
+# Elements of one program's [rows, width] tile. The interpreter pays per program, not per
+# element, so on the CPU a program takes a bigger tile (the logic is the same; tests cover both).
+GPU_TILE_ELEMS = 2048
+CPU_TILE_ELEMS = 8192
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tile_elems(device_type: str) -> int:
+    override = os.environ.get("SWA_HAL_TILE_ELEMS")
+    if override:
+        return int(override)
+    return CPU_TILE_ELEMS if device_type == "cpu" else GPU_TILE_ELEMS
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsKey:
+    """The constexprs of ``swa_metadata_kernel``."""
+
+    WINDOW: int
+    DECODE_WIDTH: int
+    BLOCK_SIZE: int
+    BLOCK_T: int
+    BLOCK_W: int
+    SEARCH_BLOCK: int
+    CLEAR_BLOCK: int
+    GATHER_BLOCK: int
+    NONCAUSAL: bool
+    FROM_BUFFERS: bool
+    CLAMP: bool
+
+    def constexprs(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedKey:
+    """The constexprs of ``ragged_rows_kernel``."""
+
+    WIDTH: int
+    BLOCK_T: int
+    BLOCK_W: int
+    CLAMP: bool
+
+    def constexprs(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def rows_key(config: SWAConfig, *, causal: bool, update: bool, clamp: bool, device_type: str) -> RowsKey:
+    width = config.window_size if causal else config.noncausal_index_width
+    block_w = next_pow2(max(width, config.window_size, 16))
+    block_t = min(256, next_pow2(max(1, tile_elems(device_type) // block_w)))
+    return RowsKey(
+        WINDOW=config.window_size,
+        DECODE_WIDTH=width,
+        BLOCK_SIZE=config.block_size,
+        BLOCK_T=block_t,
+        BLOCK_W=block_w,
+        SEARCH_BLOCK=SEARCH_BLOCK,
+        CLEAR_BLOCK=CLEAR_BLOCK,
+        GATHER_BLOCK=GATHER_BLOCK,
+        NONCAUSAL=not causal,
+        FROM_BUFFERS=update,
+        CLAMP=clamp,
+    )
+
+
+def ragged_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str) -> RaggedKey:
+    width = config.window_size if causal else config.noncausal_index_width
+    block_w = next_pow2(max(width, 16))
+    block_t = min(256, next_pow2(max(1, tile_elems(device_type) // block_w)))
+    return RaggedKey(WIDTH=width, BLOCK_T=block_t, BLOCK_W=block_w, CLAMP=clamp)
+
+
+def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str) -> list[RowsKey]:
+    """Every variant a builder with this config can launch: the causal build, the in-place
+    draft-step update, and the DSpark non-causal build when DSpark is configured."""
+    keys = [
+        rows_key(config, causal=True, update=False, clamp=clamp, device_type=device_type),
+        rows_key(config, causal=True, update=True, clamp=clamp, device_type=device_type),
+    ]
+    if config.is_dspark:
+        keys.append(rows_key(config, causal=False, update=False, clamp=clamp, device_type=device_type))
+    return keys
+
+
+def ragged_keys(config: SWAConfig, *, clamp: bool, device_type: str) -> list[RaggedKey]:
+    keys = [ragged_key(config, causal=True, clamp=clamp, device_type=device_type)]
+    if config.is_dspark:
+        keys.append(ragged_key(config, causal=False, clamp=clamp, device_type=device_type))
+    return keys
+
+
+INDPTR_BLOCK = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class IndptrKey:
+    """The constexprs of ``ragged_indptr_kernel``."""
+
+    BLOCK: int
+    CLAMP: bool
+
+    def constexprs(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

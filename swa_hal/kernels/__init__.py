@@ -1,0 +1,1 @@
+"""Triton kernels shared by every Triton backend. Importing this package imports triton."""

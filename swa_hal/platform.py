@@ -1,0 +1,222 @@
+"""What hardware this is. The only module that asks torch (or NVML) about the machine.
+
+``PlatformInfo`` is a plain frozen value so tests and ``--assume`` can describe any platform by hand;
+backends decide availability from it alone, never by probing again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Any
+
+VENDORS = ("cuda", "rocm", "xpu", "cpu")
+
+
+def _parse_bool(key: str, text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"--assume {key}={text!r}: expected 1/0, true/false, yes/no")
+
+
+def _parse_capability(text: str) -> tuple[int, int]:
+    parts = text.strip().split(".")
+    try:
+        if len(parts) == 1 and len(parts[0]) >= 2:  # "90" / "120" as CUDA writes sm_90
+            return int(parts[0][:-1]), int(parts[0][-1])
+        if len(parts) == 2:
+            return int(parts[0]), int(parts[1])
+    except ValueError:
+        pass
+    raise ValueError(f"--assume capability={text!r}: expected MAJOR.MINOR, e.g. 9.0 or 12.0")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformInfo:
+    """The facts backends decide on.
+
+    vendor: "cuda", "rocm", "xpu", "cpu", or any other name a third-party backend knows.
+    capability: (major, minor) for CUDA and ROCm devices, else None.
+    arch: a finer architecture name where the vendor has one (ROCm "gfx942", "sm_90a", ...).
+    triton: whether Triton can run here (installed, or the interpreter is on).
+    triton_interpret: whether TRITON_INTERPRET is set, so Triton kernels run on the CPU.
+    synthetic: True for platforms described by hand (``from_assume``), not probed.
+    """
+
+    vendor: str = "cpu"
+    capability: tuple[int, int] | None = None
+    arch: str | None = None
+    device_name: str | None = None
+    device_count: int = 0
+    triton: bool = False
+    triton_interpret: bool = False
+    torch_version: str = ""
+    runtime_version: str | None = None
+    synthetic: bool = False
+    extra: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def capability_str(self) -> str | None:
+        return None if self.capability is None else f"{self.capability[0]}.{self.capability[1]}"
+
+    def describe(self) -> str:
+        bits = [self.vendor]
+        if self.capability is not None:
+            bits.append(f"capability {self.capability_str}")
+        if self.arch:
+            bits.append(self.arch)
+        if self.device_name:
+            bits.append(self.device_name)
+        if self.synthetic:
+            bits.append("(assumed)")
+        return ", ".join(bits)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["capability"] = self.capability_str
+        out["extra"] = dict(self.extra)
+        return out
+
+    @classmethod
+    def from_assume(cls, text: str) -> "PlatformInfo":
+        """Parse ``vendor=cuda,capability=12.0[,arch=...,triton=0,name=...,KEY=VALUE]``.
+
+        Unknown keys go to ``extra`` so third-party backends can read their own facts.
+        A synthetic GPU platform assumes Triton is present unless ``triton=0``.
+        """
+        fields: dict[str, Any] = {"synthetic": True}
+        extra: dict[str, str] = {}
+        for item in (p for p in text.split(",") if p.strip()):
+            if "=" not in item:
+                raise ValueError(f"--assume item {item.strip()!r} is not KEY=VALUE")
+            key, value = (s.strip() for s in item.split("=", 1))
+            key = key.lower()
+            if key == "vendor":
+                fields["vendor"] = value.lower()
+            elif key in ("capability", "cc", "sm"):
+                fields["capability"] = _parse_capability(value)
+            elif key == "arch":
+                fields["arch"] = value
+            elif key in ("name", "device_name"):
+                fields["device_name"] = value
+            elif key == "triton":
+                fields["triton"] = _parse_bool(key, value)
+            elif key == "interpret":
+                fields["triton_interpret"] = _parse_bool(key, value)
+            elif key == "devices":
+                fields["device_count"] = int(value)
+            else:
+                extra[key] = value
+        if "vendor" not in fields:
+            raise ValueError(f"--assume {text!r} names no vendor (vendor=cuda|rocm|xpu|cpu|...)")
+        vendor = fields["vendor"]
+        fields.setdefault("triton", vendor != "cpu")
+        fields.setdefault("device_count", 0 if vendor == "cpu" else 1)
+        fields.setdefault("triton_interpret", _interpret_on())
+        fields["extra"] = tuple(sorted(extra.items()))
+        try:
+            import torch
+
+            fields["torch_version"] = torch.__version__
+        except ImportError:  # pragma: no cover - torch is a dependency
+            pass
+        return cls(**fields)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return dict(self.extra).get(key, default)
+
+
+def _interpret_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _nvml_capability(index: int) -> tuple[tuple[int, int], str] | None:
+    """Capability through NVML: no CUDA context is created. None when NVML is not usable."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            return (int(major), int(minor)), name.decode() if isinstance(name, bytes) else str(name)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - any NVML failure just means "ask torch instead"
+        return None
+
+
+def probe_platform(device: Any = None) -> PlatformInfo:
+    """Describe the platform ``device`` lives on (default: the best accelerator here).
+
+    Checks the vendor before any capability (ROCm builds of torch report capability tuples too),
+    and avoids creating a CUDA context: NVML is asked first, torch only when NVML is missing.
+    """
+    import torch
+
+    common: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "triton_interpret": _interpret_on(),
+    }
+    common["triton"] = triton_importable()
+    dev_type = None
+    index = 0
+    if device is not None:
+        dev = torch.device(device)
+        dev_type = dev.type
+        index = dev.index or 0
+        if dev_type == "cpu":
+            return PlatformInfo(vendor="cpu", **common)
+
+    if getattr(torch.version, "hip", None) and dev_type in (None, "cuda"):
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(index)
+            arch = getattr(props, "gcnArchName", None)
+            return PlatformInfo(
+                vendor="rocm",
+                capability=(props.major, props.minor),
+                arch=arch.split(":")[0] if arch else None,
+                device_name=props.name,
+                device_count=torch.cuda.device_count(),
+                runtime_version=torch.version.hip,
+                **common,
+            )
+    elif getattr(torch.version, "cuda", None) and dev_type in (None, "cuda"):
+        if torch.cuda.is_available():
+            nv = _nvml_capability(index)
+            if nv is None:
+                cap = torch.cuda.get_device_capability(index)
+                name = torch.cuda.get_device_name(index)
+            else:
+                cap, name = nv
+            return PlatformInfo(
+                vendor="cuda",
+                capability=(int(cap[0]), int(cap[1])),
+                arch=f"sm_{cap[0]}{cap[1]}",
+                device_name=name,
+                device_count=torch.cuda.device_count(),
+                runtime_version=torch.version.cuda,
+                **common,
+            )
+    xpu = getattr(torch, "xpu", None)
+    if dev_type in (None, "xpu") and xpu is not None and xpu.is_available():
+        return PlatformInfo(
+            vendor="xpu",
+            device_name=xpu.get_device_name(index),
+            device_count=xpu.device_count(),
+            **common,
+        )
+    if dev_type not in (None, "cpu", "cuda", "xpu"):
+        return PlatformInfo(vendor=dev_type, **common)
+    return PlatformInfo(vendor="cpu", **common)

@@ -1,0 +1,344 @@
+"""SPEC §3-§7 in plain, vectorized PyTorch: the oracle every backend is tested against.
+
+Each function runs on any torch device, loops over neither tokens nor window entries, and can write
+into caller-owned buffers (``out=``, ``workspace=``) so the torch backend builds with no per-build
+allocation the size of the output. All arithmetic is int32, like the kernels' (the config and
+validation keep every position and slot inside int32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple, Sequence
+
+import torch
+
+from .config import SWAConfig
+from .errors import SpeculativeModeError
+from .split import Split, split_decodes_and_prefills
+
+__all__ = [
+    "RowWorkspace",
+    "ReferenceResult",
+    "PrefillChunk",
+    "token_to_req",
+    "valid_tokens",
+    "causal_window_rows",
+    "noncausal_window_rows",
+    "prefill_gather_lens",
+    "ragged_rows",
+    "prefill_chunk_plan",
+    "split_decodes_and_prefills",
+    "build_reference",
+]
+
+
+class RowWorkspace:
+    """Scratch space for ``*_window_rows``: allocated once, reused by every build."""
+
+    def __init__(self, max_rows: int, max_width: int, device: torch.device | str):
+        n = max_rows * max_width
+        self.arange = torch.arange(max(max_rows, max_width), dtype=torch.int32, device=device)
+        self._pages = torch.empty(n, dtype=torch.int32, device=device)
+        self._blocks = torch.empty(n, dtype=torch.int32, device=device)
+        self._mask = torch.empty(n, dtype=torch.bool, device=device)
+        self._rows = torch.empty((4, max_rows), dtype=torch.int32, device=device)
+
+    def matrices(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = rows * width
+        return (
+            self._pages[:n].view(rows, width),
+            self._blocks[:n].view(rows, width),
+            self._mask[:n].view(rows, width),
+        )
+
+    def vectors(self, rows: int) -> torch.Tensor:
+        return self._rows[:, :rows]
+
+
+def _arange(n: int, device: torch.device, workspace: RowWorkspace | None) -> torch.Tensor:
+    if workspace is not None:
+        return workspace.arange[:n]
+    return torch.arange(n, dtype=torch.int32, device=device)
+
+
+def token_to_req(
+    query_start_loc: torch.Tensor,
+    num_tokens: int,
+    *,
+    out: torch.Tensor | None = None,
+    workspace: RowWorkspace | None = None,
+) -> torch.Tensor:
+    """SPEC §4: the request owning each token row, on the device (no host sync); rows past the
+    scheduled tokens map to 0."""
+    num_reqs = query_start_loc.shape[0] - 1
+    rows = _arange(num_tokens, query_start_loc.device, workspace)
+    # The owner of t is the number of request ends at or before t (zero-length requests included).
+    owner = torch.searchsorted(query_start_loc[1:], rows, right=True, out_int32=True, out=out)
+    return owner.masked_fill_(owner == num_reqs, 0)
+
+
+def valid_tokens(slot_mapping: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SPEC §4: a token is valid when it has a KV slot."""
+    return torch.ge(slot_mapping, 0, out=out)
+
+
+def _fill_rows(
+    block_table: torch.Tensor,
+    req: torch.Tensor,
+    start: torch.Tensor,
+    last: torch.Tensor,
+    lens: torch.Tensor,
+    block_size: int,
+    out: torch.Tensor,
+    workspace: RowWorkspace | None,
+) -> None:
+    """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1.
+
+    Positions are clamped to ``last`` (the last position of the row, or start itself for an empty
+    row) so every block-table read is in bounds even for the padding entries that are later -1.
+    """
+    rows, width = out.shape
+    if rows == 0:
+        return
+    if workspace is not None:
+        pages, blocks, pad = workspace.matrices(rows, width)
+    else:
+        pages = torch.empty_like(out)
+        blocks = torch.empty_like(out)
+        pad = torch.empty(out.shape, dtype=torch.bool, device=out.device)
+    cols = _arange(width, out.device, workspace)
+    table = block_table if block_table.is_contiguous() else block_table.contiguous()
+
+    torch.add(start[:, None], cols, out=out)  # positions
+    torch.minimum(out, last[:, None], out=out)
+    torch.div(out, block_size, rounding_mode="floor", out=pages)
+    pages.add_((req * table.shape[1])[:, None])  # flat block-table offsets
+    torch.index_select(table.view(-1), 0, pages.view(-1), out=blocks.view(-1))
+    torch.remainder(out, block_size, out=out)
+    out.add_(blocks, alpha=block_size)  # slot = block * B + position % B
+    torch.ge(cols, lens[:, None], out=pad)
+    out.masked_fill_(pad, -1)
+
+
+def _row_inputs(
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    token_to_req: torch.Tensor,
+    token_offset: int,
+    num_rows: int,
+    workspace: RowWorkspace | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    req = token_to_req[token_offset : token_offset + num_rows]
+    seq = torch.index_select(seq_lens, 0, req)
+    end = torch.index_select(query_start_loc[1:], 0, req)
+    rows = _arange(num_rows, seq_lens.device, workspace)
+    return req, seq, end, rows
+
+
+def causal_window_rows(
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    token_to_req: torch.Tensor,
+    is_valid: torch.Tensor,
+    *,
+    token_offset: int,
+    num_rows: int,
+    window_size: int,
+    block_size: int,
+    out_indices: torch.Tensor | None = None,
+    out_lens: torch.Tensor | None = None,
+    workspace: RowWorkspace | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC §5: rows for tokens [token_offset, token_offset + num_rows), written from row 0.
+
+    A valid token at position p sees positions max(p - W + 1, 0) .. p, oldest first; the rest of its
+    row is -1. An invalid token gets lens 0 and an all -1 row.
+    Returns (indices [num_rows, 1, W], lens [num_rows]).
+    """
+    device = seq_lens.device
+    if out_indices is None:
+        out_indices = torch.empty((num_rows, 1, window_size), dtype=torch.int32, device=device)
+    if out_lens is None:
+        out_lens = torch.empty(num_rows, dtype=torch.int32, device=device)
+    if num_rows == 0:
+        return out_indices, out_lens
+    req, seq, end, rows = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, workspace)
+    valid = is_valid[token_offset : token_offset + num_rows]
+    # pos(t) = P_r + (t - qsl[r]) = S_r - qsl[r + 1] + t
+    pos = seq.sub_(end).add_(rows).add_(token_offset).masked_fill_(~valid, 0)
+    start = torch.clamp_min(pos - (window_size - 1), 0)
+    torch.sub(pos + 1, start, out=out_lens)
+    out_lens.masked_fill_(~valid, 0)
+    _fill_rows(block_table, req, start, pos, out_lens, block_size, out_indices.view(num_rows, -1), workspace)
+    return out_indices, out_lens
+
+
+def noncausal_window_rows(
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    token_to_req: torch.Tensor,
+    is_valid: torch.Tensor,
+    *,
+    token_offset: int,
+    num_rows: int,
+    window_size: int,
+    block_size: int,
+    width: int,
+    out_indices: torch.Tensor | None = None,
+    out_lens: torch.Tensor | None = None,
+    workspace: RowWorkspace | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC §6 (DSpark draft rows): every token of request r sees positions
+    [max(P_r - W, 0), S_r): the last W context tokens and the whole draft block, future drafts
+    included. A row longer than ``width`` raises (``check``) instead of being truncated."""
+    device = seq_lens.device
+    if out_indices is None:
+        out_indices = torch.empty((num_rows, 1, width), dtype=torch.int32, device=device)
+    if out_lens is None:
+        out_lens = torch.empty(num_rows, dtype=torch.int32, device=device)
+    if num_rows == 0:
+        return out_indices, out_lens
+    req, seq, end, _ = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, workspace)
+    begin = torch.index_select(query_start_loc, 0, req)
+    valid = is_valid[token_offset : token_offset + num_rows]
+    prefix = seq - (end - begin)
+    start = torch.clamp_min(prefix - window_size, 0).masked_fill_(~valid, 0)
+    torch.sub(seq, start, out=out_lens)
+    out_lens.masked_fill_(~valid, 0)
+    if check:
+        longest = int(out_lens.max())
+        if longest > width:
+            row = int(torch.argmax(out_lens))
+            raise SpeculativeModeError(
+                "decode_swa_indices",
+                f"DSpark row {row} needs {longest} entries but the non-causal width is {width} "
+                f"(window {window_size} + draft block); refusing to truncate",
+                row,
+            )
+    last = (seq - 1).clamp_min_(0).masked_fill_(~valid, 0)
+    _fill_rows(block_table, req, start, last, out_lens, block_size, out_indices.view(num_rows, -1), workspace)
+    return out_indices, out_lens
+
+
+def prefill_gather_lens(
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_decodes: int,
+    num_prefills: int,
+    window_size: int,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SPEC §7: gather_len[i] = q_r + min(P_r, W - 1) for r = num_decodes + i."""
+    lo, hi = num_decodes, num_decodes + num_prefills
+    query = query_start_loc[lo + 1 : hi + 1] - query_start_loc[lo:hi]
+    prefix = seq_lens[lo:hi] - query
+    return torch.add(query, prefix.clamp_max_(window_size - 1), out=out)
+
+
+def ragged_rows(indices: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ragged (CSR) form of dense rows: the valid entries of every row concatenated, and
+    indptr [rows + 1], the exclusive prefix sum of lens. Synchronises (its length is data)."""
+    rows = lens.shape[0]
+    indptr = torch.zeros(rows + 1, dtype=torch.int32, device=lens.device)
+    torch.cumsum(lens, 0, dtype=torch.int32, out=indptr[1:])
+    flat = indices.reshape(rows, indices.shape[-1])
+    keep = torch.arange(flat.shape[1], device=lens.device)[None, :] < lens[:, None]
+    return flat[keep], indptr
+
+
+class PrefillChunk(NamedTuple):
+    start: int
+    end: int
+    max_compressed: int
+    max_total: int
+
+
+def prefill_chunk_plan(
+    seq_lens: Sequence[int],
+    query_lens: Sequence[int],
+    *,
+    window_size: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    compress_ratio: int,
+    chunk_size: int,
+) -> list[PrefillChunk]:
+    """SPEC §7: greedy chunks of prefills whose padded area fits ``area_max``.
+
+    A chunk [s, e) keeps growing while (e - s) * (max c + max g) stays within the bound; it always
+    holds at least one request. Each chunk is (start, end, max compressed len, max total len).
+    """
+    compressed_cap = 0 if compress_ratio <= 1 else math.ceil(max_model_len / compress_ratio)
+    area_max = chunk_size * (compressed_cap + window_size + max_num_batched_tokens)
+    gathers = [q + min(max(s - q, 0), window_size - 1) for s, q in zip(seq_lens, query_lens)]
+    compressed = [0 if compress_ratio <= 1 else s // compress_ratio for s in seq_lens]
+    chunks: list[PrefillChunk] = []
+    s, n = 0, len(gathers)
+    while s < n:
+        nc, g, e = compressed[s], gathers[s], s + 1
+        while e < n:
+            nc2, g2 = max(nc, compressed[e]), max(g, gathers[e])
+            if (e - s + 1) * (nc2 + g2) > area_max:
+                break
+            nc, g, e = nc2, g2, e + 1
+        chunks.append(PrefillChunk(s, e, nc, nc + g))
+        s = e
+    return chunks
+
+
+@dataclasses.dataclass(eq=False)
+class ReferenceResult:
+    """Every output of one build, as fresh tensors."""
+
+    split: Split
+    token_to_req: torch.Tensor
+    is_valid: torch.Tensor
+    decode_indices: torch.Tensor
+    decode_lens: torch.Tensor
+    decode_width: int
+    prefill_indices: torch.Tensor
+    prefill_lens: torch.Tensor
+    prefill_gather_lens: torch.Tensor | None
+
+
+def build_reference(config: SWAConfig, batch) -> ReferenceResult:
+    """The whole build of SPEC §3-§7 for one batch, from scratch (no buffers, no backend)."""
+    split = split_decodes_and_prefills(
+        batch.query_start_loc_cpu, batch.max_query_len, batch.num_tokens, config.decode_threshold
+    )
+    nd, npf, ndt, npt = split
+    t2r = token_to_req(batch.query_start_loc, batch.num_tokens)
+    valid = valid_tokens(batch.slot_mapping)
+    common = dict(window_size=config.window_size, block_size=config.block_size)
+    if batch.causal:
+        dec_idx, dec_lens = causal_window_rows(
+            batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid,
+            token_offset=0, num_rows=ndt, **common,
+        )
+        width = config.window_size
+    else:
+        if not config.is_dspark:
+            raise SpeculativeModeError(
+                "causal", f"causal=False is only legal with DSpark; speculative_method={config.speculative_method!r}"
+            )
+        width = config.noncausal_index_width
+        dec_idx, dec_lens = noncausal_window_rows(
+            batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid,
+            token_offset=0, num_rows=ndt, width=width, **common,
+        )
+    pre_idx, pre_lens = causal_window_rows(
+        batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid,
+        token_offset=ndt, num_rows=npt, **common,
+    )
+    gather = (
+        prefill_gather_lens(batch.seq_lens, batch.query_start_loc, nd, npf, config.window_size)
+        if npf > 0
+        else None
+    )
+    return ReferenceResult(split, t2r, valid, dec_idx, dec_lens, width, pre_idx, pre_lens, gather)

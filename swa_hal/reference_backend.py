@@ -1,0 +1,89 @@
+"""The pure-PyTorch backend: the reference itself, writing into the builder's buffers.
+
+It runs on any torch device and is the embedded default: the plugin ``swa_hal_torch`` registers it
+through the entry-point group like any other backend, and when that entry point is missing (a
+source checkout that was never installed) the registry registers this module directly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import reference
+from .backend import Availability, Backend, BackendSpec, BuildPlan
+from .hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from .batch import AttentionBatch
+    from .buffers import MetadataBuffers
+    from .metadata import SWAMetadata
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def allocate(self, buffers: "MetadataBuffers") -> None:
+        width = max(self.config.window_size, self.config.noncausal_index_width)
+        buffers.extra["row_workspace"] = reference.RowWorkspace(buffers.capacity, width, self.device)
+
+    def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
+        ws = buffers.extra["row_workspace"]
+        t, ndt, npt = plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens
+        t2r = reference.token_to_req(batch.query_start_loc, t, out=buffers.token_to_req[:t], workspace=ws)
+        valid = reference.valid_tokens(batch.slot_mapping, out=buffers.is_valid[:t])
+        common = dict(window_size=self.config.window_size, block_size=self.config.block_size, workspace=ws)
+        inputs = (batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid)
+        if ndt:
+            if plan.causal:
+                reference.causal_window_rows(
+                    *inputs, token_offset=0, num_rows=ndt,
+                    out_indices=buffers.decode_indices[:ndt], out_lens=buffers.decode_lens[:ndt], **common,
+                )
+            else:
+                # The builder checked the row widths on the host already: no device sync here.
+                reference.noncausal_window_rows(
+                    *inputs, token_offset=0, num_rows=ndt, width=plan.decode_width, check=False,
+                    out_indices=buffers.noncausal_indices[:ndt], out_lens=buffers.decode_lens[:ndt], **common,
+                )
+        if plan.decode_lens_clear_end > ndt:
+            buffers.decode_lens[ndt : plan.decode_lens_clear_end].zero_()
+        if npt:
+            reference.causal_window_rows(
+                *inputs, token_offset=ndt, num_rows=npt,
+                out_indices=buffers.prefill_indices[:npt], out_lens=buffers.prefill_lens[:npt], **common,
+            )
+        if plan.num_prefills:
+            reference.prefill_gather_lens(
+                batch.seq_lens, batch.query_start_loc, plan.num_decodes, plan.num_prefills,
+                self.config.window_size, out=buffers.gather_lens[: plan.num_prefills],
+            )
+
+    def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
+        ndt = metadata.num_decode_tokens
+        reference.causal_window_rows(
+            metadata.query_start_loc, metadata.seq_lens, metadata.block_table,
+            buffers.token_to_req, buffers.is_valid, token_offset=0, num_rows=ndt,
+            window_size=self.config.window_size, block_size=self.config.block_size,
+            out_indices=buffers.decode_indices[:ndt], out_lens=buffers.decode_lens[:ndt],
+            workspace=buffers.extra["row_workspace"],
+        )
+
+    def status(self) -> dict[str, str]:
+        return {"kernel": "PyTorch reference (vectorized, any device)"}
+
+
+TORCH_SPEC = BackendSpec(
+    name="torch",
+    priority=0,
+    factory="swa_hal.reference_backend:TorchBackend",
+    is_available=lambda platform: Availability.yes(),
+    vendors=("cpu",),
+    platforms=("vendor=cpu",),
+    summary="pure-PyTorch reference on any device; the fallback everywhere",
+    kernels="torch",
+)
+
+
+@hookimpl
+def swa_hal_register_backends():
+    return [TORCH_SPEC]

@@ -1,0 +1,131 @@
+"""Batch scenarios: YAML descriptions of a step (configs/batches/), turned into AttentionBatch.
+
+A scenario is data (``yaml.safe_load``)::
+
+    name: mixed
+    seed: 3
+    config: deepseek_v4_flash.yaml      # the config it is meant for (optional)
+    groups:                              # in batch order: decodes first
+      - {count: 64, query_len: 1, seq_len: [512, 8192]}
+      - {count: 4, query_len: 2048, seq_len: [2048, 6144]}
+    padding_rows: 0                      # extra token rows past the real ones (slot -1)
+    padding_requests: 0                  # requests with no tokens (query_len 0, seq_len 0)
+    invalid_tokens: 0                    # real tokens whose slot is -1
+    causal: true
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from .batch import AttentionBatch
+from .config import SWAConfig
+from .errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    count: int
+    query_len: int
+    seq_len: tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    name: str
+    groups: tuple[Group, ...]
+    seed: int = 0
+    padding_rows: int = 0
+    padding_requests: int = 0
+    invalid_tokens: int = 0
+    causal: bool = True
+    config: str | None = None
+    description: str = ""
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "scenario") -> "Scenario":
+        if not isinstance(data, Mapping):
+            raise ConfigError(source, "a scenario must be a mapping")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], f"unknown scenario key in {source} (known: {', '.join(sorted(known))})")
+        groups = []
+        for i, g in enumerate(data.get("groups") or []):
+            try:
+                lo_hi = g["seq_len"]
+                lo, hi = (lo_hi, lo_hi) if isinstance(lo_hi, int) else (int(lo_hi[0]), int(lo_hi[1]))
+                groups.append(Group(int(g["count"]), int(g["query_len"]), (lo, hi)))
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise ConfigError(f"groups[{i}]", f"needs count, query_len, seq_len (int or [lo, hi]): {exc}") from None
+            if groups[-1].count < 0 or groups[-1].query_len < 0 or lo > hi or lo < groups[-1].query_len:
+                raise ConfigError(f"groups[{i}]", "needs count >= 0, query_len >= 0 and query_len <= seq_len lo <= hi")
+        if not groups:
+            raise ConfigError("groups", f"{source} describes no requests")
+        fields = {k: data[k] for k in known - {"groups"} if k in data}
+        return cls(groups=tuple(groups), **{"name": Path(source).stem, **fields})
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "Scenario":
+        import yaml
+
+        with Path(path).open("r", encoding="utf-8") as fh:
+            return cls.from_mapping(yaml.safe_load(fh) or {}, str(path))
+
+    def make_batch(self, config: SWAConfig, device: str | torch.device = "cpu") -> AttentionBatch:
+        rng = random.Random(self.seed)
+        seq_lens, query_lens = [], []
+        for g in self.groups:
+            for _ in range(g.count):
+                hi = min(g.seq_len[1], config.max_model_len)
+                lo = min(g.seq_len[0], hi)
+                seq_lens.append(rng.randint(lo, hi))
+                query_lens.append(g.query_len)
+        seq_lens += [0] * self.padding_requests
+        query_lens += [0] * self.padding_requests
+        return synthesize_batch(
+            config, seq_lens, query_lens, rng=rng, padding_rows=self.padding_rows,
+            invalid_tokens=self.invalid_tokens, causal=self.causal, device=device,
+        )
+
+
+def synthesize_batch(
+    config: SWAConfig,
+    seq_lens: Sequence[int],
+    query_lens: Sequence[int],
+    *,
+    rng: random.Random,
+    padding_rows: int = 0,
+    invalid_tokens: int = 0,
+    causal: bool = True,
+    extra_pages: int = 0,
+    device: str | torch.device = "cpu",
+) -> AttentionBatch:
+    """A valid batch with the given lengths: every request owns distinct, shuffled physical pages
+    (exactly as many as it needs, plus ``extra_pages`` for growth; shorter rows are padded with -1),
+    the slot mapping follows the table, and ``invalid_tokens`` random real tokens get slot -1."""
+    block = config.block_size
+    pages_needed = [max(1, -(-s // block)) + extra_pages for s in seq_lens]
+    width = max(pages_needed)
+    pool = list(range(sum(pages_needed) + 8))
+    rng.shuffle(pool)
+    table, cursor = [], 0
+    for n in pages_needed:
+        table.append(pool[cursor : cursor + n] + [-1] * (width - n))
+        cursor += n
+    batch = AttentionBatch.from_lists(
+        seq_lens, query_lens, table, num_tokens=sum(query_lens) + padding_rows,
+        causal=causal, device="cpu", block_size=block,
+    )
+    real = sum(query_lens)
+    if invalid_tokens and real:
+        slots = batch.slot_mapping.clone()
+        for t in rng.sample(range(real), min(invalid_tokens, real)):
+            slots[t] = -1
+        batch = dataclasses.replace(batch, slot_mapping=slots)
+    return batch.to(device) if torch.device(device).type != "cpu" else batch

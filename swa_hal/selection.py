@@ -1,0 +1,179 @@
+"""Choosing a backend: an explicit name (argument, then ``SWA_HAL_BACKEND``) or the highest-priority
+available one. The only module that decides between backends.
+
+An explicit request that is unknown or unavailable raises, with the reasons and what
+auto-selection would have picked: it never falls back silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import warnings
+from typing import TYPE_CHECKING, Any, Mapping
+
+from .backend import Availability, BackendSpec
+from .errors import BackendNotFoundError, BackendUnavailableError
+from .platform import PlatformInfo, probe_platform
+from .plugins import PluginRegistry, PluginWarning, get_registry
+
+if TYPE_CHECKING:
+    import torch
+
+    from .backend import Backend
+    from .config import SWAConfig
+
+log = logging.getLogger("swa_hal.selection")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    spec: BackendSpec
+    plugin: str
+    dist: str | None
+    availability: Availability
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "priority": self.spec.priority,
+            "plugin": self.plugin,
+            "distribution": self.dist,
+            "available": self.availability.ok,
+            "reasons": list(self.availability.reasons),
+            "auto_select": self.spec.auto_select,
+            "kernels": self.spec.kernels,
+            "summary": self.spec.summary,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The outcome of a selection: the chosen backend and every candidate with its reasons."""
+
+    name: str
+    spec: BackendSpec
+    platform: PlatformInfo
+    how: str  # "argument", "SWA_HAL_BACKEND" or "auto"
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def explicit(self) -> bool:
+        return self.how != "auto"
+
+    def auto_order(self) -> list[Candidate]:
+        """Available, auto-selectable candidates, best first (priority, then name for ties)."""
+        usable = [c for c in self.candidates if c.availability.ok and c.spec.auto_select]
+        return sorted(usable, key=lambda c: (-c.spec.priority, c.name))
+
+    def explain(self) -> str:
+        lines = [f"platform: {self.platform.describe()}"]
+        how = {"argument": "requested by argument", "SWA_HAL_BACKEND": "requested by SWA_HAL_BACKEND",
+               "auto": "highest priority among available backends"}[self.how]
+        lines.append(f"selected: {self.name} ({how})")
+        for c in sorted(self.candidates, key=lambda c: (-c.spec.priority, c.name)):
+            mark = "*" if c.name == self.name else " "
+            state = "available" if c.availability.ok else "unavailable: " + "; ".join(c.availability.reasons)
+            if c.availability.ok and not c.spec.auto_select:
+                state += " (explicit requests only)"
+            lines.append(f" {mark} {c.name:<10} priority {c.spec.priority:>4}  {state}  [{c.dist or c.plugin}]")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "selected": self.name,
+            "how": self.how,
+            "platform": self.platform.to_dict(),
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+    def create(self, config: "SWAConfig", device: "torch.device") -> "Backend":
+        """Instantiate the backend. An explicit choice that fails to construct raises; an automatic
+        one falls back to the next available candidate, with a warning saying why."""
+        order = [self.candidates_by_name()[self.name]]
+        if not self.explicit:
+            order += [c for c in self.auto_order() if c.name != self.name]
+        failures = []
+        for cand in order:
+            try:
+                factory = cand.spec.load_factory()
+                return factory(config, device, self.platform)
+            except Exception as exc:  # noqa: BLE001 - report any factory failure with its backend
+                detail = f"backend {cand.name!r} ({cand.dist or cand.plugin}) failed to start: {type(exc).__name__}: {exc}"
+                if self.explicit:
+                    raise BackendUnavailableError(detail) from exc
+                failures.append(detail)
+                message = detail + "; trying the next available backend"
+                warnings.warn(message, PluginWarning, stacklevel=2)
+                log.warning(message)
+        raise BackendUnavailableError("no backend could start:\n  " + "\n  ".join(failures))
+
+    def candidates_by_name(self) -> dict[str, Candidate]:
+        return {c.name: c for c in self.candidates}
+
+
+def select_backend(
+    name: str | None = None,
+    platform: PlatformInfo | None = None,
+    *,
+    registry: PluginRegistry | None = None,
+    env: Mapping[str, str] | None = None,
+    device: Any = None,
+) -> Selection:
+    """Pick a backend for ``platform`` (default: probe ``device``, or the best device here)."""
+    registry = registry if registry is not None else get_registry()
+    platform = platform if platform is not None else probe_platform(device)
+    env = os.environ if env is None else env
+    how = "argument"
+    if name is None and env.get("SWA_HAL_BACKEND", "").strip():
+        name, how = env["SWA_HAL_BACKEND"].strip(), "SWA_HAL_BACKEND"
+    candidates = tuple(
+        Candidate(rb.spec, rb.plugin.name, rb.plugin.dist, registry.availability(n, platform))
+        for n, rb in sorted(registry.backends.items())
+    )
+    by_name = {c.name: c for c in candidates}
+    auto = sorted(
+        (c for c in candidates if c.availability.ok and c.spec.auto_select),
+        key=lambda c: (-c.spec.priority, c.name),
+    )
+    auto_pick = auto[0].name if auto else None
+    auto_note = f"auto-selection would pick {auto_pick!r}" if auto_pick else "no backend is available for auto-selection"
+
+    if name is not None:
+        cand = by_name.get(name)
+        if cand is None:
+            raise BackendNotFoundError(
+                f"backend {name!r} ({'requested by ' + how}) is not registered; registered: "
+                f"{', '.join(sorted(by_name)) or 'none'}; {auto_note}"
+            )
+        if not cand.availability.ok:
+            raise BackendUnavailableError(
+                f"backend {name!r} (requested by {how}) is unavailable on {platform.describe()}: "
+                f"{'; '.join(cand.availability.reasons)}; {auto_note}"
+            )
+        selection = Selection(name, cand.spec, platform, how, candidates)
+    else:
+        if not auto:
+            reasons = "; ".join(f"{c.name}: {', '.join(c.availability.reasons) or 'explicit only'}" for c in candidates)
+            raise BackendUnavailableError(
+                f"no backend is available on {platform.describe()} ({reasons or 'no backends registered'})"
+            )
+        if len(auto) > 1 and auto[0].spec.priority == auto[1].spec.priority:
+            warnings.warn(
+                f"backends {auto[0].name!r} and {auto[1].name!r} are both available with priority "
+                f"{auto[0].spec.priority}; picking {auto[0].name!r} by name. Set SWA_HAL_BACKEND to choose.",
+                PluginWarning,
+                stacklevel=2,
+            )
+        selection = Selection(auto[0].name, auto[0].spec, platform, "auto", candidates)
+    others = [c.name for c in auto if c.name != selection.name]
+    log.info(
+        "swa_hal: backend %r (%s) on %s; other available: %s",
+        selection.name, selection.how, platform.describe(), ", ".join(others) or "none",
+    )
+    return selection

@@ -1,0 +1,35 @@
+"""SPEC §3: split a decodes-first batch into decodes and prefills, from host data only."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Split(NamedTuple):
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+
+
+def split_decodes_and_prefills(
+    query_start_loc_cpu: "np.ndarray | object",
+    max_query_len: int,
+    num_tokens: int,
+    decode_threshold: int,
+) -> Split:
+    """Requests before the first one longer than ``decode_threshold`` are decodes; the rest
+    (short ones after it too) are prefills. Padding rows go with the last group."""
+    qsl = query_start_loc_cpu if isinstance(query_start_loc_cpu, np.ndarray) else query_start_loc_cpu.numpy()
+    num_reqs = qsl.shape[0] - 1
+    if max_query_len <= decode_threshold:
+        return Split(num_reqs, 0, num_tokens, 0)
+    long_rows = np.flatnonzero(np.diff(qsl) > decode_threshold)
+    if long_rows.size == 0:
+        # max_query_len overstated the batch: every request is in fact a decode.
+        return Split(num_reqs, 0, num_tokens, 0)
+    first = int(long_rows[0])
+    decode_tokens = int(qsl[first])
+    return Split(first, num_reqs - first, decode_tokens, num_tokens - decode_tokens)

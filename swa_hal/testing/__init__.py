@@ -1,0 +1,34 @@
+"""The conformance kit and test helpers.
+
+- ``BackendConformance`` (``swa_hal.testing.conformance``): the base class a backend's suite subclasses.
+- ``swa_hal.testing.plugin``: the opt-in pytest plugin (options and fixtures).
+- ``address_strict`` (``swa_hal.testing.interpreter``): the SM12x address rule on a CPU.
+- ``random_batch`` and ``compare_with_reference``: batches of every kind, and bit-exact comparison.
+
+Names are imported lazily so the CLI can use the comparison without importing pytest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BackendConformance": "conformance",
+    "CONFORMANCE_CONFIGS": "conformance",
+    "requires": "conformance",
+    "address_strict": "interpreter",
+    "AddressViolation": "interpreter",
+    "random_batch": "batches",
+    "KINDS": "batches",
+    "compare_with_reference": "compare",
+    "check_graph_replay": "graphs",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

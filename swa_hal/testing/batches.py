@@ -1,0 +1,104 @@
+"""Random valid batches of every shape the semantics distinguish, for conformance and fuzz tests."""
+
+from __future__ import annotations
+
+import random
+
+from ..batch import AttentionBatch
+from ..config import SWAConfig
+from ..scenarios import synthesize_batch
+
+KINDS = ("decode", "mtp", "mixed", "prefill", "padded", "invalid", "short_context", "dspark")
+
+
+def random_batch(
+    config: SWAConfig,
+    rng: random.Random,
+    kind: str,
+    *,
+    max_tokens: int | None = None,
+    max_reqs: int | None = None,
+    max_context: int | None = None,
+    extra_pages: int | None = None,
+    device: str = "cpu",
+) -> AttentionBatch:
+    """A valid batch of ``kind`` (one of KINDS) within the config's limits.
+
+    decode: one token per request. mtp: decodes of 1..decode_threshold tokens. mixed: decodes, then
+    prefills, with short requests after the first long one (they are prefills too). prefill: only
+    prefills. padded: padding rows and zero-length padding requests. invalid: real tokens without a
+    slot. short_context: contexts shorter than the window. dspark: a non-causal DSpark draft step.
+    Block tables are exactly as wide as needed, or a little wider.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown batch kind {kind!r}; known: {', '.join(KINDS)}")
+    cap = min(max_tokens or config.max_num_batched_tokens, config.max_num_batched_tokens)
+    reqs_cap = min(max_reqs or config.max_num_seqs, config.max_num_seqs)
+    ctx_cap = min(max_context or config.max_model_len, config.max_model_len)
+    thr = config.decode_threshold
+    w = config.window_size
+
+    def context(q: int, short: bool = False) -> int:
+        hi = min(ctx_cap, w - 1) if short and w > 1 else ctx_cap
+        hi = max(hi, q)
+        # Favour the interesting region around the window edge half of the time.
+        if rng.random() < 0.5:
+            return min(ctx_cap, max(q, rng.randint(max(q, w - 3), max(q, w + 3, 1))))
+        return rng.randint(q, hi)
+
+    seqs: list[int] = []
+    queries: list[int] = []
+    budget = cap
+
+    def add(q: int, short: bool = False) -> bool:
+        nonlocal budget
+        if len(queries) >= reqs_cap or q > budget or q > ctx_cap:
+            return False
+        queries.append(q)
+        seqs.append(context(q, short))
+        budget -= q
+        return True
+
+    causal = True
+    padding_rows = 0
+    padding_reqs = 0
+    invalid = 0
+    if kind in ("decode", "padded", "invalid", "short_context"):
+        for _ in range(rng.randint(1, max(1, min(reqs_cap, cap)))):
+            add(1, short=(kind == "short_context"))
+    elif kind == "mtp":
+        for _ in range(rng.randint(1, max(1, min(reqs_cap, cap // max(1, thr))))):
+            add(rng.randint(1, thr))
+    elif kind == "dspark":
+        if not config.is_dspark:
+            raise ValueError("dspark batches need a DSpark config")
+        causal = False
+        block = min(thr, config.noncausal_index_width - w)
+        if block < 1:
+            raise ValueError(f"W={w} with {config.num_speculative_tokens} drafts leaves no room in a DSpark row")
+        for _ in range(rng.randint(1, max(1, min(reqs_cap, cap // max(1, block))))):
+            add(rng.randint(1, max(1, block)))
+    elif kind in ("mixed", "prefill"):
+        if kind == "mixed":
+            for _ in range(rng.randint(1, max(1, min(reqs_cap // 2, cap // 4)))):
+                add(rng.randint(1, thr))
+        first_long = thr + 1
+        if first_long <= budget and first_long <= ctx_cap:
+            add(rng.randint(first_long, max(first_long, min(budget, ctx_cap, 4 * w + thr))))
+        for _ in range(rng.randint(0, 4)):
+            q = rng.randint(1, max(1, min(budget, ctx_cap, 3 * w)))
+            add(q)
+    if not queries:
+        add(1)
+    if kind == "padded":
+        padding_reqs = min(rng.randint(1, 3), reqs_cap - len(queries))
+        padding_rows = rng.randint(1, max(1, cap - sum(queries))) if cap > sum(queries) else 0
+    if kind == "invalid":
+        invalid = rng.randint(1, max(1, sum(queries) // 2))
+    seqs += [0] * padding_reqs
+    queries += [0] * padding_reqs
+    return synthesize_batch(
+        config, seqs, queries, rng=rng, padding_rows=padding_rows, invalid_tokens=invalid,
+        causal=causal, extra_pages=rng.choice((0, 0, 1, 3)) if extra_pages is None else extra_pages,
+        device=device,
+    )

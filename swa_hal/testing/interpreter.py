@@ -1,0 +1,170 @@
+"""Running Triton kernels on the CPU, and an address-strict mode that reproduces the SM12x rule.
+
+The Triton interpreter (``TRITON_INTERPRET=1``, set before triton is imported) executes kernels
+with numpy on CPU tensors, but it does not bounds-check: a masked-off lane may point anywhere.
+SM12x GPUs with Triton 3.6 fault on such addresses even when the lane is masked off. Inside
+``address_strict()``, every load, store and atomic checks every lane, masked or not: its address
+must fall inside the storage of a tensor passed to the kernel (a view may run into its base
+storage), else ``AddressViolation`` names the kernel, the program and the lanes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Any, Iterator
+
+import numpy as np
+
+
+class AddressViolation(AssertionError):
+    """A lane's address lies outside every tensor argument of the kernel."""
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def require_interpreter() -> None:
+    if not interpreter_enabled():
+        raise RuntimeError("Triton kernels on the CPU need TRITON_INTERPRET=1 set before triton is imported")
+
+
+_state = threading.local()
+
+
+def _stack() -> list[dict[str, Any]]:
+    if not hasattr(_state, "stack"):
+        _state.stack = []
+    return _state.stack
+
+
+def _storage_ranges(args: Any) -> list[tuple[int, int, str]]:
+    import torch
+
+    out: list[tuple[int, int, str]] = []
+
+    def visit(arg: Any, name: str) -> None:
+        base = getattr(arg, "base", None) if not isinstance(arg, torch.Tensor) else None
+        if isinstance(base, torch.Tensor):  # TensorWrapper
+            arg = base
+        if isinstance(arg, torch.Tensor):
+            storage = arg.untyped_storage()
+            start = storage.data_ptr()
+            out.append((start, start + storage.nbytes(), name))
+        elif isinstance(arg, (tuple, list)):
+            for i, item in enumerate(arg):
+                visit(item, f"{name}[{i}]")
+
+    for name, arg in args:
+        visit(arg, name)
+    return out
+
+
+def _check(kind: str, ptrs: Any, mask: Any) -> None:
+    stack = _stack()
+    if not stack:
+        return
+    ctx = stack[-1]
+    from triton.runtime.interpreter import _get_np_dtype
+
+    size = np.dtype(_get_np_dtype(ptrs.get_element_ty())).itemsize
+    addrs = np.asarray(ptrs.data, dtype=np.uint64).reshape(-1)
+    inside = np.zeros(addrs.shape, dtype=bool)
+    for lo, hi, _ in ctx["ranges"]:
+        inside |= (addrs >= np.uint64(lo)) & (addrs + np.uint64(size) <= np.uint64(hi))
+    if inside.all():
+        return
+    lanes = np.flatnonzero(~inside)
+    masked = np.asarray(mask.data, dtype=bool).reshape(-1) if mask is not None else np.ones(addrs.shape, bool)
+    masked = np.broadcast_to(masked, addrs.shape)
+    from triton.runtime.interpreter import interpreter_builder
+
+    shown = ", ".join(
+        f"lane {int(i)} @0x{int(addrs[i]):x} ({'active' if masked[i] else 'masked off'})" for i in lanes[:8]
+    )
+    more = f" and {lanes.size - 8} more" if lanes.size > 8 else ""
+    raise AddressViolation(
+        f"address-strict: kernel {ctx['kernel']} program {interpreter_builder.grid_idx}: {kind} of "
+        f"{size}-byte elements has {lanes.size} of {addrs.size} lanes outside every tensor argument: "
+        f"{shown}{more}"
+    )
+
+
+@contextlib.contextmanager
+def address_strict() -> Iterator[None]:
+    """Check every lane of every interpreted load/store/atomic while the context is active."""
+    require_interpreter()
+    from triton.runtime import interpreter as it
+
+    originals = {
+        "init": it.GridExecutor._init_args_hst,
+        "call": it.GridExecutor.__call__,
+        "load": it.InterpreterBuilder.create_masked_load,
+        "store": it.InterpreterBuilder.create_masked_store,
+        "rmw": it.InterpreterBuilder.create_atomic_rmw,
+        "cas": it.InterpreterBuilder.create_atomic_cas,
+        "tload": it.InterpreterBuilder.create_tensor_pointer_load,
+        "tstore": it.InterpreterBuilder.create_tensor_pointer_store,
+    }
+
+    def init_args(self, args_dev, kwargs):
+        args_hst, kwargs_hst = originals["init"](self, args_dev, kwargs)
+        named = list(zip(self.arg_names, args_hst)) + list(kwargs_hst.items())
+        _stack()[-1]["ranges"] = _storage_ranges(named)
+        return args_hst, kwargs_hst
+
+    def call(self, *args, **kwargs):
+        _stack().append({"kernel": getattr(self.fn, "__name__", "?"), "ranges": []})
+        try:
+            return originals["call"](self, *args, **kwargs)
+        except it.InterpreterError as exc:
+            # Each interpreted call level wraps the error again; surface the violation itself.
+            cause = exc.__cause__
+            while cause is not None and not isinstance(cause, AddressViolation):
+                cause = cause.__cause__
+            if cause is not None:
+                raise AddressViolation(str(cause)) from None
+            raise
+        finally:
+            _stack().pop()
+
+    def load(self, ptrs, mask, other, *rest):
+        _check("masked load", ptrs, mask)
+        return originals["load"](self, ptrs, mask, other, *rest)
+
+    def store(self, ptrs, value, mask, *rest):
+        _check("masked store", ptrs, mask)
+        return originals["store"](self, ptrs, value, mask, *rest)
+
+    def rmw(self, op, ptr, val, mask, *rest):
+        _check("atomic", ptr, mask)
+        return originals["rmw"](self, op, ptr, val, mask, *rest)
+
+    def cas(self, ptr, cmp, val, *rest):
+        _check("atomic cas", ptr, None)
+        return originals["cas"](self, ptr, cmp, val, *rest)
+
+    def unsupported(*_args, **_kwargs):
+        raise AddressViolation("address-strict: block-pointer loads/stores are not checked; use plain pointers")
+
+    it.GridExecutor._init_args_hst = init_args
+    it.GridExecutor.__call__ = call
+    it.InterpreterBuilder.create_masked_load = load
+    it.InterpreterBuilder.create_masked_store = store
+    it.InterpreterBuilder.create_atomic_rmw = rmw
+    it.InterpreterBuilder.create_atomic_cas = cas
+    it.InterpreterBuilder.create_tensor_pointer_load = unsupported
+    it.InterpreterBuilder.create_tensor_pointer_store = unsupported
+    try:
+        yield
+    finally:
+        it.GridExecutor._init_args_hst = originals["init"]
+        it.GridExecutor.__call__ = originals["call"]
+        it.InterpreterBuilder.create_masked_load = originals["load"]
+        it.InterpreterBuilder.create_masked_store = originals["store"]
+        it.InterpreterBuilder.create_atomic_rmw = originals["rmw"]
+        it.InterpreterBuilder.create_atomic_cas = originals["cas"]
+        it.InterpreterBuilder.create_tensor_pointer_load = originals["tload"]
+        it.InterpreterBuilder.create_tensor_pointer_store = originals["tstore"]

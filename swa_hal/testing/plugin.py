@@ -1,0 +1,165 @@
+"""The opt-in pytest plugin of the conformance kit.
+
+Load it with ``pytest -p swa_hal.testing.plugin`` or ``pytest_plugins = ["swa_hal.testing.plugin"]``
+in a conftest.py; it is never auto-loaded. It adds:
+
+  --swa-hal-backend NAME   the backend a BackendConformance class without backend_name tests
+  --swa-hal-expect NAME    fail the session unless auto-selection on this machine picks NAME
+                           (catches a silent fallback to another backend in a vendor's CI)
+
+and fixtures: ``swa_hal_registry`` (a fresh registry of the installed plugins), ``swa_hal_register``
+(register a plugin object for one test), ``swa_hal_platform`` (a PlatformInfo from an --assume string),
+``swa_hal_entry_point`` (a fake entry point), ``swa_hal_address_strict`` (the interpreter's
+address-strict mode). Tests marked ``swa_hal_requires(claim)`` are deselected for backends that do not
+make that claim.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import pytest
+
+CLAIMS = ("clamps_addresses", "cuda_graphs", "draft_update")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("swa_hal", "swa_hal conformance kit")
+    group.addoption("--swa-hal-backend", dest="swa_hal_backend", default=None,
+                    help="backend tested by BackendConformance classes that set no backend_name")
+    group.addoption("--swa-hal-expect", dest="swa_hal_expect", default=None,
+                    help="fail unless auto-selection on this machine picks this backend")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "swa_hal_requires(claim): run only for backends that make this claim")
+    config.addinivalue_line("markers", "gpu: needs a GPU")
+    if "TRITON_INTERPRET" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            # Triton backends run on the CPU through the interpreter; it must be on before triton is imported.
+            os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    expect = session.config.getoption("swa_hal_expect")
+    if not expect:
+        return
+    from ..selection import select_backend
+
+    try:
+        selection = select_backend()
+        picked, detail = selection.name, selection.explain()
+    except Exception as exc:  # noqa: BLE001 - reported as the failure
+        picked, detail = None, f"{type(exc).__name__}: {exc}"
+    if picked != expect:
+        pytest.exit(f"--swa-hal-expect {expect}: auto-selection picked {picked!r}\n{detail}", returncode=1)
+
+
+def _claims(spec: Any, backend: Any | None) -> set[str]:
+    out = set()
+    if spec.clamps_addresses:
+        out.add("clamps_addresses")
+    if spec.cuda_graphs:
+        out.add("cuda_graphs")
+    if backend is None or getattr(backend, "supports_draft_decode_metadata_update", False):
+        out.add("draft_update")
+    return out
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from ..plugins import get_registry
+    from .conformance import BackendConformance
+
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("swa_hal_requires")
+        cls = getattr(item, "cls", None)
+        if marker is None or cls is None or not issubclass(cls, BackendConformance):
+            keep.append(item)
+            continue
+        name = cls.backend_name or config.getoption("swa_hal_backend")
+        registered = get_registry().backends.get(name) if name else None
+        if registered is None:
+            keep.append(item)  # the test itself reports the missing backend
+            continue
+        backend_cls = None
+        try:
+            backend_cls = registered.spec.load_factory()
+        except Exception:  # noqa: BLE001 - test_factory_resolves reports it
+            pass
+        if marker.args[0] in _claims(registered.spec, backend_cls):
+            keep.append(item)
+        else:
+            drop.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture
+def swa_hal_registry():
+    """A registry freshly loaded from the installed entry points, used as the process default for
+    the test (and forgotten after it)."""
+    from .. import plugins
+
+    plugins.reset_registry()
+    registry = plugins.get_registry()
+    yield registry
+    plugins.reset_registry()
+
+
+@pytest.fixture
+def swa_hal_register(swa_hal_registry) -> Callable[..., Any]:
+    """Register a plugin object (module or instance with hookimpls) for this test only."""
+    names: list[str] = []
+
+    def register(obj: Any, name: str = "test-plugin", **kw: Any):
+        names.append(name)
+        return swa_hal_registry.register_plugin(obj, name, **kw)
+
+    yield register
+    for name in names:
+        swa_hal_registry.unregister_plugin(name)
+
+
+@pytest.fixture
+def swa_hal_platform() -> Callable[[str], Any]:
+    from ..platform import PlatformInfo
+
+    return PlatformInfo.from_assume
+
+
+@pytest.fixture
+def swa_hal_entry_point() -> Callable[..., Any]:
+    """Make a fake entry point: ``swa_hal_entry_point("acme", module)`` or ``(..., error=ImportError())``."""
+
+    class _Dist:
+        def __init__(self, name: str, version: str):
+            self.name, self.version = name, version
+
+    class _EntryPoint:
+        group = "swa_hal.backends"
+
+        def __init__(self, name: str, obj: Any = None, *, error: BaseException | None = None,
+                     dist: str = "fake-dist", version: str = "0"):
+            self.name, self.value = name, f"{name}:plugin"
+            self.dist = _Dist(dist, version)
+            self._obj, self._error = obj, error
+
+        def load(self) -> Any:
+            if self._error is not None:
+                raise self._error
+            return self._obj
+
+    return _EntryPoint
+
+
+@pytest.fixture
+def swa_hal_address_strict():
+    from .interpreter import address_strict
+
+    with address_strict():
+        yield

@@ -1,0 +1,135 @@
+"""The shared execution of every Triton backend: one launch per build (SPEC §4-§7, §10).
+
+Hardware backends subclass ``TritonBackend`` and change only flags (``CLAMP_ADDRESSES``), the
+scheduler hook, and post-passes; the kernel source is shared (``kernels/swa_metadata.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+import torch
+
+from . import jit
+from .backend import Backend, BuildPlan
+from .errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from .batch import AttentionBatch
+    from .buffers import MetadataBuffers
+    from .config import SWAConfig
+    from .metadata import SWAMetadata
+    from .platform import PlatformInfo
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+class TritonBackend(Backend):
+    name: ClassVar[str] = "triton"
+    # SM12x: every lane's address in bounds, masked or not.
+    CLAMP_ADDRESSES: ClassVar[bool] = False
+
+    def __init__(self, config: "SWAConfig", device: torch.device, platform: "PlatformInfo"):
+        super().__init__(config, device, platform)
+        if device.type == "cpu" and not interpreter_on():
+            raise BackendUnavailableError(
+                f"backend {self.name!r} runs Triton kernels; on a CPU device they need the interpreter: "
+                f"set TRITON_INTERPRET=1 before triton is imported"
+            )
+        try:
+            from .kernels.launcher import KernelLauncher
+            from .kernels.swa_metadata import swa_metadata_kernel
+        except ImportError as exc:
+            raise BackendUnavailableError(f"backend {self.name!r} needs triton: {exc}") from exc
+        self._launch_rows = KernelLauncher(swa_metadata_kernel, device)
+        kind = device.type
+        clamp = self.CLAMP_ADDRESSES
+        self.key_build = jit.rows_key(config, causal=True, update=False, clamp=clamp, device_type=kind)
+        self.key_update = jit.rows_key(config, causal=True, update=True, clamp=clamp, device_type=kind)
+        self.key_dspark = (
+            jit.rows_key(config, causal=False, update=False, clamp=clamp, device_type=kind)
+            if config.is_dspark
+            else None
+        )
+
+    # -- builds ----------------------------------------------------------------------------------
+
+    def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
+        key = self.key_build if plan.causal else self.key_dspark
+        ndt = plan.num_decode_tokens
+        dec = -(-ndt // key.BLOCK_T)
+        pre = -(-plan.num_prefill_tokens // key.BLOCK_T)
+        clear = -(-(plan.decode_lens_clear_end - ndt) // jit.CLEAR_BLOCK) if plan.decode_lens_clear_end > ndt else 0
+        gather = -(-plan.num_prefills // jit.GATHER_BLOCK)
+        table = batch.block_table
+        self._launch_rows(
+            key,
+            dec + pre + clear + gather,
+            (
+                buffers.decode_indices if plan.causal else buffers.noncausal_indices,
+                buffers.decode_lens, buffers.prefill_indices, buffers.prefill_lens,
+                buffers.token_to_req, buffers.is_valid, buffers.gather_lens,
+                batch.query_start_loc, batch.seq_lens, table, batch.slot_mapping,
+                table.stride(0), table.shape[1], plan.num_reqs, plan.num_tokens,
+                plan.num_decodes, plan.num_prefills, ndt, plan.num_prefill_tokens,
+                plan.decode_lens_clear_end, dec, pre, clear, -(-plan.num_reqs // jit.SEARCH_BLOCK),
+            ),
+        )
+
+    def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
+        key = self.key_update
+        ndt = metadata.num_decode_tokens
+        table = metadata.block_table
+        dec = -(-ndt // key.BLOCK_T)
+        self._launch_rows(
+            key,
+            dec,
+            (
+                buffers.decode_indices, buffers.decode_lens, buffers.prefill_indices, buffers.prefill_lens,
+                buffers.token_to_req, buffers.is_valid, buffers.gather_lens,
+                metadata.query_start_loc, metadata.seq_lens, table, metadata.slot_mapping,
+                table.stride(0), table.shape[1], metadata.seq_lens.shape[0], metadata.slot_mapping.shape[0],
+                metadata.num_decodes, 0, ndt, 0, ndt, dec, 0, 0, 1,
+            ),
+        )
+
+    # -- warmup ----------------------------------------------------------------------------------
+
+    def kernel_keys(self) -> list[Any]:
+        return [k for k in (self.key_build, self.key_update, self.key_dspark) if k is not None]
+
+    def warmup(self, buffers: "MetadataBuffers", progress: Callable[[str], None] | None = None) -> int:
+        """Launch every variant once on a one-token batch, into scratch outputs of the same dtypes
+        (so live metadata views are never touched). Returns the number of variants."""
+        dev = self.device
+        i32 = dict(dtype=torch.int32, device=dev)
+        width = max(self.config.window_size, self.config.noncausal_index_width)
+        # One decode request and one prefill request of one token each, every segment non-empty.
+        dec_idx = torch.empty((1, 1, width), **i32)
+        pre_idx = torch.empty((1, 1, self.config.window_size), **i32)
+        dec_lens, pre_lens, gather = torch.zeros(2, **i32), torch.zeros(1, **i32), torch.zeros(1, **i32)
+        t2r, valid = torch.zeros(2, **i32), torch.zeros(2, dtype=torch.bool, device=dev)
+        qsl, seq = torch.tensor([0, 1, 2], **i32), torch.tensor([1, 1], **i32)
+        table, slots = torch.zeros((2, 1), **i32), torch.tensor([0, 1], dtype=torch.int64, device=dev)
+        count = 0
+        for key in self.kernel_keys():
+            if progress is not None:
+                progress(f"{self.name}: swa_metadata_kernel {key}")
+            self._launch_rows(
+                key,
+                4,
+                (dec_idx, dec_lens, pre_idx, pre_lens, t2r, valid, gather, qsl, seq, table, slots,
+                 table.stride(0), 1, 2, 2, 1, 1, 1, 1, 2, 1, 1, 1, 1),
+            )
+            count += 1
+        return count
+
+    def status(self) -> dict[str, str]:
+        return {
+            "kernel": "swa_metadata_kernel (one launch per build)",
+            "clamped addresses": "yes" if self.CLAMP_ADDRESSES else "no",
+            "mode": "Triton interpreter (CPU)" if self._launch_rows.interpreted else "compiled",
+        }

@@ -1,0 +1,246 @@
+"""Full validation of an AttentionBatch (SPEC §2) against a config.
+
+Each failure raises the BatchValidationError subclass of its kind, with a message that starts with
+the field (and index) and states the constraint. Reads device values, so it synchronises: the
+builder runs it when asked (``validate=True``, the CLI, ``SWA_HAL_DEBUG=1``); the hot path runs only
+``guard_batch``, which checks host facts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .config import INT32_LIMIT
+from .errors import (
+    BatchCapacityError,
+    BatchConsistencyError,
+    BatchDeviceError,
+    BatchDtypeError,
+    BatchOrderError,
+    BatchRangeError,
+    BatchShapeError,
+    SpeculativeModeError,
+)
+from .split import split_decodes_and_prefills
+
+if TYPE_CHECKING:
+    from .batch import AttentionBatch
+    from .config import SWAConfig
+
+EXPECTED_DTYPES = (torch.int32, torch.int32, torch.int32, torch.int64)
+_TENSORS = ("seq_lens", "query_start_loc", "block_table", "slot_mapping")
+
+
+def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int) -> None:
+    """Host-only checks that keep every kernel launch in bounds; cheap enough for every build."""
+    dtypes = (batch.seq_lens.dtype, batch.query_start_loc.dtype, batch.block_table.dtype, batch.slot_mapping.dtype)
+    if dtypes != EXPECTED_DTYPES:
+        for name, got, want in zip(_TENSORS, dtypes, EXPECTED_DTYPES):
+            if got != want:
+                raise BatchDtypeError(name, f"{name} has dtype {got}; expected {want}")
+    num_tokens = batch.num_tokens
+    if num_tokens > capacity:
+        raise BatchCapacityError(
+            "num_tokens", f"num_tokens={num_tokens} exceeds the builder's capacity "
+            f"(max_num_batched_tokens={capacity})"
+        )
+    if num_tokens < 1:
+        raise BatchShapeError("num_tokens", f"num_tokens={num_tokens}: the batch is empty")
+    num_reqs = batch.query_start_loc_cpu.shape[0] - 1
+    if num_reqs < 1:
+        raise BatchShapeError("query_start_loc_cpu", "query_start_loc_cpu has no request: the batch is empty")
+    if num_reqs > config.max_num_seqs:
+        raise BatchCapacityError(
+            "seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}"
+        )
+    if batch.block_table.stride(-1) != 1:
+        raise BatchShapeError("block_table", "block_table must be contiguous along its pages (stride(1) == 1)")
+
+
+def _tensor(name: str, t: object, dtype: torch.dtype, ndim: int, *, cpu: bool = False) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise BatchDtypeError(name, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise BatchDtypeError(name, f"{name} has dtype {t.dtype}; expected {dtype}")
+    if t.dim() != ndim:
+        raise BatchShapeError(name, f"{name} has {t.dim()} dimensions {tuple(t.shape)}; expected {ndim}")
+    if cpu and t.device.type != "cpu":
+        raise BatchDeviceError(name, f"{name} is on {t.device}; it is the host copy and must be on the CPU")
+    if ndim == 1 and t.numel() > 1 and t.stride(0) != 1:
+        raise BatchShapeError(name, f"{name} must be contiguous (stride {t.stride(0)})")
+    return t
+
+
+def _first(mask: torch.Tensor) -> int:
+    return int(torch.nonzero(mask)[0, 0])
+
+
+def validate_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int | None = None) -> None:
+    cap = config.max_num_batched_tokens if capacity is None else capacity
+    seq_lens = _tensor("seq_lens", batch.seq_lens, torch.int32, 1)
+    qsl = _tensor("query_start_loc", batch.query_start_loc, torch.int32, 1)
+    qsl_cpu = _tensor("query_start_loc_cpu", batch.query_start_loc_cpu, torch.int32, 1, cpu=True)
+    seq_cpu = batch.seq_lens_cpu
+    if seq_cpu is not None:
+        _tensor("seq_lens_cpu", seq_cpu, torch.int32, 1, cpu=True)
+    table = _tensor("block_table", batch.block_table, torch.int32, 2)
+    slots = _tensor("slot_mapping", batch.slot_mapping, torch.int64, 1)
+    device = seq_lens.device
+    for name, t in (("query_start_loc", qsl), ("block_table", table), ("slot_mapping", slots)):
+        if t.device != device:
+            raise BatchDeviceError(name, f"{name} is on {t.device} but seq_lens is on {device}")
+    if table.stride(1) != 1:
+        raise BatchShapeError("block_table", "block_table must be contiguous along its pages (stride(1) == 1)")
+
+    num_reqs = seq_lens.shape[0]
+    if num_reqs == 0:
+        raise BatchShapeError("seq_lens", "seq_lens is empty: a batch needs at least one request")
+    if num_reqs > config.max_num_seqs:
+        raise BatchCapacityError("seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}")
+    for name, t in (("query_start_loc", qsl), ("query_start_loc_cpu", qsl_cpu)):
+        if t.shape[0] != num_reqs + 1:
+            raise BatchShapeError(name, f"{name} has {t.shape[0]} entries; expected num_reqs + 1 = {num_reqs + 1}")
+    if seq_cpu is not None and seq_cpu.shape[0] != num_reqs:
+        raise BatchShapeError("seq_lens_cpu", f"seq_lens_cpu has {seq_cpu.shape[0]} entries; seq_lens has {num_reqs}")
+    if table.shape[0] < num_reqs:
+        raise BatchShapeError("block_table", f"block_table has {table.shape[0]} rows for {num_reqs} requests")
+    if table.shape[1] < 1:
+        raise BatchShapeError("block_table", "block_table has no page columns")
+
+    num_tokens = batch.num_tokens
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
+        raise BatchDtypeError("num_tokens", f"num_tokens must be an int, got {num_tokens!r}")
+    if num_tokens < 1:
+        raise BatchShapeError("num_tokens", f"num_tokens={num_tokens}: the batch has no token rows")
+    if num_tokens > cap:
+        raise BatchCapacityError("num_tokens", f"num_tokens={num_tokens} exceeds the builder's capacity (max_num_batched_tokens={cap})")
+    if slots.shape[0] != num_tokens:
+        raise BatchShapeError("slot_mapping", f"slot_mapping has {slots.shape[0]} entries; num_tokens is {num_tokens}")
+    mql = batch.max_query_len
+    if isinstance(mql, bool) or not isinstance(mql, int) or mql < 0:
+        raise BatchDtypeError("max_query_len", f"max_query_len must be a non-negative int, got {mql!r}")
+    if not isinstance(batch.causal, bool):
+        raise BatchDtypeError("causal", f"causal must be a bool, got {batch.causal!r}")
+
+    # -- values ---------------------------------------------------------------------------------
+    starts = qsl_cpu.to(torch.int64)
+    dev_starts = qsl.cpu().to(torch.int64)
+    if not torch.equal(starts, dev_starts):
+        i = _first(starts != dev_starts)
+        raise BatchConsistencyError(
+            "query_start_loc", f"query_start_loc[{i}]={int(dev_starts[i])} differs from its host copy "
+            f"query_start_loc_cpu[{i}]={int(starts[i])}", i,
+        )
+    if int(starts[0]) != 0:
+        raise BatchOrderError("query_start_loc", f"query_start_loc[0]={int(starts[0])}; it must start at 0", 0)
+    query = starts[1:] - starts[:-1]
+    if bool((query < 0).any()):
+        i = _first(query < 0)
+        raise BatchOrderError(
+            "query_start_loc", f"query_start_loc[{i + 1}]={int(starts[i + 1])} is smaller than "
+            f"query_start_loc[{i}]={int(starts[i])}: it must be non-decreasing", i + 1,
+        )
+    scheduled = int(starts[-1])
+    if scheduled > num_tokens:
+        raise BatchRangeError("num_tokens", f"num_tokens={num_tokens} is smaller than the {scheduled} scheduled tokens (query_start_loc[-1])")
+    longest = int(query.max())
+    if longest > mql:
+        raise BatchConsistencyError("max_query_len", f"max_query_len={mql} but request {int(torch.argmax(query))} has {longest} query tokens")
+
+    seq = seq_lens.cpu().to(torch.int64)
+    if bool((seq < 0).any()):
+        r = _first(seq < 0)
+        raise BatchRangeError("seq_lens", f"seq_lens[{r}]={int(seq[r])} is negative", r)
+    short = seq < query
+    if bool(short.any()):
+        r = _first(short)
+        raise BatchRangeError("seq_lens", f"seq_lens[{r}]={int(seq[r])} is shorter than its query length {int(query[r])}", r)
+    if bool((seq > config.max_model_len).any()):
+        r = _first(seq > config.max_model_len)
+        raise BatchCapacityError("seq_lens", f"seq_lens[{r}]={int(seq[r])} exceeds max_model_len={config.max_model_len}", r)
+
+    split = split_decodes_and_prefills(qsl_cpu, mql, num_tokens, config.decode_threshold)
+    if seq_cpu is not None:
+        host = seq_cpu.to(torch.int64)
+        under = host < seq
+        if bool(under.any()):
+            r = _first(under)
+            raise BatchConsistencyError("seq_lens_cpu", f"seq_lens_cpu[{r}]={int(host[r])} is below seq_lens[{r}]={int(seq[r])}; the host copy must be an upper bound", r)
+        nd = split.num_decodes
+        if bool((host[nd:] != seq[nd:]).any()):
+            r = nd + _first(host[nd:] != seq[nd:])
+            raise BatchConsistencyError("seq_lens_cpu", f"seq_lens_cpu[{r}]={int(host[r])} differs from seq_lens[{r}]={int(seq[r])}; prefill rows must be exact", r)
+
+    if not batch.causal:
+        if not config.is_dspark:
+            raise SpeculativeModeError("causal", f"causal=False is only legal with DSpark drafting; speculative_method={config.speculative_method!r}")
+        width = config.noncausal_index_width
+        nd = split.num_decodes
+        need = torch.minimum(seq[:nd], query[:nd] + config.window_size)
+        if nd and bool((need > width).any()):
+            r = _first(need > width)
+            raise SpeculativeModeError("seq_lens", f"seq_lens[{r}]={int(seq[r])}: its DSpark row needs {int(need[r])} entries, wider than the non-causal width {width}", r)
+
+    _validate_pages(table, seq, query, starts, config, batch.causal)
+    _validate_slots(slots, table, seq, starts, scheduled, config)
+
+
+def _validate_pages(table, seq, query, starts, config, causal) -> None:
+    """Every page a window reads must exist, be a real block, and give int32 slot ids."""
+    block = config.block_size
+    num_reqs = seq.shape[0]
+    rows = table[:num_reqs].cpu().to(torch.int64)
+    needed = torch.where(seq > 0, (seq - 1) // block + 1, torch.zeros_like(seq))
+    if bool((needed > rows.shape[1]).any()):
+        r = _first(needed > rows.shape[1])
+        raise BatchCapacityError(
+            "block_table", f"block_table has {rows.shape[1]} pages per row but request {r} (seq_lens={int(seq[r])}, "
+            f"block_size={block}) needs {int(needed[r])}", r,
+        )
+    prefix = seq - query
+    reach = config.window_size if not causal else config.window_size - 1
+    first = torch.clamp_min(prefix - reach, 0) // block
+    cols = torch.arange(rows.shape[1])[None, :]
+    read = (cols >= first[:, None]) & (cols < needed[:, None]) & (query[:, None] > 0)
+    bad = read & (rows < 0)
+    if bool(bad.any()):
+        r, p = (int(x) for x in torch.nonzero(bad)[0])
+        raise BatchRangeError("block_table", f"block_table[{r}, {p}]={int(rows[r, p])} is negative but the window reads page {p}", r)
+    if config.num_kv_blocks is not None:
+        bad = read & (rows >= config.num_kv_blocks)
+        if bool(bad.any()):
+            r, p = (int(x) for x in torch.nonzero(bad)[0])
+            raise BatchRangeError("block_table", f"block_table[{r}, {p}]={int(rows[r, p])} is past the cache's {config.num_kv_blocks} pages", r)
+    bad = read & (rows * block + block - 1 > INT32_LIMIT)
+    if bool(bad.any()):
+        r, p = (int(x) for x in torch.nonzero(bad)[0])
+        raise BatchRangeError("block_table", f"block_table[{r}, {p}]={int(rows[r, p])} x block_size {block} overflows the int32 slot ids", r)
+
+
+def _validate_slots(slots, table, seq, starts, scheduled, config) -> None:
+    """slot_mapping must be -1 or the token's own slot, and -1 on padding rows."""
+    s = slots.cpu()
+    if bool((s < -1).any()):
+        t = _first(s < -1)
+        raise BatchRangeError("slot_mapping", f"slot_mapping[{t}]={int(s[t])}; a slot is >= 0, or -1 for a padding token", t)
+    if bool((s[scheduled:] != -1).any()):
+        t = scheduled + _first(s[scheduled:] != -1)
+        raise BatchConsistencyError("slot_mapping", f"slot_mapping[{t}]={int(s[t])} but row {t} is past the {scheduled} scheduled tokens; padding rows must be -1", t)
+    if scheduled == 0:
+        return
+    num_reqs = seq.shape[0]
+    query = starts[1:] - starts[:-1]
+    req = torch.repeat_interleave(torch.arange(num_reqs), query)
+    pos = seq[req] - starts[1:][req] + torch.arange(scheduled)
+    rows = table[:num_reqs].cpu().to(torch.int64)
+    expected = rows[req, pos // config.block_size] * config.block_size + pos % config.block_size
+    real = s[:scheduled]
+    wrong = (real >= 0) & (real != expected)
+    if bool(wrong.any()):
+        t = _first(wrong)
+        raise BatchConsistencyError(
+            "slot_mapping", f"slot_mapping[{t}]={int(real[t])} but block_table puts request {int(req[t])} "
+            f"position {int(pos[t])} in slot {int(expected[t])}", t,
+        )

@@ -1,0 +1,131 @@
+"""The swa-hal command."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import CONFIGS, ROOT, SCENARIOS
+from swa_hal.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_info_json_parses_and_describes_everything(capsys):
+    code, out, _ = run(capsys, "info", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["selected"] == "torch" and data["platform"]["vendor"] == "cpu"
+    assert {b["name"] for b in data["backends"]} >= {"torch", "cuda", "sm12x", "rocm", "xpu"}
+    cuda = next(b for b in data["backends"] if b["name"] == "cuda")
+    assert cuda["available"] is False and cuda["reasons"]
+    assert data["versions"]["torch"] and data["versions"]["pluggy"]
+    assert all(p["status"] in ("active", "embedded") for p in data["plugins"])
+
+
+@pytest.mark.parametrize(
+    "assume, expected",
+    [
+        ("vendor=cuda,capability=12.0", "sm12x"),
+        ("vendor=rocm,arch=gfx942", "rocm"),
+        ("vendor=xpu", "xpu"),
+        ("vendor=cuda,capability=9.0", "cuda"),
+        ("vendor=cuda,capability=10.0", "cuda"),
+        ("vendor=cpu", "torch"),
+    ],
+)
+def test_info_assume_selects(capsys, assume, expected):
+    code, out, _ = run(capsys, "info", "--json", "--assume", assume, "--expect", expected)
+    assert code == 0 and json.loads(out)["selected"] == expected
+
+
+def test_info_expect_mismatch_fails(capsys):
+    code, out, _ = run(capsys, "info", "--assume", "vendor=cuda,capability=12.0", "--expect", "cuda")
+    assert code == 1 and "expected backend 'cuda', selected 'sm12x'" in out
+
+
+def test_info_text_lists_plugins_and_reasons(capsys):
+    code, out, _ = run(capsys, "info", "--assume", "vendor=cuda,capability=12.0")
+    assert code == 0
+    assert "needs CUDA capability 9.x or 10.x; found 12.0" in out and "* sm12x" in out
+
+
+def test_info_explicit_unavailable_reports_error(capsys):
+    code, out, _ = run(capsys, "info", "--backend", "cuda")
+    assert code == 1 and "unavailable" in out
+
+
+def test_info_status_reports_scheduler_reason(capsys):
+    code, out, _ = run(capsys, "info", "--json", "--assume", "vendor=cuda,capability=9.0", "--status",
+                       "--config", str(CONFIGS / "tiny.yaml"))
+    data = json.loads(out)
+    assert code == 0
+    assert "flash_mla is not importable" in data["backend_status"]["tile scheduler"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.stem)
+def test_build_every_shipped_scenario(capsys, scenario):
+    meta = yaml.safe_load(scenario.read_text())
+    code, out, _ = run(capsys, "build", "--config", str(CONFIGS / meta["config"]), "--batch", str(scenario),
+                       "--repeat", "2", "--json")
+    data = json.loads(out)
+    assert code == 0, data["mismatches"]
+    assert data["mismatches"] == [] and data["checked_against_reference"]
+    assert data["split"]["num_decode_tokens"] + data["split"]["num_prefill_tokens"] > 0
+
+
+def test_build_text_output(capsys):
+    code, out, _ = run(capsys, "build", "--config", str(CONFIGS / "tiny.yaml"), "--batch",
+                       str(CONFIGS / "batches" / "tiny_mixed.yaml"), "--repeat", "2")
+    assert code == 0
+    assert "check: bit-exact" in out and "split:" in out and "lens" in out
+
+
+def test_build_with_a_triton_backend_through_the_interpreter(capsys):
+    code, out, _ = run(capsys, "build", "--config", str(CONFIGS / "tiny.yaml"), "--batch",
+                       str(CONFIGS / "batches" / "tiny_mixed.yaml"), "--repeat", "1",
+                       "--assume", "vendor=cuda,capability=12.0", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["backend"] == "sm12x" and data["mismatches"] == []
+
+
+def test_bad_batch_file_is_a_clean_error(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("groups:\n  - {count: 2, query_len: 5, seq_len: 3}\n")
+    code, _, err = run(capsys, "build", "--config", str(CONFIGS / "tiny.yaml"), "--batch", str(bad))
+    assert code == 2 and "groups[0]" in err
+
+
+def test_warmup(capsys):
+    code, out, err = run(capsys, "warmup", "--config", str(CONFIGS / "tiny.yaml"))
+    assert code == 0 and "warmup:" in out
+
+
+def test_matrix_json(capsys):
+    code, out, _ = run(capsys, "matrix", "--json")
+    rows = {e["platform"]: e["expect"] for e in json.loads(out)["include"]}
+    assert code == 0
+    assert rows["vendor=cuda,capability=9.0"] == "cuda"
+    assert rows["vendor=cuda,capability=10.0"] == "cuda"
+    assert rows["vendor=cuda,capability=12.0"] == "sm12x"
+    assert rows["vendor=rocm,arch=gfx942,capability=9.4"] == "rocm"
+    assert rows["vendor=xpu"] == "xpu"
+    assert rows["vendor=cpu"] == "torch"
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("swa-hal", path=os.path.dirname(sys.executable))
+    assert exe, "the swa-hal console script is not installed next to this python"
+    proc = subprocess.run([exe, "info", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["selected"] == "torch"

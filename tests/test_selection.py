@@ -1,0 +1,121 @@
+"""Selection on hand-built platforms; explicit requests never fall back silently."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import BACKEND_PLATFORMS
+from swa_hal import BackendNotFoundError, BackendUnavailableError, PlatformInfo, select_backend
+from swa_hal.plugins import PluginRegistry
+
+
+@pytest.mark.parametrize(
+    "assume, expected",
+    [
+        ("vendor=cuda,capability=9.0", "cuda"),
+        ("vendor=cuda,capability=10.0", "cuda"),
+        ("vendor=cuda,capability=10.3", "cuda"),
+        ("vendor=cuda,capability=12.0", "sm12x"),
+        ("vendor=cuda,capability=12.1", "sm12x"),
+        ("vendor=cuda,capability=8.0", "torch"),
+        ("vendor=rocm,arch=gfx942,capability=9.4", "rocm"),
+        ("vendor=rocm,arch=gfx950,capability=10.0", "rocm"),
+        ("vendor=xpu", "xpu"),
+        ("vendor=cpu", "torch"),
+        ("vendor=tpu", "torch"),
+        ("vendor=cuda,capability=9.0,triton=0", "torch"),
+    ],
+)
+def test_auto_selection(assume, expected):
+    assert select_backend(platform=PlatformInfo.from_assume(assume)).name == expected
+
+
+def test_rocm_reporting_capability_9_4_never_gets_a_cuda_backend():
+    sel = select_backend(platform=PlatformInfo.from_assume("vendor=rocm,arch=gfx942,capability=9.4"))
+    by = sel.candidates_by_name()
+    assert not by["cuda"].availability.ok
+    assert "found vendor 'rocm'" in by["cuda"].availability.reasons[0]
+    assert sel.name == "rocm"
+
+
+def test_reasons_are_specific():
+    sel = select_backend(platform=PlatformInfo.from_assume("vendor=cuda,capability=12.0,triton=0"))
+    by = sel.candidates_by_name()
+    assert by["cuda"].availability.reasons == ("needs CUDA capability 9.x or 10.x; found 12.0", "triton is not installed")
+    assert by["sm12x"].availability.reasons == ("triton is not installed",)
+    assert sel.name == "torch"
+
+
+def test_explicit_unavailable_request_raises_with_reasons_and_auto_pick():
+    with pytest.raises(BackendUnavailableError) as info:
+        select_backend("cuda", PlatformInfo.from_assume("vendor=cuda,capability=12.0"))
+    msg = str(info.value)
+    assert "needs CUDA capability 9.x or 10.x; found 12.0" in msg and "would pick 'sm12x'" in msg
+
+
+def test_explicit_unknown_request_raises():
+    with pytest.raises(BackendNotFoundError, match="'nope'.*registered: cuda, rocm, sm12x, torch, xpu.*would pick 'torch'"):
+        select_backend("nope", PlatformInfo.from_assume("vendor=cpu"))
+
+
+def test_env_request_is_explicit(monkeypatch):
+    monkeypatch.setenv("SWA_HAL_BACKEND", "rocm")
+    with pytest.raises(BackendUnavailableError, match="requested by SWA_HAL_BACKEND"):
+        select_backend(platform=PlatformInfo.from_assume("vendor=cpu"))
+    monkeypatch.setenv("SWA_HAL_BACKEND", "torch")
+    sel = select_backend(platform=PlatformInfo.from_assume("vendor=cuda,capability=9.0"))
+    assert (sel.name, sel.how) == ("torch", "SWA_HAL_BACKEND")
+
+
+def test_argument_beats_env(monkeypatch):
+    monkeypatch.setenv("SWA_HAL_BACKEND", "nope")
+    assert select_backend("torch", PlatformInfo.from_assume("vendor=cpu")).how == "argument"
+
+
+def test_explain_lists_every_backend():
+    text = select_backend(platform=PlatformInfo.from_assume("vendor=cuda,capability=9.0")).explain()
+    assert "selected: cuda (highest priority" in text
+    for name in BACKEND_PLATFORMS:
+        assert name in text
+
+
+def test_assume_parsing():
+    p = PlatformInfo.from_assume("vendor=cuda, capability=12.1, arch=sm_121, custom=7")
+    assert (p.vendor, p.capability, p.arch, p.get("custom"), p.synthetic) == ("cuda", (12, 1), "sm_121", "7", True)
+    assert PlatformInfo.from_assume("vendor=cuda,sm=90").capability == (9, 0)
+    with pytest.raises(ValueError, match="no vendor"):
+        PlatformInfo.from_assume("capability=9.0")
+    with pytest.raises(ValueError, match="capability"):
+        PlatformInfo.from_assume("vendor=cuda,capability=nine")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        PlatformInfo.from_assume("vendor=cuda,oops")
+
+
+def test_probe_of_a_cpu_device_is_cpu():
+    from swa_hal import probe_platform
+
+    p = probe_platform("cpu")
+    assert p.vendor == "cpu" and not p.synthetic
+
+
+def test_probing_and_availability_do_not_initialise_cuda():
+    import torch
+
+    from swa_hal import probe_platform
+
+    registry = PluginRegistry()
+    probe_platform("cpu")
+    for assume in BACKEND_PLATFORMS.values():
+        platform = PlatformInfo.from_assume(assume)
+        for name in registry.backends:
+            registry.availability(name, platform)
+    assert not torch.cuda.is_initialized()
+
+
+def test_equal_priority_tie_is_deterministic_and_warned():
+    from fakes import plugin_module, spec
+
+    registry = PluginRegistry(entry_points=[], env={})
+    registry.register_plugin(plugin_module(spec("beta", 200, "cpu"), spec("alpha", 200, "cpu")), "twins")
+    with pytest.warns(UserWarning, match="both available with priority 200"):
+        assert select_backend(platform=PlatformInfo.from_assume("vendor=cpu"), registry=registry, env={}).name == "alpha"

@@ -76,7 +76,7 @@ def token_to_req(
     rows = _arange(num_tokens, query_start_loc.device, workspace)
     # The owner of t is the number of request ends at or before t (zero-length requests included).
     owner = torch.searchsorted(query_start_loc[1:], rows, right=True, out_int32=True, out=out)
-    return owner.masked_fill_(owner == num_reqs, 0)
+    return owner.remainder_(num_reqs)  # R (past the scheduled tokens) -> 0
 
 
 def valid_tokens(slot_mapping: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -113,10 +113,18 @@ def _fill_rows(
 
     torch.add(start[:, None], cols, out=out)  # positions
     torch.minimum(out, last[:, None], out=out)
-    torch.div(out, block_size, rounding_mode="floor", out=pages)
+    # Integer division is slow on CPUs; a power-of-two page size divides by shifting.
+    shift = block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else None
+    if shift is not None:
+        torch.bitwise_right_shift(out, shift, out=pages)
+    else:
+        torch.div(out, block_size, rounding_mode="floor", out=pages)
     pages.add_((req * table.shape[1])[:, None])  # flat block-table offsets
     torch.index_select(table.view(-1), 0, pages.view(-1), out=blocks.view(-1))
-    torch.remainder(out, block_size, out=out)
+    if shift is not None:
+        out.bitwise_and_(block_size - 1)
+    else:
+        torch.remainder(out, block_size, out=out)
     out.add_(blocks, alpha=block_size)  # slot = block * B + position % B
     torch.ge(cols, lens[:, None], out=pad)
     out.masked_fill_(pad, -1)
@@ -166,12 +174,12 @@ def causal_window_rows(
     if num_rows == 0:
         return out_indices, out_lens
     req, seq, end, rows = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, workspace)
-    valid = is_valid[token_offset : token_offset + num_rows]
+    invalid = ~is_valid[token_offset : token_offset + num_rows]
     # pos(t) = P_r + (t - qsl[r]) = S_r - qsl[r + 1] + t
-    pos = seq.sub_(end).add_(rows).add_(token_offset).masked_fill_(~valid, 0)
-    start = torch.clamp_min(pos - (window_size - 1), 0)
-    torch.sub(pos + 1, start, out=out_lens)
-    out_lens.masked_fill_(~valid, 0)
+    pos = seq.sub_(end).add_(rows).add_(token_offset).masked_fill_(invalid, 0)
+    start = torch.sub(pos, window_size - 1).clamp_min_(0)
+    torch.sub(pos, start, out=out_lens).add_(1)
+    out_lens.masked_fill_(invalid, 0)
     _fill_rows(block_table, req, start, pos, out_lens, block_size, out_indices.view(num_rows, -1), workspace)
     return out_indices, out_lens
 

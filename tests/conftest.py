@@ -12,24 +12,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
 
-pytest_plugins = ["swa_hal.testing.plugin"]
-
-from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder  # noqa: E402
+from helpers import CONFIGS  # noqa: E402
+from swa_hal import SWAConfig  # noqa: E402
 from swa_hal.plugins import reset_registry  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
-SCENARIOS = sorted((CONFIGS / "batches").glob("*.yaml"))
-
-# Each built-in backend and a platform on which it is the one selected.
-BACKEND_PLATFORMS = {
-    "torch": "vendor=cpu",
-    "cuda": "vendor=cuda,capability=9.0",
-    "sm12x": "vendor=cuda,capability=12.0",
-    "rocm": "vendor=rocm,arch=gfx942,capability=9.4",
-    "xpu": "vendor=xpu",
-}
-TRITON_BACKENDS = ("cuda", "sm12x", "rocm", "xpu")
+pytest_plugins = ["swa_hal.testing.plugin"]
 
 
 @pytest.fixture(autouse=True)
@@ -39,11 +26,6 @@ def _fresh_registry(monkeypatch):
     reset_registry()
     yield
     reset_registry()
-
-
-def make_builder(config: SWAConfig, backend: str, **kwargs) -> SWAMetadataBuilder:
-    platform = PlatformInfo.from_assume(BACKEND_PLATFORMS[backend])
-    return SWAMetadataBuilder(config, device="cpu", backend=backend, platform=platform, **kwargs)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import CONFIGS, ROOT, SCENARIOS
+from helpers import CONFIGS, ROOT, SCENARIOS
 from swa_hal.cli import main
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import CONFIGS
+from helpers import CONFIGS
 from swa_hal import ConfigError, SWAConfig
 from swa_hal.config import layer_type_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BACKEND_PLATFORMS
+from helpers import BACKEND_PLATFORMS
 from swa_hal import BackendNotFoundError, BackendUnavailableError, PlatformInfo, select_backend
 from swa_hal.plugins import PluginRegistry
 

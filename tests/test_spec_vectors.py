@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import BACKEND_PLATFORMS, make_builder
+from helpers import BACKEND_PLATFORMS, make_builder
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal import reference as ref
 from swa_hal.split import split_decodes_and_prefills

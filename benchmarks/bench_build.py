@@ -1,0 +1,269 @@
+#!/usr/bin/env python
+"""Side-by-side timing of swa_hal builds and the seed's launch sequence, in one run.
+
+For each scenario of configs/batches/ (decode-only 256, MTP 128x3, 64 decodes + 4x2048 prefill,
+8x2048 prefill) and each runner (swa_hal backends runnable here, and the baseline: the seed's launch
+sequence on a GPU, a straightforward vectorized PyTorch build on the CPU) it prints
+
+  host us      median wall time of build() without synchronising (what the engine's CPU pays)
+  e2e us       median wall time of sync; build(); sync
+  graph us     a decode-only build captured in a CUDA graph: wall time per replay over 200 replays
+  launches     GPU kernels (and memsets/copies) per build, from torch.profiler; on the CPU, aten ops
+
+with the baseline/swa_hal ratios and the issue's targets, checks every runner's output against the
+reference, and writes JSON and a PNG chart to benchmarks/results/. ``make bench`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform as host_platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from seed_baseline import NaiveTorchBuilder, SeedSequenceBuilder  # noqa: E402
+
+from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder  # noqa: E402
+from swa_hal.reference import build_reference  # noqa: E402
+from swa_hal.scenarios import Scenario  # noqa: E402
+
+SCENARIOS = [
+    ("decode_only", "deepseek_v4_flash.yaml"),
+    ("mtp_decode", "deepseek_v4_flash_mtp.yaml"),
+    ("mixed", "deepseek_v4_flash.yaml"),
+    ("long_prefill", "deepseek_v4_flash.yaml"),
+]
+GRAPH_SCENARIOS = ("decode_only", "mtp_decode")
+# The issue's targets on an H200 (us) and on the 2-core CPU (us).
+GPU_TARGETS = {
+    "decode_only": {"host": 30, "e2e": 40, "graph": 6, "launches": 1, "speedup": 4.5},
+    "mtp_decode": {"host": 30, "e2e": 40, "graph": 6, "launches": 1},
+    "mixed": {"host": 40, "e2e": 50, "launches": 1},
+    "long_prefill": {"host": 40, "e2e": 50, "launches": 1},
+}
+CPU_TARGETS = {"decode_only": {"host": 250}, "long_prefill": {"host": 15000}}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_us(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e6
+
+
+def time_host(fn, iters: int, device: torch.device) -> float:
+    samples = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        if device.type == "cuda" and i % 50 == 49:
+            sync(device)  # keep the queue short; outside the timed region
+    sync(device)
+    return median_us(samples)
+
+
+def time_e2e(fn, iters: int, device: torch.device) -> float:
+    samples = []
+    for _ in range(iters):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        samples.append(time.perf_counter() - t0)
+    return median_us(samples)
+
+
+def time_graph(fn, device: torch.device, replays: int = 200) -> float | None:
+    if device.type != "cuda":
+        return None
+    fn()
+    sync(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(20):
+        graph.replay()
+    runs = []
+    for _ in range(5):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(replays):
+            graph.replay()
+        sync(device)
+        runs.append((time.perf_counter() - t0) / replays)
+    return median_us(runs)
+
+
+def count_launches(fn, device: torch.device) -> int:
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    fn()
+    sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    events = prof.events()
+    if device.type == "cuda":
+        return sum(1 for e in events if e.device_type == DeviceType.CUDA)
+    return sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)
+
+
+def check(config, batch, out) -> bool:
+    ref = build_reference(config, batch)
+    pairs = [(out["decode_indices"], ref.decode_indices), (out["decode_lens"], ref.decode_lens)]
+    if ref.split.num_prefill_tokens:
+        pairs += [(out["prefill_indices"], ref.prefill_indices), (out["prefill_lens"], ref.prefill_lens)]
+    return tuple(out["split"]) == tuple(ref.split) and all(torch.equal(a.cpu(), b.cpu()) for a, b in pairs)
+
+
+def as_dict(md) -> dict:
+    return {"split": (md.num_decodes, md.num_prefills, md.num_decode_tokens, md.num_prefill_tokens),
+            "decode_indices": md.decode_swa_indices, "decode_lens": md.decode_swa_lens,
+            "prefill_indices": md.prefill_swa_indices, "prefill_lens": md.prefill_swa_lens}
+
+
+def runners_for(config: SWAConfig, device: torch.device, backends: list[str]):
+    out = []
+    for name in backends:
+        platform = None
+        if device.type == "cuda" and name == "sm12x":
+            platform = PlatformInfo.from_assume("vendor=cuda,capability=12.0")
+        builder = SWAMetadataBuilder(config, device=device, backend=name, platform=platform, validate=False)
+        builder.warmup()
+        out.append((f"swa_hal[{builder.backend_name}]", builder.build, as_dict))
+    if device.type == "cuda":
+        from swa_hal_cuda.flashmla import scheduler_factory
+
+        baseline = SeedSequenceBuilder(config, device, scheduler_factory()[0])
+        out.append(("seed sequence", baseline.build, lambda d: d))
+    else:
+        baseline = NaiveTorchBuilder(config, device)
+        out.append(("naive torch", baseline.build, lambda d: d))
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--iters", type=int, default=300)
+    parser.add_argument("--backends", nargs="*", help="default: the auto-selected one (plus sm12x on a CUDA GPU)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--tag", default=None, help="name of the result files (default: the device)")
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+    backends = args.backends or ([None, "sm12x"] if device.type == "cuda" else [None])
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    rows = []
+    for scenario_name, config_file in SCENARIOS:
+        config = SWAConfig.from_yaml(ROOT / "configs" / config_file)
+        batch = Scenario.from_yaml(ROOT / "configs" / "batches" / f"{scenario_name}.yaml").make_batch(config, device)
+        for runner, fn, to_dict in runners_for(config, device, backends):
+            def call(fn=fn):
+                return fn(batch)
+
+            correct = check(config, batch, to_dict(call()))
+            for _ in range(20):
+                call()
+            row = {
+                "scenario": scenario_name,
+                "tokens": batch.num_tokens,
+                "runner": runner,
+                "correct": correct,
+                "host_us": time_host(call, args.iters, device),
+                "e2e_us": time_e2e(call, args.iters, device),
+                "graph_us": time_graph(call, device) if scenario_name in GRAPH_SCENARIOS else None,
+                "launches": count_launches(call, device),
+            }
+            row["host_us_repeat"] = time_host(call, args.iters, device)  # the spread between two runs
+            rows.append(row)
+            print(f"  {scenario_name:<13} {runner:<16} host {row['host_us']:9.1f}  e2e {row['e2e_us']:9.1f}  "
+                  f"graph {row['graph_us'] if row['graph_us'] is None else round(row['graph_us'], 1)!s:>6}  "
+                  f"launches {row['launches']:>3}  correct {correct}", flush=True)
+
+    targets = GPU_TARGETS if device.type == "cuda" else CPU_TARGETS
+    baseline_name = "seed sequence" if device.type == "cuda" else "naive torch"
+    lines = [f"device: {device_name}; torch {torch.__version__}; python {sys.version.split()[0]}; "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; medians of {args.iters}",
+             f"{'scenario':<13} {'runner':<16} {'host us':>9} {'(repeat)':>9} {'e2e us':>9} {'graph us':>9} "
+             f"{'launches':>8} {'host x':>7} {'e2e x':>7}  targets"]
+    verdicts = []
+    for row in rows:
+        base = next(r for r in rows if r["scenario"] == row["scenario"] and r["runner"] == baseline_name)
+        host_x = base["host_us"] / row["host_us"]
+        e2e_x = base["e2e_us"] / row["e2e_us"]
+        row["host_speedup"], row["e2e_speedup"] = host_x, e2e_x
+        notes = []
+        if row["runner"] != baseline_name and row["runner"].startswith("swa_hal") and row["runner"] == _primary(rows, row):
+            for key, limit in targets.get(row["scenario"], {}).items():
+                value = {"host": row["host_us"], "e2e": row["e2e_us"], "graph": row["graph_us"],
+                         "launches": row["launches"], "speedup": host_x}[key]
+                ok = value is not None and (value >= limit if key == "speedup" else value <= limit)
+                notes.append(f"{key}{'>=' if key == 'speedup' else '<='}{limit}:{'met' if ok else 'MISSED'}")
+                verdicts.append({"scenario": row["scenario"], "metric": key, "target": limit, "value": value, "met": ok})
+        graph = "-" if row["graph_us"] is None else f"{row['graph_us']:.1f}"
+        lines.append(f"{row['scenario']:<13} {row['runner']:<16} {row['host_us']:9.1f} {row['host_us_repeat']:9.1f} "
+                     f"{row['e2e_us']:9.1f} {graph:>9} {row['launches']:>8} {host_x:7.2f} {e2e_x:7.2f}  {' '.join(notes)}")
+    print("\n".join(lines))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or ("h200" if "H200" in device_name else device.type)
+    result = {"device": device_name, "torch": torch.__version__, "host": host_platform.node(),
+              "iters": args.iters, "rows": rows, "targets": verdicts, "table": lines}
+    (out_dir / f"bench_{tag}.json").write_text(json.dumps(result, indent=2))
+    (out_dir / f"bench_{tag}.txt").write_text("\n".join(lines) + "\n")
+    if not args.no_plot:
+        plot(rows, out_dir / f"bench_{tag}.png", device_name)
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
+def _primary(rows, row) -> str:
+    """The auto-selected swa_hal runner of a scenario (the first one measured)."""
+    return next(r["runner"] for r in rows if r["scenario"] == row["scenario"] and r["runner"].startswith("swa_hal"))
+
+
+def plot(rows, path: Path, device_name: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart")
+        return
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    runners = list(dict.fromkeys(r["runner"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / len(runners)
+    for ax, metric, title in ((axes[0], "host_us", "host us per build"), (axes[1], "e2e_us", "end-to-end us per build")):
+        for i, runner in enumerate(runners):
+            values = [next((r[metric] for r in rows if r["scenario"] == s and r["runner"] == runner), 0) for s in scenarios]
+            ax.bar([x + i * width for x in range(len(scenarios))], values, width, label=runner)
+        ax.set_xticks([x + width * (len(runners) - 1) / 2 for x in range(len(scenarios))], scenarios, rotation=15)
+        ax.set_yscale("log")
+        ax.set_title(f"{title} ({device_name})", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"chart: {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Constants and helpers shared by the test modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+SCENARIOS = sorted((CONFIGS / "batches").glob("*.yaml"))
+
+# Each built-in backend and a platform on which it is the one selected.
+BACKEND_PLATFORMS = {
+    "torch": "vendor=cpu",
+    "cuda": "vendor=cuda,capability=9.0",
+    "sm12x": "vendor=cuda,capability=12.0",
+    "rocm": "vendor=rocm,arch=gfx942,capability=9.4",
+    "xpu": "vendor=xpu",
+}
+TRITON_BACKENDS = ("cuda", "sm12x", "rocm", "xpu")
+
+
+def make_builder(config: SWAConfig, backend: str, **kwargs) -> SWAMetadataBuilder:
+    platform = PlatformInfo.from_assume(BACKEND_PLATFORMS[backend])
+    return SWAMetadataBuilder(config, device="cpu", backend=backend, platform=platform, **kwargs)

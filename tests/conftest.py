@@ -16,8 +16,6 @@ from helpers import CONFIGS  # noqa: E402
 from swa_hal import SWAConfig  # noqa: E402
 from swa_hal.plugins import reset_registry  # noqa: E402
 
-pytest_plugins = ["swa_hal.testing.plugin"]
-
 
 @pytest.fixture(autouse=True)
 def _fresh_registry(monkeypatch):

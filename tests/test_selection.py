@@ -54,7 +54,7 @@ def test_explicit_unavailable_request_raises_with_reasons_and_auto_pick():
 
 
 def test_explicit_unknown_request_raises():
-    with pytest.raises(BackendNotFoundError, match="'nope'.*registered: cuda, rocm, sm12x, torch, xpu.*would pick 'torch'"):
+    with pytest.raises(BackendNotFoundError, match="'nope'.*registered: cuda, .*torch, xpu.*would pick 'torch'"):
         select_backend("nope", PlatformInfo.from_assume("vendor=cpu"))
 
 

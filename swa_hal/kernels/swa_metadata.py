@@ -34,7 +34,8 @@ RUNTIME_INTS = [
 ]
 ENGINE_TENSORS = ["qsl_ptr", "seq_lens_ptr", "block_table_ptr", "slot_mapping_ptr"]
 
-NO_REQUEST = 2147483647
+# Triton kernels may only read module globals that are constexpr.
+NO_REQUEST = tl.constexpr(2147483647)
 
 
 @triton.jit

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Everything this project runs on a lent H200 in one call (see /work/.library/device/README.md):
+#   device run --carry .whl 'bash benchmarks/run_h200.sh'
+# .whl holds tokenspeed-flashmla (cp312, torch 2.11), downloaded on the developer machine with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl tokenspeed-flashmla==1.0.0.post20260429
+# Outputs land in $OUT (or benchmarks/results/h200-local when run by hand).
+set -uo pipefail
+OUT=${OUT:-benchmarks/results/h200-local}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+STEPS=${STEPS:-install info tests bench}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+for step in $STEPS; do
+  case $step in
+    install)
+      python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -3
+      python3 -m pip install -q --no-deps --no-build-isolation --no-index ./examples/swa-hal-example-backend 2>&1 | tail -3
+      ;;
+    info)
+      { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; swa-hal info --status \
+          --config configs/deepseek_v4_flash.yaml --device cuda; } 2>&1 | tee "$OUT/info.txt"
+      ;;
+    tests)
+      timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -q -rA \
+        ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "RESULT|passed|failed|error|Error" | tail -60
+      ;;
+    bench)
+      timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --out "$OUT" 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30
+      ;;
+  esac
+done

@@ -9,7 +9,7 @@ set -uo pipefail
 OUT=${OUT:-benchmarks/results/h200-local}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-STEPS=${STEPS:-install info tests bench}
+STEPS=${STEPS:-install info tests host bench}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -27,6 +27,9 @@ for step in $STEPS; do
     tests)
       timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -q -rA \
         ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "RESULT|passed|failed|error|Error" | tail -60
+      ;;
+    host)
+      timeout 120 python3 benchmarks/host_overhead.py "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.txt"
       ;;
     bench)
       timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --out "$OUT" 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30

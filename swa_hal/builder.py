@@ -63,6 +63,7 @@ class SWAMetadataBuilder:
         self.buffers = MetadataBuffers(config, device)
         self.backend.allocate(self.buffers)
         self.validate = debug_mode() if validate is None else validate
+        self._device_index = -1 if device.type == "cpu" else (device.index or 0)
         self.decode_threshold = config.decode_threshold
         # Decode lens rows ever written; each build zeroes [num_decode_tokens, this) (SPEC §10).
         self._lens_high_water = 0
@@ -76,9 +77,9 @@ class SWAMetadataBuilder:
         if validate if validate is not None else self.validate:
             validate_batch(batch, cfg, buffers.capacity)
             if batch.seq_lens.device != self.device:
-                raise BatchDeviceError("seq_lens", f"the batch is on {batch.seq_lens.device}; the builder is on {self.device}")
+                raise BatchDeviceError("seq_lens", f"seq_lens is on {batch.seq_lens.device}; the builder is on {self.device}")
         else:
-            guard_batch(batch, cfg, buffers.capacity)
+            guard_batch(batch, cfg, buffers.capacity, self._device_index)
         num_tokens = batch.num_tokens
         qsl_cpu = batch.query_start_loc_cpu.numpy()
         nd, npf, ndt, npt = split_decodes_and_prefills(qsl_cpu, batch.max_query_len, num_tokens, self.decode_threshold)

@@ -112,11 +112,12 @@ def synthesize_batch(
     block = config.block_size
     pages_needed = [max(1, -(-s // block)) + extra_pages for s in seq_lens]
     width = max(pages_needed)
-    pool = list(range(sum(pages_needed) + 8))
-    rng.shuffle(pool)
-    table, cursor = [], 0
-    for n in pages_needed:
-        table.append(pool[cursor : cursor + n] + [-1] * (width - n))
+    gen = torch.Generator().manual_seed(rng.getrandbits(62))
+    pool = torch.randperm(sum(pages_needed) + 8, generator=gen, dtype=torch.int64).to(torch.int32)
+    table = torch.full((len(pages_needed), width), -1, dtype=torch.int32)
+    cursor = 0
+    for r, n in enumerate(pages_needed):
+        table[r, :n] = pool[cursor : cursor + n]
         cursor += n
     batch = AttentionBatch.from_lists(
         seq_lens, query_lens, table, num_tokens=sum(query_lens) + padding_rows,

@@ -33,13 +33,21 @@ EXPECTED_DTYPES = (torch.int32, torch.int32, torch.int32, torch.int64)
 _TENSORS = ("seq_lens", "query_start_loc", "block_table", "slot_mapping")
 
 
-def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int) -> None:
-    """Host-only checks that keep every kernel launch in bounds; cheap enough for every build."""
-    dtypes = (batch.seq_lens.dtype, batch.query_start_loc.dtype, batch.block_table.dtype, batch.slot_mapping.dtype)
+def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, device_index: int) -> None:
+    """Host-only checks that keep every kernel launch in bounds; cheap enough for every build.
+
+    ``device_index`` is the builder's ``tensor.get_device()`` value (-1 for the CPU): kernels are
+    launched with raw addresses, so a tensor on another device must be refused here.
+    """
+    tensors = (batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping)
+    dtypes = tuple(t.dtype for t in tensors)
     if dtypes != EXPECTED_DTYPES:
         for name, got, want in zip(_TENSORS, dtypes, EXPECTED_DTYPES):
             if got != want:
                 raise BatchDtypeError(name, f"{name} has dtype {got}; expected {want}")
+    for name, t in zip(_TENSORS, tensors):
+        if t.get_device() != device_index:
+            raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device index is {device_index}")
     num_tokens = batch.num_tokens
     if num_tokens > capacity:
         raise BatchCapacityError(

@@ -2,10 +2,12 @@
 
 The first launch of a compile key goes through Triton's JIT (binding, specialisation, cache
 lookup, compile on a miss) and we keep the compiled kernel it returns. Later launches of that key
-call the compiled kernel's launcher directly: that skips the per-call argument binding, which is
-most of Triton's ~12 us launch overhead. It is sound because nothing a launch passes can change
-the specialisation: runtime ints and engine tensors are declared unspecialised, our own buffers
-never move, and dtypes are checked before every build.
+call the compiled kernel's launcher directly, with tensors replaced by their addresses: that skips
+the per-call argument binding and, for every pointer, a ``data_ptr()`` call and a driver query
+(``cuPointerGetAttribute``), which together are most of Triton's launch overhead. It is sound
+because nothing a launch passes can change the specialisation (runtime ints and engine tensors are
+declared unspecialised, our own buffers never move) and the builder checks dtypes and devices of
+the inputs before every build, which is what the driver query would have caught.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ class KernelLauncher:
     def __init__(self, fn: Any, device: torch.device):
         self.fn = fn
         self.interpreted = not isinstance(fn, JITFunction)
-        self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...]]] = {}
+        self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...], tuple[int, ...]]] = {}
         self.launches = 0
+        # Pass addresses instead of tensors on the fast path (see the module docstring).
+        self.raw_pointers = True
         if not self.interpreted:
             from triton.runtime.driver import driver
 
@@ -39,7 +43,11 @@ class KernelLauncher:
         self.launches += 1
         entry = self._compiled.get(key)
         if entry is not None and triton.knobs.runtime.launch_enter_hook is None:
-            kernel, constexprs = entry
+            kernel, constexprs, pointers = entry
+            if self.raw_pointers:
+                args = list(args)
+                for i in pointers:
+                    args[i] = args[i].data_ptr()
             kernel.run(
                 grid, 1, 1, self._current_stream(self._device_index), kernel.function, kernel.packed_metadata,
                 None, None, None, *args, *constexprs,
@@ -50,4 +58,5 @@ class KernelLauncher:
         if not self.interpreted and kernel is not None:
             if hasattr(kernel, "result"):
                 kernel = kernel.result()
-            self._compiled[key] = (kernel, tuple(constexprs.values()))
+            pointers = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+            self._compiled[key] = (kernel, tuple(constexprs.values()), pointers)

@@ -150,17 +150,18 @@ def swa_metadata_kernel(
             False, FROM_BUFFERS, CLAMP,
         )
     elif pid < dec_progs + pre_progs + clear_progs:
-        offs = num_decode_tokens + (pid - dec_progs - pre_progs) * CLEAR_BLOCK + tl.arange(0, CLEAR_BLOCK)
-        keep = offs < decode_clear_end
+        # Names differ from the gather branch's: Triton unifies same-named values across branches.
+        rows = num_decode_tokens + (pid - dec_progs - pre_progs) * CLEAR_BLOCK + tl.arange(0, CLEAR_BLOCK)
+        stale = rows < decode_clear_end
         if CLAMP:
-            offs = tl.minimum(offs, decode_clear_end - 1)
-        tl.store(decode_lens_ptr + offs, tl.zeros([CLEAR_BLOCK], dtype=tl.int32), mask=keep)
+            rows = tl.minimum(rows, decode_clear_end - 1)
+        tl.store(decode_lens_ptr + rows, tl.zeros([CLEAR_BLOCK], dtype=tl.int32), mask=stale)
     else:
         i = (pid - dec_progs - pre_progs - clear_progs) * GATHER_BLOCK + tl.arange(0, GATHER_BLOCK)
-        keep = i < num_prefills
+        real = i < num_prefills
         if CLAMP:
             i = tl.minimum(i, num_prefills - 1)
         req = num_decodes + i
-        seq = tl.load(seq_lens_ptr + req, mask=keep, other=0)
-        query = tl.load(qsl_ptr + req + 1, mask=keep, other=0) - tl.load(qsl_ptr + req, mask=keep, other=0)
-        tl.store(gather_lens_ptr + i, query + tl.minimum(seq - query, WINDOW - 1), mask=keep)
+        seq = tl.load(seq_lens_ptr + req, mask=real, other=0)
+        query = tl.load(qsl_ptr + req + 1, mask=real, other=0) - tl.load(qsl_ptr + req, mask=real, other=0)
+        tl.store(gather_lens_ptr + i, query + tl.minimum(seq - query, WINDOW - 1), mask=real)

@@ -68,7 +68,7 @@ def test_random_full_size_batches_match_reference(name, report):
             if kind == "dspark" and not config.is_dspark:
                 continue
             for _ in range(6):
-                batch = random_batch(config, rng, kind, max_context=131072, device="cuda")
+                batch = random_batch(config, rng, kind, max_context=65536, device="cuda")
                 md = builder.build(batch)
                 problems = compare_with_reference(config, batch, md)
                 assert not problems, f"{kind}: {problems}"

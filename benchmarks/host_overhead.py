@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Where the host time of a build goes, on the machine it runs on (a GPU machine).
+
+Prints medians (us) of: a small torch op, an empty Triton kernel through Triton's launch path and
+through the compiled kernel's launcher (tensor vs raw-address arguments), swa_hal's builder with the
+kernel launch replaced by a no-op (its pure Python cost), the launch alone, and whole builds with
+tensor and raw-address launches. Compare the first lines with the issue's reference machine
+(an empty Triton launch ~12 us, one small torch op ~10 us) to see how fast this host is.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from swa_hal import SWAConfig, SWAMetadataBuilder  # noqa: E402
+from swa_hal.scenarios import Scenario  # noqa: E402
+
+
+@triton.jit
+def empty_kernel(x_ptr):
+    pass
+
+
+def med(fn, reps=3000) -> float:
+    for _ in range(200):
+        fn()
+    samples = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        if i % 500 == 499:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(samples) * 1e6
+
+
+def main() -> int:
+    dev = torch.device("cuda")
+    x = torch.zeros(256, dtype=torch.int32, device=dev)
+    out: dict[str, float] = {}
+    out["torch op x.add_(1)"] = med(lambda: x.add_(1))
+    out["empty Triton kernel, Triton launch path"] = med(lambda: empty_kernel[(1,)](x))
+    compiled = empty_kernel[(1,)](x)
+    stream = triton.runtime.driver.driver.active.get_current_stream
+    ptr = x.data_ptr()
+    out["empty kernel, compiled launcher, tensor arg"] = med(
+        lambda: compiled.run(1, 1, 1, stream(0), compiled.function, compiled.packed_metadata, None, None, None, x))
+    out["empty kernel, compiled launcher, address arg"] = med(
+        lambda: compiled.run(1, 1, 1, stream(0), compiled.function, compiled.packed_metadata, None, None, None, ptr))
+
+    config = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml")
+    batch = Scenario.from_yaml(ROOT / "configs" / "batches" / "decode_only.yaml").make_batch(config, dev)
+    builder = SWAMetadataBuilder(config, device=dev, validate=False)
+    builder.warmup()
+    launcher = builder.backend._launch_rows
+    out["build, address args (default)"] = med(lambda: builder.build(batch))
+    launcher.raw_pointers = False
+    out["build, tensor args"] = med(lambda: builder.build(batch))
+    launcher.raw_pointers = True
+    out["backend.compute only"] = med(lambda: builder.backend.compute(
+        _plan(builder, batch), batch, builder.buffers))
+    out["make_tile_schedulers (3 FlashMLA objects)"] = med(lambda: builder.backend.make_tile_schedulers(256))
+    real_call = type(launcher).__call__
+    type(launcher).__call__ = lambda self, key, grid, args: None
+    out["build without the launch (Python only)"] = med(lambda: builder.build(batch))
+    type(launcher).__call__ = real_call
+    width = max(len(k) for k in out)
+    for key, value in out.items():
+        print(f"{key:<{width}}  {value:8.2f} us")
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def _plan(builder, batch):
+    from swa_hal.backend import BuildPlan
+
+    t = batch.num_tokens
+    r = batch.seq_lens.shape[0]
+    return BuildPlan(r, t, r, 0, t, 0, True, builder.config.window_size, t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -145,15 +145,15 @@ def runners_for(config: SWAConfig, device: torch.device, backends: list[str]):
             platform = PlatformInfo.from_assume("vendor=cuda,capability=12.0")
         builder = SWAMetadataBuilder(config, device=device, backend=name, platform=platform, validate=False)
         builder.warmup()
-        out.append((f"swa_hal[{builder.backend_name}]", builder.build, as_dict))
+        out.append((f"swa_hal[{builder.backend_name}]", builder.build, as_dict, builder))
     if device.type == "cuda":
         from swa_hal_cuda.flashmla import scheduler_factory
 
         baseline = SeedSequenceBuilder(config, device, scheduler_factory()[0])
-        out.append(("seed sequence", baseline.build, lambda d: d))
+        out.append(("seed sequence", baseline.build, lambda d: d, None))
     else:
         baseline = NaiveTorchBuilder(config, device)
-        out.append(("naive torch", baseline.build, lambda d: d))
+        out.append(("naive torch", baseline.build, lambda d: d, None))
     return out
 
 
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     for scenario_name, config_file in SCENARIOS:
         config = SWAConfig.from_yaml(ROOT / "configs" / config_file)
         batch = Scenario.from_yaml(ROOT / "configs" / "batches" / f"{scenario_name}.yaml").make_batch(config, device)
-        for runner, fn, to_dict in runners_for(config, device, backends):
+        for runner, fn, to_dict, builder in runners_for(config, device, backends):
             def call(fn=fn):
                 return fn(batch)
 
@@ -193,17 +193,20 @@ def main(argv=None) -> int:
                 "launches": count_launches(call, device),
             }
             row["host_us_repeat"] = time_host(call, args.iters, device)  # the spread between two runs
+            if builder is not None:  # what full validation (validate=True) adds to a build
+                row["validate_us"] = time_e2e(lambda: builder.build(batch, validate=True), 30, device) - row["e2e_us"]
             rows.append(row)
             print(f"  {scenario_name:<13} {runner:<16} host {row['host_us']:9.1f}  e2e {row['e2e_us']:9.1f}  "
                   f"graph {row['graph_us'] if row['graph_us'] is None else round(row['graph_us'], 1)!s:>6}  "
-                  f"launches {row['launches']:>3}  correct {correct}", flush=True)
+                  f"launches {row['launches']:>3}  correct {correct}"
+                  + (f"  validation +{row['validate_us']:.0f} us" if "validate_us" in row else ""), flush=True)
 
     targets = GPU_TARGETS if device.type == "cuda" else CPU_TARGETS
     baseline_name = "seed sequence" if device.type == "cuda" else "naive torch"
     lines = [f"device: {device_name}; torch {torch.__version__}; python {sys.version.split()[0]}; "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; medians of {args.iters}",
              f"{'scenario':<13} {'runner':<16} {'host us':>9} {'(repeat)':>9} {'e2e us':>9} {'graph us':>9} "
-             f"{'launches':>8} {'host x':>7} {'e2e x':>7}  targets"]
+             f"{'launches':>8} {'host x':>7} {'e2e x':>7} {'valid. us':>9}  targets"]
     verdicts = []
     for row in rows:
         base = next(r for r in rows if r["scenario"] == row["scenario"] and r["runner"] == baseline_name)
@@ -219,8 +222,10 @@ def main(argv=None) -> int:
                 notes.append(f"{key}{'>=' if key == 'speedup' else '<='}{limit}:{'met' if ok else 'MISSED'}")
                 verdicts.append({"scenario": row["scenario"], "metric": key, "target": limit, "value": value, "met": ok})
         graph = "-" if row["graph_us"] is None else f"{row['graph_us']:.1f}"
+        valid = f"{row['validate_us']:.0f}" if "validate_us" in row else "-"
         lines.append(f"{row['scenario']:<13} {row['runner']:<16} {row['host_us']:9.1f} {row['host_us_repeat']:9.1f} "
-                     f"{row['e2e_us']:9.1f} {graph:>9} {row['launches']:>8} {host_x:7.2f} {e2e_x:7.2f}  {' '.join(notes)}")
+                     f"{row['e2e_us']:9.1f} {graph:>9} {row['launches']:>8} {host_x:7.2f} {e2e_x:7.2f} {valid:>9}  "
+                     f"{' '.join(notes)}")
     print("\n".join(lines))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,9 @@ def main() -> int:
     out["torch op x.add_(1)"] = med(lambda: x.add_(1))
     out["empty Triton kernel, Triton launch path"] = med(lambda: empty_kernel[(1,)](x))
     compiled = empty_kernel[(1,)](x)
-    stream = triton.runtime.driver.driver.active.get_current_stream
+    from triton.runtime.driver import driver
+
+    stream = driver.active.get_current_stream
     ptr = x.data_ptr()
     out["empty kernel, compiled launcher, tensor arg"] = med(
         lambda: compiled.run(1, 1, 1, stream(0), compiled.function, compiled.packed_metadata, None, None, None, x))
@@ -76,6 +78,24 @@ def main() -> int:
     type(launcher).__call__ = lambda self, key, grid, args: None
     out["build without the launch (Python only)"] = med(lambda: builder.build(batch))
     type(launcher).__call__ = real_call
+    # Single pieces, to compare this host with others.
+    from swa_hal.split import split_decodes_and_prefills
+    from swa_hal.validation import guard_batch
+
+    qsl_cpu = batch.query_start_loc_cpu
+    out["guard_batch"] = med(lambda: guard_batch(batch, config, 16384, 0))
+    out["split (decode-only)"] = med(lambda: split_decodes_and_prefills(qsl_cpu.numpy(), 1, 256, 1))
+    out["tensor.data_ptr()"] = med(lambda: x.data_ptr())
+    out["tensor.get_device()"] = med(lambda: x.get_device())
+    out["cuda tensor slice x[3:]"] = med(lambda: x[3:])
+    out["cpu tensor slice"] = med(lambda: qsl_cpu[3:])
+    out["torch.from_numpy"] = med(lambda: torch.from_numpy(qsl_cpu.numpy()))
+    out["pure Python: sum(range(200))"] = med(lambda: sum(range(200)))
+    import os
+    import platform
+
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    print(f"host: {model}; {os.cpu_count()} cpus; load {os.getloadavg()}; python {platform.python_version()}")
     width = max(len(k) for k in out)
     for key, value in out.items():
         print(f"{key:<{width}}  {value:8.2f} us")

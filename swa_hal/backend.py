@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple
 
 from .config import LAYER_TYPES
 
@@ -110,12 +110,11 @@ class BackendSpec:
         return obj
 
 
-@dataclasses.dataclass(frozen=True)
-class BuildPlan:
+class BuildPlan(NamedTuple):
     """The host-side facts of one build: the split (SPEC §3) and where each output goes.
 
     Everything here comes from host values (the CPU copy of query_start_loc, max_query_len, sizes),
-    so computing it never synchronises with the device.
+    so computing it never synchronises with the device. (A NamedTuple: it is made on every build.)
     """
 
     num_reqs: int

@@ -101,7 +101,7 @@ class SWAMetadataBuilder:
             seq_cpu = batch.seq_lens_cpu
             pre_seq_cpu = seq_cpu[nd:] if seq_cpu is not None else batch.seq_lens[nd:].cpu()
             md_prefill = (
-                buffers.gather_lens[:npf],
+                self._gather_view(npf),
                 batch.seq_lens[nd:],
                 pre_seq_cpu,
                 torch.from_numpy(np.diff(qsl_cpu[nd:])),
@@ -158,6 +158,13 @@ class SWAMetadataBuilder:
             views = self._views[key] = (self.buffers.decode_rows(causal)[:n], self.buffers.decode_lens[:n])
         return views
 
+    def _gather_view(self, n: int) -> torch.Tensor:
+        key = ("gather", n)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = self.buffers.gather_lens[:n]
+        return view
+
     def _prefill_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         key = ("pre", n)
         views = self._views.get(key)
@@ -184,7 +191,7 @@ class SWAMetadataBuilder:
             )
         if not self.backend.supports_draft_decode_metadata_update:
             raise NotImplementedError(f"backend {self.backend_name!r} does not support in-place draft-step updates")
-        if metadata.decode_swa_lens.data_ptr() != self.buffers.decode_lens.data_ptr():
+        if metadata.decode_swa_lens.untyped_storage().data_ptr() != self.buffers.decode_lens.data_ptr():
             raise ValueError("update_draft_decode_metadata: this metadata was not built by this builder")
         self.backend.recompute_decode_rows(metadata, self.buffers)
         metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)

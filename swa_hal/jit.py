@@ -13,7 +13,8 @@ from typing import Any
 
 from .config import SWAConfig
 
-SEARCH_BLOCK = 128
+# Requests compared per step of the owner search: the whole batch in one step up to 512 requests.
+MAX_SEARCH_BLOCK = 512
 CLEAR_BLOCK = 1024
 GATHER_BLOCK = 256
 NUM_WARPS = 4
@@ -71,6 +72,10 @@ class RaggedKey:
         return dataclasses.asdict(self)
 
 
+def search_block(config: SWAConfig) -> int:
+    return min(MAX_SEARCH_BLOCK, next_pow2(max(16, config.max_num_seqs)))
+
+
 def rows_key(config: SWAConfig, *, causal: bool, update: bool, clamp: bool, device_type: str) -> RowsKey:
     width = config.window_size if causal else config.noncausal_index_width
     block_w = next_pow2(max(width, config.window_size, 16))
@@ -81,7 +86,7 @@ def rows_key(config: SWAConfig, *, causal: bool, update: bool, clamp: bool, devi
         BLOCK_SIZE=config.block_size,
         BLOCK_T=block_t,
         BLOCK_W=block_w,
-        SEARCH_BLOCK=SEARCH_BLOCK,
+        SEARCH_BLOCK=search_block(config),
         CLEAR_BLOCK=CLEAR_BLOCK,
         GATHER_BLOCK=GATHER_BLOCK,
         NONCAUSAL=not causal,

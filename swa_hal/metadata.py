@@ -10,7 +10,7 @@ import torch
 from .reference import PrefillChunk, prefill_chunk_plan
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class SWAMetadata:
     # The step's inputs, passed through for the consumers.
     seq_lens: torch.Tensor

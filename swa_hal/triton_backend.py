@@ -45,6 +45,7 @@ class TritonBackend(Backend):
         except ImportError as exc:
             raise BackendUnavailableError(f"backend {self.name!r} needs triton: {exc}") from exc
         self._launch_rows = KernelLauncher(swa_metadata_kernel, device)
+        self._output_addresses: dict[Any, tuple[int, ...]] = {}
         kind = device.type
         clamp = self.CLAMP_ADDRESSES
         self.key_build = jit.rows_key(config, causal=True, update=False, clamp=clamp, device_type=kind)
@@ -56,6 +57,21 @@ class TritonBackend(Backend):
         )
 
     # -- builds ----------------------------------------------------------------------------------
+
+    def _outputs(self, key: Any, buffers: "MetadataBuffers", causal: bool) -> tuple[Any, ...]:
+        """The seven output buffers: as tensors until the key has compiled, then as cached addresses
+        (the buffers never move, so their addresses are read once)."""
+        cache = self._output_addresses
+        if key in cache:
+            return cache[key]
+        outs = (
+            buffers.decode_indices if causal else buffers.noncausal_indices,
+            buffers.decode_lens, buffers.prefill_indices, buffers.prefill_lens,
+            buffers.token_to_req, buffers.is_valid, buffers.gather_lens,
+        )
+        if self._launch_rows.ready(key) and self._launch_rows.raw_pointers:
+            cache[key] = tuple(t.data_ptr() for t in outs)
+        return outs
 
     def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
         key = self.key_build if plan.causal else self.key_dspark
@@ -69,13 +85,11 @@ class TritonBackend(Backend):
             key,
             dec + pre + clear + gather,
             (
-                buffers.decode_indices if plan.causal else buffers.noncausal_indices,
-                buffers.decode_lens, buffers.prefill_indices, buffers.prefill_lens,
-                buffers.token_to_req, buffers.is_valid, buffers.gather_lens,
+                *self._outputs(key, buffers, plan.causal),
                 batch.query_start_loc, batch.seq_lens, table, batch.slot_mapping,
                 table.stride(0), table.shape[1], plan.num_reqs, plan.num_tokens,
                 plan.num_decodes, plan.num_prefills, ndt, plan.num_prefill_tokens,
-                plan.decode_lens_clear_end, dec, pre, clear, -(-plan.num_reqs // jit.SEARCH_BLOCK),
+                plan.decode_lens_clear_end, dec, pre, clear, -(-plan.num_reqs // key.SEARCH_BLOCK),
             ),
         )
 
@@ -88,8 +102,7 @@ class TritonBackend(Backend):
             key,
             dec,
             (
-                buffers.decode_indices, buffers.decode_lens, buffers.prefill_indices, buffers.prefill_lens,
-                buffers.token_to_req, buffers.is_valid, buffers.gather_lens,
+                *self._outputs(key, buffers, True),
                 metadata.query_start_loc, metadata.seq_lens, table, metadata.slot_mapping,
                 table.stride(0), table.shape[1], metadata.seq_lens.shape[0], metadata.slot_mapping.shape[0],
                 metadata.num_decodes, 0, ndt, 0, ndt, dec, 0, 0, 1,

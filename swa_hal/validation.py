@@ -39,15 +39,18 @@ def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, dev
     ``device_index`` is the builder's ``tensor.get_device()`` value (-1 for the CPU): kernels are
     launched with raw addresses, so a tensor on another device must be refused here.
     """
-    tensors = (batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping)
-    dtypes = tuple(t.dtype for t in tensors)
-    if dtypes != EXPECTED_DTYPES:
-        for name, got, want in zip(_TENSORS, dtypes, EXPECTED_DTYPES):
-            if got != want:
-                raise BatchDtypeError(name, f"{name} has dtype {got}; expected {want}")
-    for name, t in zip(_TENSORS, tensors):
-        if t.get_device() != device_index:
-            raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device index is {device_index}")
+    seq_lens, qsl, table, slots = batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping
+    if (seq_lens.dtype, qsl.dtype, table.dtype, slots.dtype) != EXPECTED_DTYPES or (
+        seq_lens.get_device() != device_index
+        or qsl.get_device() != device_index
+        or table.get_device() != device_index
+        or slots.get_device() != device_index
+    ):
+        for name, t, want in zip(_TENSORS, (seq_lens, qsl, table, slots), EXPECTED_DTYPES):
+            if t.dtype != want:
+                raise BatchDtypeError(name, f"{name} has dtype {t.dtype}; expected {want}")
+            if t.get_device() != device_index:
+                raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device index is {device_index}")
     num_tokens = batch.num_tokens
     if num_tokens > capacity:
         raise BatchCapacityError(
@@ -63,7 +66,7 @@ def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, dev
         raise BatchCapacityError(
             "seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}"
         )
-    if batch.block_table.stride(-1) != 1:
+    if table.stride(-1) != 1:
         raise BatchShapeError("block_table", "block_table must be contiguous along its pages (stride(1) == 1)")
 
 

@@ -78,6 +78,7 @@ def random_batch(
             raise ValueError(f"W={w} with {config.num_speculative_tokens} drafts leaves no room in a DSpark row")
         for _ in range(rng.randint(1, max(1, min(reqs_cap, cap // max(1, block))))):
             add(rng.randint(1, max(1, block)))
+        invalid = rng.choice((0, 0, 1, 2))
     elif kind in ("mixed", "prefill"):
         if kind == "mixed":
             for _ in range(rng.randint(1, max(1, min(reqs_cap // 2, cap // 4)))):
@@ -90,11 +91,14 @@ def random_batch(
             add(q)
     if not queries:
         add(1)
+    if kind == "dspark" and rng.random() < 0.5 and cap > sum(queries):
+        padding_rows = rng.randint(1, cap - sum(queries))
     if kind == "padded":
         padding_reqs = min(rng.randint(1, 3), reqs_cap - len(queries))
         padding_rows = rng.randint(1, max(1, cap - sum(queries))) if cap > sum(queries) else 0
     if kind == "invalid":
         invalid = rng.randint(1, max(1, sum(queries) // 2))
+    invalid = min(invalid, sum(queries))
     seqs += [0] * padding_reqs
     queries += [0] * padding_reqs
     return synthesize_batch(

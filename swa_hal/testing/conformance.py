@@ -214,7 +214,8 @@ class BackendConformance:
             # Rows past the decode rows hold lens 0 (a captured graph may read them).
             tail = builder.buffers.decode_lens[md.num_decode_tokens :]
             assert int(tail.abs().sum()) == 0, "decode lens past num_decode_tokens must be 0"
-            now = (md.decode_swa_lens.data_ptr(), md.token_to_req_indices.data_ptr(), md.is_valid_token.data_ptr())
+            now = tuple(t.untyped_storage().data_ptr()
+                        for t in (md.decode_swa_lens, md.token_to_req_indices, md.is_valid_token))
             assert addresses is None or now == addresses, "output buffers moved between builds"
             addresses = now
 
@@ -245,7 +246,7 @@ class BackendConformance:
                 md = builder.build(batch)
                 assert not compare_with_reference(config, batch, md)
                 if md.causal and md.num_decode_tokens and builder.supports_draft_decode_metadata_update:
-                    builder.update_draft_decode_metadata(md)
+                    builder.update_draft_decode_metadata(md)  # the in-place variant, same rule
 
     @requires("draft_update")
     @pytest.mark.parametrize("config_name", ["w4b4_mtp", "w12b8_parallel", "v4"])
@@ -259,14 +260,19 @@ class BackendConformance:
             batch = random_batch(config, rng, kind, max_context=config.max_model_len - 8, extra_pages=2,
                                  device=str(live.device))
             md = live.build(batch)
-            for step in range(1, rng.randint(2, 7) + 1):
+            for step in range(1, 8):
                 batch.seq_lens[: md.num_decodes] += 1  # the engine advances decode requests in place
                 batch.seq_lens_cpu[: md.num_decodes] += 1
                 live.update_draft_decode_metadata(md)
                 want = fresh.build(batch)
                 rows = md.num_decode_tokens
-                assert torch.equal(md.decode_swa_indices.cpu(), want.decode_swa_indices[:rows].cpu()), f"{kind} step {step}"
-                assert torch.equal(md.decode_swa_lens.cpu(), want.decode_swa_lens.cpu()), f"{kind} step {step}"
+                where = f"{kind} batch, draft step {step}"
+                assert torch.equal(md.decode_swa_indices.cpu(), want.decode_swa_indices[:rows].cpu()), where
+                assert torch.equal(md.decode_swa_lens.cpu(), want.decode_swa_lens.cpu()), where
+                if md.decode_swa_indptr is not None:  # a ragged form must be refreshed too
+                    assert torch.equal(md.decode_swa_indptr.cpu(), want.decode_swa_indptr.cpu()), where
+                    n = int(want.decode_swa_indptr[-1])
+                    assert torch.equal(md.decode_swa_ragged_indices[:n].cpu(), want.decode_swa_ragged_indices[:n].cpu()), where
 
     @requires("cuda_graphs")
     @pytest.mark.gpu

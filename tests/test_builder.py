@@ -1,0 +1,145 @@
+"""The builder: fixed buffers, views, lens tails, GPU tiling in the interpreter, defaults."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder
+from swa_hal import AttentionBatch, BatchValidationError, LAYER_TYPES, SWAConfig
+from swa_hal.testing import CONFORMANCE_CONFIGS, address_strict, compare_with_reference, random_batch
+
+CFG = CONFORMANCE_CONFIGS["w4b4_mtp"]
+
+
+def base(t: torch.Tensor) -> int:
+    """Address of the storage a tensor views (an empty view's own data_ptr() is 0)."""
+    return t.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("backend", list(BACKEND_PLATFORMS))
+def test_outputs_are_views_of_fixed_buffers_and_lens_tail_is_zero(backend):
+    builder = make_builder(CFG, backend)
+    buf = builder.buffers
+    rng = random.Random(backend)
+    sizes = []
+    for kind in ("prefill", "mixed", "decode", "padded", "mtp", "decode"):
+        batch = random_batch(CFG, rng, kind)
+        md = builder.build(batch)
+        sizes.append(md.num_decode_tokens)
+        assert base(md.decode_swa_indices) == base(buf.decode_indices)
+        assert base(md.decode_swa_lens) == base(buf.decode_lens)
+        assert base(md.token_to_req_indices) == base(buf.token_to_req)
+        assert base(md.is_valid_token) == base(buf.is_valid)
+        if md.num_prefill_tokens:
+            assert base(md.prefill_swa_indices) == base(buf.prefill_indices)
+        if md.num_prefills:
+            assert base(md.prefill_gather_lens) == base(buf.gather_lens)
+        assert int(buf.decode_lens[md.num_decode_tokens :].abs().sum()) == 0, f"stale lens after {kind}"
+        assert not compare_with_reference(CFG, batch, md)
+    assert len(set(sizes)) > 2  # the sizes really changed between builds
+
+
+def test_optional_fields_and_scheduler_slots():
+    builder = make_builder(CFG, "torch")
+    md = builder.build(AttentionBatch.from_lists([5, 7], [1, 2], [[0, 1], [2, 3]], block_size=4))
+    assert md.num_prefills == 0 and md.prefill_swa_indices is None and md.prefill_gather_lens is None
+    assert md.prefill_seq_lens is None and md.get_prefill_chunk_plan(4, 1) == []
+    assert set(md.tile_sched) == set(LAYER_TYPES) and all(v is None for v in md.tile_sched.values())
+    assert md.tile_sched_swaonly is None and md.backend == "torch"
+    assert (md.window_size, md.block_size, md.prefill_window_size) == (4, 4, 4)
+
+
+def test_max_decode_query_len_and_threshold():
+    builder = make_builder(CFG, "torch")  # 1 MTP draft: threshold 2
+    assert builder.decode_threshold == 2 and builder.reorder_batch_threshold is None
+    md = builder.build(AttentionBatch.from_lists([5, 7], [2, 6], [[0, 1], [2, 3]], block_size=4))
+    assert (md.num_decodes, md.max_decode_query_len) == (1, 2)
+    md = builder.build(AttentionBatch.from_lists([5], [1], [[0, 1]], block_size=4))
+    assert md.max_decode_query_len == 1
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_gpu_tiling_in_the_interpreter(backend, monkeypatch):
+    """The GPU's tile size (2048 elements per program) on the CPU, so its program boundaries run too."""
+    monkeypatch.setenv("SWA_HAL_TILE_ELEMS", "2048")
+    config = CONFORMANCE_CONFIGS["v4"]
+    builder = make_builder(config, backend)
+    assert builder.backend.key_build.BLOCK_T == 16
+    rng = random.Random(backend)
+    strict = address_strict() if backend == "sm12x" else _null()
+    with strict:
+        for kind in ("mixed", "padded", "prefill"):
+            batch = random_batch(config, rng, kind, max_tokens=300)
+            assert not compare_with_reference(config, batch, builder.build(batch))
+
+
+def test_validation_default_follows_debug_mode(monkeypatch):
+    bad = AttentionBatch.from_lists([3], [2], [[0]], block_size=4)
+    bad.seq_lens.fill_(1)
+    assert not make_builder(CFG, "torch").validate
+    monkeypatch.setenv("SWA_HAL_DEBUG", "1")
+    builder = make_builder(CFG, "torch")
+    assert builder.validate
+    with pytest.raises(BatchValidationError, match=r"seq_lens\[0\]=1 is shorter than its query length 2"):
+        builder.build(bad)
+
+
+def test_hot_path_guards_run_without_validation():
+    builder = make_builder(CFG, "cuda")
+    batch = AttentionBatch.from_lists([3], [2], [[0]], block_size=4)
+    wrong = AttentionBatch(**{**batch.__dict__, "slot_mapping": batch.slot_mapping.to(torch.int32)})
+    with pytest.raises(BatchValidationError, match="slot_mapping has dtype torch.int32; expected torch.int64"):
+        builder.build(wrong, validate=False)
+    big = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=4)
+    with pytest.raises(BatchValidationError, match="num_tokens=6 exceeds the builder's capacity"):
+        make_builder(big, "cuda").build(AttentionBatch.from_lists([6], [6], [[0, 1]], block_size=4), validate=False)
+
+
+def test_update_refuses_foreign_metadata():
+    a, b = make_builder(CFG, "torch"), make_builder(CFG, "torch")
+    md = a.build(AttentionBatch.from_lists([5], [1], [[0, 1]], block_size=4))
+    with pytest.raises(ValueError, match="not built by this builder"):
+        b.update_draft_decode_metadata(md)
+
+
+def test_warmup_prepares_every_variant():
+    config = CONFORMANCE_CONFIGS["w7b3_dspark"]
+    seen = []
+    builder = make_builder(config, "sm12x")
+    assert builder.warmup(seen.append) == 3 and len(seen) == 3  # causal, in-place update, DSpark
+    rocm = make_builder(config, "rocm")
+    assert rocm.warmup() == 3 + 3  # plus indptr and the two ragged widths
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_owner_search_over_several_chunks(backend, monkeypatch):
+    """More requests than one search step compares: the multi-step path of the owner search."""
+    from swa_hal import jit
+
+    monkeypatch.setattr(jit, "MAX_SEARCH_BLOCK", 16)
+    config = CONFORMANCE_CONFIGS["w12b8_parallel"]  # up to 16 requests
+    wide = SWAConfig(**{**config.to_dict(), "max_num_seqs": 60, "compress_ratios": config.compress_ratios})
+    builder = make_builder(wide, backend)
+    assert builder.backend.key_build.SEARCH_BLOCK == 16
+    rng = random.Random(backend)
+    strict = address_strict() if backend == "sm12x" else _null()
+    from swa_hal.scenarios import synthesize_batch
+
+    batches = [synthesize_batch(wide, [rng.randint(1, 400) for _ in range(50)], [1] * 30 + [2] * 18 + [0, 0],
+                                rng=rng, padding_rows=5, invalid_tokens=3)]
+    batches += [random_batch(wide, rng, kind, max_reqs=60) for kind in ("mixed", "padded", "mtp")]
+    with strict:
+        for batch in batches:
+            assert not compare_with_reference(wide, batch, builder.build(batch))
+    assert batches[0].seq_lens.shape[0] == 50  # four search steps of 16

@@ -1,0 +1,100 @@
+"""DSpark non-causal draft rows (SPEC §6) on every backend, and their errors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from helpers import BACKEND_PLATFORMS, make_builder
+from swa_hal import AttentionBatch, SWAConfig
+from swa_hal.errors import SpeculativeModeError
+from swa_hal.scenarios import synthesize_batch
+from swa_hal.testing import address_strict, compare_with_reference, random_batch
+
+
+def dspark(window, drafts, **kw):
+    kw.setdefault("block_size", 16 if window >= 64 else 4)
+    return SWAConfig(window_size=window, max_model_len=4096, max_num_batched_tokens=160, max_num_seqs=12,
+                     num_speculative_tokens=drafts, speculative_method="dspark", **kw)
+
+
+@pytest.mark.parametrize("backend", list(BACKEND_PLATFORMS))
+@pytest.mark.parametrize("window, drafts", [(4, 0), (4, 1), (4, 5), (4, 7), (128, 1), (128, 5), (128, 7)])
+def test_dspark_batches_match_reference(backend, window, drafts):
+    config = dspark(window, drafts)
+    builder = make_builder(config, backend)
+    rng = random.Random(f"{backend}-{window}-{drafts}")
+    strict = address_strict() if backend == "sm12x" else _null()
+    with strict:
+        for _ in range(3):
+            batch = random_batch(config, rng, "dspark")
+            md = builder.build(batch)
+            assert md.decode_swa_width == config.noncausal_index_width
+            assert md.decode_swa_indices.shape[-1] == config.noncausal_index_width
+            assert not compare_with_reference(config, batch, md)
+
+
+@pytest.mark.parametrize("backend", list(BACKEND_PLATFORMS))
+def test_w128_without_drafts_fits_only_short_contexts(backend):
+    # width = ceil(128 / 64) * 64 = 128, but a row holds the W context tokens plus the token itself.
+    config = dspark(128, 0)
+    builder = make_builder(config, backend)
+    ok = synthesize_batch(config, [128, 40], [1, 1], rng=random.Random(0), causal=False)
+    assert not compare_with_reference(config, ok, builder.build(ok))
+    too_long = synthesize_batch(config, [129], [1], rng=random.Random(0), causal=False)
+    with pytest.raises(SpeculativeModeError, match="needs 129 entries.*width 128.*refusing to truncate"):
+        builder.build(too_long)
+
+
+def test_row_wider_than_the_width_raises_without_and_with_validation():
+    # W + N = 64 is already a whole tile, so a full draft block (N + 1 = 5 tokens) after 60 context
+    # tokens needs 65 entries: an error, never a truncated row.
+    config = dspark(60, 4, block_size=4)
+    assert (config.noncausal_index_width, config.decode_threshold) == (64, 5)
+    builder = make_builder(config, "sm12x")
+    batch = AttentionBatch.from_lists([70], [5], [list(range(18))], causal=False, block_size=4)
+    for validate in (False, True):
+        with pytest.raises(SpeculativeModeError, match="wider than the non-causal width 64"):
+            builder.build(batch, validate=validate)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_causal_false_needs_dspark(backend):
+    config = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=16,
+                       num_speculative_tokens=2, speculative_method="mtp")
+    batch = AttentionBatch.from_lists([6], [3], [[0, 1]], causal=False, block_size=4)
+    builder = make_builder(config, backend)
+    for validate in (False, True):
+        with pytest.raises(SpeculativeModeError, match="causal=False is only legal with DSpark"):
+            builder.build(batch, validate=validate)
+
+
+def test_noncausal_buffer_is_allocated_once_on_first_use():
+    config = dspark(4, 2)
+    builder = make_builder(config, "torch")
+    assert builder.buffers._noncausal_indices is None
+    causal = AttentionBatch.from_lists([6], [1], [[0, 1]], block_size=4)
+    builder.build(causal)
+    assert builder.buffers._noncausal_indices is None
+    md = builder.build(AttentionBatch.from_lists([6], [3], [[0, 1]], causal=False, block_size=4))
+    first = builder.buffers._noncausal_indices.data_ptr()
+    assert md.decode_swa_indices.data_ptr() == first
+    md = builder.build(AttentionBatch.from_lists([9], [2], [[0, 1, 2]], causal=False, block_size=4))
+    assert md.decode_swa_indices.data_ptr() == first
+
+
+def test_draft_update_refuses_dspark_metadata():
+    config = dspark(4, 2)
+    builder = make_builder(config, "torch")
+    md = builder.build(AttentionBatch.from_lists([6], [3], [[0, 1]], causal=False, block_size=4))
+    with pytest.raises(SpeculativeModeError, match="causal=False"):
+        builder.update_draft_decode_metadata(md)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,88 @@
+"""The engine adapter, driven by a duck-typed stand-in for an engine's common attention metadata."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from swa_hal import PlatformInfo, SWAConfig
+from swa_hal.integrations import CudaGraphSupport, EngineSWABuilder, batch_from_common_metadata
+from swa_hal.testing import compare_with_reference, random_batch
+
+CFG = SWAConfig(window_size=8, block_size=4, max_model_len=512, max_num_batched_tokens=96, max_num_seqs=12,
+                num_speculative_tokens=2, speculative_method="mtp", compress_ratios=(0, 4))
+
+
+def common_metadata(batch, **overrides):
+    fields = dict(
+        seq_lens=batch.seq_lens, seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
+        query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc_cpu,
+        block_table_tensor=batch.block_table, slot_mapping=batch.slot_mapping,
+        max_query_len=batch.max_query_len, num_actual_tokens=int(batch.query_start_loc_cpu[-1]),
+        causal=batch.causal, num_reqs=batch.seq_lens.shape[0],
+    )
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def test_adapter_shares_the_engine_tensors():
+    batch = random_batch(CFG, random.Random(0), "padded")
+    cm = common_metadata(batch)
+    adapted = batch_from_common_metadata(cm)
+    assert adapted.seq_lens is cm.seq_lens and adapted.block_table is cm.block_table_tensor
+    assert adapted.slot_mapping is cm.slot_mapping and adapted.query_start_loc_cpu is cm.query_start_loc_cpu
+    assert adapted.num_tokens == cm.slot_mapping.shape[0] and adapted.causal is True
+
+
+def test_adapter_falls_back_to_seq_lens_cpu_and_checks_actual_tokens():
+    batch = random_batch(CFG, random.Random(1), "decode")
+    cm = common_metadata(batch)
+    del cm.seq_lens_cpu_upper_bound
+    cm.seq_lens_cpu = batch.seq_lens_cpu
+    assert batch_from_common_metadata(cm).seq_lens_cpu is batch.seq_lens_cpu
+    cm.num_actual_tokens = batch.num_tokens + 1
+    with pytest.raises(ValueError, match="num_actual_tokens"):
+        batch_from_common_metadata(cm)
+
+
+@pytest.mark.parametrize("backend, assume", [("torch", "vendor=cpu"), ("cuda", "vendor=cuda,capability=9.0"),
+                                             ("rocm", "vendor=rocm")])
+def test_engine_builder_surface(backend, assume):
+    engine = EngineSWABuilder(CFG, "cpu", backend=backend, platform=PlatformInfo.from_assume(assume))
+    assert engine.reorder_batch_threshold is None
+    assert engine.cudagraph_support == CudaGraphSupport.UNIFORM_BATCH
+    assert engine.decode_threshold == 3 and engine.supports_draft_decode_metadata_update
+    rng = random.Random(backend)
+    for kind in ("decode", "mtp", "mixed", "padded", "invalid"):
+        batch = random_batch(CFG, rng, kind)
+        md = engine.build(0, common_metadata(batch), fast_build=True)
+        assert not compare_with_reference(CFG, batch, md)
+        assert md.max_decode_query_len == min(batch.max_query_len, 3)
+    batch = random_batch(CFG, rng, "mtp", extra_pages=1, max_context=500)
+    md = engine.build_for_cudagraph_capture(common_metadata(batch))
+    batch.seq_lens[: md.num_decodes] += 1
+    batch.seq_lens_cpu[: md.num_decodes] += 1
+    engine.update_draft_decode_metadata(md)
+    want = engine.builder.build(batch)
+    assert md.decode_swa_indices.tolist() == want.decode_swa_indices.tolist()
+
+
+def test_from_hf_config():
+    engine = EngineSWABuilder.from_hf_config({"sliding_window": 16, "compress_ratios": [0, 128]}, "cpu",
+                                             block_size=8, max_num_batched_tokens=32, max_model_len=256)
+    assert engine.builder.config.window_size == 16 and engine.backend_name == "torch"
+
+
+def test_parallel_drafting_threshold_drives_the_split():
+    cfg = SWAConfig(window_size=4, block_size=4, max_model_len=128, max_num_batched_tokens=64, max_num_seqs=8,
+                    num_speculative_tokens=2, parallel_drafting=True, speculative_method="mtp")
+    engine = EngineSWABuilder(cfg, "cpu")
+    from swa_hal import AttentionBatch
+
+    # threshold 1 + 2 * 2 = 5: queries of 5 are decodes, 6 is the first prefill.
+    batch = AttentionBatch.from_lists([9, 9, 9], [5, 6, 5], [[0, 1, 2], [3, 4, 5], [6, 7, 8]], block_size=4)
+    md = engine.build(0, common_metadata(batch))
+    assert (md.num_decodes, md.num_prefills, md.num_decode_tokens, md.num_prefill_tokens) == (1, 2, 5, 11)
+    assert md.max_decode_query_len == 5

@@ -60,6 +60,30 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def warm_gpu(device: torch.device, seconds: float = 0.3) -> None:
+    """Keep the GPU busy for a moment before a timed section: an idle H200 sits at a low SM clock
+    (345 MHz was read here) and latency-bound kernels would be timed at that clock."""
+    if device.type != "cuda":
+        return
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(8):
+            a @ a
+        sync(device)
+
+
+def sm_clock_mhz(device: torch.device) -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+    except Exception:  # noqa: BLE001 - the clock is informative only
+        return None
+
+
 def median_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
 
@@ -182,16 +206,15 @@ def main(argv=None) -> int:
             correct = check(config, batch, to_dict(call()))
             for _ in range(20):
                 call()
-            row = {
-                "scenario": scenario_name,
-                "tokens": batch.num_tokens,
-                "runner": runner,
-                "correct": correct,
-                "host_us": time_host(call, args.iters, device),
-                "e2e_us": time_e2e(call, args.iters, device),
-                "graph_us": time_graph(call, device) if scenario_name in GRAPH_SCENARIOS else None,
-                "launches": count_launches(call, device),
-            }
+            row = {"scenario": scenario_name, "tokens": batch.num_tokens, "runner": runner, "correct": correct}
+            warm_gpu(device)
+            row["sm_clock_mhz"] = sm_clock_mhz(device)
+            row["host_us"] = time_host(call, args.iters, device)
+            warm_gpu(device)
+            row["e2e_us"] = time_e2e(call, args.iters, device)
+            warm_gpu(device)
+            row["graph_us"] = time_graph(call, device) if scenario_name in GRAPH_SCENARIOS else None
+            row["launches"] = count_launches(call, device)
             row["host_us_repeat"] = time_host(call, args.iters, device)  # the spread between two runs
             if builder is not None:  # what full validation (validate=True) adds to a build
                 row["validate_us"] = time_e2e(lambda: builder.build(batch, validate=True), 30, device) - row["e2e_us"]
@@ -199,7 +222,8 @@ def main(argv=None) -> int:
             print(f"  {scenario_name:<13} {runner:<16} host {row['host_us']:9.1f}  e2e {row['e2e_us']:9.1f}  "
                   f"graph {row['graph_us'] if row['graph_us'] is None else round(row['graph_us'], 1)!s:>6}  "
                   f"launches {row['launches']:>3}  correct {correct}"
-                  + (f"  validation +{row['validate_us']:.0f} us" if "validate_us" in row else ""), flush=True)
+                  + (f"  validation +{row['validate_us']:.0f} us" if "validate_us" in row else "")
+                  + (f"  sm clock {row['sm_clock_mhz']} MHz" if row.get("sm_clock_mhz") else ""), flush=True)
 
     targets = GPU_TARGETS if device.type == "cuda" else CPU_TARGETS
     baseline_name = "seed sequence" if device.type == "cuda" else "naive torch"

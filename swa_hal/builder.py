@@ -82,7 +82,11 @@ class SWAMetadataBuilder:
             guard_batch(batch, cfg, buffers.capacity, self._device_index)
         num_tokens = batch.num_tokens
         qsl_cpu = batch.query_start_loc_cpu.numpy()
-        nd, npf, ndt, npt = split_decodes_and_prefills(qsl_cpu, batch.max_query_len, num_tokens, self.decode_threshold)
+        # Query lengths on the host, needed only when a prefill may be present.
+        query = qsl_cpu[1:] - qsl_cpu[:-1] if batch.max_query_len > self.decode_threshold else None
+        nd, npf, ndt, npt = split_decodes_and_prefills(
+            qsl_cpu, batch.max_query_len, num_tokens, self.decode_threshold, query
+        )
         causal = batch.causal
         width = cfg.window_size if causal else self._noncausal_width(batch, qsl_cpu, nd)
         clear_end = self._lens_high_water
@@ -99,12 +103,13 @@ class SWAMetadataBuilder:
             pre_idx = pre_lens = None
         if npf:
             seq_cpu = batch.seq_lens_cpu
-            pre_seq_cpu = seq_cpu[nd:] if seq_cpu is not None else batch.seq_lens[nd:].cpu()
+            if seq_cpu is None:
+                seq_cpu = batch.seq_lens.cpu()
             md_prefill = (
                 self._gather_view(npf),
-                batch.seq_lens[nd:],
-                pre_seq_cpu,
-                torch.from_numpy(np.diff(qsl_cpu[nd:])),
+                batch.seq_lens[nd:] if nd else batch.seq_lens,
+                seq_cpu[nd:] if nd else seq_cpu,
+                torch.from_numpy(query[nd:]),
             )
         else:
             md_prefill = (None, None, None, None)

@@ -39,8 +39,21 @@ def tile_elems(device_type: str) -> int:
     return CPU_TILE_ELEMS if device_type == "cpu" else GPU_TILE_ELEMS
 
 
-@dataclasses.dataclass(frozen=True)
-class RowsKey:
+class _Key:
+    """Compile keys are looked up on every launch: hash them once."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def constexprs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class RowsKey(_Key):
     """The constexprs of ``swa_metadata_kernel``."""
 
     WINDOW: int
@@ -55,12 +68,11 @@ class RowsKey:
     FROM_BUFFERS: bool
     CLAMP: bool
 
-    def constexprs(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    __hash__ = _Key.__hash__
 
 
-@dataclasses.dataclass(frozen=True)
-class RaggedKey:
+@dataclasses.dataclass(frozen=True, eq=True)
+class RaggedKey(_Key):
     """The constexprs of ``ragged_rows_kernel``."""
 
     WIDTH: int
@@ -68,8 +80,7 @@ class RaggedKey:
     BLOCK_W: int
     CLAMP: bool
 
-    def constexprs(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    __hash__ = _Key.__hash__
 
 
 def search_block(config: SWAConfig) -> int:
@@ -124,12 +135,11 @@ def ragged_keys(config: SWAConfig, *, clamp: bool, device_type: str) -> list[Rag
 INDPTR_BLOCK = 1024
 
 
-@dataclasses.dataclass(frozen=True)
-class IndptrKey:
+@dataclasses.dataclass(frozen=True, eq=True)
+class IndptrKey(_Key):
     """The constexprs of ``ragged_indptr_kernel``."""
 
     BLOCK: int
     CLAMP: bool
 
-    def constexprs(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    __hash__ = _Key.__hash__

@@ -19,17 +19,23 @@ def split_decodes_and_prefills(
     max_query_len: int,
     num_tokens: int,
     decode_threshold: int,
+    query_lens: np.ndarray | None = None,
 ) -> Split:
     """Requests before the first one longer than ``decode_threshold`` are decodes; the rest
-    (short ones after it too) are prefills. Padding rows go with the last group."""
+    (short ones after it too) are prefills. Padding rows go with the last group.
+
+    ``query_lens`` (the differences of query_start_loc) may be passed when the caller has them.
+    """
     qsl = query_start_loc_cpu if isinstance(query_start_loc_cpu, np.ndarray) else query_start_loc_cpu.numpy()
     num_reqs = qsl.shape[0] - 1
     if max_query_len <= decode_threshold:
         return Split(num_reqs, 0, num_tokens, 0)
-    long_rows = np.flatnonzero(np.diff(qsl) > decode_threshold)
-    if long_rows.size == 0:
+    if query_lens is None:
+        query_lens = qsl[1:] - qsl[:-1]
+    longer = query_lens > decode_threshold
+    first = int(longer.argmax())
+    if not longer[first]:
         # max_query_len overstated the batch: every request is in fact a decode.
         return Split(num_reqs, 0, num_tokens, 0)
-    first = int(long_rows[0])
     decode_tokens = int(qsl[first])
     return Split(first, num_reqs - first, decode_tokens, num_tokens - decode_tokens)

@@ -29,8 +29,8 @@ for step in $STEPS; do
         ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "RESULT|passed|failed|error|Error" | tail -60
       ;;
     host)
-      { timeout 120 python3 benchmarks/host_overhead.py; timeout 60 python3 benchmarks/launch_probe.py; } 2>&1 \
-        | tee "$OUT/host_overhead.txt"
+      { timeout 120 python3 benchmarks/host_overhead.py; timeout 60 python3 benchmarks/launch_probe.py;
+        timeout 120 python3 benchmarks/kernel_gpu_time.py; } 2>&1 | tee "$OUT/host_overhead.txt"
       ;;
     bench)
       timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --out "$OUT" 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30

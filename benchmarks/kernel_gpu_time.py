@@ -1,0 +1,66 @@
+#!/usr/bin/env python
+"""GPU time of one build's kernel for batch shapes that separate the factors (token rows, requests,
+query length, context length): each build is captured in a CUDA graph and timed with CUDA events over
+back-to-back replays, after keeping the GPU busy so its clock is up."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_build import sm_clock_mhz, warm_gpu  # noqa: E402
+
+from swa_hal import SWAConfig, SWAMetadataBuilder  # noqa: E402
+from swa_hal.scenarios import synthesize_batch  # noqa: E402
+
+SHAPES = [  # (label, requests, query length, context range)
+    ("decode 256 x 1, ctx 1..32768", 256, 1, (1, 32768)),
+    ("decode 384 x 1, ctx 1..32768", 384, 1, (1, 32768)),
+    ("decode 128 x 1, ctx 1..32768", 128, 1, (1, 32768)),
+    ("mtp 128 x 3, ctx 3..32768", 128, 3, (3, 32768)),
+    ("mtp 128 x 3, ctx 4096", 128, 3, (4096, 4096)),
+    ("decode 256 x 1, ctx 4096", 256, 1, (4096, 4096)),
+    ("prefill 8 x 2048, ctx 2048..16384", 8, 2048, (2048, 16384)),
+]
+
+
+def main() -> int:
+    dev = torch.device("cuda")
+    config = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash_mtp.yaml")
+    config = SWAConfig(**{**config.to_dict(), "max_num_seqs": 512, "compress_ratios": config.compress_ratios})
+    rng = random.Random(0)
+    for label, reqs, q, (lo, hi) in SHAPES:
+        builder = SWAMetadataBuilder(config, device=dev)
+        builder.warmup()
+        batch = synthesize_batch(config, [rng.randint(lo, hi) for _ in range(reqs)], [q] * reqs, rng=rng, device=dev)
+        builder.build(batch)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            builder.build(batch)
+        warm_gpu(dev)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(5):
+            start.record()
+            for _ in range(200):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / 200)
+        times.sort()
+        key = builder.backend.key_build
+        print(f"{label:<36} rows {batch.num_tokens:>6}  programs {-(-batch.num_tokens // key.BLOCK_T):>5}  "
+              f"GPU {times[2]:6.2f} us/build (min {times[0]:.2f})  sm clock {sm_clock_mhz(dev)} MHz", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -184,7 +184,7 @@ def runners_for(config: SWAConfig, device: torch.device, backends: list[str]):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--iters", type=int, default=300)
+    parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--backends", nargs="*", help="default: the auto-selected one (plus sm12x on a CUDA GPU)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tag", default=None, help="name of the result files (default: the device)")

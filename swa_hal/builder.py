@@ -81,18 +81,22 @@ class SWAMetadataBuilder:
         else:
             guard_batch(batch, cfg, buffers.capacity, self._device_index)
         num_tokens = batch.num_tokens
-        qsl_cpu = batch.query_start_loc_cpu.numpy()
-        # Query lengths on the host, needed only when a prefill may be present.
-        query = qsl_cpu[1:] - qsl_cpu[:-1] if batch.max_query_len > self.decode_threshold else None
-        nd, npf, ndt, npt = split_decodes_and_prefills(
-            qsl_cpu, batch.max_query_len, num_tokens, self.decode_threshold, query
-        )
+        num_reqs = batch.query_start_loc_cpu.shape[0] - 1
+        if batch.max_query_len <= self.decode_threshold:  # decode-only: no host data to read
+            nd, npf, ndt, npt = num_reqs, 0, num_tokens, 0
+            query = None
+        else:
+            qsl_cpu = batch.query_start_loc_cpu.numpy()
+            query = qsl_cpu[1:] - qsl_cpu[:-1]
+            nd, npf, ndt, npt = split_decodes_and_prefills(
+                qsl_cpu, batch.max_query_len, num_tokens, self.decode_threshold, query
+            )
         causal = batch.causal
-        width = cfg.window_size if causal else self._noncausal_width(batch, qsl_cpu, nd)
+        width = cfg.window_size if causal else self._noncausal_width(batch, nd)
         clear_end = self._lens_high_water
         if ndt > clear_end:
             self._lens_high_water = ndt
-        plan = BuildPlan(qsl_cpu.shape[0] - 1, num_tokens, nd, npf, ndt, npt, causal, width, clear_end)
+        plan = BuildPlan(num_reqs, num_tokens, nd, npf, ndt, npt, causal, width, clear_end)
         self.backend.compute(plan, batch, buffers)
 
         t2r, valid = self._token_views(num_tokens)
@@ -123,7 +127,7 @@ class SWAMetadataBuilder:
         )
         return self.backend.post_process(md, buffers)
 
-    def _noncausal_width(self, batch: AttentionBatch, qsl_cpu: np.ndarray, num_decodes: int) -> int:
+    def _noncausal_width(self, batch: AttentionBatch, num_decodes: int) -> int:
         """DSpark rows (SPEC §6): only legal with DSpark, and never truncated."""
         cfg = self.config
         if not cfg.is_dspark:
@@ -133,6 +137,7 @@ class SWAMetadataBuilder:
         width = cfg.noncausal_index_width
         if batch.max_query_len + cfg.window_size > width and num_decodes:
             # A row holds min(S_r, q_r + W) entries; check the decode requests exactly.
+            qsl_cpu = batch.query_start_loc_cpu.numpy()
             query = np.diff(qsl_cpu[: num_decodes + 1]).astype(np.int64)
             need = query + cfg.window_size
             if batch.seq_lens_cpu is not None:

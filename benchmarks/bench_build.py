@@ -238,7 +238,7 @@ def main(argv=None) -> int:
     baseline_name = "seed sequence" if device.type == "cuda" else "naive torch"
     lines = [f"device: {device_name}; torch {torch.__version__}; python {sys.version.split()[0]}; "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; medians of {args.iters}",
-             f"{'scenario':<13} {'runner':<16} {'host us':>9} {'(repeat)':>9} {'e2e us':>9} {'graph us':>9} "
+             f"{'scenario':<13} {'runner':<16} {'host us':>9} {'(repeat)':>9} {'e2e us':>9} {'graph ev/wall':>13} "
              f"{'launches':>8} {'host x':>7} {'e2e x':>7} {'valid. us':>9}  targets"]
     verdicts = []
     for row in rows:
@@ -254,10 +254,10 @@ def main(argv=None) -> int:
                 ok = value is not None and (value >= limit if key == "speedup" else value <= limit)
                 notes.append(f"{key}{'>=' if key == 'speedup' else '<='}{limit}:{'met' if ok else 'MISSED'}")
                 verdicts.append({"scenario": row["scenario"], "metric": key, "target": limit, "value": value, "met": ok})
-        graph = "-" if row["graph_us"] is None else f"{row['graph_us']:.1f}"
+        graph = "-" if row["graph_us"] is None else f"{row['graph_us']:.1f}/{row['graph_wall_us']:.1f}"
         valid = f"{row['validate_us']:.0f}" if "validate_us" in row else "-"
         lines.append(f"{row['scenario']:<13} {row['runner']:<16} {row['host_us']:9.1f} {row['host_us_repeat']:9.1f} "
-                     f"{row['e2e_us']:9.1f} {graph:>9} {row['launches']:>8} {host_x:7.2f} {e2e_x:7.2f} {valid:>9}  "
+                     f"{row['e2e_us']:9.1f} {graph:>13} {row['launches']:>8} {host_x:7.2f} {e2e_x:7.2f} {valid:>9}  "
                      f"{' '.join(notes)}")
     print("\n".join(lines))
     out_dir = Path(args.out)

@@ -154,33 +154,23 @@ class SWAMetadataBuilder:
         return width
 
     # Views of the fixed buffers, made once per size: slicing a tensor costs host time per build.
-    def _token_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        key = ("tok", n)
+    def _view(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         views = self._views.get(key)
         if views is None:
-            views = self._views[key] = (self.buffers.token_to_req[:n], self.buffers.is_valid[:n])
+            views = self._views[key] = make()
         return views
+
+    def _token_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._view(("tok", n), lambda: (self.buffers.token_to_req[:n], self.buffers.is_valid[:n]))
 
     def _decode_views(self, n: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        key = ("dec", n, causal)
-        views = self._views.get(key)
-        if views is None:
-            views = self._views[key] = (self.buffers.decode_rows(causal)[:n], self.buffers.decode_lens[:n])
-        return views
-
-    def _gather_view(self, n: int) -> torch.Tensor:
-        key = ("gather", n)
-        view = self._views.get(key)
-        if view is None:
-            view = self._views[key] = self.buffers.gather_lens[:n]
-        return view
+        return self._view(("dec", n, causal), lambda: (self.buffers.decode_rows(causal)[:n], self.buffers.decode_lens[:n]))
 
     def _prefill_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        key = ("pre", n)
-        views = self._views.get(key)
-        if views is None:
-            views = self._views[key] = (self.buffers.prefill_indices[:n], self.buffers.prefill_lens[:n])
-        return views
+        return self._view(("pre", n), lambda: (self.buffers.prefill_indices[:n], self.buffers.prefill_lens[:n]))
+
+    def _gather_view(self, n: int) -> torch.Tensor:
+        return self._view(("gather", n), lambda: self.buffers.gather_lens[:n])
 
     # -- speculative decoding --------------------------------------------------------------------
 

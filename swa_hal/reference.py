@@ -145,6 +145,16 @@ def _row_inputs(
     return req, seq, end, rows
 
 
+def _row_outputs(
+    num_rows: int, width: int, device: torch.device, out_indices: torch.Tensor | None, out_lens: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if out_indices is None:
+        out_indices = torch.empty((num_rows, 1, width), dtype=torch.int32, device=device)
+    if out_lens is None:
+        out_lens = torch.empty(num_rows, dtype=torch.int32, device=device)
+    return out_indices, out_lens
+
+
 def causal_window_rows(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -166,11 +176,7 @@ def causal_window_rows(
     row is -1. An invalid token gets lens 0 and an all -1 row.
     Returns (indices [num_rows, 1, W], lens [num_rows]).
     """
-    device = seq_lens.device
-    if out_indices is None:
-        out_indices = torch.empty((num_rows, 1, window_size), dtype=torch.int32, device=device)
-    if out_lens is None:
-        out_lens = torch.empty(num_rows, dtype=torch.int32, device=device)
+    out_indices, out_lens = _row_outputs(num_rows, window_size, seq_lens.device, out_indices, out_lens)
     if num_rows == 0:
         return out_indices, out_lens
     req, seq, end, rows = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, workspace)
@@ -204,11 +210,7 @@ def noncausal_window_rows(
     """SPEC §6 (DSpark draft rows): every token of request r sees positions
     [max(P_r - W, 0), S_r): the last W context tokens and the whole draft block, future drafts
     included. A row longer than ``width`` raises (``check``) instead of being truncated."""
-    device = seq_lens.device
-    if out_indices is None:
-        out_indices = torch.empty((num_rows, 1, width), dtype=torch.int32, device=device)
-    if out_lens is None:
-        out_lens = torch.empty(num_rows, dtype=torch.int32, device=device)
+    out_indices, out_lens = _row_outputs(num_rows, width, seq_lens.device, out_indices, out_lens)
     if num_rows == 0:
         return out_indices, out_lens
     req, seq, end, _ = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, workspace)

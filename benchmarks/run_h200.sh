@@ -33,7 +33,7 @@ for step in $STEPS; do
         timeout 120 python3 benchmarks/kernel_gpu_time.py; } 2>&1 | tee "$OUT/host_overhead.txt"
       ;;
     bench)
-      timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --out "$OUT" 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30
+      timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30
       ;;
   esac
 done

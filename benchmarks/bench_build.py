@@ -213,11 +213,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tag", default=None, help="name of the result files (default: the device)")
     parser.add_argument("--no-plot", action="store_true")
-    parser.add_argument("--cpu-core", type=int, default=None,
-                        help="pin this process to one core (less migration jitter in host timings)")
     args = parser.parse_args(argv)
-    if args.cpu_core is not None:
-        os.sched_setaffinity(0, {args.cpu_core})
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(min(2, os.cpu_count() or 1))

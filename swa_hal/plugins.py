@@ -11,6 +11,7 @@ turns each of those into a PluginError). ``SWA_HAL_PLUGINS`` (allow list) and
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -179,8 +180,6 @@ class PluginRegistry:
             return
         if EMBEDDED_NAME in (self._block or []) or (self._allow is not None and EMBEDDED_NAME not in self._allow):
             return
-        import importlib
-
         try:
             module = importlib.import_module(EMBEDDED_PLUGIN)
         except ImportError:

@@ -8,7 +8,6 @@ import statistics
 import sys
 import time
 from importlib import metadata
-from pathlib import Path
 from typing import Any, Sequence
 
 from .platform import PlatformInfo

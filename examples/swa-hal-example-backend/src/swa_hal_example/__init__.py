@@ -6,15 +6,13 @@ one hook returning one BackendSpec; nothing heavy is imported until the backend 
 """
 
 from swa_hal import Availability, BackendSpec, hookimpl
+from swa_hal.backend import require
 
 __version__ = "0.1.0"
 
 
 def is_available(platform) -> Availability:
-    failures = []
-    if platform.vendor != "example":
-        failures.append(f"needs an Example accelerator; found vendor {platform.vendor!r}")
-    return Availability.check(failures)
+    return require(platform, vendor="example", vendor_label="an Example accelerator")
 
 
 SPEC = BackendSpec(

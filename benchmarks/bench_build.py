@@ -11,7 +11,7 @@ sequence on a GPU, a straightforward vectorized PyTorch build on the CPU) it pri
                200 back-to-back replays; the wall time per replay is kept in the JSON as graph_wall_us)
   launches     GPU kernels (and memsets/copies) per build, from torch.profiler; on the CPU, aten ops
 
-with the baseline/swa_hal ratios and the issue's targets, checks every runner's output against the
+with the baseline/swa_hal ratios and the performance targets, checks every runner's output against the
 reference, and writes JSON and a PNG chart to benchmarks/results/. ``make bench`` runs it.
 """
 
@@ -46,7 +46,7 @@ SCENARIOS = [
     ("long_prefill", "deepseek_v4_flash.yaml"),
 ]
 GRAPH_SCENARIOS = ("decode_only", "mtp_decode")
-# The issue's targets on an H200 (us) and on the 2-core CPU (us).
+# The performance targets on an H200 (us) and on the 2-core CPU (us).
 GPU_TARGETS = {
     "decode_only": {"host": 30, "e2e": 40, "graph": 6, "launches": 1, "speedup": 4.5},
     "mtp_decode": {"host": 30, "e2e": 40, "graph": 6, "launches": 1},

@@ -4,7 +4,7 @@
 Prints medians (us) of: a small torch op, an empty Triton kernel through Triton's launch path and
 through the compiled kernel's launcher (tensor vs raw-address arguments), swa_hal's builder with the
 kernel launch replaced by a no-op (its pure Python cost), the launch alone, and whole builds with
-tensor and raw-address launches. Compare the first lines with the issue's reference machine
+tensor and raw-address launches. Compare the first lines with the reference figures
 (an empty Triton launch ~12 us, one small torch op ~10 us) to see how fast this host is.
 """
 

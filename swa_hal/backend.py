@@ -1,6 +1,6 @@
 """The backend protocol: what a backend declares (BackendSpec) and what it implements (Backend).
 
-A backend holds no semantics. It says when it can run, computes the outputs of SPEC §4-§7 into the
+A backend holds no semantics. It says when it can run, computes the outputs of docs/semantics.md #per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata into the
 builder's fixed buffers (by calling the reference or the shared kernels), and may add FlashMLA
 scheduler objects or a post-pass. The core decides everything else.
 """
@@ -111,7 +111,7 @@ class BackendSpec:
 
 
 class BuildPlan(NamedTuple):
-    """The host-side facts of one build: the split (SPEC §3) and where each output goes.
+    """The host-side facts of one build: the split (docs/semantics.md #split) and where each output goes.
 
     Everything here comes from host values (the CPU copy of query_start_loc, max_query_len, sizes),
     so computing it never synchronises with the device. (A NamedTuple: it is made on every build.)
@@ -125,7 +125,7 @@ class BuildPlan(NamedTuple):
     num_prefill_tokens: int
     causal: bool
     decode_width: int
-    # Decode lens rows [num_decode_tokens, decode_lens_clear_end) are zeroed (SPEC §10).
+    # Decode lens rows [num_decode_tokens, decode_lens_clear_end) are zeroed (docs/semantics.md #fixed-buffers).
     decode_lens_clear_end: int
 
 
@@ -133,7 +133,7 @@ class Backend:
     """Base class of backends. Subclasses implement ``compute`` and ``recompute_decode_rows``."""
 
     name: ClassVar[str] = "base"
-    # Whether update_draft_decode_metadata (SPEC §9) is supported.
+    # Whether update_draft_decode_metadata (docs/semantics.md #draft-updates) is supported.
     supports_draft_decode_metadata_update: ClassVar[bool] = True
 
     def __init__(self, config: "SWAConfig", device: "torch.device", platform: "PlatformInfo"):

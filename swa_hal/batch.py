@@ -1,4 +1,4 @@
-"""AttentionBatch: the per-step inputs of SPEC §2."""
+"""AttentionBatch: the per-step inputs of docs/semantics.md #inputs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(eq=False)
 class AttentionBatch:
-    """One scheduler step, decodes first (SPEC §2).
+    """One scheduler step, decodes first (docs/semantics.md #inputs).
 
     Device tensors: ``seq_lens`` int32 [R], ``query_start_loc`` int32 [R+1], ``block_table`` int32
     [R', max_pages] (R' >= R), ``slot_mapping`` int64 [T] (-1 marks a padding token).
@@ -43,7 +43,7 @@ class AttentionBatch:
         return self.seq_lens.device
 
     def validate(self, config: "SWAConfig", capacity: int | None = None) -> None:
-        """Check every constraint of SPEC §2 against ``config``; raise a BatchValidationError naming
+        """Check every constraint of docs/semantics.md #inputs against ``config``; raise a BatchValidationError naming
         the field, index and constraint. Reads device values, so it synchronises: debug and CLI use."""
         from .validation import validate_batch
 

@@ -1,4 +1,4 @@
-"""The fixed-address output buffers of a builder (SPEC §10).
+"""The fixed-address output buffers of a builder (docs/semantics.md #fixed-buffers).
 
 Allocated once per builder with capacity ``max_num_batched_tokens`` rows; every build returns views of
 them, so a CUDA graph that captured a build keeps reading the right memory on replay.

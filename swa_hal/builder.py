@@ -1,7 +1,7 @@
 """SWAMetadataBuilder: fixed buffers, the decode/prefill split, and one call into the backend.
 
 The host side of a build reads only host values (the CPU query_start_loc, sizes), so a decode-only
-build never synchronises and can be captured in a CUDA graph (SPEC §10).
+build never synchronises and can be captured in a CUDA graph (docs/semantics.md #fixed-buffers).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class SWAMetadataBuilder:
         self.validate = debug_mode() if validate is None else validate
         self._device_index = -1 if device.type == "cpu" else (device.index or 0)
         self.decode_threshold = config.decode_threshold
-        # Decode lens rows ever written; each build zeroes [num_decode_tokens, this) (SPEC §10).
+        # Decode lens rows ever written; each build zeroes [num_decode_tokens, this) (docs/semantics.md #fixed-buffers).
         self._lens_high_water = 0
         self._views: dict[tuple[Any, ...], Any] = {}
 
@@ -128,7 +128,7 @@ class SWAMetadataBuilder:
         return self.backend.post_process(md, buffers)
 
     def _noncausal_width(self, batch: AttentionBatch, num_decodes: int) -> int:
-        """DSpark rows (SPEC §6): only legal with DSpark, and never truncated."""
+        """DSpark rows (docs/semantics.md #dspark-rows): only legal with DSpark, and never truncated."""
         cfg = self.config
         if not cfg.is_dspark:
             raise SpeculativeModeError(
@@ -179,7 +179,7 @@ class SWAMetadataBuilder:
         return self.backend.supports_draft_decode_metadata_update
 
     def update_draft_decode_metadata(self, metadata: SWAMetadata) -> None:
-        """SPEC §9: after the engine advanced ``seq_lens`` in place by one draft step, recompute the
+        """docs/semantics.md #draft-updates: after the engine advanced ``seq_lens`` in place by one draft step, recompute the
         causal decode rows and lens in place and hand out fresh scheduler objects. No host sync,
         no allocation: safe inside CUDA graph capture."""
         if metadata.num_decode_tokens == 0:

@@ -1,4 +1,4 @@
-"""SWAConfig: the static, per-model and per-engine settings (SPEC §2), validated on construction."""
+"""SWAConfig: the static, per-model and per-engine settings (docs/semantics.md #inputs), validated on construction."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from .errors import ConfigError
 LAYER_TYPES = ("swaonly", "c4a", "c128a")
 # Index slots are int32 (FlashMLA's encoding), so no position or slot may reach 2**31.
 INT32_LIMIT = 2**31 - 1
-# FlashMLA reads index rows in tiles of 64 entries (SPEC §12), hence the DSpark row padding.
+# FlashMLA reads index rows in tiles of 64 entries (docs/semantics.md #flashmla-consumer), hence the DSpark row padding.
 INDEX_TILE = 64
 
 
 def layer_type_for(compress_ratio: int) -> str:
-    """SPEC §8: the FlashMLA layer type of a compress ratio."""
+    """docs/semantics.md #layer-types-and-schedulers: the FlashMLA layer type of a compress ratio."""
     if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
         raise ConfigError("compress_ratios", f"ratio {compress_ratio!r} is not an integer")
     if 0 <= compress_ratio <= 1:
@@ -33,7 +33,7 @@ def layer_type_for(compress_ratio: int) -> str:
 
 
 def dspark_index_width(window_size: int, num_speculative_tokens: int) -> int:
-    """SPEC §6: a DSpark row holds the window plus the draft block, padded to FlashMLA's tile."""
+    """docs/semantics.md #dspark-rows: a DSpark row holds the window plus the draft block, padded to FlashMLA's tile."""
     return math.ceil((window_size + num_speculative_tokens) / INDEX_TILE) * INDEX_TILE
 
 
@@ -107,7 +107,7 @@ class SWAConfig:
 
     @property
     def decode_threshold(self) -> int:
-        """SPEC §3: the longest query that still counts as a decode."""
+        """docs/semantics.md #split: the longest query that still counts as a decode."""
         return 1 + (2 if self.parallel_drafting else 1) * self.num_speculative_tokens
 
     @property

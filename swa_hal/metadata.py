@@ -18,24 +18,24 @@ class SWAMetadata:
     query_start_loc_cpu: torch.Tensor
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
-    # SPEC §3
+    # docs/semantics.md #split
     num_decodes: int
     num_prefills: int
     num_decode_tokens: int
     num_prefill_tokens: int
-    # SPEC §4
+    # docs/semantics.md #per-token-helpers
     token_to_req_indices: torch.Tensor
     is_valid_token: torch.Tensor
-    # SPEC §5/§6 decode rows: [num_decode_tokens, 1, decode_swa_width] int32 and lens
+    # docs/semantics.md #causal-rows, #dspark-rows decode rows: [num_decode_tokens, 1, decode_swa_width] int32 and lens
     decode_swa_indices: torch.Tensor
     decode_swa_lens: torch.Tensor
     decode_swa_width: int
     causal: bool
     max_decode_query_len: int
-    # SPEC §5 prefill rows (None without prefill tokens)
+    # docs/semantics.md #causal-rows prefill rows (None without prefill tokens)
     prefill_swa_indices: torch.Tensor | None
     prefill_swa_lens: torch.Tensor | None
-    # SPEC §7 (None without prefills)
+    # docs/semantics.md #prefill-metadata (None without prefills)
     prefill_gather_lens: torch.Tensor | None
     prefill_seq_lens: torch.Tensor | None
     prefill_seq_lens_cpu: torch.Tensor | None
@@ -45,7 +45,7 @@ class SWAMetadata:
     window_size: int
     max_model_len: int
     max_num_batched_tokens: int
-    # SPEC §8: layer type -> fresh FlashMLA scheduler object, or None
+    # docs/semantics.md #layer-types-and-schedulers: layer type -> fresh FlashMLA scheduler object, or None
     tile_sched: dict[str, Any]
     backend: str
     # ROCm's ragged (CSR) form of the decode rows; None on other backends.
@@ -53,7 +53,7 @@ class SWAMetadata:
     decode_swa_indptr: torch.Tensor | None = None
 
     def get_prefill_chunk_plan(self, compress_ratio: int, chunk_size: int) -> list[PrefillChunk]:
-        """SPEC §7 chunk plan over this step's prefills, from host copies only (no sync)."""
+        """docs/semantics.md #prefill-metadata chunk plan over this step's prefills, from host copies only (no sync)."""
         if self.num_prefills == 0:
             return []
         return prefill_chunk_plan(

@@ -1,4 +1,4 @@
-"""SPEC §3-§7 in plain, vectorized PyTorch: the oracle every backend is tested against.
+"""docs/semantics.md #split, #per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata in plain, vectorized PyTorch: the oracle every backend is tested against.
 
 Each function runs on any torch device, loops over neither tokens nor window entries, and can write
 into caller-owned buffers (``out=``, ``workspace=``) so the torch backend builds with no per-build
@@ -70,7 +70,7 @@ def token_to_req(
     out: torch.Tensor | None = None,
     workspace: RowWorkspace | None = None,
 ) -> torch.Tensor:
-    """SPEC §4: the request owning each token row, on the device (no host sync); rows past the
+    """docs/semantics.md #per-token-helpers: the request owning each token row, on the device (no host sync); rows past the
     scheduled tokens map to 0."""
     num_reqs = query_start_loc.shape[0] - 1
     rows = _arange(num_tokens, query_start_loc.device, workspace)
@@ -80,7 +80,7 @@ def token_to_req(
 
 
 def valid_tokens(slot_mapping: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """SPEC §4: a token is valid when it has a KV slot."""
+    """docs/semantics.md #per-token-helpers: a token is valid when it has a KV slot."""
     return torch.ge(slot_mapping, 0, out=out)
 
 
@@ -170,7 +170,7 @@ def causal_window_rows(
     out_lens: torch.Tensor | None = None,
     workspace: RowWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPEC §5: rows for tokens [token_offset, token_offset + num_rows), written from row 0.
+    """docs/semantics.md #causal-rows: rows for tokens [token_offset, token_offset + num_rows), written from row 0.
 
     A valid token at position p sees positions max(p - W + 1, 0) .. p, oldest first; the rest of its
     row is -1. An invalid token gets lens 0 and an all -1 row.
@@ -207,7 +207,7 @@ def noncausal_window_rows(
     workspace: RowWorkspace | None = None,
     check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPEC §6 (DSpark draft rows): every token of request r sees positions
+    """docs/semantics.md #dspark-rows (DSpark draft rows): every token of request r sees positions
     [max(P_r - W, 0), S_r): the last W context tokens and the whole draft block, future drafts
     included. A row longer than ``width`` raises (``check``) instead of being truncated."""
     out_indices, out_lens = _row_outputs(num_rows, width, seq_lens.device, out_indices, out_lens)
@@ -244,7 +244,7 @@ def prefill_gather_lens(
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """SPEC §7: gather_len[i] = q_r + min(P_r, W - 1) for r = num_decodes + i."""
+    """docs/semantics.md #prefill-metadata: gather_len[i] = q_r + min(P_r, W - 1) for r = num_decodes + i."""
     lo, hi = num_decodes, num_decodes + num_prefills
     query = query_start_loc[lo + 1 : hi + 1] - query_start_loc[lo:hi]
     prefix = seq_lens[lo:hi] - query
@@ -279,7 +279,7 @@ def prefill_chunk_plan(
     compress_ratio: int,
     chunk_size: int,
 ) -> list[PrefillChunk]:
-    """SPEC §7: greedy chunks of prefills whose padded area fits ``area_max``.
+    """docs/semantics.md #prefill-metadata: greedy chunks of prefills whose padded area fits ``area_max``.
 
     A chunk [s, e) keeps growing while (e - s) * (max c + max g) stays within the bound; it always
     holds at least one request. Each chunk is (start, end, max compressed len, max total len).
@@ -318,7 +318,7 @@ class ReferenceResult:
 
 
 def build_reference(config: SWAConfig, batch) -> ReferenceResult:
-    """The whole build of SPEC §3-§7 for one batch, from scratch (no buffers, no backend)."""
+    """The whole build of docs/semantics.md #split, #per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata for one batch, from scratch (no buffers, no backend)."""
     split = split_decodes_and_prefills(
         batch.query_start_loc_cpu, batch.max_query_len, batch.num_tokens, config.decode_threshold
     )

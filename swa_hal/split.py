@@ -1,4 +1,4 @@
-"""SPEC §3: split a decodes-first batch into decodes and prefills, from host data only."""
+"""docs/semantics.md #split: split a decodes-first batch into decodes and prefills, from host data only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shared execution of every Triton backend: one launch per build (SPEC §4-§7, §10).
+"""The shared execution of every Triton backend: one launch per build (docs/semantics.md #per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata, #fixed-buffers).
 
 Hardware backends subclass ``TritonBackend`` and change only flags (``CLAMP_ADDRESSES``), the
 scheduler hook, and post-passes; the kernel source is shared (``kernels/swa_metadata.py``).

@@ -1,4 +1,4 @@
-"""Full validation of an AttentionBatch (SPEC §2) against a config.
+"""Full validation of an AttentionBatch (docs/semantics.md #inputs) against a config.
 
 Each failure raises the BatchValidationError subclass of its kind, with a message that starts with
 the field (and index) and states the constraint. Reads device values, so it synchronises: the

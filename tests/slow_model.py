@@ -1,4 +1,4 @@
-"""An obviously-correct model of SPEC §3-§7: one Python loop per token and per window entry.
+"""An obviously-correct model of docs/semantics.md #split, #per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata: one Python loop per token and per window entry.
 
 Slow on purpose: it exists to check reference.py, which is vectorized and fast.
 """

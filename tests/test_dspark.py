@@ -1,4 +1,4 @@
-"""DSpark non-causal draft rows (SPEC §6) on every backend, and their errors."""
+"""DSpark non-causal draft rows (docs/semantics.md #dspark-rows) on every backend, and their errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CUDA backend's FlashMLA scheduler objects (SPEC §8), with a stand-in flash_mla module."""
+"""The CUDA backend's FlashMLA scheduler objects (docs/semantics.md #layer-types-and-schedulers), with a stand-in flash_mla module."""
 
 from __future__ import annotations
 

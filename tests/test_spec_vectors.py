@@ -1,4 +1,4 @@
-"""Every worked vector of SPEC.md, through the reference and through every backend."""
+"""Every worked vector of docs/semantics.md, through the reference and through every backend."""
 
 from __future__ import annotations
 

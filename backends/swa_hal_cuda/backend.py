@@ -1,4 +1,4 @@
-"""The CUDA backend: the shared Triton kernels plus FlashMLA scheduler objects (SPEC §8)."""
+"""The CUDA backend: the shared Triton kernels plus FlashMLA scheduler objects (docs/semantics.md #layer-types-and-schedulers)."""
 
 from __future__ import annotations
 

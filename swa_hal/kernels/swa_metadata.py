@@ -1,4 +1,4 @@
-"""The one-launch metadata kernel (SPEC §4, §5, §6, §7, §10 in a single grid).
+"""The one-launch metadata kernel (docs/semantics.md #per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata, #fixed-buffers in a single grid).
 
 The grid is cut into four consecutive program ranges:
 
@@ -13,9 +13,9 @@ host-computed token_to_req is needed.
 
 Platform variants are constexpr flags of this one source:
   CLAMP          every lane's address, masked or not, stays inside its tensor (SM12x rule)
-  NONCAUSAL      decode rows are DSpark draft rows (SPEC §6)
+  NONCAUSAL      decode rows are DSpark draft rows (docs/semantics.md #dspark-rows)
   FROM_BUFFERS   read token_to_req / is_valid from their buffers instead of recomputing them
-                 (the in-place draft-step update, SPEC §9)
+                 (the in-place draft-step update, docs/semantics.md #draft-updates)
 Every masked load passes ``other=`` (XPU leaves masked lanes undefined otherwise).
 """
 

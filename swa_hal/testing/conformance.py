@@ -8,7 +8,7 @@
         opt_out = {"draft_update": "Acme graphs cannot update in place yet"}
 
 Run it with ``pytest -p swa_hal.testing.plugin``. Outputs are compared with ``swa_hal.reference`` bit for
-bit on the SPEC vectors and on random batches of every kind, on the backend's own device, or on the CPU
+bit on the worked vectors (docs/semantics.md) and on random batches of every kind, on the backend's own device, or on the CPU
 through the Triton interpreter when the backend says its kernels are Triton. Tests that check a claim
 (``clamps_addresses``, ``cuda_graphs``, in-place draft updates) are collected only for backends that make
 it; ``opt_out`` turns off any test by name, with the reason shown in the report.
@@ -50,7 +50,7 @@ PLATFORM_GRID = (
 )
 
 CONFORMANCE_CONFIGS: dict[str, SWAConfig] = {
-    # The SPEC's worked-vector geometry with one MTP draft token.
+    # The worked-vector geometry (docs/semantics.md) with one MTP draft token.
     "w4b4_mtp": SWAConfig(window_size=4, block_size=4, compress_ratios=(0, 4, 128), max_model_len=512,
                           max_num_batched_tokens=96, max_num_seqs=12, num_speculative_tokens=1,
                           speculative_method="mtp"),

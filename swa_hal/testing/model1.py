@@ -1,4 +1,4 @@
-"""DeepSeek-V4 SWA KV cache in FlashMLA's "MODEL1" FP8 layout (SPEC §12), for end-to-end tests.
+"""DeepSeek-V4 SWA KV cache in FlashMLA's "MODEL1" FP8 layout (docs/semantics.md #flashmla-consumer), for end-to-end tests.
 
 Per token: 448 NoPE values in e4m3 (7 tiles of 64, each with a UE8M0 scale: ``scale = 2^(byte - 127)``)
 and 64 bf16 RoPE values: 584 bytes. A page of B tokens stores the B data rows (576 bytes each: 448

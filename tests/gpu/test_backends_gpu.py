@@ -1,4 +1,4 @@
-"""Issue 3 on the GPU: every Triton backend's kernels (they all run on an NVIDIA GPU) equal the
+"""On the GPU: every Triton backend's kernels (they all run on an NVIDIA GPU) equal the
 reference at full DeepSeek-V4 sizes, and a decode-only build replays correctly in a CUDA graph."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 5 on the GPU: draft-step updates captured in a CUDA graph replay correctly."""
+"""On the GPU: draft-step updates captured in a CUDA graph replay correctly."""
 
 from __future__ import annotations
 

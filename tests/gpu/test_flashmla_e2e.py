@@ -1,4 +1,4 @@
-"""Issue 4 end to end on an H200: swa_hal's decode rows and lens drive FlashMLA's sparse decode over
+"""End to end on a Hopper GPU: swa_hal's decode rows and lens drive FlashMLA's sparse decode over
 a DeepSeek-V4 MODEL1 FP8 SWA cache, and the output matches attention over exactly each token's window.
 Also shows why every build gets fresh scheduler objects: a plan reused after the lens changed is stale.
 """

@@ -1,4 +1,4 @@
-"""Issue 8 on the GPU: after warmup() no build of any shape compiles, and the fast launch path
+"""On the GPU: after warmup() no build of any shape compiles, and the fast launch path
 gives the same bytes as Triton's own launch path."""
 
 from __future__ import annotations

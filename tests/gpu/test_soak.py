@@ -1,4 +1,4 @@
-"""Issue 7 on the GPU: 10,000 builds over random batch shapes, eager builds mixed with graph replays,
+"""On the GPU: 10,000 builds over random batch shapes, eager builds mixed with graph replays,
 every one compared with the reference; allocated memory must not grow after warm-up."""
 
 from __future__ import annotations

@@ -1,11 +1,17 @@
-"""Plugin loading that survives broken plugins, and the registry of backends they declare.
+"""The registry of backends, declared by pluggy plugins.
 
-We walk the ``swa_hal.backends`` entry points ourselves instead of pluggy's
-``load_setuptools_entrypoints``: there, one plugin that fails to import stops every other. Here a
-plugin that fails to import, implements an unknown hook, raises while registering, or yields a
-malformed spec is skipped with a warning naming its distribution and the error (``SWA_HAL_STRICT=1``
-turns each of those into a PluginError). ``SWA_HAL_PLUGINS`` (allow list) and
-``SWA_HAL_DISABLE_PLUGINS`` (block list) filter by entry-point name.
+pluggy does the plugin work: the hook specification (``hookspecs``) is added with ``add_hookspecs``,
+each plugin is registered with ``PluginManager.register`` (which checks its hook signatures), unknown
+hooks are found by ``check_pending``, ``SWA_HAL_DISABLE_PLUGINS`` names are blocked with
+``set_blocked``, and ``swa_hal_register_backends`` is called through the plugin manager.
+
+The registry adds what pluggy leaves to its host:
+
+- isolation per distribution: a plugin that fails to import, raises while registering or in its hook
+  (any exception, ``SystemExit`` included; only ``KeyboardInterrupt`` goes through), implements an
+  unknown hook or yields a malformed spec is skipped with a warning naming its distribution;
+- the allow list ``SWA_HAL_PLUGINS`` (only these entry-point names load);
+- strict mode: ``SWA_HAL_STRICT=1`` turns each of those problems into a ``PluginError``.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import logging
 import os
 import threading
 import warnings
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pluggy
 
 from . import hookspecs
 from .backend import Availability, BackendSpec
+from .envs import env_flag
 from .errors import PluginError
 from .platform import PlatformInfo
 
@@ -30,6 +38,7 @@ ENTRY_POINT_GROUP = "swa_hal.backends"
 BUILTIN_DIST = "swa-hal"
 EMBEDDED_PLUGIN = "swa_hal_torch"
 EMBEDDED_NAME = "torch"
+REGISTER_HOOK = "swa_hal_register_backends"
 
 log = logging.getLogger("swa_hal.plugins")
 
@@ -42,7 +51,7 @@ class PluginWarning(UserWarning):
 class PluginRecord:
     """One entry point (or programmatic registration) and what became of it.
 
-    status: "active", "failed" (import or registration error), "blocked" (env lists),
+    status: "active", "failed" (import, registration or hook error), "blocked" (env lists),
     "conflict" (all its backends lost a name clash), "embedded" (the built-in fallback).
     """
 
@@ -53,10 +62,6 @@ class PluginRecord:
     status: str
     detail: str = ""
     backends: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def builtin(self) -> bool:
-        return _normalize(self.dist) == BUILTIN_DIST
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -83,8 +88,8 @@ def _env_list(env: Mapping[str, str], key: str) -> list[str] | None:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _dist_of(ep: Any) -> tuple[str | None, str | None]:
@@ -113,7 +118,7 @@ class PluginRegistry:
         embedded_default: bool = True,
     ):
         self.env = dict(os.environ if env is None else env)
-        self.strict = _truthy(self.env.get("SWA_HAL_STRICT")) if strict is None else strict
+        self.strict = env_flag("SWA_HAL_STRICT", self.env) if strict is None else strict
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.plugins: list[PluginRecord] = []
@@ -121,7 +126,16 @@ class PluginRegistry:
         self.problems: list[str] = []
         if entry_points is None:
             entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-        self._load_entry_points(list(entry_points))
+        # The entry points are walked here rather than by pm.load_setuptools_entrypoints: there, the
+        # first plugin that fails to import stops the loading of every other one.
+        eps = list(entry_points)
+        names = {ep.name for ep in eps}
+        self._allow = self._listed("SWA_HAL_PLUGINS", names)
+        for name in self._listed("SWA_HAL_DISABLE_PLUGINS", names) or ():
+            self.pm.set_blocked(name)
+        # Built-ins first: when a third party reuses a built-in name, the built-in keeps it.
+        for ep in sorted(eps, key=lambda ep: (_normalize(_dist_of(ep)[0]) != BUILTIN_DIST, ep.name)):
+            self._load(ep)
         if embedded_default:
             self._embed_default()
 
@@ -135,6 +149,10 @@ class PluginRegistry:
         warnings.warn(message, PluginWarning, stacklevel=3)
         log.warning(message)
 
+    def _fail(self, record: PluginRecord, detail: str, message: str, exc: BaseException) -> None:
+        record.status, record.detail = "failed", detail
+        self._problem(f"{self._who(record)}{message}", exc)
+
     @staticmethod
     def _who(record: PluginRecord) -> str:
         dist = f"{record.dist} {record.version}" if record.dist else "no distribution"
@@ -142,54 +160,58 @@ class PluginRegistry:
 
     # -- loading -------------------------------------------------------------------------------
 
-    def _load_entry_points(self, eps: list[Any]) -> None:
-        allow = _env_list(self.env, "SWA_HAL_PLUGINS")
-        block = _env_list(self.env, "SWA_HAL_DISABLE_PLUGINS") or []
-        names = {ep.name for ep in eps}
-        for var, listed in (("SWA_HAL_PLUGINS", allow or []), ("SWA_HAL_DISABLE_PLUGINS", block)):
-            for item in listed:
-                if item not in names and not (item == EMBEDDED_NAME):
-                    self._problem(
-                        f"{var} names {item!r}, which no installed plugin provides "
-                        f"(installed: {', '.join(sorted(names)) or 'none'})"
-                    )
-        self._allow, self._block = allow, block
-        # Built-ins first: when a third party reuses a built-in name, the built-in keeps it.
-        ordered = sorted(eps, key=lambda ep: (_normalize(_dist_of(ep)[0]) != BUILTIN_DIST, ep.name))
-        for ep in ordered:
-            dist, version = _dist_of(ep)
-            record = PluginRecord(ep.name, getattr(ep, "value", "?"), dist, version, "active")
-            self.plugins.append(record)
-            if ep.name in block:
-                record.status, record.detail = "blocked", "listed in SWA_HAL_DISABLE_PLUGINS"
-                continue
-            if allow is not None and ep.name not in allow:
-                record.status, record.detail = "blocked", "not listed in SWA_HAL_PLUGINS"
-                continue
-            try:
-                obj = ep.load()
-            except Exception as exc:  # noqa: BLE001 - any import failure must not take the host down
-                record.status, record.detail = "failed", f"import failed: {type(exc).__name__}: {exc}"
-                self._problem(f"{self._who(record)} failed to load and was skipped: {type(exc).__name__}: {exc}", exc)
-                continue
-            self._register(obj, record)
+    def _listed(self, var: str, installed: set[str]) -> list[str] | None:
+        """The names in the env list ``var`` (None when unset); names no plugin provides are reported."""
+        listed = _env_list(self.env, var)
+        for item in listed or ():
+            if item not in installed and item != EMBEDDED_NAME:
+                self._problem(
+                    f"{var} names {item!r}, which no installed plugin provides "
+                    f"(installed: {', '.join(sorted(installed)) or 'none'})"
+                )
+        return listed
+
+    def _excluded(self, name: str) -> str | None:
+        """Why the env lists keep plugin ``name`` out, or None."""
+        if self.pm.is_blocked(name):
+            return "listed in SWA_HAL_DISABLE_PLUGINS"
+        if self._allow is not None and name not in self._allow:
+            return "not listed in SWA_HAL_PLUGINS"
+        return None
+
+    def _load(self, ep: Any) -> None:
+        dist, version = _dist_of(ep)
+        record = PluginRecord(ep.name, getattr(ep, "value", "?"), dist, version, "active")
+        self.plugins.append(record)
+        excluded = self._excluded(ep.name)
+        if excluded:
+            record.status, record.detail = "blocked", excluded
+            return
+        try:
+            plugin = ep.load()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit included: one plugin's import must not end the host
+            err = _error(exc)
+            self._fail(record, f"import failed: {err}", f" failed to load and was skipped: {err}", exc)
+            return
+        self._register(plugin, record)
 
     def _embed_default(self) -> None:
         """The reference backend is always there unless the env lists exclude it."""
-        if EMBEDDED_NAME in self.backends:
-            return
-        if EMBEDDED_NAME in (self._block or []) or (self._allow is not None and EMBEDDED_NAME not in self._allow):
+        if EMBEDDED_NAME in self.backends or self._excluded(EMBEDDED_NAME):
             return
         try:
             module = importlib.import_module(EMBEDDED_PLUGIN)
-        except ImportError:
-            from . import reference_backend as module  # running from a source tree without install
+        except ImportError:  # running from a source tree that was never installed
+            module = importlib.import_module(".reference_backend", __package__)
         try:
-            version = importlib.metadata.version(BUILTIN_DIST)
+            version: str | None = importlib.metadata.version(BUILTIN_DIST)
         except importlib.metadata.PackageNotFoundError:
             version = None
-        record = PluginRecord(EMBEDDED_NAME, module.__name__, BUILTIN_DIST, version, "embedded",
-                              "registered directly (no entry point found)")
+        record = PluginRecord(
+            EMBEDDED_NAME, module.__name__, BUILTIN_DIST, version, "embedded", "registered directly (no entry point found)"
+        )
         self.plugins.append(record)
         self._register(module, record)
 
@@ -210,33 +232,64 @@ class PluginRegistry:
         if plugin is not None:
             self.pm.unregister(plugin)
 
-    def _register(self, obj: Any, record: PluginRecord) -> None:
+    def _register(self, plugin: Any, record: PluginRecord) -> None:
         try:
-            self.pm.register(obj, name=record.name)
-        except Exception as exc:  # noqa: BLE001 - pluggy validation errors, duplicate names
-            record.status, record.detail = "failed", f"registration failed: {type(exc).__name__}: {exc}"
-            self._problem(f"{self._who(record)} could not be registered: {type(exc).__name__}: {exc}", exc)
+            registered = self.pm.register(plugin, name=record.name)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # pluggy's validation errors, a name or object registered twice
+            err = _error(exc)
+            self._fail(record, f"registration failed: {err}", f" could not be registered: {err}", exc)
             return
-        unknown = [hc.name for hc in self.pm.get_hookcallers(obj) or [] if not hc.has_spec()]
-        for hook in unknown:
-            self._problem(f"{self._who(record)} implements unknown hook {hook!r}; it is ignored "
-                          f"(known hooks: swa_hal_register_backends)")
-        impls = [i for i in self.pm.hook.swa_hal_register_backends.get_hookimpls() if i.plugin is obj]
-        if not impls:
-            record.detail = record.detail or "declares no backends"
+        if registered is None:
+            record.status, record.detail = "blocked", "listed in SWA_HAL_DISABLE_PLUGINS"
+            return
+        self._check_hooks(record)
+        specs = self._declared_specs(plugin, record)
         clashes: list[str] = []
-        for impl in impls:
-            try:
-                specs = list(impl.function() or ())
-            except Exception as exc:  # noqa: BLE001 - a raising hook must not take the host down
-                record.status, record.detail = "failed", f"swa_hal_register_backends raised {type(exc).__name__}: {exc}"
-                self._problem(f"{self._who(record)}: swa_hal_register_backends raised {type(exc).__name__}: {exc}", exc)
-                continue
-            for spec in specs:
-                self._add_spec(spec, record, clashes)
+        for spec in specs:
+            self._add_spec(spec, record, clashes)
         if record.status in ("active", "embedded") and clashes and not record.backends:
             record.status = "conflict"
             record.detail = "every backend it declares has a name already taken: " + ", ".join(clashes)
+
+    def _check_hooks(self, record: PluginRecord) -> None:
+        """Report the hooks of the plugin just registered that no spec knows (a typo, another project's hook)."""
+        while True:
+            try:
+                self.pm.check_pending()
+                return
+            except pluggy.PluginValidationError as exc:
+                # check_pending stops at the first implementation without a spec, and would stop there again
+                # for every later plugin. Every spec is added before any plugin, so an unknown hook never
+                # becomes known: its caller is dropped once reported. The plugin's other hooks still count.
+                callers = self.pm.get_hookcallers(exc.plugin) or []
+                unknown = next(hc.name for hc in callers if not hc.has_spec())
+                delattr(self.pm.hook, unknown)
+                known = sorted(name for name, hc in vars(self.pm.hook).items() if not name.startswith("_") and hc.has_spec())
+                self._problem(
+                    f"{self._who(record)} implements unknown hook {unknown!r}; it is ignored "
+                    f"(known hooks: {', '.join(known)})",
+                    exc,
+                )
+
+    def _declared_specs(self, plugin: Any, record: PluginRecord) -> list[Any]:
+        """What the plugin's ``swa_hal_register_backends`` returns (or yields), called through pluggy."""
+        # The hook is called for this plugin alone: pm.hook.swa_hal_register_backends() runs every plugin in
+        # one call, and the first one to raise would cost every other plugin its backends.
+        others = [p for p in self.pm.get_plugins() if p is not plugin]
+        hook = self.pm.subset_hook_caller(REGISTER_HOOK, remove_plugins=others)
+        if not hook.get_hookimpls():
+            record.detail = record.detail or "declares no backends"
+            return []
+        try:
+            return [spec for result in hook() for spec in (result or ())]
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a raising hook, SystemExit included, must not end the host
+            err = _error(exc)
+            self._fail(record, f"{REGISTER_HOOK} raised {err}", f": {REGISTER_HOOK} raised {err}", exc)
+            return []
 
     def _add_spec(self, spec: Any, record: PluginRecord, clashes: list[str]) -> None:
         if not isinstance(spec, BackendSpec):
@@ -265,13 +318,19 @@ class PluginRegistry:
         rb = self.backends[name]
         try:
             result = rb.spec.is_available(platform)
-        except Exception as exc:  # noqa: BLE001 - a probe must not take the host down
-            self._problem(f"{self._who(rb.plugin)}: is_available of backend {name!r} raised "
-                          f"{type(exc).__name__}: {exc}; treated as unavailable", exc)
-            return Availability.no(f"availability probe raised {type(exc).__name__}: {exc}")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit included: a probe must not end the host
+            self._problem(
+                f"{self._who(rb.plugin)}: is_available of backend {name!r} raised {_error(exc)}; treated as unavailable",
+                exc,
+            )
+            return Availability.no(f"availability probe raised {_error(exc)}")
         if not isinstance(result, Availability):
-            self._problem(f"{self._who(rb.plugin)}: is_available of backend {name!r} returned "
-                          f"{type(result).__name__}, not Availability; treated as unavailable")
+            self._problem(
+                f"{self._who(rb.plugin)}: is_available of backend {name!r} returned "
+                f"{type(result).__name__}, not Availability; treated as unavailable"
+            )
             return Availability.no(f"availability probe returned {type(result).__name__}, not Availability")
         return result
 

@@ -46,6 +46,20 @@ def test_any_exception_at_import_is_contained():
     assert "torch" in reg.backends
 
 
+@pytest.mark.parametrize("exc", [SystemExit(3), GeneratorExit()], ids=["SystemExit", "GeneratorExit"])
+def test_base_exceptions_at_import_are_contained(exc):
+    bad = FakeEntryPoint("quitter", error=exc, dist="acme-quitter")
+    with pytest.warns(PluginWarning, match=rf"plugin 'quitter' \(acme-quitter 1.0\) failed to load.*{type(exc).__name__}"):
+        reg = registry([bad])
+    assert next(p for p in reg.plugins if p.name == "quitter").status == "failed"
+    assert "torch" in reg.backends
+
+
+def test_keyboard_interrupt_at_import_still_stops_the_host():
+    with pytest.raises(KeyboardInterrupt):
+        registry([FakeEntryPoint("ctrl_c", error=KeyboardInterrupt())])
+
+
 def test_strict_mode_raises_on_import_error():
     bad = FakeEntryPoint("broken", error=ImportError("nope"))
     with pytest.raises(PluginError, match="broken.*SWA_HAL_STRICT=1"):
@@ -128,6 +142,46 @@ def test_hook_raising_is_contained():
     with pytest.warns(PluginWarning, match="swa_hal_register_backends raised KeyError"):
         reg = registry([FakeEntryPoint("raiser", mod)])
     assert next(p for p in reg.plugins if p.name == "raiser").status == "failed"
+
+
+def test_hook_calling_sys_exit_is_contained():
+    mod = types.ModuleType("exiter")
+
+    @hookimpl
+    def swa_hal_register_backends():
+        raise SystemExit("vendor SDK called exit()")
+
+    mod.swa_hal_register_backends = swa_hal_register_backends
+    with pytest.warns(PluginWarning, match=r"plugin 'exiter' \(acme-swa 1.0\): swa_hal_register_backends raised SystemExit"):
+        reg = registry([FakeEntryPoint("exiter", mod), FakeEntryPoint("acme", plugin_module(spec()))])
+    assert next(p for p in reg.plugins if p.name == "exiter").status == "failed"
+    assert "acme" in reg.backends  # the plugin registered after it still declares its backends
+
+
+def test_plugins_are_registered_with_pluggy_and_the_block_list_uses_it():
+    reg = registry([FakeEntryPoint("acme", plugin_module(spec()))], env={"SWA_HAL_DISABLE_PLUGINS": "rocm"})
+    assert reg.pm.get_plugin("acme") is not None and reg.pm.get_plugin("torch") is not None
+    assert reg.pm.is_blocked("rocm") and reg.pm.get_plugin("rocm") is None
+    declared = [s.name for result in reg.pm.hook.swa_hal_register_backends() for s in result]
+    assert sorted(declared) == sorted(reg.backends)
+    reg.pm.check_pending()  # every hook of every registered plugin has a spec
+
+
+def test_two_plugins_with_unknown_hooks_are_both_reported():
+    def typo_module(name):
+        mod = plugin_module(spec(name=name), name=name)
+
+        @hookimpl
+        def swa_hal_register_backendz():
+            return []
+
+        mod.swa_hal_register_backendz = swa_hal_register_backendz
+        return mod
+
+    with pytest.warns(PluginWarning, match="unknown hook") as record:
+        reg = registry([FakeEntryPoint("one", typo_module("one")), FakeEntryPoint("two", typo_module("two"))])
+    assert sum("unknown hook" in str(w.message) for w in record) == 2
+    assert {"one", "two"} <= set(reg.backends)
 
 
 @pytest.mark.parametrize(

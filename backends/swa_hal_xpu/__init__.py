@@ -1,22 +1,16 @@
 """Built-in plugin ``xpu``: Intel GPUs through Triton's XPU backend; no scheduler."""
 
-from swa_hal import Availability, BackendSpec, hookimpl
-from swa_hal.backend import require
+from swa_hal import hookimpl
+from swa_hal.specs import vendor_backend_spec
 
-
-def is_available(platform) -> Availability:
-    return require(platform, vendor="xpu", vendor_label="an Intel XPU device", triton=True)
-
-
-SPEC = BackendSpec(
-    name="xpu",
-    priority=200,
+SPEC = vendor_backend_spec(
+    "xpu",
     factory="swa_hal_xpu.backend:XpuBackend",
-    is_available=is_available,
-    vendors=("xpu",),
+    priority=200,
+    vendor="xpu",
+    vendor_label="an Intel XPU device",
     platforms=("vendor=xpu",),
     summary="Triton kernels on Intel XPU (every masked load passes other=)",
-    kernels="triton",
 )
 
 

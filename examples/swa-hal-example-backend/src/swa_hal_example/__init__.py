@@ -5,22 +5,17 @@ post-pass adds the ragged (CSR) decode rows this vendor's attention kernel reads
 one hook returning one BackendSpec; nothing heavy is imported until the backend is selected.
 """
 
-from swa_hal import Availability, BackendSpec, hookimpl
-from swa_hal.backend import require
+from swa_hal import hookimpl
+from swa_hal.specs import vendor_backend_spec
 
 __version__ = "0.1.0"
 
-
-def is_available(platform) -> Availability:
-    return require(platform, vendor="example", vendor_label="an Example accelerator")
-
-
-SPEC = BackendSpec(
-    name="example",
-    priority=250,
+SPEC = vendor_backend_spec(
+    "example",
     factory="swa_hal_example.backend:ExampleBackend",
-    is_available=is_available,
-    vendors=("example",),
+    priority=250,
+    vendor="example",
+    vendor_label="an Example accelerator",
     platforms=("vendor=example",),
     summary="reference outputs + a ragged (CSR) post-pass (out-of-tree example plugin)",
     kernels="torch",

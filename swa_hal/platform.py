@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 from typing import Any
 
-VENDORS = ("cuda", "rocm", "xpu", "cpu")
+from .envs import FALSE_WORDS, TRUE_WORDS, env_flag
 
 
 def _parse_bool(key: str, text: str) -> bool:
     low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
+    if low in TRUE_WORDS:
         return True
-    if low in ("0", "false", "no", "off"):
+    if low in FALSE_WORDS:
         return False
     raise ValueError(f"--assume {key}={text!r}: expected 1/0, true/false, yes/no")
 
@@ -116,7 +115,7 @@ class PlatformInfo:
         vendor = fields["vendor"]
         fields.setdefault("triton", vendor != "cpu")
         fields.setdefault("device_count", 0 if vendor == "cpu" else 1)
-        fields.setdefault("triton_interpret", _interpret_on())
+        fields.setdefault("triton_interpret", env_flag("TRITON_INTERPRET"))
         fields["extra"] = tuple(sorted(extra.items()))
         try:
             import torch
@@ -128,10 +127,6 @@ class PlatformInfo:
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return dict(self.extra).get(key, default)
-
-
-def _interpret_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def triton_importable() -> bool:
@@ -167,7 +162,7 @@ def probe_platform(device: Any = None) -> PlatformInfo:
 
     common: dict[str, Any] = {
         "torch_version": torch.__version__,
-        "triton_interpret": _interpret_on(),
+        "triton_interpret": env_flag("TRITON_INTERPRET"),
     }
     common["triton"] = triton_importable()
     dev_type = None

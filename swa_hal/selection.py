@@ -11,7 +11,8 @@ import dataclasses
 import logging
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .backend import Availability, BackendSpec
 from .errors import BackendNotFoundError, BackendUnavailableError
@@ -52,6 +53,25 @@ class Candidate:
         }
 
 
+def build_candidates(registry: PluginRegistry, platform: PlatformInfo) -> tuple[Candidate, ...]:
+    """Every registered backend with its availability on ``platform``, by name. The one place candidates
+    are made: selection, ``swa-hal info`` and the conformance kit all see the same list."""
+    return tuple(
+        Candidate(rb.spec, rb.plugin.name, rb.plugin.dist, registry.availability(name, platform))
+        for name, rb in sorted(registry.backends.items())
+    )
+
+
+def _rank(candidate: Candidate) -> tuple[int, str]:
+    """Best first: higher priority, then the name (so ties are deterministic)."""
+    return -candidate.spec.priority, candidate.name
+
+
+def auto_order(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """The available, auto-selectable candidates, best first."""
+    return sorted((c for c in candidates if c.availability.ok and c.spec.auto_select), key=_rank)
+
+
 @dataclasses.dataclass(frozen=True)
 class Selection:
     """The outcome of a selection: the chosen backend and every candidate with its reasons."""
@@ -68,15 +88,14 @@ class Selection:
 
     def auto_order(self) -> list[Candidate]:
         """Available, auto-selectable candidates, best first (priority, then name for ties)."""
-        usable = [c for c in self.candidates if c.availability.ok and c.spec.auto_select]
-        return sorted(usable, key=lambda c: (-c.spec.priority, c.name))
+        return auto_order(self.candidates)
 
     def explain(self) -> str:
         lines = [f"platform: {self.platform.describe()}"]
         how = {"argument": "requested by argument", "SWA_HAL_BACKEND": "requested by SWA_HAL_BACKEND",
                "auto": "highest priority among available backends"}[self.how]
         lines.append(f"selected: {self.name} ({how})")
-        for c in sorted(self.candidates, key=lambda c: (-c.spec.priority, c.name)):
+        for c in sorted(self.candidates, key=_rank):
             mark = "*" if c.name == self.name else " "
             state = "available" if c.availability.ok else "unavailable: " + "; ".join(c.availability.reasons)
             if c.availability.ok and not c.spec.auto_select:
@@ -92,18 +111,20 @@ class Selection:
             "candidates": [c.to_dict() for c in self.candidates],
         }
 
-    def create(self, config: "SWAConfig", device: "torch.device") -> "Backend":
+    def create(self, config: SWAConfig, device: torch.device) -> Backend:
         """Instantiate the backend. An explicit choice that fails to construct raises; an automatic
         one falls back to the next available candidate, with a warning saying why."""
         order = [self.candidates_by_name()[self.name]]
         if not self.explicit:
             order += [c for c in self.auto_order() if c.name != self.name]
-        failures = []
+        failures: list[str] = []
         for cand in order:
             try:
                 factory = cand.spec.load_factory()
                 return factory(config, device, self.platform)
-            except Exception as exc:  # noqa: BLE001 - report any factory failure with its backend
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit included: report any factory failure with its backend
                 detail = f"backend {cand.name!r} ({cand.dist or cand.plugin}) failed to start: {type(exc).__name__}: {exc}"
                 if self.explicit:
                     raise BackendUnavailableError(detail) from exc
@@ -132,15 +153,9 @@ def select_backend(
     how = "argument"
     if name is None and env.get("SWA_HAL_BACKEND", "").strip():
         name, how = env["SWA_HAL_BACKEND"].strip(), "SWA_HAL_BACKEND"
-    candidates = tuple(
-        Candidate(rb.spec, rb.plugin.name, rb.plugin.dist, registry.availability(n, platform))
-        for n, rb in sorted(registry.backends.items())
-    )
+    candidates = build_candidates(registry, platform)
     by_name = {c.name: c for c in candidates}
-    auto = sorted(
-        (c for c in candidates if c.availability.ok and c.spec.auto_select),
-        key=lambda c: (-c.spec.priority, c.name),
-    )
+    auto = auto_order(candidates)
     auto_pick = auto[0].name if auto else None
     auto_note = f"auto-selection would pick {auto_pick!r}" if auto_pick else "no backend is available for auto-selection"
 

@@ -119,3 +119,25 @@ def test_equal_priority_tie_is_deterministic_and_warned():
     registry.register_plugin(plugin_module(spec("beta", 200, "cpu"), spec("alpha", 200, "cpu")), "twins")
     with pytest.warns(UserWarning, match="both available with priority 200"):
         assert select_backend(platform=PlatformInfo.from_assume("vendor=cpu"), registry=registry, env={}).name == "alpha"
+
+
+def test_one_candidate_list_for_selection_and_reports():
+    from swa_hal.selection import auto_order, build_candidates
+    from swa_hal.plugins import get_registry
+
+    platform = PlatformInfo.from_assume("vendor=cuda,capability=9.0")
+    candidates = build_candidates(get_registry(), platform)
+    assert [c.name for c in candidates] == sorted(c.name for c in candidates)
+    sel = select_backend(platform=platform)
+    assert sel.candidates == candidates
+    assert [c.name for c in auto_order(candidates)] == [c.name for c in sel.auto_order()] == ["cuda", "torch"]
+
+
+def test_env_flag_reads_true_words_only():
+    from swa_hal.envs import env_flag
+
+    for value in ("1", "true", " YES ", "On"):
+        assert env_flag("X", {"X": value})
+    for value in ("", "0", "false", "no", "off", "2"):
+        assert not env_flag("X", {"X": value})
+    assert not env_flag("X", {})

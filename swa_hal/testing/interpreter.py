@@ -11,23 +11,21 @@ storage), else ``AddressViolation`` names the kernel, the program and the lanes.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+
+from ..envs import env_flag
 
 
 class AddressViolation(AssertionError):
     """A lane's address lies outside every tensor argument of the kernel."""
 
 
-def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
-
-
 def require_interpreter() -> None:
-    if not interpreter_enabled():
+    if not env_flag("TRITON_INTERPRET"):
         raise RuntimeError("Triton kernels on the CPU need TRITON_INTERPRET=1 set before triton is imported")
 
 

@@ -7,7 +7,7 @@ plugins found through the ``swa_hal.backends`` entry-point group and chosen per 
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from .backend import Availability, Backend, BackendSpec, BuildPlan
-from .batch import AttentionBatch
+from .batch import AttentionBatch, ImageSpans
 from .builder import SWAMetadataBuilder
 from .config import LAYER_TYPES, SWAConfig
 from .errors import (
@@ -45,6 +45,7 @@ __all__ = [
     "SWAHalError",
     "SWAMetadata",
     "SWAMetadataBuilder",
+    "ImageSpans",
     "Selection",
     "hookimpl",
     "hookspec",

@@ -17,7 +17,7 @@ from .config import LAYER_TYPES
 if TYPE_CHECKING:
     import torch
 
-    from .batch import AttentionBatch
+    from .batch import AttentionBatch, ImageSpans
     from .buffers import MetadataBuffers
     from .config import SWAConfig
     from .metadata import SWAMetadata
@@ -127,6 +127,11 @@ class BuildPlan(NamedTuple):
     decode_width: int
     # Decode lens rows [num_decode_tokens, decode_lens_clear_end) are zeroed (docs/semantics.md #fixed-buffers).
     decode_lens_clear_end: int
+    # The bound each request's window starts at (#bounded-replay): the batch's, or the zeros buffer.
+    replay_start: "torch.Tensor"
+    # Whether this build works out image visibility (#vision-spans), and the span CSR it reads.
+    images: bool = False
+    spans: "ImageSpans | None" = None
 
 
 class Backend:
@@ -149,16 +154,20 @@ class Backend:
         raise NotImplementedError
 
     def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
-        """Recompute causal decode rows in place from the (advanced) seq_lens; no sync, no allocation."""
+        """The draft-step update (docs/semantics.md #draft-updates): recompute token_to_req, is_valid and
+        the decode rows and lens (causal or DSpark, as ``metadata.causal`` says) in place from the
+        advanced seq_lens and ``metadata.replay_start``; no sync, no allocation."""
         raise NotImplementedError
 
     def make_tile_schedulers(self, num_decode_tokens: int) -> dict[str, Any]:
-        """One fresh scheduler object per present layer type, or None everywhere (the default)."""
+        """One fresh planner object per layer type the model has, None for the rest (the default:
+        None everywhere). Every key of LAYER_TYPES is present."""
         return dict.fromkeys(LAYER_TYPES)
 
-    def post_process(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> "SWAMetadata":
-        """Derive extra forms from the finished metadata (ROCm's ragged rows)."""
-        return metadata
+    def extras(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> tuple[Any, ...]:
+        """Typed extras (a small dataclass each) derived from the finished metadata; called after
+        every build and every draft-step update. Default: none."""
+        return ()
 
     def warmup(self, buffers: "MetadataBuffers", progress: Callable[[str], None] | None = None) -> int:
         """Compile everything a build can need; returns the number of kernel variants prepared."""

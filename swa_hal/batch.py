@@ -3,14 +3,74 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Sequence
+import numbers
+from typing import Mapping, Sequence
 
 import torch
 
-from .errors import BatchCapacityError, BatchRangeError, BatchShapeError
+from .errors import BatchCapacityError, BatchDtypeError, BatchRangeError, BatchShapeError
 
-if TYPE_CHECKING:
-    from .config import SWAConfig
+
+@dataclasses.dataclass(eq=False)
+class ImageSpans:
+    """Per-request image spans of the vision variant, in CSR form (docs/semantics.md #vision-spans).
+
+    ``indptr`` int32 [R+1]: request r's spans are ``starts[indptr[r]:indptr[r+1]]`` and the same
+    slice of ``ends``; ``starts`` / ``ends`` int32 [n] are inclusive token positions. All on the
+    batch's device, so they can live in fixed buffers (``SWAMetadataBuilder.image_spans_from_ranges``).
+    """
+
+    indptr: torch.Tensor
+    starts: torch.Tensor
+    ends: torch.Tensor
+
+    @classmethod
+    def from_ranges(
+        cls,
+        ranges: Mapping[int, Sequence[tuple[int, int]]],
+        num_reqs: int,
+        *,
+        device: str | torch.device = "cpu",
+    ) -> "ImageSpans":
+        """From ``{request: [(start, end), ...]}`` (the shape engines keep them in), in listed order."""
+        indptr, starts, ends = spans_to_csr(ranges, num_reqs)
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.int32).to(device)  # noqa: E731
+        return cls(as_tensor(indptr), as_tensor(starts), as_tensor(ends))
+
+    def to(self, device: str | torch.device) -> "ImageSpans":
+        return ImageSpans(self.indptr.to(device), self.starts.to(device), self.ends.to(device))
+
+
+def spans_to_csr(
+    ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int
+) -> tuple[list[int], list[int], list[int]]:
+    """``{request: [(start, end), ...]}`` as CSR lists (indptr, starts, ends)."""
+    for req in ranges:
+        if isinstance(req, bool) or not isinstance(req, int) or not 0 <= req < num_reqs:
+            raise BatchRangeError("image_spans", f"image_spans names request {req!r}; the batch has {num_reqs}")
+    indptr, starts, ends = [0], [], []
+    for r in range(num_reqs):
+        for k, span in enumerate(ranges.get(r, ())):
+            if len(span) != 2:
+                raise BatchShapeError("image_spans", f"image_spans[{r}][{k}]={span!r} is not a (start, end) pair", r)
+            starts.append(_integral(f"image_spans[{r}][{k}]", span[0]))
+            ends.append(_integral(f"image_spans[{r}][{k}]", span[1]))
+        indptr.append(len(starts))
+    return indptr, starts, ends
+
+
+def _integral(field: str, value: object) -> int:
+    """An integer given as an int or an integral number (3 or 3.0), never silently rounded (6.9)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise BatchDtypeError(field, f"{field}={value!r} is not an integer")
+    as_int = int(value)
+    if as_int != value:
+        raise BatchDtypeError(field, f"{field}={value!r} is not an integer")
+    return as_int
+
+
+def _integral_list(field: str, values: Sequence[object]) -> list[int]:
+    return [_integral(f"{field}[{i}]", v) for i, v in enumerate(values)]
 
 
 @dataclasses.dataclass(eq=False)
@@ -22,6 +82,9 @@ class AttentionBatch:
     Host copies: ``query_start_loc_cpu`` int32 [R+1], ``seq_lens_cpu`` int32 [R] (exact for prefill
     rows, an upper bound for decode rows).
     ``num_tokens`` is T, which may exceed ``query_start_loc[R]`` by padding rows (CUDA graphs).
+    Optional: ``replay_start`` int32 [R] (device), each request's lower bound on the window
+    (docs/semantics.md #bounded-replay; None: no bound), and ``image_spans`` (vision variant).
+    Validation lives in ``swa_hal.validation.validate_batch``.
     """
 
     seq_lens: torch.Tensor
@@ -33,6 +96,8 @@ class AttentionBatch:
     max_query_len: int
     num_tokens: int
     causal: bool = True
+    replay_start: torch.Tensor | None = None
+    image_spans: ImageSpans | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -42,13 +107,6 @@ class AttentionBatch:
     def device(self) -> torch.device:
         return self.seq_lens.device
 
-    def validate(self, config: "SWAConfig", capacity: int | None = None) -> None:
-        """Check every constraint of docs/semantics.md #inputs against ``config``; raise a BatchValidationError naming
-        the field, index and constraint. Reads device values, so it synchronises: debug and CLI use."""
-        from .validation import validate_batch
-
-        validate_batch(self, config, capacity)
-
     def to(self, device: str | torch.device) -> "AttentionBatch":
         """The same batch with its device tensors on ``device`` (host copies stay on the CPU)."""
         return dataclasses.replace(
@@ -57,6 +115,8 @@ class AttentionBatch:
             query_start_loc=self.query_start_loc.to(device),
             block_table=self.block_table.to(device),
             slot_mapping=self.slot_mapping.to(device),
+            replay_start=None if self.replay_start is None else self.replay_start.to(device),
+            image_spans=None if self.image_spans is None else self.image_spans.to(device),
         )
 
     @classmethod
@@ -71,16 +131,19 @@ class AttentionBatch:
         causal: bool = True,
         device: str | torch.device = "cpu",
         block_size: int = 64,
+        replay_start: Sequence[int] | None = None,
+        image_spans: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     ) -> "AttentionBatch":
         """Build a batch from plain lists (tests, the CLI, examples).
 
         Derives query_start_loc (device and host copies) and max_query_len; when no slot_mapping is
         given, derives it from the block table (each real token's own slot; padding rows past the
         real tokens get -1; ``block_size`` is B, needed only for that). A ragged block table is
-        padded with -1.
+        padded with -1. ``replay_start`` is one lower bound per request; ``image_spans`` maps a
+        request to its inclusive (start, end) image spans.
         """
-        seq_lens = [int(s) for s in seq_lens]
-        query_lens = [int(q) for q in query_lens]
+        seq_lens = _integral_list("seq_lens", seq_lens)
+        query_lens = _integral_list("query_lens", query_lens)
         if len(seq_lens) != len(query_lens):
             raise BatchShapeError(
                 "query_lens", f"query_lens has {len(query_lens)} entries but seq_lens has {len(seq_lens)}"
@@ -96,14 +159,14 @@ class AttentionBatch:
         for q in query_lens:
             qsl.append(qsl[-1] + q)
         real = qsl[-1]
-        total = real if num_tokens is None else int(num_tokens)
+        total = real if num_tokens is None else _integral("num_tokens", num_tokens)
         if total < real:
             raise BatchRangeError("num_tokens", f"num_tokens={total} is smaller than the {real} scheduled tokens")
 
         if isinstance(block_table, torch.Tensor):
             bt = block_table.to(dtype=torch.int32, device="cpu")
         else:
-            rows = [list(map(int, row)) for row in block_table]
+            rows = [_integral_list(f"block_table[{r}]", row) for r, row in enumerate(block_table)]
             width = max(1, max((len(row) for row in rows), default=1))
             bt = torch.full((len(rows), width), -1, dtype=torch.int32)
             for r, row in enumerate(rows):
@@ -127,7 +190,16 @@ class AttentionBatch:
         elif isinstance(slot_mapping, torch.Tensor):
             slots = slot_mapping.to(dtype=torch.int64, device="cpu")
         else:
-            slots = torch.tensor(list(slot_mapping), dtype=torch.int64)
+            slots = torch.tensor(_integral_list("slot_mapping", slot_mapping), dtype=torch.int64)
+        replay = None
+        if replay_start is not None:
+            values = _integral_list("replay_start", replay_start)
+            if len(values) != len(seq_lens):
+                raise BatchShapeError(
+                    "replay_start", f"replay_start has {len(values)} entries but the batch has {len(seq_lens)} requests"
+                )
+            replay = torch.tensor(values, dtype=torch.int32).to(device)
+        spans = None if image_spans is None else ImageSpans.from_ranges(image_spans, len(seq_lens), device=device)
 
         qsl_cpu = torch.tensor(qsl, dtype=torch.int32)
         seq_cpu = torch.tensor(seq_lens, dtype=torch.int32)
@@ -141,4 +213,6 @@ class AttentionBatch:
             max_query_len=max(query_lens),
             num_tokens=total,
             causal=bool(causal),
+            replay_start=replay,
+            image_spans=spans,
         )

@@ -1,7 +1,8 @@
 """The fixed-address output buffers of a builder (docs/semantics.md #fixed-buffers).
 
-Allocated once per builder with capacity ``max_num_batched_tokens`` rows; every build returns views of
-them, so a CUDA graph that captured a build keeps reading the right memory on replay.
+Allocated once per builder, sized for everything the config admits (``max_num_batched_tokens`` token
+rows, ``max_num_seqs`` requests); every build returns views of them, so a CUDA graph that captured a
+build keeps reading the right memory on replay, and no build can write past them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from .config import SWAConfig
 class MetadataBuffers:
     def __init__(self, config: SWAConfig, device: torch.device):
         cap = config.max_num_batched_tokens
+        seqs = config.max_num_seqs
         w = config.window_size
         i32 = dict(dtype=torch.int32, device=device)
         self.config = config
@@ -23,13 +25,25 @@ class MetadataBuffers:
         self.is_valid = torch.zeros(cap, dtype=torch.bool, device=device)
         self.decode_indices = torch.full((cap, 1, w), -1, **i32)
         self.decode_lens = torch.zeros(cap, **i32)
-        self.prefill_indices = torch.full((cap, 1, w), -1, **i32)
+        self.prefill_indices = torch.full((cap, 1, config.prefill_index_width), -1, **i32)
         self.prefill_lens = torch.zeros(cap, **i32)
-        self.gather_lens = torch.zeros(max(1, min(config.max_num_seqs, cap)), **i32)
+        # Every request may be a prefill (short requests after the first long one are), so one
+        # gather length per admitted request, not per token.
+        self.gather_lens = torch.zeros(seqs, **i32)
+        # The replay bound of a batch that has none: no lower bound (a graph captured without one
+        # keeps reading zeros).
+        self.no_replay_start = torch.zeros(seqs, **i32)
+        # Vision variant: per-token visibility, and the span CSR of a batch (image_spans_from_ranges).
+        # Without spans the kernels read an all-zero indptr: no request has a span.
+        images = config.max_image_tokens > 0
+        self.left_visible = torch.zeros(cap if images else 1, **i32)
+        self.right_visible = torch.zeros(cap if images else 1, **i32)
+        self.span_indptr = torch.zeros(seqs + 1, **i32)
+        self.span_starts = torch.zeros(cap if images else 1, **i32)
+        self.span_ends = torch.zeros(cap if images else 1, **i32)
+        self.no_span_indptr = torch.zeros(seqs + 1, **i32)
         # DSpark rows are wider than W; allocated on first use (most configs never need them).
         self._noncausal_indices: torch.Tensor | None = None
-        # Backends may park their own fixed buffers here (ROCm's ragged form, scratch space).
-        self.extra: dict[str, torch.Tensor | object] = {}
 
     @property
     def noncausal_indices(self) -> torch.Tensor:

@@ -6,17 +6,17 @@ build never synchronises and can be captured in a CUDA graph (docs/semantics.md 
 
 from __future__ import annotations
 
-import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from .backend import BuildPlan
-from .batch import AttentionBatch
+from .batch import AttentionBatch, ImageSpans, spans_to_csr
 from .buffers import MetadataBuffers
 from .config import SWAConfig
-from .errors import BatchDeviceError, SpeculativeModeError
+from .envs import env_flag
+from .errors import BatchCapacityError, BatchDeviceError, SpeculativeModeError
 from .metadata import SWAMetadata
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
@@ -26,7 +26,7 @@ from .validation import guard_batch, validate_batch
 
 
 def debug_mode() -> bool:
-    return os.environ.get("SWA_HAL_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag("SWA_HAL_DEBUG")
 
 
 class SWAMetadataBuilder:
@@ -96,36 +96,77 @@ class SWAMetadataBuilder:
         clear_end = self._lens_high_water
         if ndt > clear_end:
             self._lens_high_water = ndt
-        plan = BuildPlan(num_reqs, num_tokens, nd, npf, ndt, npt, causal, width, clear_end)
+        replay = batch.replay_start
+        if replay is None:
+            replay = self._no_replay_view(num_reqs)
+        spans = batch.image_spans
+        images = bool(npt) and cfg.max_image_tokens > 0 and spans is not None and spans.starts.shape[0] > 0
+        plan = BuildPlan(num_reqs, num_tokens, nd, npf, ndt, npt, causal, width, clear_end, replay, images, spans)
         self.backend.compute(plan, batch, buffers)
 
         t2r, valid = self._token_views(num_tokens)
         dec_idx, dec_lens = self._decode_views(ndt, causal)
+        prefill: dict[str, Any] = {}
         if npt:
-            pre_idx, pre_lens = self._prefill_views(npt)
-        else:
-            pre_idx = pre_lens = None
+            prefill["prefill_swa_indices"], prefill["prefill_swa_lens"] = self._prefill_views(npt)
+            if images:
+                prefill["prefill_left_visible"], prefill["prefill_right_visible"] = self._visibility_views(num_tokens)
         if npf:
             seq_cpu = batch.seq_lens_cpu
             if seq_cpu is None:
                 seq_cpu = batch.seq_lens.cpu()
-            md_prefill = (
-                self._gather_view(npf),
-                batch.seq_lens[nd:] if nd else batch.seq_lens,
-                seq_cpu[nd:] if nd else seq_cpu,
-                torch.from_numpy(query[nd:]),
-            )
-        else:
-            md_prefill = (None, None, None, None)
+            prefill["prefill_gather_lens"] = self._gather_view(npf)
+            prefill["prefill_seq_lens"] = batch.seq_lens[nd:] if nd else batch.seq_lens
+            prefill["prefill_seq_lens_cpu"] = seq_cpu[nd:] if nd else seq_cpu
+            prefill["prefill_query_lens_cpu"] = torch.from_numpy(query[nd:])
         md = SWAMetadata(
-            batch.seq_lens, batch.query_start_loc, batch.query_start_loc_cpu, batch.block_table, batch.slot_mapping,
-            nd, npf, ndt, npt, t2r, valid, dec_idx, dec_lens, width, causal,
-            min(batch.max_query_len, self.decode_threshold),
-            pre_idx, pre_lens, *md_prefill,
-            cfg.block_size, cfg.window_size, cfg.max_model_len, cfg.max_num_batched_tokens,
-            self.backend.make_tile_schedulers(ndt), self.backend_name,
+            seq_lens=batch.seq_lens,
+            query_start_loc=batch.query_start_loc,
+            query_start_loc_cpu=batch.query_start_loc_cpu,
+            block_table=batch.block_table,
+            slot_mapping=batch.slot_mapping,
+            num_decodes=nd,
+            num_prefills=npf,
+            num_decode_tokens=ndt,
+            num_prefill_tokens=npt,
+            token_to_req_indices=t2r,
+            is_valid_token=valid,
+            decode_swa_indices=dec_idx,
+            decode_swa_lens=dec_lens,
+            decode_swa_width=width,
+            causal=causal,
+            max_decode_query_len=min(batch.max_query_len, self.decode_threshold),
+            replay_start=replay,
+            block_size=cfg.block_size,
+            window_size=cfg.window_size,
+            max_model_len=cfg.max_model_len,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            tile_sched=self.backend.make_tile_schedulers(ndt),
+            backend=self.backend_name,
+            **prefill,
         )
-        return self.backend.post_process(md, buffers)
+        md.extras = self.backend.extras(md, buffers)
+        return md
+
+    def image_spans_from_ranges(
+        self, ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int
+    ) -> ImageSpans:
+        """Copy ``{request: [(start, end), ...]}`` (inclusive positions, the form engines keep) into
+        the builder's fixed span buffers and return them as the batch's ``image_spans``."""
+        indptr, starts, ends = spans_to_csr(ranges, num_reqs)
+        buffers = self.buffers
+        if len(starts) > buffers.span_starts.shape[0] or num_reqs + 1 > buffers.span_indptr.shape[0]:
+            raise BatchCapacityError(
+                "image_spans", f"{len(starts)} spans over {num_reqs} requests exceed the span buffers "
+                f"(max_num_batched_tokens={self.config.max_num_batched_tokens}, max_image_tokens="
+                f"{self.config.max_image_tokens}, max_num_seqs={self.config.max_num_seqs})"
+            )
+        n = len(starts)
+        buffers.span_indptr[: num_reqs + 1].copy_(torch.tensor(indptr, dtype=torch.int32), non_blocking=True)
+        if n:
+            buffers.span_starts[:n].copy_(torch.tensor(starts, dtype=torch.int32), non_blocking=True)
+            buffers.span_ends[:n].copy_(torch.tensor(ends, dtype=torch.int32), non_blocking=True)
+        return ImageSpans(buffers.span_indptr[: num_reqs + 1], buffers.span_starts[:n], buffers.span_ends[:n])
 
     def _noncausal_width(self, batch: AttentionBatch, num_decodes: int) -> int:
         """DSpark rows (docs/semantics.md #dspark-rows): only legal with DSpark, and never truncated."""
@@ -172,6 +213,12 @@ class SWAMetadataBuilder:
     def _gather_view(self, n: int) -> torch.Tensor:
         return self._view(("gather", n), lambda: self.buffers.gather_lens[:n])
 
+    def _no_replay_view(self, n: int) -> torch.Tensor:
+        return self._view(("replay", n), lambda: self.buffers.no_replay_start[:n])
+
+    def _visibility_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._view(("image", n), lambda: (self.buffers.left_visible[:n], self.buffers.right_visible[:n]))
+
     # -- speculative decoding --------------------------------------------------------------------
 
     @property
@@ -179,22 +226,19 @@ class SWAMetadataBuilder:
         return self.backend.supports_draft_decode_metadata_update
 
     def update_draft_decode_metadata(self, metadata: SWAMetadata) -> None:
-        """docs/semantics.md #draft-updates: after the engine advanced ``seq_lens`` in place by one draft step, recompute the
-        causal decode rows and lens in place and hand out fresh scheduler objects. No host sync,
-        no allocation: safe inside CUDA graph capture."""
+        """docs/semantics.md #draft-updates: after the engine advanced ``seq_lens`` in place by one
+        draft step, recompute token_to_req, is_valid and the decode rows and lens in place (causal
+        rows honour ``metadata.replay_start``; DSpark rows are recomputed as DSpark rows) and hand
+        out fresh scheduler objects. No host sync, no allocation: safe inside CUDA graph capture."""
         if metadata.num_decode_tokens == 0:
             return
-        if not metadata.causal:
-            raise SpeculativeModeError(
-                "causal", "update_draft_decode_metadata recomputes causal decode rows; this metadata was "
-                "built with causal=False (a DSpark draft block has no per-step updates)"
-            )
         if not self.backend.supports_draft_decode_metadata_update:
             raise NotImplementedError(f"backend {self.backend_name!r} does not support in-place draft-step updates")
         if metadata.decode_swa_lens.untyped_storage().data_ptr() != self.buffers.decode_lens.data_ptr():
             raise ValueError("update_draft_decode_metadata: this metadata was not built by this builder")
         self.backend.recompute_decode_rows(metadata, self.buffers)
         metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)
+        metadata.extras = self.backend.extras(metadata, self.buffers)
 
     # -- warmup ----------------------------------------------------------------------------------
 

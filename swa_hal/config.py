@@ -12,24 +12,43 @@ import yaml
 
 from .errors import ConfigError
 
-LAYER_TYPES = ("swaonly", "c4a", "c128a")
+# Every layer type a model of either version can have; scheduler slots exist for all five
+# (docs/semantics.md #layer-types-and-schedulers), None where the model has no such layer.
+LAYER_TYPES = ("swaonly", "c4a", "c128a", "c1a", "c2a")
+MODEL_VERSIONS = ("deepseek_v4", "deepseek_v41")
+# Layer type by compress ratio, per model version.
+_LAYER_TYPE_BY_RATIO = {
+    "deepseek_v4": {0: "swaonly", 1: "swaonly", 2: "c2a", 4: "c4a", 128: "c128a"},
+    "deepseek_v41": {0: "swaonly", 1: "c1a", 2: "c2a"},
+}
 # Index slots are int32 (FlashMLA's encoding), so no position or slot may reach 2**31.
 INT32_LIMIT = 2**31 - 1
 # FlashMLA reads index rows in tiles of 64 entries (docs/semantics.md #flashmla-consumer), hence the DSpark row padding.
 INDEX_TILE = 64
 
 
-def layer_type_for(compress_ratio: int) -> str:
-    """docs/semantics.md #layer-types-and-schedulers: the FlashMLA layer type of a compress ratio."""
+def layer_type_for(compress_ratio: int, model_version: str = "deepseek_v4") -> str:
+    """docs/semantics.md #layer-types-and-schedulers: the layer type of a compress ratio."""
     if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
         raise ConfigError("compress_ratios", f"ratio {compress_ratio!r} is not an integer")
-    if 0 <= compress_ratio <= 1:
-        return "swaonly"
-    if compress_ratio == 4:
-        return "c4a"
-    if compress_ratio == 128:
-        return "c128a"
-    raise ConfigError("compress_ratios", f"unsupported compress ratio {compress_ratio} (allowed: 0, 1, 4, 128)")
+    table = _LAYER_TYPE_BY_RATIO.get(model_version)
+    if table is None:
+        raise ConfigError("model_version", f"{model_version!r} is not one of {', '.join(MODEL_VERSIONS)}")
+    kind = table.get(compress_ratio)
+    if kind is None:
+        allowed = ", ".join(str(r) for r in table)
+        raise ConfigError(
+            "compress_ratios", f"unsupported compress ratio {compress_ratio} for {model_version} (allowed: {allowed})"
+        )
+    return kind
+
+
+def model_version_of(hf_config: Mapping[str, Any]) -> str:
+    """The model version a Hugging Face config describes: ``model_type`` or ``architectures`` name V4.1."""
+    architectures = hf_config.get("architectures") or ()
+    if hf_config.get("model_type") == "deepseek_v41" or "DeepseekV41ForCausalLM" in architectures:
+        return "deepseek_v41"
+    return "deepseek_v4"
 
 
 def dspark_index_width(window_size: int, num_speculative_tokens: int) -> int:
@@ -58,6 +77,10 @@ class SWAConfig:
     head_size: int = 512
     # Pages in the SWA KV cache. Optional: when given, validation checks block ids against it.
     num_kv_blocks: int | None = None
+    # "deepseek_v4" or "deepseek_v41": decides the layer type of each compress ratio.
+    model_version: str = "deepseek_v4"
+    # M of the vision variant (V4 only): prefill rows are window_size + M wide (docs/semantics.md #vision-spans).
+    max_image_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_int("window_size", self.window_size, 1)
@@ -67,6 +90,11 @@ class SWAConfig:
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 0, 1024)
         _check_int("head_size", self.head_size, 1)
+        if self.model_version not in MODEL_VERSIONS:
+            raise ConfigError("model_version", f"{self.model_version!r} is not one of {', '.join(MODEL_VERSIONS)}")
+        _check_int("max_image_tokens", self.max_image_tokens, 0, 1 << 20)
+        if self.max_image_tokens and self.model_version != "deepseek_v4":
+            raise ConfigError("max_image_tokens", f"the vision variant exists for deepseek_v4 only, not {self.model_version}")
         if not isinstance(self.parallel_drafting, bool):
             raise ConfigError("parallel_drafting", f"must be true or false, got {self.parallel_drafting!r}")
         ratios = self.compress_ratios
@@ -76,7 +104,7 @@ class SWAConfig:
             raise ConfigError("compress_ratios", "must name at least one layer")
         for i, ratio in enumerate(ratios):
             try:
-                layer_type_for(ratio)
+                layer_type_for(ratio, self.model_version)
             except ConfigError as exc:
                 raise ConfigError(f"compress_ratios[{i}]", str(exc).split(": ", 1)[1]) from None
         object.__setattr__(self, "compress_ratios", tuple(ratios))
@@ -122,12 +150,13 @@ class SWAConfig:
     @property
     def layer_types(self) -> tuple[str, ...]:
         """The layer types present in the model, in LAYER_TYPES order."""
-        present = {layer_type_for(r) for r in self.compress_ratios}
+        present = {layer_type_for(r, self.model_version) for r in self.compress_ratios}
         return tuple(t for t in LAYER_TYPES if t in present)
 
     @property
-    def max_pages_per_request(self) -> int:
-        return -(-self.max_model_len // self.block_size)
+    def prefill_index_width(self) -> int:
+        """Width of prefill rows: the window plus M image tokens of the vision variant."""
+        return self.window_size + self.max_image_tokens
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -179,13 +208,20 @@ class SWAConfig:
         if "sliding_window" not in config or config["sliding_window"] is None:
             raise ConfigError("sliding_window", "the model config has no sliding_window; this is not an SWA model")
         settings: dict[str, Any] = {"window_size": config["sliding_window"]}
-        ratios = config.get("compress_ratios") or [1]
+        version = model_version_of(config)
+        settings["model_version"] = version
+        ratios = config.get("compress_ratios")
+        if ratios is None:  # no compressed layers: one SWA-only layer type
+            ratios = [0 if version == "deepseek_v41" else 1]
         settings["compress_ratios"] = tuple(ratios) if isinstance(ratios, list) else ratios
         if config.get("head_dim") is not None:
             settings["head_size"] = config["head_dim"]
         if config.get("max_position_embeddings") is not None:
             settings["max_model_len"] = config["max_position_embeddings"]
-        model_keys = {"window_size", "compress_ratios", "head_size"}
+        # The vision variant of V4 widens prefill rows by its largest image (docs/semantics.md #vision-spans).
+        if version == "deepseek_v4" and (config.get("vision_n_layers") or 0) > 0:
+            settings["max_image_tokens"] = config.get("vision_max_n_token") or 0
+        model_keys = {"window_size", "compress_ratios", "head_size", "model_version", "max_image_tokens"}
         known = {f.name for f in dataclasses.fields(cls)}
         for key, value in engine_settings.items():
             if key not in known or key in model_keys:

@@ -28,10 +28,6 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def tile_elems(device_type: str) -> int:
     override = os.environ.get("SWA_HAL_TILE_ELEMS")
     if override:
@@ -58,14 +54,17 @@ class RowsKey(_Key):
 
     WINDOW: int
     DECODE_WIDTH: int
+    PREFILL_WIDTH: int
     BLOCK_SIZE: int
     BLOCK_T: int
     BLOCK_W: int
+    BLOCK_TP: int
+    BLOCK_WP: int
     SEARCH_BLOCK: int
     CLEAR_BLOCK: int
     GATHER_BLOCK: int
+    MAX_IMAGE: int
     NONCAUSAL: bool
-    FROM_BUFFERS: bool
     CLAMP: bool
 
     __hash__ = _Key.__hash__
@@ -87,48 +86,46 @@ def search_block(config: SWAConfig) -> int:
     return min(MAX_SEARCH_BLOCK, next_pow2(max(16, config.max_num_seqs)))
 
 
-def rows_key(config: SWAConfig, *, causal: bool, update: bool, clamp: bool, device_type: str) -> RowsKey:
+def _tile(width: int, device_type: str) -> tuple[int, int]:
+    """(rows, padded width) of one program's tile for rows ``width`` wide."""
+    block_w = next_pow2(max(width, 16))
+    return min(256, next_pow2(max(1, tile_elems(device_type) // block_w))), block_w
+
+
+def rows_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str) -> RowsKey:
     width = config.window_size if causal else config.noncausal_index_width
-    block_w = next_pow2(max(width, config.window_size, 16))
-    block_t = min(256, next_pow2(max(1, tile_elems(device_type) // block_w)))
+    block_t, block_w = _tile(width, device_type)
+    block_tp, block_wp = _tile(config.prefill_index_width, device_type)
     return RowsKey(
         WINDOW=config.window_size,
         DECODE_WIDTH=width,
+        PREFILL_WIDTH=config.prefill_index_width,
         BLOCK_SIZE=config.block_size,
         BLOCK_T=block_t,
         BLOCK_W=block_w,
+        BLOCK_TP=block_tp,
+        BLOCK_WP=block_wp,
         SEARCH_BLOCK=search_block(config),
         CLEAR_BLOCK=CLEAR_BLOCK,
         GATHER_BLOCK=GATHER_BLOCK,
+        MAX_IMAGE=config.max_image_tokens,
         NONCAUSAL=not causal,
-        FROM_BUFFERS=update,
         CLAMP=clamp,
     )
 
 
 def ragged_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str) -> RaggedKey:
     width = config.window_size if causal else config.noncausal_index_width
-    block_w = next_pow2(max(width, 16))
-    block_t = min(256, next_pow2(max(1, tile_elems(device_type) // block_w)))
+    block_t, block_w = _tile(width, device_type)
     return RaggedKey(WIDTH=width, BLOCK_T=block_t, BLOCK_W=block_w, CLAMP=clamp)
 
 
 def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str) -> list[RowsKey]:
-    """Every variant a builder with this config can launch: the causal build, the in-place
-    draft-step update, and the DSpark non-causal build when DSpark is configured."""
-    keys = [
-        rows_key(config, causal=True, update=False, clamp=clamp, device_type=device_type),
-        rows_key(config, causal=True, update=True, clamp=clamp, device_type=device_type),
-    ]
+    """Every variant a builder with this config can launch: the causal build (draft-step updates
+    launch it too, with decode programs only), and the DSpark build when DSpark is configured."""
+    keys = [rows_key(config, causal=True, clamp=clamp, device_type=device_type)]
     if config.is_dspark:
-        keys.append(rows_key(config, causal=False, update=False, clamp=clamp, device_type=device_type))
-    return keys
-
-
-def ragged_keys(config: SWAConfig, *, clamp: bool, device_type: str) -> list[RaggedKey]:
-    keys = [ragged_key(config, causal=True, clamp=clamp, device_type=device_type)]
-    if config.is_dspark:
-        keys.append(ragged_key(config, causal=False, clamp=clamp, device_type=device_type))
+        keys.append(rows_key(config, causal=False, clamp=clamp, device_type=device_type))
     return keys
 
 

@@ -1,16 +1,75 @@
-"""SWAMetadata: what one build hands the attention layers (field names follow the engine seed)."""
+"""SWAMetadata: what one build hands the attention layers, and the prefill chunk plan.
+
+Field names follow the engines' builders (they are the contract engines read); the metadata is built
+by keyword. Outputs that only one kind of backend produces are not fields: the backend declares
+them as typed extras (a small dataclass each) and consumers ask ``metadata.extra(Kind)``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from typing import Any, NamedTuple, Sequence, TypeVar
 
 import torch
 
-from .reference import PrefillChunk, prefill_chunk_plan
+from .errors import ConfigError
+
+T = TypeVar("T")
 
 
-@dataclasses.dataclass(eq=False, slots=True)
+class PrefillChunk(NamedTuple):
+    start: int
+    end: int
+    max_compressed: int
+    max_total: int
+
+
+def prefill_chunk_plan(
+    seq_lens: Sequence[int],
+    query_lens: Sequence[int],
+    *,
+    window_size: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    compress_ratio: int,
+    chunk_size: int,
+    has_compressed: bool | None = None,
+) -> list[PrefillChunk]:
+    """docs/semantics.md #prefill-metadata: greedy chunks of prefills whose padded area fits ``area_max``.
+
+    A chunk [s, e) keeps growing while (e - s) * (max c + max g) stays within the bound; it always
+    holds at least one request. Each chunk is (start, end, max compressed len, max total len).
+    ``has_compressed``: whether the layer gathers a compressed cache; None means ``ratio > 1`` (V4);
+    V4.1 passes True for its ratio-1 layers.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ConfigError("chunk_size", f"must be an integer >= 1, got {chunk_size!r}")
+    if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int) or compress_ratio < 0:
+        raise ConfigError("compress_ratio", f"must be a non-negative integer, got {compress_ratio!r}")
+    if has_compressed is None:
+        has_compressed = compress_ratio > 1
+    if has_compressed and compress_ratio < 1:
+        raise ConfigError("compress_ratio", f"{compress_ratio}: a layer with a compressed cache needs a ratio >= 1")
+    compressed_cap = math.ceil(max_model_len / compress_ratio) if has_compressed else 0
+    area_max = chunk_size * (compressed_cap + window_size + max_num_batched_tokens)
+    gathers = [q + min(max(s - q, 0), window_size - 1) for s, q in zip(seq_lens, query_lens)]
+    compressed = [s // compress_ratio if has_compressed else 0 for s in seq_lens]
+    chunks: list[PrefillChunk] = []
+    s, n = 0, len(gathers)
+    while s < n:
+        nc, g, e = compressed[s], gathers[s], s + 1
+        while e < n:
+            nc2, g2 = max(nc, compressed[e]), max(g, gathers[e])
+            if (e - s + 1) * (nc2 + g2) > area_max:
+                break
+            nc, g, e = nc2, g2, e + 1
+        chunks.append(PrefillChunk(s, e, nc, nc + g))
+        s = e
+    return chunks
+
+
+@dataclasses.dataclass(eq=False, slots=True, kw_only=True)
 class SWAMetadata:
     # The step's inputs, passed through for the consumers.
     seq_lens: torch.Tensor
@@ -23,39 +82,53 @@ class SWAMetadata:
     num_prefills: int
     num_decode_tokens: int
     num_prefill_tokens: int
-    # docs/semantics.md #per-token-helpers
+    # #per-token-helpers
     token_to_req_indices: torch.Tensor
     is_valid_token: torch.Tensor
-    # docs/semantics.md #causal-rows, #dspark-rows decode rows: [num_decode_tokens, 1, decode_swa_width] int32 and lens
+    # #causal-rows / #dspark-rows decode rows: [num_decode_tokens, 1, decode_swa_width] int32 and lens
     decode_swa_indices: torch.Tensor
     decode_swa_lens: torch.Tensor
     decode_swa_width: int
     causal: bool
     max_decode_query_len: int
-    # docs/semantics.md #causal-rows prefill rows (None without prefill tokens)
-    prefill_swa_indices: torch.Tensor | None
-    prefill_swa_lens: torch.Tensor | None
-    # docs/semantics.md #prefill-metadata (None without prefills)
-    prefill_gather_lens: torch.Tensor | None
-    prefill_seq_lens: torch.Tensor | None
-    prefill_seq_lens_cpu: torch.Tensor | None
-    prefill_query_lens_cpu: torch.Tensor | None
+    # #causal-rows prefill rows [num_prefill_tokens, 1, window + max_image_tokens] (None without prefill tokens)
+    prefill_swa_indices: torch.Tensor | None = None
+    prefill_swa_lens: torch.Tensor | None = None
+    # #prefill-metadata (None without prefills)
+    prefill_gather_lens: torch.Tensor | None = None
+    prefill_seq_lens: torch.Tensor | None = None
+    prefill_seq_lens_cpu: torch.Tensor | None = None
+    prefill_query_lens_cpu: torch.Tensor | None = None
+    # #bounded-replay: int32 [num_reqs], zeros when the batch has no bound
+    replay_start: torch.Tensor
+    # #vision-spans: int32 [num_tokens] by absolute token (prefill rows meaningful), None without spans
+    prefill_left_visible: torch.Tensor | None = None
+    prefill_right_visible: torch.Tensor | None = None
     # Static facts
     block_size: int
     window_size: int
     max_model_len: int
     max_num_batched_tokens: int
-    # docs/semantics.md #layer-types-and-schedulers: layer type -> fresh FlashMLA scheduler object, or None
+    # #layer-types-and-schedulers: every layer type -> a fresh planner object from the backend, or None
     tile_sched: dict[str, Any]
     backend: str
-    # ROCm's ragged (CSR) form of the decode rows; None on other backends.
-    decode_swa_ragged_indices: torch.Tensor | None = None
-    decode_swa_indptr: torch.Tensor | None = None
+    # Backend-declared typed extras (see ``extra``).
+    extras: tuple[Any, ...] = ()
 
-    def get_prefill_chunk_plan(self, compress_ratio: int, chunk_size: int) -> list[PrefillChunk]:
-        """docs/semantics.md #prefill-metadata chunk plan over this step's prefills, from host copies only (no sync)."""
+    def extra(self, kind: type[T]) -> T | None:
+        """The extra of type ``kind`` a backend attached to this build, or None."""
+        for item in self.extras:
+            if isinstance(item, kind):
+                return item
+        return None
+
+    def get_prefill_chunk_plan(
+        self, compress_ratio: int, chunk_size: int, has_compressed: bool | None = None
+    ) -> list[PrefillChunk]:
+        """#prefill-metadata chunk plan over this step's prefills, from host copies only (no sync)."""
         if self.num_prefills == 0:
             return []
+        assert self.prefill_seq_lens_cpu is not None and self.prefill_query_lens_cpu is not None
         return prefill_chunk_plan(
             self.prefill_seq_lens_cpu.tolist(),
             self.prefill_query_lens_cpu.tolist(),
@@ -64,9 +137,10 @@ class SWAMetadata:
             max_num_batched_tokens=self.max_num_batched_tokens,
             compress_ratio=compress_ratio,
             chunk_size=chunk_size,
+            has_compressed=has_compressed,
         )
 
-    # Aliases under the seed's names, for engines ported from it.
+    # Aliases under the engines' names.
     @property
     def prefill_window_size(self) -> int:
         return self.window_size
@@ -90,3 +164,11 @@ class SWAMetadata:
     @property
     def tile_sched_c128a(self) -> Any:
         return self.tile_sched.get("c128a")
+
+    @property
+    def tile_sched_c1a(self) -> Any:
+        return self.tile_sched.get("c1a")
+
+    @property
+    def tile_sched_c2a(self) -> Any:
+        return self.tile_sched.get("c2a")

@@ -1,13 +1,11 @@
-"""The ragged (CSR) form of decode rows, in fixed-address buffers (a format, not a vendor: the ROCm
-backend enables it, any backend may).
-
-``decode_swa_ragged_indices`` is the whole fixed buffer: its first ``indptr[num_decode_tokens]``
-entries are the valid entries of every decode row, concatenated; the rest is stale. Reading that
-length would need a host sync, and graph-captured consumers read it on the device anyway.
+"""The ragged (CSR) form of decode rows, in fixed-address buffers: a format, not a vendor. A backend
+that wants it owns a ``RaggedRows`` and hands its buffers out as the typed extra ``RaggedDecodeRows``
+(``metadata.extra(RaggedDecodeRows)``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +15,20 @@ from . import jit
 if TYPE_CHECKING:
     from .config import SWAConfig
     from .metadata import SWAMetadata
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedDecodeRows:
+    """The decode rows in CSR form.
+
+    ``indices`` is the whole fixed buffer: its first ``indptr[num_decode_tokens]`` entries are the
+    valid entries of every decode row, concatenated; the rest is stale (reading that length would
+    need a host sync, and graph-captured consumers read it on the device anyway).
+    ``indptr`` int32 [num_decode_tokens + 1] is the exclusive prefix sum of the decode lens.
+    """
+
+    indices: torch.Tensor
+    indptr: torch.Tensor
 
 
 class RaggedRows:
@@ -35,14 +47,13 @@ class RaggedRows:
         self.key_causal = jit.ragged_key(config, causal=True, clamp=clamp, device_type=kind)
         self.key_dspark = jit.ragged_key(config, causal=False, clamp=clamp, device_type=kind) if config.is_dspark else None
 
-    def fill(self, metadata: "SWAMetadata") -> None:
+    def fill(self, metadata: "SWAMetadata") -> RaggedDecodeRows:
         """Refresh indptr and the flat entries from the metadata's decode rows (two launches,
         no allocation, no sync)."""
         ndt = metadata.num_decode_tokens
-        metadata.decode_swa_indptr = self.indptr[: ndt + 1]
-        metadata.decode_swa_ragged_indices = self.flat
+        out = RaggedDecodeRows(self.flat, self.indptr[: ndt + 1])
         if ndt == 0:
-            return
+            return out
         lens = metadata.decode_swa_lens
         self._scan(self.key_indptr, 1, (self.indptr, lens, ndt))
         key = self.key_causal if metadata.causal else self.key_dspark
@@ -51,6 +62,7 @@ class RaggedRows:
             -(-ndt // key.BLOCK_T),
             (self.flat, self.indptr, metadata.decode_swa_indices, lens, ndt, self.flat.shape[0]),
         )
+        return out
 
     def warmup(self) -> int:
         keys = [k for k in (self.key_causal, self.key_dspark) if k is not None]

@@ -9,8 +9,7 @@ validation keep every position and slot inside int32).
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,17 +17,20 @@ from .config import SWAConfig
 from .errors import SpeculativeModeError
 from .split import Split, split_decodes_and_prefills
 
+if TYPE_CHECKING:
+    from .batch import ImageSpans
+
 __all__ = [
     "RowWorkspace",
     "ReferenceResult",
-    "PrefillChunk",
     "token_to_req",
     "valid_tokens",
     "causal_window_rows",
     "noncausal_window_rows",
     "prefill_gather_lens",
     "ragged_rows",
-    "prefill_chunk_plan",
+    "image_visibility",
+    "has_image_spans",
     "split_decodes_and_prefills",
     "build_reference",
 ]
@@ -155,6 +157,49 @@ def _row_outputs(
     return out_indices, out_lens
 
 
+def image_visibility(
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    token_to_req: torch.Tensor,
+    spans: "ImageSpans",
+    *,
+    token_offset: int,
+    num_rows: int,
+    max_image_tokens: int,
+    out_left: torch.Tensor | None = None,
+    out_right: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """docs/semantics.md #vision-spans: how far rows [token_offset, token_offset + num_rows) see
+    inside their image span: left = min(p - start, M - 1), right = min(end - p, M); 0 / 0 outside
+    every span; where spans overlap, the last one listed that contains p wins."""
+    device = seq_lens.device
+    if out_left is None:
+        out_left = torch.empty(num_rows, dtype=torch.int32, device=device)
+    if out_right is None:
+        out_right = torch.empty(num_rows, dtype=torch.int32, device=device)
+    out_left.zero_()
+    out_right.zero_()
+    num_spans = spans.starts.shape[0]
+    if num_rows == 0 or num_spans == 0:
+        return out_left, out_right
+    req, seq, end, rows = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, None)
+    pos = (seq - end + rows + token_offset).long()
+    num_reqs = spans.indptr.shape[0] - 1
+    counts = (spans.indptr[1:] - spans.indptr[:-1]).long()
+    span_req = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts, output_size=num_spans)
+    starts, ends = spans.starts.long(), spans.ends.long()
+    inside = (req.long()[:, None] == span_req[None, :]) & (pos[:, None] >= starts) & (pos[:, None] <= ends)
+    # The last listed span containing p: the highest span number among the matches.
+    order = torch.arange(1, num_spans + 1, device=device)
+    pick = (inside * order).argmax(dim=1)
+    hit = inside.any(dim=1)
+    left = torch.clamp_max(pos - starts[pick], max_image_tokens - 1)
+    right = torch.clamp_max(ends[pick] - pos, max_image_tokens)
+    out_left.copy_(torch.where(hit, left, 0))
+    out_right.copy_(torch.where(hit, right, 0))
+    return out_left, out_right
+
+
 def causal_window_rows(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -166,27 +211,46 @@ def causal_window_rows(
     num_rows: int,
     window_size: int,
     block_size: int,
+    replay_start: torch.Tensor | None = None,
+    left: torch.Tensor | None = None,
+    right: torch.Tensor | None = None,
+    width: int | None = None,
     out_indices: torch.Tensor | None = None,
     out_lens: torch.Tensor | None = None,
     workspace: RowWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """docs/semantics.md #causal-rows: rows for tokens [token_offset, token_offset + num_rows), written from row 0.
+    """docs/semantics.md #causal-rows: rows for tokens [token_offset, token_offset + num_rows), from row 0.
 
-    A valid token at position p sees positions max(p - W + 1, 0) .. p, oldest first; the rest of its
-    row is -1. An invalid token gets lens 0 and an all -1 row.
-    Returns (indices [num_rows, 1, W], lens [num_rows]).
+    A valid token at position p sees positions max(p - W + 1, 0, replay_start[r]) .. p, oldest
+    first (#bounded-replay); inside an image span (``left`` / ``right`` per row, #vision-spans) the
+    window reaches further left and past p. The rest of the row is -1; the length is never negative.
+    An invalid token gets lens 0 and an all -1 row.
+    Returns (indices [num_rows, 1, width], lens [num_rows]); width defaults to W.
     """
-    out_indices, out_lens = _row_outputs(num_rows, window_size, seq_lens.device, out_indices, out_lens)
+    width = window_size if width is None else width
+    out_indices, out_lens = _row_outputs(num_rows, width, seq_lens.device, out_indices, out_lens)
     if num_rows == 0:
         return out_indices, out_lens
     req, seq, end, rows = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, workspace)
     invalid = ~is_valid[token_offset : token_offset + num_rows]
     # pos(t) = P_r + (t - qsl[r]) = S_r - qsl[r + 1] + t
     pos = seq.sub_(end).add_(rows).add_(token_offset).masked_fill_(invalid, 0)
-    start = torch.sub(pos, window_size - 1).clamp_min_(0)
-    torch.sub(pos, start, out=out_lens).add_(1)
+    start = torch.sub(pos, window_size - 1)
+    last = pos
+    if left is not None:
+        start.sub_(torch.sub(left, window_size - 1).clamp_min_(0))
+    start.clamp_min_(0)
+    if replay_start is not None:
+        torch.maximum(start, torch.index_select(replay_start, 0, req), out=start)
+    if right is not None:
+        last = pos + right
+    # lens = last + 1 - start, never negative (a replay bound past p leaves an empty row) and never
+    # longer than the row (only malformed input could ask for more; #engine-parity).
+    torch.sub(last, start, out=out_lens).add_(1).clamp_(0, width)
     out_lens.masked_fill_(invalid, 0)
-    _fill_rows(block_table, req, start, pos, out_lens, block_size, out_indices.view(num_rows, -1), workspace)
+    # Empty rows read page 0 (clamped positions) and are all -1 afterwards.
+    last = torch.where(out_lens > 0, last, 0)
+    _fill_rows(block_table, req, start, last, out_lens, block_size, out_indices.view(num_rows, -1), workspace)
     return out_indices, out_lens
 
 
@@ -230,6 +294,7 @@ def noncausal_window_rows(
                 f"(window {window_size} + draft block); refusing to truncate",
                 row,
             )
+    out_lens.clamp_max_(width)  # unchecked callers still never get a row longer than its width
     last = (seq - 1).clamp_min_(0).masked_fill_(~valid, 0)
     _fill_rows(block_table, req, start, last, out_lens, block_size, out_indices.view(num_rows, -1), workspace)
     return out_indices, out_lens
@@ -242,13 +307,17 @@ def prefill_gather_lens(
     num_prefills: int,
     window_size: int,
     *,
+    replay_start: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """docs/semantics.md #prefill-metadata: gather_len[i] = q_r + min(P_r, W - 1) for r = num_decodes + i."""
+    """docs/semantics.md #prefill-metadata: gather_len[i] = q_r + min(max(P_r - replay_start[r], 0), W - 1)
+    for r = num_decodes + i (#bounded-replay; no bound: replay_start 0)."""
     lo, hi = num_decodes, num_decodes + num_prefills
     query = query_start_loc[lo + 1 : hi + 1] - query_start_loc[lo:hi]
     prefix = seq_lens[lo:hi] - query
-    return torch.add(query, prefix.clamp_max_(window_size - 1), out=out)
+    if replay_start is not None:
+        prefix = prefix - replay_start[lo:hi]
+    return torch.add(query, prefix.clamp_(0, window_size - 1), out=out)
 
 
 def ragged_rows(indices: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,46 +329,6 @@ def ragged_rows(indices: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor
     flat = indices.reshape(rows, indices.shape[-1])
     keep = torch.arange(flat.shape[1], device=lens.device)[None, :] < lens[:, None]
     return flat[keep], indptr
-
-
-class PrefillChunk(NamedTuple):
-    start: int
-    end: int
-    max_compressed: int
-    max_total: int
-
-
-def prefill_chunk_plan(
-    seq_lens: Sequence[int],
-    query_lens: Sequence[int],
-    *,
-    window_size: int,
-    max_model_len: int,
-    max_num_batched_tokens: int,
-    compress_ratio: int,
-    chunk_size: int,
-) -> list[PrefillChunk]:
-    """docs/semantics.md #prefill-metadata: greedy chunks of prefills whose padded area fits ``area_max``.
-
-    A chunk [s, e) keeps growing while (e - s) * (max c + max g) stays within the bound; it always
-    holds at least one request. Each chunk is (start, end, max compressed len, max total len).
-    """
-    compressed_cap = 0 if compress_ratio <= 1 else math.ceil(max_model_len / compress_ratio)
-    area_max = chunk_size * (compressed_cap + window_size + max_num_batched_tokens)
-    gathers = [q + min(max(s - q, 0), window_size - 1) for s, q in zip(seq_lens, query_lens)]
-    compressed = [0 if compress_ratio <= 1 else s // compress_ratio for s in seq_lens]
-    chunks: list[PrefillChunk] = []
-    s, n = 0, len(gathers)
-    while s < n:
-        nc, g, e = compressed[s], gathers[s], s + 1
-        while e < n:
-            nc2, g2 = max(nc, compressed[e]), max(g, gathers[e])
-            if (e - s + 1) * (nc2 + g2) > area_max:
-                break
-            nc, g, e = nc2, g2, e + 1
-        chunks.append(PrefillChunk(s, e, nc, nc + g))
-        s = e
-    return chunks
 
 
 @dataclasses.dataclass(eq=False)
@@ -315,21 +344,34 @@ class ReferenceResult:
     prefill_indices: torch.Tensor
     prefill_lens: torch.Tensor
     prefill_gather_lens: torch.Tensor | None
+    replay_start: torch.Tensor
+    # Indexed by absolute token, 0 on decode rows; None unless the config and the batch have spans.
+    prefill_left_visible: torch.Tensor | None = None
+    prefill_right_visible: torch.Tensor | None = None
+
+
+def has_image_spans(config: SWAConfig, batch) -> bool:
+    """Whether a build computes image visibility: the vision variant and at least one span."""
+    spans = batch.image_spans
+    return config.max_image_tokens > 0 and spans is not None and spans.starts.shape[0] > 0
 
 
 def build_reference(config: SWAConfig, batch) -> ReferenceResult:
-    """The whole build of docs/semantics.md #split, #per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata for one batch, from scratch (no buffers, no backend)."""
+    """The whole build (docs/semantics.md #split to #prefill-metadata) for one batch, from scratch."""
     split = split_decodes_and_prefills(
         batch.query_start_loc_cpu, batch.max_query_len, batch.num_tokens, config.decode_threshold
     )
     nd, npf, ndt, npt = split
     t2r = token_to_req(batch.query_start_loc, batch.num_tokens)
     valid = valid_tokens(batch.slot_mapping)
+    replay = batch.replay_start
+    if replay is None:
+        replay = torch.zeros_like(batch.seq_lens)
     common = dict(window_size=config.window_size, block_size=config.block_size)
+    inputs = (batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid)
     if batch.causal:
         dec_idx, dec_lens = causal_window_rows(
-            batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid,
-            token_offset=0, num_rows=ndt, **common,
+            *inputs, token_offset=0, num_rows=ndt, replay_start=replay, **common
         )
         width = config.window_size
     else:
@@ -339,16 +381,26 @@ def build_reference(config: SWAConfig, batch) -> ReferenceResult:
             )
         width = config.noncausal_index_width
         dec_idx, dec_lens = noncausal_window_rows(
-            batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid,
-            token_offset=0, num_rows=ndt, width=width, **common,
+            *inputs, token_offset=0, num_rows=ndt, width=width, **common
+        )
+    left_all = right_all = left = right = None
+    if npt and has_image_spans(config, batch):
+        left_all = torch.zeros(ndt + npt, dtype=torch.int32, device=batch.seq_lens.device)
+        right_all = torch.zeros_like(left_all)
+        left, right = image_visibility(
+            batch.query_start_loc, batch.seq_lens, t2r, batch.image_spans,
+            token_offset=ndt, num_rows=npt, max_image_tokens=config.max_image_tokens,
+            out_left=left_all[ndt:], out_right=right_all[ndt:],
         )
     pre_idx, pre_lens = causal_window_rows(
-        batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid,
-        token_offset=ndt, num_rows=npt, **common,
+        *inputs, token_offset=ndt, num_rows=npt, replay_start=replay, left=left, right=right,
+        width=config.prefill_index_width, **common,
     )
     gather = (
-        prefill_gather_lens(batch.seq_lens, batch.query_start_loc, nd, npf, config.window_size)
+        prefill_gather_lens(batch.seq_lens, batch.query_start_loc, nd, npf, config.window_size, replay_start=replay)
         if npf > 0
         else None
     )
-    return ReferenceResult(split, t2r, valid, dec_idx, dec_lens, width, pre_idx, pre_lens, gather)
+    return ReferenceResult(
+        split, t2r, valid, dec_idx, dec_lens, width, pre_idx, pre_lens, gather, replay, left_all, right_all
+    )

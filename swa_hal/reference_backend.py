@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from . import reference
 from .backend import Availability, Backend, BackendSpec, BuildPlan
 from .hookspecs import hookimpl
@@ -23,50 +25,60 @@ class TorchBackend(Backend):
     name = "torch"
 
     def allocate(self, buffers: "MetadataBuffers") -> None:
-        width = max(self.config.window_size, self.config.noncausal_index_width)
-        buffers.extra["row_workspace"] = reference.RowWorkspace(buffers.capacity, width, self.device)
+        width = max(self.config.prefill_index_width, self.config.noncausal_index_width)
+        self._workspace = reference.RowWorkspace(buffers.capacity, width, self.device)
+
+    def _decode_rows(self, causal: bool, inputs: tuple, ndt: int, width: int, replay: torch.Tensor,
+                     buffers: "MetadataBuffers") -> None:
+        common = dict(window_size=self.config.window_size, block_size=self.config.block_size,
+                      workspace=self._workspace, token_offset=0, num_rows=ndt, out_lens=buffers.decode_lens[:ndt])
+        if causal:
+            reference.causal_window_rows(*inputs, replay_start=replay, out_indices=buffers.decode_indices[:ndt],
+                                         **common)
+        else:
+            # The builder checked the row widths on the host already: no device sync here.
+            reference.noncausal_window_rows(*inputs, width=width, check=False,
+                                            out_indices=buffers.noncausal_indices[:ndt], **common)
 
     def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
-        ws = buffers.extra["row_workspace"]
+        ws = self._workspace
+        cfg = self.config
         t, ndt, npt = plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens
         t2r = reference.token_to_req(batch.query_start_loc, t, out=buffers.token_to_req[:t], workspace=ws)
         valid = reference.valid_tokens(batch.slot_mapping, out=buffers.is_valid[:t])
-        common = dict(window_size=self.config.window_size, block_size=self.config.block_size, workspace=ws)
         inputs = (batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid)
         if ndt:
-            if plan.causal:
-                reference.causal_window_rows(
-                    *inputs, token_offset=0, num_rows=ndt,
-                    out_indices=buffers.decode_indices[:ndt], out_lens=buffers.decode_lens[:ndt], **common,
-                )
-            else:
-                # The builder checked the row widths on the host already: no device sync here.
-                reference.noncausal_window_rows(
-                    *inputs, token_offset=0, num_rows=ndt, width=plan.decode_width, check=False,
-                    out_indices=buffers.noncausal_indices[:ndt], out_lens=buffers.decode_lens[:ndt], **common,
-                )
+            self._decode_rows(plan.causal, inputs, ndt, plan.decode_width, plan.replay_start, buffers)
         if plan.decode_lens_clear_end > ndt:
             buffers.decode_lens[ndt : plan.decode_lens_clear_end].zero_()
         if npt:
+            left = right = None
+            if plan.images:
+                buffers.left_visible[:ndt].zero_()
+                buffers.right_visible[:ndt].zero_()
+                left, right = reference.image_visibility(
+                    batch.query_start_loc, batch.seq_lens, t2r, plan.spans, token_offset=ndt, num_rows=npt,
+                    max_image_tokens=cfg.max_image_tokens,
+                    out_left=buffers.left_visible[ndt:t], out_right=buffers.right_visible[ndt:t],
+                )
             reference.causal_window_rows(
-                *inputs, token_offset=ndt, num_rows=npt,
-                out_indices=buffers.prefill_indices[:npt], out_lens=buffers.prefill_lens[:npt], **common,
+                *inputs, token_offset=ndt, num_rows=npt, replay_start=plan.replay_start, left=left, right=right,
+                width=cfg.prefill_index_width, window_size=cfg.window_size, block_size=cfg.block_size,
+                out_indices=buffers.prefill_indices[:npt], out_lens=buffers.prefill_lens[:npt], workspace=ws,
             )
         if plan.num_prefills:
             reference.prefill_gather_lens(
                 batch.seq_lens, batch.query_start_loc, plan.num_decodes, plan.num_prefills,
-                self.config.window_size, out=buffers.gather_lens[: plan.num_prefills],
+                cfg.window_size, replay_start=plan.replay_start, out=buffers.gather_lens[: plan.num_prefills],
             )
 
     def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
         ndt = metadata.num_decode_tokens
-        reference.causal_window_rows(
-            metadata.query_start_loc, metadata.seq_lens, metadata.block_table,
-            buffers.token_to_req, buffers.is_valid, token_offset=0, num_rows=ndt,
-            window_size=self.config.window_size, block_size=self.config.block_size,
-            out_indices=buffers.decode_indices[:ndt], out_lens=buffers.decode_lens[:ndt],
-            workspace=buffers.extra["row_workspace"],
-        )
+        t2r = reference.token_to_req(metadata.query_start_loc, ndt, out=buffers.token_to_req[:ndt],
+                                     workspace=self._workspace)
+        valid = reference.valid_tokens(metadata.slot_mapping[:ndt], out=buffers.is_valid[:ndt])
+        inputs = (metadata.query_start_loc, metadata.seq_lens, metadata.block_table, t2r, valid)
+        self._decode_rows(metadata.causal, inputs, ndt, metadata.decode_swa_width, metadata.replay_start, buffers)
 
     def status(self) -> dict[str, str]:
         return {"kernel": "PyTorch reference (vectorized, any device)"}

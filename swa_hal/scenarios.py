@@ -105,10 +105,13 @@ def synthesize_batch(
     causal: bool = True,
     extra_pages: int = 0,
     device: str | torch.device = "cpu",
+    replay_start: Sequence[int] | None = None,
+    image_spans: Mapping[int, Sequence[tuple[int, int]]] | None = None,
 ) -> AttentionBatch:
     """A valid batch with the given lengths: every request owns distinct, shuffled physical pages
     (exactly as many as it needs, plus ``extra_pages`` for growth; shorter rows are padded with -1),
-    the slot mapping follows the table, and ``invalid_tokens`` random real tokens get slot -1."""
+    the slot mapping follows the table, and ``invalid_tokens`` random real tokens get slot -1.
+    ``replay_start`` and ``image_spans`` pass through to the batch."""
     block = config.block_size
     pages_needed = [max(1, -(-s // block)) + extra_pages for s in seq_lens]
     width = max(pages_needed)
@@ -121,7 +124,7 @@ def synthesize_batch(
         cursor += n
     batch = AttentionBatch.from_lists(
         seq_lens, query_lens, table, num_tokens=sum(query_lens) + padding_rows,
-        causal=causal, device="cpu", block_size=block,
+        causal=causal, device="cpu", block_size=block, replay_start=replay_start, image_spans=image_spans,
     )
     real = sum(query_lens)
     if invalid_tokens and real:

@@ -6,13 +6,13 @@ scheduler hook, and post-passes; the kernel source is shared (``kernels/swa_meta
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
 from . import jit
 from .backend import Backend, BuildPlan
+from .envs import env_flag
 from .errors import BackendUnavailableError
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag("TRITON_INTERPRET")
 
 
 class TritonBackend(Backend):
@@ -48,18 +48,13 @@ class TritonBackend(Backend):
         self._output_addresses: dict[Any, tuple[int, ...]] = {}
         kind = device.type
         clamp = self.CLAMP_ADDRESSES
-        self.key_build = jit.rows_key(config, causal=True, update=False, clamp=clamp, device_type=kind)
-        self.key_update = jit.rows_key(config, causal=True, update=True, clamp=clamp, device_type=kind)
-        self.key_dspark = (
-            jit.rows_key(config, causal=False, update=False, clamp=clamp, device_type=kind)
-            if config.is_dspark
-            else None
-        )
+        self.key_build = jit.rows_key(config, causal=True, clamp=clamp, device_type=kind)
+        self.key_dspark = jit.rows_key(config, causal=False, clamp=clamp, device_type=kind) if config.is_dspark else None
 
     # -- builds ----------------------------------------------------------------------------------
 
     def _outputs(self, key: Any, buffers: "MetadataBuffers", causal: bool) -> tuple[Any, ...]:
-        """The seven output buffers: as tensors until the key has compiled, then as cached addresses
+        """The nine output buffers: as tensors until the key has compiled, then as cached addresses
         (the buffers never move, so their addresses are read once)."""
         cache = self._output_addresses
         if key in cache:
@@ -68,64 +63,73 @@ class TritonBackend(Backend):
             buffers.decode_indices if causal else buffers.noncausal_indices,
             buffers.decode_lens, buffers.prefill_indices, buffers.prefill_lens,
             buffers.token_to_req, buffers.is_valid, buffers.gather_lens,
+            buffers.left_visible, buffers.right_visible,
         )
         if self._launch_rows.ready(key) and self._launch_rows.raw_pointers:
             cache[key] = tuple(t.data_ptr() for t in outs)
         return outs
 
-    def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
-        key = self.key_build if plan.causal else self.key_dspark
-        ndt = plan.num_decode_tokens
+    def _launch(self, causal: bool, buffers: "MetadataBuffers", inputs: tuple[Any, ...], num_reqs: int,
+                num_tokens: int, nd: int, npf: int, ndt: int, npt: int, clear_end: int, spans: Any) -> None:
+        key = self.key_build if causal else self.key_dspark
         dec = -(-ndt // key.BLOCK_T)
-        pre = -(-plan.num_prefill_tokens // key.BLOCK_T)
-        clear = -(-(plan.decode_lens_clear_end - ndt) // jit.CLEAR_BLOCK) if plan.decode_lens_clear_end > ndt else 0
-        gather = -(-plan.num_prefills // jit.GATHER_BLOCK)
-        table = batch.block_table
+        pre = -(-npt // key.BLOCK_TP)
+        clear = -(-(clear_end - ndt) // jit.CLEAR_BLOCK) if clear_end > ndt else 0
+        gather = -(-npf // jit.GATHER_BLOCK)
+        qsl, seq_lens, table, slots, replay = inputs
+        if spans is None:
+            span_args = (buffers.no_span_indptr, buffers.span_starts, buffers.span_ends)
+        else:
+            span_args = (spans.indptr, spans.starts, spans.ends)
         self._launch_rows(
             key,
             dec + pre + clear + gather,
             (
-                *self._outputs(key, buffers, plan.causal),
-                batch.query_start_loc, batch.seq_lens, table, batch.slot_mapping,
-                table.stride(0), table.shape[1], plan.num_reqs, plan.num_tokens,
-                plan.num_decodes, plan.num_prefills, ndt, plan.num_prefill_tokens,
-                plan.decode_lens_clear_end, dec, pre, clear, -(-plan.num_reqs // key.SEARCH_BLOCK),
+                *self._outputs(key, buffers, causal),
+                qsl, seq_lens, table, slots, replay, *span_args,
+                table.stride(0), table.shape[1], num_reqs, num_tokens,
+                nd, npf, ndt, npt, clear_end, dec, pre, clear, -(-num_reqs // key.SEARCH_BLOCK),
             ),
         )
 
+    def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
+        self._launch(
+            plan.causal, buffers,
+            (batch.query_start_loc, batch.seq_lens, batch.block_table, batch.slot_mapping, plan.replay_start),
+            plan.num_reqs, plan.num_tokens, plan.num_decodes, plan.num_prefills, plan.num_decode_tokens,
+            plan.num_prefill_tokens, plan.decode_lens_clear_end, plan.spans if plan.images else None,
+        )
+
     def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
-        key = self.key_update
+        # The build kernel with its decode programs only: token_to_req, is_valid and the rows.
         ndt = metadata.num_decode_tokens
-        table = metadata.block_table
-        dec = -(-ndt // key.BLOCK_T)
-        self._launch_rows(
-            key,
-            dec,
-            (
-                *self._outputs(key, buffers, True),
-                metadata.query_start_loc, metadata.seq_lens, table, metadata.slot_mapping,
-                table.stride(0), table.shape[1], metadata.seq_lens.shape[0], metadata.slot_mapping.shape[0],
-                metadata.num_decodes, 0, ndt, 0, ndt, dec, 0, 0, 1,
-            ),
+        self._launch(
+            metadata.causal, buffers,
+            (metadata.query_start_loc, metadata.seq_lens, metadata.block_table, metadata.slot_mapping,
+             metadata.replay_start),
+            metadata.seq_lens.shape[0], ndt, metadata.num_decodes, 0, ndt, 0, ndt, None,
         )
 
     # -- warmup ----------------------------------------------------------------------------------
 
     def kernel_keys(self) -> list[Any]:
-        return [k for k in (self.key_build, self.key_update, self.key_dspark) if k is not None]
+        return [k for k in (self.key_build, self.key_dspark) if k is not None]
 
     def warmup(self, buffers: "MetadataBuffers", progress: Callable[[str], None] | None = None) -> int:
         """Launch every variant once on a one-token batch, into scratch outputs of the same dtypes
         (so live metadata views are never touched). Returns the number of variants."""
         dev = self.device
         i32 = dict(dtype=torch.int32, device=dev)
-        width = max(self.config.window_size, self.config.noncausal_index_width)
+        cfg = self.config
+        width = max(cfg.window_size, cfg.noncausal_index_width)
         # One decode request and one prefill request of one token each, every segment non-empty.
         dec_idx = torch.empty((1, 1, width), **i32)
-        pre_idx = torch.empty((1, 1, self.config.window_size), **i32)
+        pre_idx = torch.empty((1, 1, cfg.prefill_index_width), **i32)
         dec_lens, pre_lens, gather = torch.zeros(2, **i32), torch.zeros(1, **i32), torch.zeros(1, **i32)
         t2r, valid = torch.zeros(2, **i32), torch.zeros(2, dtype=torch.bool, device=dev)
-        qsl, seq = torch.tensor([0, 1, 2], **i32), torch.tensor([1, 1], **i32)
+        left, right = torch.zeros(2, **i32), torch.zeros(2, **i32)
+        qsl, seq, replay = torch.tensor([0, 1, 2], **i32), torch.tensor([1, 1], **i32), torch.zeros(2, **i32)
+        indptr, span = torch.tensor([0, 0, 1], **i32), torch.zeros(1, **i32)
         table, slots = torch.zeros((2, 1), **i32), torch.tensor([0, 1], dtype=torch.int64, device=dev)
         count = 0
         for key in self.kernel_keys():
@@ -134,7 +138,8 @@ class TritonBackend(Backend):
             self._launch_rows(
                 key,
                 4,
-                (dec_idx, dec_lens, pre_idx, pre_lens, t2r, valid, gather, qsl, seq, table, slots,
+                (dec_idx, dec_lens, pre_idx, pre_lens, t2r, valid, gather, left, right,
+                 qsl, seq, table, slots, replay, indptr, span, span,
                  table.stride(0), 1, 2, 2, 1, 1, 1, 1, 2, 1, 1, 1, 1),
             )
             count += 1

@@ -29,29 +29,49 @@ if TYPE_CHECKING:
     from .batch import AttentionBatch
     from .config import SWAConfig
 
-EXPECTED_DTYPES = (torch.int32, torch.int32, torch.int32, torch.int64)
-_TENSORS = ("seq_lens", "query_start_loc", "block_table", "slot_mapping")
+
+
+def _guard_fail(name: str, t: object, want: torch.dtype, device_index: int, ndim: int) -> None:
+    """Name the first broken rule of a guarded input (the slow path of ``guard_batch``)."""
+    if not isinstance(t, torch.Tensor):
+        raise BatchDtypeError(name, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != want:
+        raise BatchDtypeError(name, f"{name} has dtype {t.dtype}; expected {want}")
+    if t.get_device() != device_index:
+        raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device index is {device_index}")
+    if t.dim() != ndim:
+        raise BatchShapeError(name, f"{name} has {t.dim()} dimensions {tuple(t.shape)}; expected {ndim}")
+    raise BatchShapeError(name, f"{name} must be contiguous (stride {tuple(t.stride())})")
+
+
+def _guarded(name: str, t: object, want: torch.dtype, device_index: int, ndim: int = 1) -> None:
+    # Kernels read these with unit strides from raw addresses: a view with another stride, another
+    # dtype or another device would be read as garbage, so it is refused before any launch.
+    if (
+        not isinstance(t, torch.Tensor)
+        or t.dtype != want
+        or t.get_device() != device_index
+        or t.dim() != ndim
+        or (t.stride(-1) != 1 and t.shape[-1] > 1)
+    ):
+        _guard_fail(name, t, want, device_index, ndim)
 
 
 def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, device_index: int) -> None:
-    """Host-only checks that keep every kernel launch in bounds; cheap enough for every build.
+    """Host-only, O(1) checks that keep every kernel launch inside its inputs and outputs; cheap
+    enough for every build (docs/semantics.md #guarded-builds). Reads no device value.
 
     ``device_index`` is the builder's ``tensor.get_device()`` value (-1 for the CPU): kernels are
     launched with raw addresses, so a tensor on another device must be refused here.
     """
     seq_lens, qsl, table, slots = batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping
-    if (seq_lens.dtype, qsl.dtype, table.dtype, slots.dtype) != EXPECTED_DTYPES or (
-        seq_lens.get_device() != device_index
-        or qsl.get_device() != device_index
-        or table.get_device() != device_index
-        or slots.get_device() != device_index
-    ):
-        for name, t, want in zip(_TENSORS, (seq_lens, qsl, table, slots), EXPECTED_DTYPES):
-            if t.dtype != want:
-                raise BatchDtypeError(name, f"{name} has dtype {t.dtype}; expected {want}")
-            if t.get_device() != device_index:
-                raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device index is {device_index}")
+    _guarded("seq_lens", seq_lens, torch.int32, device_index)
+    _guarded("query_start_loc", qsl, torch.int32, device_index)
+    _guarded("block_table", table, torch.int32, device_index, 2)
+    _guarded("slot_mapping", slots, torch.int64, device_index)
     num_tokens = batch.num_tokens
+    if num_tokens.__class__ is not int:
+        raise BatchDtypeError("num_tokens", f"num_tokens must be an int, got {num_tokens!r}")
     if num_tokens > capacity:
         raise BatchCapacityError(
             "num_tokens", f"num_tokens={num_tokens} exceeds the builder's capacity "
@@ -59,15 +79,46 @@ def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, dev
         )
     if num_tokens < 1:
         raise BatchShapeError("num_tokens", f"num_tokens={num_tokens}: the batch is empty")
-    num_reqs = batch.query_start_loc_cpu.shape[0] - 1
+    mql = batch.max_query_len
+    if mql.__class__ is not int or mql < 0 or mql > capacity:
+        raise BatchDtypeError("max_query_len", f"max_query_len must be an int in [0, {capacity}], got {mql!r}")
+    if batch.causal.__class__ is not bool:
+        raise BatchDtypeError("causal", f"causal must be a bool, got {batch.causal!r}")
+    qsl_cpu = batch.query_start_loc_cpu
+    num_reqs = qsl_cpu.shape[0] - 1
     if num_reqs < 1:
         raise BatchShapeError("query_start_loc_cpu", "query_start_loc_cpu has no request: the batch is empty")
     if num_reqs > config.max_num_seqs:
         raise BatchCapacityError(
             "seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}"
         )
-    if table.stride(-1) != 1:
-        raise BatchShapeError("block_table", "block_table must be contiguous along its pages (stride(1) == 1)")
+    if qsl.shape[0] != num_reqs + 1:
+        raise BatchShapeError(
+            "query_start_loc", f"query_start_loc has {qsl.shape[0]} entries; query_start_loc_cpu has {num_reqs + 1}"
+        )
+    if seq_lens.shape[0] < num_reqs:
+        raise BatchShapeError("seq_lens", f"seq_lens has {seq_lens.shape[0]} entries for {num_reqs} requests")
+    if table.shape[0] < num_reqs or table.shape[1] < 1:
+        raise BatchShapeError("block_table", f"block_table {tuple(table.shape)} has too few rows or no page "
+                              f"column for {num_reqs} requests")
+    if slots.shape[0] != num_tokens:
+        raise BatchShapeError("slot_mapping", f"slot_mapping has {slots.shape[0]} entries; num_tokens is {num_tokens}")
+    replay = batch.replay_start
+    if replay is not None:
+        _guarded("replay_start", replay, torch.int32, device_index)
+        if replay.shape[0] < num_reqs:
+            raise BatchShapeError("replay_start", f"replay_start has {replay.shape[0]} entries for {num_reqs} requests")
+    spans = batch.image_spans
+    if spans is not None:
+        _guarded("image_spans.indptr", spans.indptr, torch.int32, device_index)
+        _guarded("image_spans.starts", spans.starts, torch.int32, device_index)
+        _guarded("image_spans.ends", spans.ends, torch.int32, device_index)
+        if spans.indptr.shape[0] < num_reqs + 1:
+            raise BatchShapeError("image_spans.indptr", f"image_spans.indptr has {spans.indptr.shape[0]} entries; "
+                                  f"expected num_reqs + 1 = {num_reqs + 1}")
+        if spans.ends.shape[0] != spans.starts.shape[0]:
+            raise BatchShapeError("image_spans.ends", f"image_spans.ends has {spans.ends.shape[0]} entries but "
+                                  f"starts has {spans.starts.shape[0]}")
 
 
 def _tensor(name: str, t: object, dtype: torch.dtype, ndim: int, *, cpu: bool = False) -> torch.Tensor:
@@ -194,12 +245,90 @@ def validate_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int |
             r = _first(need > width)
             raise SpeculativeModeError("seq_lens", f"seq_lens[{r}]={int(seq[r])}: its DSpark row needs {int(need[r])} entries, wider than the non-causal width {width}", r)
 
-    _validate_pages(table, seq, query, starts, config, batch.causal)
+    replay = _validate_replay(batch.replay_start, seq, query, device)
+    _validate_spans(batch.image_spans, seq, query, device, config)
+    _validate_pages(table, seq, query, starts, config, batch.causal, replay)
     _validate_slots(slots, table, seq, starts, scheduled, config)
 
 
-def _validate_pages(table, seq, query, starts, config, causal) -> None:
-    """Every page a window reads must exist, be a real block, and give int32 slot ids."""
+def _validate_replay(replay_start, seq, query, device) -> torch.Tensor | None:
+    """docs/semantics.md #bounded-replay: 0 <= replay_start[r] <= seq_lens[r] - query_len[r]."""
+    if replay_start is None:
+        return None
+    num_reqs = seq.shape[0]
+    t = _tensor("replay_start", replay_start, torch.int32, 1)
+    if t.device != device:
+        raise BatchDeviceError("replay_start", f"replay_start is on {t.device} but seq_lens is on {device}")
+    if t.shape[0] < num_reqs:
+        raise BatchShapeError("replay_start", f"replay_start has {t.shape[0]} entries for {num_reqs} requests")
+    bound = t[:num_reqs].cpu().to(torch.int64)
+    prefix = seq - query
+    if bool((bound < 0).any()):
+        r = _first(bound < 0)
+        raise BatchRangeError("replay_start", f"replay_start[{r}]={int(bound[r])} is negative", r)
+    if bool((bound > prefix).any()):
+        r = _first(bound > prefix)
+        raise BatchRangeError(
+            "replay_start", f"replay_start[{r}]={int(bound[r])} is past the prefix seq_lens[{r}] - query_len = "
+            f"{int(prefix[r])}: it must lie in [0, {int(prefix[r])}] (a bound past a position would empty its window)", r,
+        )
+    return bound
+
+
+def _validate_spans(spans, seq, query, device, config) -> None:
+    """docs/semantics.md #vision-spans: a CSR over the requests; every span inside its request's new
+    tokens [seq_len - query_len, seq_len - 1], not inverted, at most max_image_tokens long."""
+    if spans is None:
+        return
+    num_reqs = seq.shape[0]
+    indptr = _tensor("image_spans.indptr", spans.indptr, torch.int32, 1)
+    starts_t = _tensor("image_spans.starts", spans.starts, torch.int32, 1)
+    ends_t = _tensor("image_spans.ends", spans.ends, torch.int32, 1)
+    for name, t in (("image_spans.indptr", indptr), ("image_spans.starts", starts_t), ("image_spans.ends", ends_t)):
+        if t.device != device:
+            raise BatchDeviceError(name, f"{name} is on {t.device} but seq_lens is on {device}")
+    if indptr.shape[0] < num_reqs + 1:
+        raise BatchShapeError("image_spans.indptr", f"image_spans.indptr has {indptr.shape[0]} entries; expected num_reqs + 1 = {num_reqs + 1}")
+    if starts_t.shape[0] != ends_t.shape[0]:
+        raise BatchShapeError("image_spans.ends", f"image_spans.ends has {ends_t.shape[0]} entries but starts has {starts_t.shape[0]}")
+    ptr = indptr[: num_reqs + 1].cpu().to(torch.int64)
+    if int(ptr[0]) != 0:
+        raise BatchOrderError("image_spans.indptr", f"image_spans.indptr[0]={int(ptr[0])}; it must start at 0", 0)
+    counts = ptr[1:] - ptr[:-1]
+    if bool((counts < 0).any()):
+        r = _first(counts < 0)
+        raise BatchOrderError("image_spans.indptr", f"image_spans.indptr[{r + 1}]={int(ptr[r + 1])} is smaller than image_spans.indptr[{r}]={int(ptr[r])}: it must be non-decreasing", r + 1)
+    n = int(ptr[-1])
+    if n > starts_t.shape[0]:
+        raise BatchShapeError("image_spans.indptr", f"image_spans.indptr[{num_reqs}]={n} but there are {starts_t.shape[0]} spans")
+    if n == 0:
+        return
+    starts, ends = starts_t[:n].cpu().to(torch.int64), ends_t[:n].cpu().to(torch.int64)
+    req = torch.repeat_interleave(torch.arange(num_reqs), counts)
+    if bool((starts > ends).any()):
+        i = _first(starts > ends)
+        raise BatchRangeError("image_spans", f"image span {i} of request {int(req[i])} is inverted: start {int(starts[i])} > end {int(ends[i])}", int(req[i]))
+    lo, hi = (seq - query)[req], seq[req] - 1
+    outside = (starts < lo) | (ends > hi)
+    if bool(outside.any()):
+        i = _first(outside)
+        r = int(req[i])
+        raise BatchRangeError(
+            "image_spans", f"image span {i} [{int(starts[i])}, {int(ends[i])}] of request {r} lies outside its new tokens "
+            f"[{int(lo[i])}, {int(hi[i])}] (seq_lens[{r}] - query_len .. seq_lens[{r}] - 1)", r,
+        )
+    m = config.max_image_tokens
+    if m > 0 and bool((ends - starts + 1 > m).any()):
+        i = _first(ends - starts + 1 > m)
+        raise BatchRangeError(
+            "image_spans", f"image span {i} [{int(starts[i])}, {int(ends[i])}] of request {int(req[i])} holds "
+            f"{int(ends[i] - starts[i] + 1)} tokens; max_image_tokens is {m}", int(req[i]),
+        )
+
+
+def _validate_pages(table, seq, query, starts, config, causal, replay=None) -> None:
+    """Every page a window reads must exist, be a real block, and give int32 slot ids. Pages below a
+    request's replay bound are never read (an engine may have freed them)."""
     block = config.block_size
     num_reqs = seq.shape[0]
     rows = table[:num_reqs].cpu().to(torch.int64)
@@ -212,7 +341,10 @@ def _validate_pages(table, seq, query, starts, config, causal) -> None:
         )
     prefix = seq - query
     reach = config.window_size if not causal else config.window_size - 1
-    first = torch.clamp_min(prefix - reach, 0) // block
+    lowest = torch.clamp_min(prefix - reach, 0)
+    if causal and replay is not None:
+        lowest = torch.maximum(lowest, replay)
+    first = lowest // block
     cols = torch.arange(rows.shape[1])[None, :]
     read = (cols >= first[:, None]) & (cols < needed[:, None]) & (query[:, None] > 0)
     bad = read & (rows < 0)

@@ -1,4 +1,6 @@
-"""An obviously-correct model of docs/semantics.md #split, #per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata: one Python loop per token and per window entry.
+"""An obviously-correct model of docs/semantics.md #split, #per-token-helpers, #causal-rows,
+#bounded-replay, #vision-spans, #dspark-rows and #prefill-metadata: one Python loop per token and per
+window entry.
 
 Slow on purpose: it exists to check reference.py, which is vectorized and fast.
 """
@@ -32,15 +34,33 @@ def owner(qsl, t):
     return 0
 
 
-def causal_row(qsl, seq_lens, table, valid, t, window, block_size):
-    if not valid[t]:
-        return [-1] * window, 0
+def position(qsl, seq_lens, t):
     r = owner(qsl, t)
-    p = seq_lens[r] - (qsl[r + 1] - qsl[r]) + (t - qsl[r])
-    start = max(p - window + 1, 0)
-    n = p + 1 - start
+    return seq_lens[r] - (qsl[r + 1] - qsl[r]) + (t - qsl[r])
+
+
+def visibility(qsl, seq_lens, spans, t, max_image):
+    """(left, right) of token t: from the last listed span of its request that holds its position."""
+    r, p = owner(qsl, t), position(qsl, seq_lens, t)
+    left = right = 0
+    for a, e in spans.get(r, []):
+        if a <= p <= e:
+            left, right = min(p - a, max_image - 1), min(e - p, max_image)
+    return left, right
+
+
+def causal_row(qsl, seq_lens, table, valid, t, window, block_size, replay, width=None, left=0, right=0):
+    width = window if width is None else width
+    if not valid[t]:
+        return [-1] * width, 0
+    r = owner(qsl, t)
+    p = position(qsl, seq_lens, t)
+    start = max(p - (window - 1) - max(left - (window - 1), 0), 0)
+    start = max(start, replay[r])
+    n = max(p + right + 1 - start, 0)
+    assert n <= width
     row = [slot(table[r], block_size, start + j) for j in range(n)]
-    return row + [-1] * (window - n), n
+    return row + [-1] * (width - n), n
 
 
 def noncausal_row(qsl, seq_lens, table, valid, t, window, block_size, width):
@@ -71,13 +91,24 @@ def model(config, batch):
     valid = [s >= 0 for s in slots]
     w, b = config.window_size, config.block_size
     t2r = [owner(qsl, t) for t in range(t_count)]
+    replay = [0] * len(seq_lens) if batch.replay_start is None else batch.replay_start.cpu().tolist()
+    spans = {}
+    if batch.image_spans is not None:
+        ptr = batch.image_spans.indptr.cpu().tolist()
+        starts, ends = batch.image_spans.starts.cpu().tolist(), batch.image_spans.ends.cpu().tolist()
+        spans = {r: list(zip(starts[ptr[r]:ptr[r + 1]], ends[ptr[r]:ptr[r + 1]])) for r in range(len(seq_lens))}
+    m = config.max_image_tokens
+    images = m > 0 and any(spans.values()) and npt > 0
     if batch.causal:
-        dec = [causal_row(qsl, seq_lens, table, valid, t, w, b) for t in range(ndt)]
+        dec = [causal_row(qsl, seq_lens, table, valid, t, w, b, replay) for t in range(ndt)]
     else:
         width = dspark_width(w, config.num_speculative_tokens)
         dec = [noncausal_row(qsl, seq_lens, table, valid, t, w, b, width) for t in range(ndt)]
-    pre = [causal_row(qsl, seq_lens, table, valid, t, w, b) for t in range(ndt, t_count)]
-    gather = [query_lens[r] + min(seq_lens[r] - query_lens[r], w - 1) for r in range(nd, nd + npf)]
+    vis = [visibility(qsl, seq_lens, spans, t, m) if images else (0, 0) for t in range(ndt, t_count)]
+    pre = [causal_row(qsl, seq_lens, table, valid, t, w, b, replay, w + m, *lr)
+           for t, lr in zip(range(ndt, t_count), vis)]
+    gather = [query_lens[r] + min(max(seq_lens[r] - query_lens[r] - replay[r], 0), w - 1)
+              for r in range(nd, nd + npf)]
     return {
         "split": (nd, npf, ndt, npt),
         "token_to_req": t2r,
@@ -87,4 +118,6 @@ def model(config, batch):
         "prefill_indices": [row for row, _ in pre],
         "prefill_lens": [n for _, n in pre],
         "gather_lens": gather,
+        "left_visible": [0] * ndt + [lv for lv, _ in vis] if images else None,
+        "right_visible": [0] * ndt + [rv for _, rv in vis] if images else None,
     }

@@ -71,15 +71,44 @@ def test_decode_threshold():
     assert SWAConfig(num_speculative_tokens=3, speculative_method="mtp", parallel_drafting=True).decode_threshold == 7
 
 
-@pytest.mark.parametrize("ratio, kind", [(0, "swaonly"), (1, "swaonly"), (4, "c4a"), (128, "c128a")])
+@pytest.mark.parametrize("ratio, kind", [(0, "swaonly"), (1, "swaonly"), (2, "c2a"), (4, "c4a"), (128, "c128a")])
 def test_layer_types(ratio, kind):
     assert layer_type_for(ratio) == kind
 
 
-@pytest.mark.parametrize("ratio", [2, 64, -1, 129])
+@pytest.mark.parametrize("ratio, kind", [(0, "swaonly"), (1, "c1a"), (2, "c2a")])
+def test_v41_layer_types(ratio, kind):
+    # docs/semantics.md #layer-types-and-schedulers: V4.1 has its own ratio table.
+    assert layer_type_for(ratio, "deepseek_v41") == kind
+
+
+@pytest.mark.parametrize("ratio", [3, 64, -1, 129])
 def test_unsupported_ratio_is_a_config_error(ratio):
     with pytest.raises(ConfigError, match="unsupported compress ratio"):
         layer_type_for(ratio)
+
+
+@pytest.mark.parametrize("ratio", [4, 128, 3])
+def test_unsupported_v41_ratio_names_it(ratio):
+    with pytest.raises(ConfigError, match=f"unsupported compress ratio {ratio} for deepseek_v41"):
+        SWAConfig(model_version="deepseek_v41", compress_ratios=(0, ratio))
+
+
+def test_hf_config_reads_the_model_version_and_vision_tokens():
+    v41 = SWAConfig.from_hf_config({"sliding_window": 128, "model_type": "deepseek_v41", "compress_ratios": [0, 1, 2]})
+    assert (v41.model_version, v41.layer_types) == ("deepseek_v41", ("swaonly", "c1a", "c2a"))
+    arch = SWAConfig.from_hf_config({"sliding_window": 128, "architectures": ["DeepseekV41ForCausalLM"]})
+    assert (arch.model_version, arch.compress_ratios) == ("deepseek_v41", (0,))
+    vision = SWAConfig.from_hf_config({"sliding_window": 128, "vision_n_layers": 2, "vision_max_n_token": 576})
+    assert (vision.max_image_tokens, vision.prefill_index_width) == (576, 704)
+    no_layers = SWAConfig.from_hf_config({"sliding_window": 128, "vision_n_layers": 0, "vision_max_n_token": 576})
+    assert no_layers.max_image_tokens == 0
+    # V4.1 image tokens use the plain causal window: no widening.
+    v41_vision = SWAConfig.from_hf_config({"sliding_window": 128, "model_type": "deepseek_v41",
+                                           "compress_ratios": [0], "vision_n_layers": 2, "vision_max_n_token": 576})
+    assert v41_vision.max_image_tokens == 0
+    with pytest.raises(ConfigError, match="model_version"):
+        SWAConfig(model_version="deepseek_v5")
 
 
 def test_yaml_unknown_key_is_named(tmp_path):

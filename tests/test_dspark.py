@@ -84,12 +84,18 @@ def test_noncausal_buffer_is_allocated_once_on_first_use():
     assert md.decode_swa_indices.data_ptr() == first
 
 
-def test_draft_update_refuses_dspark_metadata():
+@pytest.mark.parametrize("backend", ["torch", "cuda", "sm12x", "rocm"])
+def test_draft_update_recomputes_dspark_rows(backend):
+    # docs/semantics.md #draft-updates: DSpark metadata is updated as DSpark rows (no replay bound).
     config = dspark(4, 2)
-    builder = make_builder(config, "torch")
-    md = builder.build(AttentionBatch.from_lists([6], [3], [[0, 1]], causal=False, block_size=4))
-    with pytest.raises(SpeculativeModeError, match="causal=False"):
-        builder.update_draft_decode_metadata(md)
+    builder = make_builder(config, backend)
+    batch = AttentionBatch.from_lists([6], [3], [[0, 1, 2]], causal=False, block_size=4, replay_start=[3])
+    md = builder.build(batch)
+    assert md.decode_swa_lens.tolist() == [6, 6, 6]  # positions 0..5: the replay bound is ignored
+    batch.seq_lens.add_(1)
+    builder.update_draft_decode_metadata(md)
+    assert not md.causal and md.decode_swa_lens.tolist() == [7, 7, 7]
+    assert md.decode_swa_indices[0, 0, :8].tolist() == [0, 1, 2, 3, 4, 5, 6, -1]
 
 
 class _null:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from helpers import BACKEND_PLATFORMS, make_builder
 from swa_hal import SWAConfig
 from swa_hal.scenarios import synthesize_batch
+from swa_hal.validation import validate_batch
 from swa_hal.testing import address_strict, compare_with_reference
 
 EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "100"))
@@ -73,7 +74,7 @@ def test_every_backend_equals_the_reference(case):
                              extra_pages=case["extra_pages"])
     note(f"batch: seq_lens={case['seqs']} query_lens={case['queries']} num_tokens={batch.num_tokens} "
          f"W={case['window']} B={case['block']} drafts={case['drafts']}")
-    batch.validate(config)
+    validate_batch(batch, config)
     for backend in BACKEND_PLATFORMS:
         builder = make_builder(config, backend)
         if backend == "sm12x":

@@ -24,6 +24,14 @@ CONFIGS = {
                                 speculative_method="mtp"),
     "w7b3_dspark": SWAConfig(window_size=7, block_size=3, max_model_len=300, max_num_batched_tokens=96,
                              max_num_seqs=10, num_speculative_tokens=5, speculative_method="dspark"),
+    # The vision variant: images longer than the window (M > W) and shorter (M < W).
+    "w4b4_vision_m6": SWAConfig(window_size=4, block_size=4, max_model_len=256, max_num_batched_tokens=96,
+                                max_num_seqs=8, max_image_tokens=6),
+    "w9b2_vision_m3_mtp": SWAConfig(window_size=9, block_size=2, max_model_len=256, max_num_batched_tokens=96,
+                                    max_num_seqs=8, max_image_tokens=3, num_speculative_tokens=1,
+                                    speculative_method="mtp"),
+    "w6b4_v41": SWAConfig(window_size=6, block_size=4, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8,
+                          model_version="deepseek_v41", compress_ratios=(0, 1, 2)),
 }
 
 
@@ -38,8 +46,9 @@ CASES = [(n, k) for n in CONFIGS for k in KINDS if k != "dspark" or CONFIGS[n].i
 def test_reference_matches_slow_model(name, kind):
     config = CONFIGS[name]
     rng = random.Random(f"{name}-{kind}")
-    for _ in range(6):
-        batch = random_batch(config, rng, kind)
+    for i in range(6):
+        # Every other batch carries replay bounds; image spans whenever the config has images.
+        batch = random_batch(config, rng, kind, replay=float(i % 2), spans=1.0)
         got = build_reference(config, batch)
         want = model(config, batch)
         assert tuple(got.split) == want["split"]
@@ -51,6 +60,8 @@ def test_reference_matches_slow_model(name, kind):
         assert got.prefill_lens.tolist() == want["prefill_lens"]
         assert (got.prefill_gather_lens.tolist() if got.prefill_gather_lens is not None else []) == want["gather_lens"]
         assert got.decode_indices.dtype == torch.int32 and got.decode_lens.dtype == torch.int32
+        for key, value in (("left_visible", got.prefill_left_visible), ("right_visible", got.prefill_right_visible)):
+            assert (value.tolist() if value is not None else None) == want[key]
 
 
 def test_ragged_rows_concatenates_valid_entries():

@@ -8,6 +8,7 @@ import torch
 from helpers import BACKEND_PLATFORMS, make_builder
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal import reference as ref
+from swa_hal.metadata import prefill_chunk_plan
 from swa_hal.split import split_decodes_and_prefills
 
 
@@ -97,14 +98,14 @@ def test_dspark_vector(backend):
 
 
 def test_chunk_plan_vector():
-    plan = ref.prefill_chunk_plan([80, 96, 112, 128, 144], [4] * 5, window_size=64, max_model_len=1024,
+    plan = prefill_chunk_plan([80, 96, 112, 128, 144], [4] * 5, window_size=64, max_model_len=1024,
                                   max_num_batched_tokens=128, compress_ratio=4, chunk_size=4)
     assert plan == [(0, 5, 36, 103)]
 
 
 def test_chunk_plan_splits_when_the_area_is_exceeded():
     # area_max = 1 * (0 + 4 + 8) = 12; g = q + min(P, 3): [4+3, 2+3, 2+0] -> [7, 5, 2]
-    plan = ref.prefill_chunk_plan([10, 5, 2], [4, 2, 2], window_size=4, max_model_len=64,
+    plan = prefill_chunk_plan([10, 5, 2], [4, 2, 2], window_size=4, max_model_len=64,
                                   max_num_batched_tokens=8, compress_ratio=1, chunk_size=1)
     # 2 * 7 = 14 > 12 -> (0,1); then [5,2]: 2 * 5 = 10 <= 12 -> (1,3)
     assert plan == [(0, 1, 0, 7), (1, 3, 0, 5)]

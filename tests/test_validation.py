@@ -10,6 +10,7 @@ import torch
 from helpers import BACKEND_PLATFORMS, make_builder
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal import errors as E
+from swa_hal.validation import validate_batch
 
 CFG = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=32, max_num_seqs=4,
                 num_speculative_tokens=1, speculative_method="mtp", num_kv_blocks=40)
@@ -133,7 +134,7 @@ def _seq(b, r, value):
 
 def test_the_catalogue_is_large_enough_and_the_base_batch_is_valid():
     assert len(CATALOGUE) >= 25 and len({c[0] for c in CATALOGUE}) == len(CATALOGUE)
-    base().validate(CFG)
+    validate_batch(base(), CFG)
     md = make_builder(CFG, "torch").build(base(), validate=True)
     assert (md.num_decodes, md.num_prefills, md.num_prefill_tokens) == (2, 1, 7)
 
@@ -142,7 +143,7 @@ def test_the_catalogue_is_large_enough_and_the_base_batch_is_valid():
 def test_bad_input_kind(kind, make, config, exc, message):
     bad = make(base())
     with pytest.raises(exc, match=message) as info:
-        bad.validate(config)
+        validate_batch(bad, config)
     assert type(info.value) is exc
     assert isinstance(info.value, E.BatchValidationError) and isinstance(info.value, ValueError)
     assert info.value.field and info.value.field.split("[")[0] in str(info.value)

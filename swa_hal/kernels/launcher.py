@@ -18,7 +18,8 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-NUM_WARPS = 4
+from ..jit import NUM_WARPS
+
 
 
 def _hooks_idle() -> bool:
@@ -41,10 +42,6 @@ class KernelLauncher:
 
             self._current_stream = driver.active.get_current_stream
             self._device_index = device.index if device.index is not None else torch.cuda.current_device()
-
-    @property
-    def compiled_keys(self) -> list[Hashable]:
-        return list(self._compiled)
 
     def ready(self, key: Hashable) -> bool:
         """Whether launches of ``key`` take the fast path (and so accept addresses for pointers)."""

@@ -21,6 +21,8 @@ def random_batch(
     max_context: int | None = None,
     extra_pages: int | None = None,
     device: str = "cpu",
+    replay: float = 0.3,
+    spans: float = 0.7,
 ) -> AttentionBatch:
     """A valid batch of ``kind`` (one of KINDS) within the config's limits.
 
@@ -29,6 +31,9 @@ def random_batch(
     prefills. padded: padding rows and zero-length padding requests. invalid: real tokens without a
     slot. short_context: contexts shorter than the window. dspark: a non-causal DSpark draft step.
     Block tables are exactly as wide as needed, or a little wider.
+    With probability ``replay`` the batch carries replay bounds (docs/semantics.md #bounded-replay)
+    anywhere in [0, prefix], the edges favoured; with probability ``spans``, when the config has
+    image tokens, prefills carry image spans (#vision-spans), overlapping ones included.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown batch kind {kind!r}; known: {', '.join(KINDS)}")
@@ -101,8 +106,42 @@ def random_batch(
     invalid = min(invalid, sum(queries))
     seqs += [0] * padding_reqs
     queries += [0] * padding_reqs
+    replay_start = random_replay(rng, seqs, queries, w) if rng.random() < replay else None
+    image_spans = None
+    if config.max_image_tokens > 0 and rng.random() < spans:
+        image_spans = random_spans(rng, seqs, queries, config.max_image_tokens)
     return synthesize_batch(
         config, seqs, queries, rng=rng, padding_rows=padding_rows, invalid_tokens=invalid,
         causal=causal, extra_pages=rng.choice((0, 0, 1, 3)) if extra_pages is None else extra_pages,
-        device=device,
+        device=device, replay_start=replay_start, image_spans=image_spans,
     )
+
+
+def random_replay(rng: random.Random, seqs: list[int], queries: list[int], window: int) -> list[int]:
+    """One legal replay bound per request (0 <= bound <= prefix), often at the interesting edges:
+    0, the prefix itself, and just inside or outside the window of the first new token."""
+    out = []
+    for s, q in zip(seqs, queries):
+        prefix = s - q
+        edges = [0, prefix, max(0, prefix - window + 1), max(0, prefix - window + 2), max(0, prefix - 1)]
+        out.append(rng.choice(edges) if rng.random() < 0.6 else rng.randint(0, prefix))
+    return out
+
+
+def random_spans(
+    rng: random.Random, seqs: list[int], queries: list[int], max_image_tokens: int
+) -> dict[int, list[tuple[int, int]]]:
+    """Image spans inside the new tokens of some requests, each at most ``max_image_tokens`` long;
+    sometimes overlapping, sometimes crossing the window's edge."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for r, (s, q) in enumerate(zip(seqs, queries)):
+        if q < 2 or rng.random() < 0.3:
+            continue
+        lo, hi = s - q, s - 1
+        spans = []
+        for _ in range(rng.randint(1, 3)):
+            a = rng.randint(lo, hi)
+            e = min(hi, a + rng.randint(0, max_image_tokens - 1))
+            spans.append((a, e))
+        out[r] = spans
+    return out

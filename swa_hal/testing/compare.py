@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..ragged import RaggedDecodeRows
 from ..reference import build_reference, ragged_rows
 
 if TYPE_CHECKING:
@@ -48,17 +49,24 @@ def compare_with_reference(config: "SWAConfig", batch: "AttentionBatch", md: "SW
         ("prefill_swa_indices", md.prefill_swa_indices, ref.prefill_indices if ref.split.num_prefill_tokens else None),
         ("prefill_swa_lens", md.prefill_swa_lens, ref.prefill_lens if ref.split.num_prefill_tokens else None),
         ("prefill_gather_lens", md.prefill_gather_lens, ref.prefill_gather_lens),
+        ("replay_start", md.replay_start, ref.replay_start),
+        ("prefill_left_visible", md.prefill_left_visible, ref.prefill_left_visible),
+        ("prefill_right_visible", md.prefill_right_visible, ref.prefill_right_visible),
     ]
+    if md.max_decode_query_len != min(batch.max_query_len, config.decode_threshold):
+        out.append(f"max_decode_query_len: got {md.max_decode_query_len}, expected "
+                   f"min({batch.max_query_len}, {config.decode_threshold})")
     if md.num_prefills:
         nd = md.num_decodes
         checks.append(("prefill_seq_lens_cpu", md.prefill_seq_lens_cpu, batch.seq_lens_cpu[nd:]))
         qsl = batch.query_start_loc_cpu
         checks.append(("prefill_query_lens_cpu", md.prefill_query_lens_cpu, qsl[nd + 1 :] - qsl[nd:-1]))
-    if md.decode_swa_indptr is not None:
+    ragged = md.extra(RaggedDecodeRows)
+    if ragged is not None:
         flat, indptr = ragged_rows(ref.decode_indices, ref.decode_lens)
-        checks.append(("decode_swa_indptr", md.decode_swa_indptr, indptr))
-        got = md.decode_swa_ragged_indices.detach().cpu()[: int(indptr[-1])]
-        checks.append(("decode_swa_ragged_indices", got, flat.cpu()))
+        checks.append(("RaggedDecodeRows.indptr", ragged.indptr, indptr))
+        got = ragged.indices.detach().cpu()[: int(indptr[-1])]
+        checks.append(("RaggedDecodeRows.indices", got, flat.cpu()))
     for name, got, want in checks:
         problem = _diff(name, got, want)
         if problem:

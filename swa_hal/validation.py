@@ -307,21 +307,21 @@ def _validate_spans(spans, seq, query, device, config) -> None:
     req = torch.repeat_interleave(torch.arange(num_reqs), counts)
     if bool((starts > ends).any()):
         i = _first(starts > ends)
-        raise BatchRangeError("image_spans", f"image span {i} of request {int(req[i])} is inverted: start {int(starts[i])} > end {int(ends[i])}", int(req[i]))
+        raise BatchRangeError("image_spans", f"image_spans[{int(req[i])}]: span {i} is inverted: start {int(starts[i])} > end {int(ends[i])}", int(req[i]))
     lo, hi = (seq - query)[req], seq[req] - 1
     outside = (starts < lo) | (ends > hi)
     if bool(outside.any()):
         i = _first(outside)
         r = int(req[i])
         raise BatchRangeError(
-            "image_spans", f"image span {i} [{int(starts[i])}, {int(ends[i])}] of request {r} lies outside its new tokens "
+            "image_spans", f"image_spans[{r}]: span {i} [{int(starts[i])}, {int(ends[i])}] lies outside the request's new tokens "
             f"[{int(lo[i])}, {int(hi[i])}] (seq_lens[{r}] - query_len .. seq_lens[{r}] - 1)", r,
         )
     m = config.max_image_tokens
     if m > 0 and bool((ends - starts + 1 > m).any()):
         i = _first(ends - starts + 1 > m)
         raise BatchRangeError(
-            "image_spans", f"image span {i} [{int(starts[i])}, {int(ends[i])}] of request {int(req[i])} holds "
+            "image_spans", f"image_spans[{int(req[i])}]: span {i} [{int(starts[i])}, {int(ends[i])}] holds "
             f"{int(ends[i] - starts[i] + 1)} tokens; max_image_tokens is {m}", int(req[i]),
         )
 

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Everything this project runs on a lent H200 in one call (see /work/.library/device/README.md):
-#   device run --carry .whl 'bash benchmarks/run_h200.sh'
-# .whl holds tokenspeed-flashmla (cp312, torch 2.11), downloaded on the developer machine with
+# Everything this project measures on an NVIDIA GPU machine, in one command, from the repository root:
+#   bash benchmarks/run_h200.sh
+# For a machine without network access, put the wheels it lacks in .whl/ first, e.g. FlashMLA
+# (tokenspeed-flashmla, cp312, torch 2.11):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl tokenspeed-flashmla==1.0.0.post20260429
-# Outputs land in $OUT (or benchmarks/results/h200-local when run by hand).
+# Outputs land in $OUT (default benchmarks/results/h200-local).
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/h200-local}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 STEPS=${STEPS:-install info tests host bench}
+SITE=${SITE:-$(mktemp -d)}
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+    && export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
 for step in $STEPS; do
   case $step in

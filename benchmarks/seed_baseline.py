@@ -1,6 +1,7 @@
-"""The baseline: the engine seed's launch sequence, re-implemented here with straightforward kernels.
+"""The baseline: an engine's original launch sequence for this metadata, re-implemented here with
+straightforward kernels.
 
-Per build the seed (``../shared/seed/sparse_swa_seed.py.txt``) does, in order: token_to_req by
+Per build that engine code does, in order: token_to_req by
 repeat_interleave into a buffer, ``is_valid.copy_(slot_mapping >= 0)``, a fill of the decode-lens
 tail, one window-rows kernel launch for the decode rows and one for the prefill rows (one program per
 token, reading token_to_req and is_valid back from their buffers), a gather-lens kernel into a fresh

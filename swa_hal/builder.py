@@ -38,7 +38,7 @@ class SWAMetadataBuilder:
         The cheap host checks (dtypes, capacity, speculative mode) always run.
     """
 
-    # The builder asks the engine for no reordering beyond "decodes first" (seed semantics).
+    # The builder asks the engine for no reordering beyond "decodes first" (the engines' own rule).
     reorder_batch_threshold: int | None = None
 
     def __init__(

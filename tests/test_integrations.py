@@ -57,10 +57,10 @@ def test_engine_builder_surface(backend, assume):
     rng = random.Random(backend)
     for kind in ("decode", "mtp", "mixed", "padded", "invalid"):
         batch = random_batch(CFG, rng, kind)
-        md = engine.build(0, common_metadata(batch), fast_build=True)
+        md = engine.build(0, common_metadata(batch), fast_build=True, replay_start=batch.replay_start)
         assert not compare_with_reference(CFG, batch, md)
         assert md.max_decode_query_len == min(batch.max_query_len, 3)
-    batch = random_batch(CFG, rng, "mtp", extra_pages=1, max_context=500)
+    batch = random_batch(CFG, rng, "mtp", extra_pages=1, max_context=500, replay=0.0)  # captures pass no bound
     md = engine.build_for_cudagraph_capture(common_metadata(batch))
     batch.seq_lens[: md.num_decodes] += 1
     batch.seq_lens_cpu[: md.num_decodes] += 1

@@ -18,7 +18,7 @@ def scheduler_factory() -> tuple[Callable[[], Any] | None, str | None]:
     except (ImportError, OSError) as exc:
         return None, (
             f"flash_mla is not importable ({type(exc).__name__}: {exc}); "
-            "install a wheel matching your torch (see CONTRIBUTING.md, 'FlashMLA distributions')"
+            "install a wheel matching your torch (see docs/backends.md, 'FlashMLA distributions')"
         )
     get_mla_metadata = getattr(flash_mla, "get_mla_metadata", None)
     if get_mla_metadata is None:

@@ -1,8 +1,8 @@
-"""The engine-facing surface of the seed's builder, over swa_hal.
+"""The engine-facing surface of an engine's own SWA metadata builder, over swa_hal.
 
 An engine keeps its per-step ``CommonAttentionMetadata``-like object; ``batch_from_common_metadata``
 reads it by field name (no copies, no host syncs) and ``EngineSWABuilder`` offers the methods the
-engine already calls: ``build(common_prefix_len, common_attn_metadata, fast_build=False)``,
+engine already calls: ``build(common_prefix_len, common_attn_metadata, fast_build=False, replay_start=None)``,
 ``update_draft_decode_metadata``, ``reorder_batch_threshold`` and its CUDA-graph support level.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..batch import AttentionBatch
+from ..batch import AttentionBatch, ImageSpans
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
 from ..errors import BatchShapeError
@@ -30,13 +30,16 @@ class CudaGraphSupport(enum.IntEnum):
     ALWAYS = 3
 
 
-def batch_from_common_metadata(cm: Any) -> AttentionBatch:
+def batch_from_common_metadata(
+    cm: Any, *, replay_start: torch.Tensor | None = None, image_spans: ImageSpans | None = None
+) -> AttentionBatch:
     """An AttentionBatch that shares the engine's tensors (nothing is copied or synchronised).
 
     Reads ``seq_lens``, ``seq_lens_cpu_upper_bound`` (or ``seq_lens_cpu``), ``query_start_loc``,
     ``query_start_loc_cpu``, ``block_table_tensor``, ``slot_mapping``, ``max_query_len``,
     ``num_actual_tokens`` and ``causal`` (default True). The token rows T are the slot mapping's
-    length: padding rows past ``num_actual_tokens`` included.
+    length: padding rows past ``num_actual_tokens`` included. ``replay_start`` and ``image_spans``
+    pass through (docs/semantics.md #bounded-replay, #vision-spans).
     """
     seq_cpu = getattr(cm, "seq_lens_cpu_upper_bound", None)
     if seq_cpu is None:
@@ -58,14 +61,16 @@ def batch_from_common_metadata(cm: Any) -> AttentionBatch:
         max_query_len=int(cm.max_query_len),
         num_tokens=num_tokens,
         causal=bool(getattr(cm, "causal", True)),
+        replay_start=replay_start,
+        image_spans=image_spans,
     )
 
 
 class EngineSWABuilder:
-    """The seed's builder surface for an engine, delegating to SWAMetadataBuilder."""
+    """An engine's SWA metadata builder surface, delegating to SWAMetadataBuilder."""
 
     cudagraph_support = CudaGraphSupport.UNIFORM_BATCH
-    # The builder needs decodes first and nothing more (seed semantics): it asks for no reordering.
+    # The builder needs decodes first and nothing more: it asks for no reordering.
     reorder_batch_threshold: int | None = None
 
     def __init__(
@@ -96,10 +101,25 @@ class EngineSWABuilder:
     def backend_name(self) -> str:
         return self.builder.backend_name
 
-    def build(self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False) -> SWAMetadata:
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: Any,
+        fast_build: bool = False,
+        replay_start: torch.Tensor | None = None,
+    ) -> SWAMetadata:
         """Build this step's metadata. ``common_prefix_len`` and ``fast_build`` are accepted for the
-        engine's interface; sliding-window rows have no cascade prefix and one build path."""
-        return self.builder.build(batch_from_common_metadata(common_attn_metadata))
+        engine's interface; sliding-window rows have no cascade prefix and one build path.
+        ``replay_start``: each request's lower bound on the window (None: none). Image spans are read
+        from ``common_attn_metadata.mm_req_doc_ranges`` (``{request: [(start, end), ...]}``) when the
+        model is the vision variant and the step has prefill tokens."""
+        spans = None
+        ranges = getattr(common_attn_metadata, "mm_req_doc_ranges", None)
+        if ranges and self.builder.config.max_image_tokens > 0 and any(ranges.values()):
+            num_reqs = common_attn_metadata.query_start_loc_cpu.shape[0] - 1
+            spans = self.builder.image_spans_from_ranges(ranges, num_reqs)
+        batch = batch_from_common_metadata(common_attn_metadata, replay_start=replay_start, image_spans=spans)
+        return self.builder.build(batch)
 
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> SWAMetadata:
         return self.build(0, common_attn_metadata)

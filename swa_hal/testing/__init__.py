@@ -1,6 +1,10 @@
 """The conformance kit and test helpers.
 
-- ``BackendConformance`` (``swa_hal.testing.conformance``): the base class a backend's suite subclasses.
+- ``BackendConformance`` (``swa_hal.testing.conformance``): every topic of the conformance kit in one class.
+- ``BackendFixtures`` (``swa_hal.testing.fixtures``): the kit's overridable fixtures, and one mixin per
+  topic: ``SelectionTests``, ``VectorTests``, ``RandomBatchTests``, ``DraftUpdateTests``,
+  ``AddressRuleTests``, ``GraphTests`` (modules ``selection``, ``vectors``, ``random_batches``,
+  ``draft_updates``, ``address_rules``, ``graphs``), so a backend takes the topics that apply.
 - ``swa_hal.testing.plugin``: the opt-in pytest plugin (options and fixtures).
 - ``address_strict`` (``swa_hal.testing.interpreter``): the SM12x address rule on a CPU.
 - ``random_batch`` and ``compare_with_reference``: batches of every kind, and bit-exact comparison.
@@ -15,8 +19,16 @@ from typing import Any
 
 _EXPORTS = {
     "BackendConformance": "conformance",
-    "CONFORMANCE_CONFIGS": "conformance",
-    "requires": "conformance",
+    "BackendFixtures": "fixtures",
+    "Target": "fixtures",
+    "CONFORMANCE_CONFIGS": "fixtures",
+    "requires": "fixtures",
+    "SelectionTests": "selection",
+    "VectorTests": "vectors",
+    "RandomBatchTests": "random_batches",
+    "DraftUpdateTests": "draft_updates",
+    "AddressRuleTests": "address_rules",
+    "GraphTests": "graphs",
     "address_strict": "interpreter",
     "AddressViolation": "interpreter",
     "random_batch": "batches",

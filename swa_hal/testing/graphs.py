@@ -1,14 +1,18 @@
-"""CUDA-graph checks: a decode-only build is captured once and replays correctly on new inputs."""
+"""Conformance topic: CUDA graphs. A decode-only build is captured once and replays correctly on new
+inputs; collected for backends that claim ``cuda_graphs``, run on a GPU with ``-m gpu``."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
+import pytest
 import torch
 
 from ..builder import SWAMetadataBuilder
 from ..scenarios import synthesize_batch
 from .compare import compare_with_reference
+from .fixtures import CONFORMANCE_CONFIGS, BackendFixtures, Target, requires
 
 
 def check_graph_replay(builder: SWAMetadataBuilder, *, rng: random.Random, num_reqs: int = 64, replays: int = 5) -> int:
@@ -45,3 +49,16 @@ def check_graph_replay(builder: SWAMetadataBuilder, *, rng: random.Random, num_r
         problems = compare_with_reference(config, static, md)
         assert not problems, "graph replay: " + "; ".join(problems)
     return replays
+
+
+class GraphTests(BackendFixtures):
+    """Capture a decode build of the V4 config in a CUDA graph and replay it on new inputs."""
+
+    @requires("cuda_graphs")
+    @pytest.mark.gpu
+    def test_decode_build_replays_in_a_cuda_graph(
+        self, target: Target, make_builder: Callable[..., SWAMetadataBuilder]
+    ) -> None:
+        if target.device.type != "cuda":
+            pytest.fail("the CUDA-graph claim is checked on a CUDA device; run this suite there with -m gpu")
+        check_graph_replay(make_builder(CONFORMANCE_CONFIGS["v4"]), rng=random.Random(0))

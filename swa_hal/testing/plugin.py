@@ -3,9 +3,13 @@
 Load it with ``pytest -p swa_hal.testing.plugin`` or ``pytest_plugins = ["swa_hal.testing.plugin"]``
 in a conftest.py; it is never auto-loaded. It adds:
 
-  --swa-hal-backend NAME   the backend a BackendConformance class without backend_name tests
+  --swa-hal-backend NAME   the backend a conformance class without backend_name tests
   --swa-hal-expect NAME    fail the session unless auto-selection on this machine picks NAME
                            (catches a silent fallback to another backend in a vendor's CI)
+  --swa-hal-interpret      run Triton kernels on the CPU: sets TRITON_INTERPRET=1 for the session,
+                           before any conftest (and so triton) is imported, and restores it after
+
+Importing or loading the plugin changes no environment variable; only ``--swa-hal-interpret`` does.
 
 and fixtures: ``swa_hal_registry`` (a fresh registry of the installed plugins), ``swa_hal_register``
 (register a plugin object for one test), ``swa_hal_platform`` (a PlatformInfo from an --assume string),
@@ -17,11 +21,14 @@ make that claim.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 CLAIMS = ("clamps_addresses", "cuda_graphs", "draft_update")
+_INTERPRET = "TRITON_INTERPRET"
+_saved_interpret: list[str | None] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,17 +37,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="backend tested by BackendConformance classes that set no backend_name")
     group.addoption("--swa-hal-expect", dest="swa_hal_expect", default=None,
                     help="fail unless auto-selection on this machine picks this backend")
+    group.addoption("--swa-hal-interpret", dest="swa_hal_interpret", action="store_true", default=False,
+                    help="run Triton kernels on the CPU through the Triton interpreter (TRITON_INTERPRET=1)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    # The interpreter must be on before triton is imported, and conftests may import it: this hook runs
+    # before any conftest is loaded (only for plugins given by -p or installed, which this one is).
+    if early_config.known_args_namespace.swa_hal_interpret:
+        _saved_interpret.append(os.environ.get(_INTERPRET))
+        os.environ[_INTERPRET] = "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "swa_hal_requires(claim): run only for backends that make this claim")
     config.addinivalue_line("markers", "gpu: needs a GPU")
-    if "TRITON_INTERPRET" not in os.environ:
-        import torch
 
-        if not torch.cuda.is_available():
-            # Triton backends run on the CPU through the interpreter; it must be on before triton is imported.
-            os.environ["TRITON_INTERPRET"] = "1"
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _saved_interpret:
+        previous = _saved_interpret.pop()
+        if previous is None:
+            os.environ.pop(_INTERPRET, None)
+        else:
+            os.environ[_INTERPRET] = previous
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -59,6 +80,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def _claims(spec: Any, backend: Any | None) -> set[str]:
+    """The claims a backend makes (``requires(claim)`` tests are collected for those only)."""
     out = set()
     if spec.clamps_addresses:
         out.add("clamps_addresses")
@@ -71,13 +93,13 @@ def _claims(spec: Any, backend: Any | None) -> set[str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from ..plugins import get_registry
-    from .conformance import BackendConformance
+    from .fixtures import BackendFixtures
 
     keep, drop = [], []
     for item in items:
         marker = item.get_closest_marker("swa_hal_requires")
         cls = getattr(item, "cls", None)
-        if marker is None or cls is None or not issubclass(cls, BackendConformance):
+        if marker is None or cls is None or not issubclass(cls, BackendFixtures):
             keep.append(item)
             continue
         name = cls.backend_name or config.getoption("swa_hal_backend")
@@ -100,7 +122,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def swa_hal_registry():
+def swa_hal_registry() -> Iterator[Any]:
     """A registry freshly loaded from the installed entry points, used as the process default for
     the test (and forgotten after it)."""
     from .. import plugins
@@ -112,7 +134,7 @@ def swa_hal_registry():
 
 
 @pytest.fixture
-def swa_hal_register(swa_hal_registry) -> Callable[..., Any]:
+def swa_hal_register(swa_hal_registry: Any) -> Iterator[Callable[..., Any]]:
     """Register a plugin object (module or instance with hookimpls) for this test only."""
     names: list[str] = []
 
@@ -158,7 +180,7 @@ def swa_hal_entry_point() -> Callable[..., Any]:
 
 
 @pytest.fixture
-def swa_hal_address_strict():
+def swa_hal_address_strict() -> Iterator[None]:
     from .interpreter import address_strict
 
     with address_strict():

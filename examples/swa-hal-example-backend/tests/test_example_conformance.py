@@ -2,21 +2,50 @@
 
 import random
 
+import torch
+
 from swa_hal import PlatformInfo, SWAMetadataBuilder
 from swa_hal.reference import ragged_rows
 from swa_hal.testing import CONFORMANCE_CONFIGS, BackendConformance, random_batch
+from swa_hal_example.backend import ExampleRaggedRows
 
 
 class TestExampleBackend(BackendConformance):
     backend_name = "example"
 
 
-def test_ragged_post_pass_matches_the_dense_rows():
+def _check_ragged(md):
+    ragged = md.extra(ExampleRaggedRows)
+    flat, indptr = ragged_rows(md.decode_swa_indices, md.decode_swa_lens)
+    assert ragged.indptr.tolist() == indptr.tolist()
+    assert ragged.indices[: int(indptr[-1])].tolist() == flat.tolist()
+    return ragged
+
+
+def test_ragged_rows_match_the_dense_rows_in_fixed_buffers():
     config = CONFORMANCE_CONFIGS["v4"]
     builder = SWAMetadataBuilder(config, backend="example", platform=PlatformInfo.from_assume("vendor=example"))
     rng = random.Random(0)
+    addresses = set()
     for kind in ("decode", "mixed", "invalid", "padded"):
-        md = builder.build(random_batch(config, rng, kind))
-        flat, indptr = ragged_rows(md.decode_swa_indices, md.decode_swa_lens)
-        assert md.decode_swa_indptr.tolist() == indptr.tolist()
-        assert md.decode_swa_ragged_indices[: int(indptr[-1])].tolist() == flat.tolist()
+        ragged = _check_ragged(builder.build(random_batch(config, rng, kind)))
+        addresses.add((ragged.indptr.untyped_storage().data_ptr(), ragged.indices.untyped_storage().data_ptr()))
+    assert len(addresses) == 1, "the extra must live in buffers allocated once"
+
+
+def test_ragged_rows_follow_draft_updates_and_dspark_rows():
+    platform = PlatformInfo.from_assume("vendor=example")
+    rng = random.Random(1)
+    config = CONFORMANCE_CONFIGS["w4b4_mtp"]
+    builder = SWAMetadataBuilder(config, backend="example", platform=platform)
+    batch = random_batch(config, rng, "mtp", max_context=config.max_model_len - 4)
+    md = builder.build(batch)
+    for _ in range(3):
+        batch.seq_lens[: md.num_decodes] += 1
+        batch.seq_lens_cpu[: md.num_decodes] += 1
+        builder.update_draft_decode_metadata(md)
+        _check_ragged(md)
+    config = CONFORMANCE_CONFIGS["w7b3_dspark"]
+    builder = SWAMetadataBuilder(config, backend="example", platform=platform)
+    md = builder.build(random_batch(config, rng, "dspark"))
+    assert not md.causal and torch.equal(_check_ragged(md).indptr[:1], torch.zeros(1, dtype=torch.int32))

@@ -1,43 +1,71 @@
-"""The example backend: swa_hal's reference backend plus a post-pass, the typical vendor shape."""
+"""The example backend: swa_hal's reference backend plus one typed extra, the typical vendor shape.
+
+It keeps the rules every backend keeps: its buffers are allocated once, in ``allocate``; each build and
+each draft-step update writes into them in place (``out=`` and in-place ops, no new tensors); and no
+device value is ever read on the host, so a decode build can be captured in a CUDA graph.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
 from swa_hal.reference_backend import TorchBackend
 
+if TYPE_CHECKING:
+    from swa_hal.buffers import MetadataBuffers
+    from swa_hal.metadata import SWAMetadata
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleRaggedRows:
+    """The decode rows in CSR form, as the Example accelerator's attention kernel reads them
+    (``metadata.extra(ExampleRaggedRows)``).
+
+    indptr: int32 [num_decode_tokens + 1], the exclusive prefix sum of the decode lens.
+    indices: int32, a whole fixed buffer: its first ``indptr[-1]`` entries are the valid entries of every
+        decode row, concatenated; the rest is stale (its length is data: reading it would need a sync).
+    """
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+
 
 class ExampleBackend(TorchBackend):
     name = "example"
 
-    def allocate(self, buffers) -> None:
+    def allocate(self, buffers: MetadataBuffers) -> None:
         super().allocate(buffers)
-        cap, width = buffers.capacity, max(self.config.window_size, self.config.noncausal_index_width)
-        # Fixed buffers, like every swa_hal output: consumers may capture their addresses.
+        cap = buffers.capacity
+        width = max(self.config.window_size, self.config.noncausal_index_width)
         self._indptr = torch.zeros(cap + 1, dtype=torch.int32, device=self.device)
-        self._flat = torch.full((cap * width,), -1, dtype=torch.int32, device=self.device)
-        self._cols = torch.arange(width, dtype=torch.int32, device=self.device)
+        # One slot past the rows' entries takes the writes of the columns past each row's length.
+        self._trash = cap * width
+        self._flat = torch.full((cap * width + 1,), -1, dtype=torch.int32, device=self.device)
+        self._indices = self._flat[: self._trash]
+        self._cols = torch.arange(width, dtype=torch.int64, device=self.device)
+        self._dest = torch.empty(cap * width, dtype=torch.int64, device=self.device)
+        self._past = torch.empty(cap * width, dtype=torch.bool, device=self.device)
 
-    def post_process(self, metadata, buffers):
-        self._ragged(metadata)
-        return metadata
-
-    def recompute_decode_rows(self, metadata, buffers) -> None:
-        super().recompute_decode_rows(metadata, buffers)
-        self._ragged(metadata)
-
-    def _ragged(self, metadata) -> None:
+    def extras(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> tuple[ExampleRaggedRows]:
+        # Called after every build and every draft-step update, so the CSR form follows the rows.
         rows = metadata.num_decode_tokens
-        lens = metadata.decode_swa_lens
         indptr = self._indptr[: rows + 1]
-        torch.cumsum(lens, 0, dtype=torch.int32, out=indptr[1:])
         if rows:
+            lens = metadata.decode_swa_lens
             idx = metadata.decode_swa_indices.reshape(rows, -1)
-            keep = self._cols[: idx.shape[1]][None, :] < lens[:, None]
-            dest = (indptr[:-1, None] + self._cols[: idx.shape[1]][None, :])[keep]
-            self._flat[dest.long()] = idx[keep]
-        metadata.decode_swa_indptr = indptr
-        metadata.decode_swa_ragged_indices = self._flat
+            width = idx.shape[1]
+            cols = self._cols[:width]
+            dest = self._dest[: rows * width].view(rows, width)
+            past = self._past[: rows * width].view(rows, width)
+            torch.cumsum(lens, 0, dtype=torch.int32, out=indptr[1:])
+            torch.add(indptr[:-1, None], cols, out=dest)  # where each entry of each row goes
+            torch.ge(cols, lens[:, None], out=past)
+            dest.masked_fill_(past, self._trash)
+            self._flat.scatter_(0, dest.view(-1), idx.reshape(-1))
+        return (ExampleRaggedRows(indptr, self._indices),)
 
     def status(self) -> dict[str, str]:
-        return {"kernel": "swa_hal reference + ragged post-pass (example plugin)"}
+        return {"kernel": "swa_hal reference + ragged (CSR) rows (example plugin)"}

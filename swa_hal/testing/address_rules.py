@@ -1,0 +1,42 @@
+"""Conformance topic: the SM12x address rule (every lane's address in bounds, masked or not), checked under
+the Triton interpreter's address-strict mode. Collected for backends that claim ``clamps_addresses``."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from ..batch import AttentionBatch
+from ..builder import SWAMetadataBuilder
+from .compare import compare_with_reference
+from .fixtures import BackendFixtures, Target, requires
+from .interpreter import address_strict
+
+
+class AddressRuleTests(BackendFixtures):
+    """Random batches of every config and kind, built (and draft-updated) with every lane checked."""
+
+    @requires("clamps_addresses")
+    def test_address_strict(
+        self,
+        name: str,
+        target: Target,
+        make_builder: Callable[..., SWAMetadataBuilder],
+        make_batch: Callable[..., AttentionBatch],
+        config_name: str,
+        kind: str,
+    ) -> None:
+        if target.device.type != "cpu":
+            pytest.skip("address-strict runs under the Triton interpreter on the CPU")
+        config = self.configs[config_name]
+        builder = make_builder(config)
+        rng = random.Random(f"strict-{name}-{config_name}-{kind}")
+        with address_strict():
+            for _ in range(self.batches_per_case):
+                batch = make_batch(config, rng, kind)
+                md = builder.build(batch)
+                assert not compare_with_reference(config, batch, md)
+                if md.causal and md.num_decode_tokens and builder.supports_draft_decode_metadata_update:
+                    builder.update_draft_decode_metadata(md)  # the in-place variant, same rule

@@ -1,0 +1,259 @@
+"""The conformance kit's base: the fixtures every topic uses, each one overridable.
+
+A backend's suite combines this base (or a subclass of it that overrides fixtures) with the topics that
+apply to it, one mixin per module of ``swa_hal.testing``::
+
+    from swa_hal.testing.fixtures import BackendFixtures
+    from swa_hal.testing.random_batches import RandomBatchTests
+    from swa_hal.testing.selection import SelectionTests
+    from swa_hal.testing.vectors import VectorTests
+
+
+    class AcmeFixtures(BackendFixtures):
+        backend_name = "acme"
+
+        @pytest.fixture
+        def target(self, spec):
+            return Target(PlatformInfo.from_assume("vendor=acme"), torch.device("acme"))
+
+
+    class TestAcme(SelectionTests, VectorTests, RandomBatchTests, AcmeFixtures):
+        pass
+
+``BackendConformance`` (``swa_hal.testing.conformance``) combines every topic.
+
+Class attributes: ``backend_name`` (or ``--swa-hal-backend``), ``platform`` (the ``--assume`` string the
+outputs are computed on; default: the spec's first platform), ``device``, ``batches_per_case``, ``opt_out``
+(test name without ``test_`` -> reason; shown as a skip), ``configs`` and ``draft_update_configs``.
+
+Fixtures: ``registry``, ``name`` (the backend name), ``spec``, ``target`` (platform and device),
+``make_builder(config, **kw)`` and ``make_batch(config, rng, kind, **kw)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, NamedTuple
+
+import pytest
+import torch
+
+from ..backend import BackendSpec
+from ..batch import AttentionBatch
+from ..builder import SWAMetadataBuilder
+from ..config import SWAConfig
+from ..envs import env_flag
+from ..platform import PlatformInfo
+from ..plugins import PluginRegistry, get_registry
+from .batches import KINDS, random_batch
+
+# Platforms every backend is asked about: it must answer each without raising.
+PLATFORM_GRID = (
+    "vendor=cpu",
+    "vendor=cuda,capability=7.0",
+    "vendor=cuda,capability=8.0",
+    "vendor=cuda,capability=9.0",
+    "vendor=cuda,capability=10.0",
+    "vendor=cuda,capability=12.0",
+    "vendor=cuda,capability=12.1",
+    "vendor=cuda,capability=9.0,triton=0",
+    "vendor=rocm,arch=gfx942,capability=9.4",
+    "vendor=rocm,arch=gfx950,capability=9.5",
+    "vendor=xpu",
+    "vendor=tpu",
+)
+
+CONFORMANCE_CONFIGS: dict[str, SWAConfig] = {
+    # The worked-vector geometry (docs/semantics.md) with one MTP draft token.
+    "w4b4_mtp": SWAConfig(
+        window_size=4,
+        block_size=4,
+        compress_ratios=(0, 4, 128),
+        max_model_len=512,
+        max_num_batched_tokens=96,
+        max_num_seqs=12,
+        num_speculative_tokens=1,
+        speculative_method="mtp",
+    ),
+    # A window that is not a power of two, one-token pages.
+    "w5b1": SWAConfig(window_size=5, block_size=1, max_model_len=160, max_num_batched_tokens=64, max_num_seqs=9),
+    # The smallest window.
+    "w1b16": SWAConfig(window_size=1, block_size=16, max_model_len=256, max_num_batched_tokens=48, max_num_seqs=6),
+    # Parallel drafting: decode queries up to 1 + 2 * 2 tokens.
+    "w12b8_parallel": SWAConfig(
+        window_size=12,
+        block_size=8,
+        max_model_len=512,
+        max_num_batched_tokens=128,
+        max_num_seqs=16,
+        num_speculative_tokens=2,
+        parallel_drafting=True,
+        speculative_method="mtp",
+    ),
+    # DeepSeek-V4 rows (W=128, B=64) at a small capacity.
+    "v4": SWAConfig(
+        window_size=128,
+        block_size=64,
+        compress_ratios=(0, 0, 4, 128),
+        max_model_len=65536,
+        max_num_batched_tokens=512,
+        max_num_seqs=24,
+    ),
+    # DSpark: non-causal draft rows (W=7 + 5 drafts -> 64 wide).
+    "w7b3_dspark": SWAConfig(
+        window_size=7,
+        block_size=3,
+        max_model_len=300,
+        max_num_batched_tokens=96,
+        max_num_seqs=10,
+        num_speculative_tokens=5,
+        speculative_method="dspark",
+    ),
+    # The vision variant: image spans widen prefill rows to W + M = 6 + 5 (docs/semantics.md #vision-spans).
+    "w6b4_vision": SWAConfig(
+        window_size=6,
+        block_size=4,
+        max_image_tokens=5,
+        max_model_len=256,
+        max_num_batched_tokens=96,
+        max_num_seqs=10,
+        num_speculative_tokens=1,
+        speculative_method="mtp",
+    ),
+    # DeepSeek-V4.1 layer types (compress ratios 0, 1, 2: swaonly, c1a, c2a).
+    "v41": SWAConfig(
+        window_size=128,
+        block_size=64,
+        model_version="deepseek_v41",
+        compress_ratios=(0, 1, 2),
+        max_model_len=65536,
+        max_num_batched_tokens=256,
+        max_num_seqs=16,
+    ),
+    # DSpark at DeepSeek-V4 size: 128 + 7 drafts -> 192 wide.
+    "v4_dspark": SWAConfig(
+        window_size=128,
+        block_size=64,
+        max_model_len=65536,
+        max_num_batched_tokens=256,
+        max_num_seqs=16,
+        num_speculative_tokens=7,
+        speculative_method="dspark",
+    ),
+}
+
+
+def cases(configs: Mapping[str, SWAConfig]) -> list[Any]:
+    """``(config name, batch kind)`` for every config and every batch kind it allows."""
+    return [
+        pytest.param(name, kind, id=f"{name}-{kind}")
+        for name, cfg in configs.items()
+        for kind in KINDS
+        if kind != "dspark" or cfg.is_dspark
+    ]
+
+
+def requires(claim: str) -> pytest.MarkDecorator:
+    """Collect the test only for backends that make ``claim`` (deselected otherwise)."""
+    return pytest.mark.swa_hal_requires(claim)
+
+
+class Target(NamedTuple):
+    """Where a suite computes outputs: a platform (None: probe the device) and a torch device."""
+
+    platform: PlatformInfo | None
+    device: torch.device
+
+
+class BackendFixtures:
+    """The overridable base of a backend's conformance suite (see the module docstring)."""
+
+    backend_name: ClassVar[str | None] = None
+    platform: ClassVar[str | None] = None
+    device: ClassVar[str | None] = None
+    batches_per_case: ClassVar[int] = 2
+    opt_out: ClassVar[dict[str, str]] = {}
+    configs: ClassVar[Mapping[str, SWAConfig]] = CONFORMANCE_CONFIGS
+    # Configs (names in ``configs``) the draft-update topic steps through.
+    draft_update_configs: ClassVar[tuple[str, ...]] = ("w4b4_mtp", "w12b8_parallel", "v4")
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Parametrize from this class's ``configs`` (collection time, so not through a fixture):
+        ``config_name, kind`` over every config and batch kind it allows, ``draft_config`` over
+        ``draft_update_configs``."""
+        if "kind" in metafunc.fixturenames:
+            metafunc.parametrize("config_name, kind", cases(self.configs))
+        if "draft_config" in metafunc.fixturenames:
+            metafunc.parametrize("draft_config", [n for n in self.draft_update_configs if n in self.configs])
+
+    @pytest.fixture(autouse=True)
+    def _opt_out(self, request: pytest.FixtureRequest) -> None:
+        test = request.node.originalname.removeprefix("test_")
+        if test in self.opt_out:
+            pytest.skip(f"opted out: {self.opt_out[test]}")
+
+    @pytest.fixture
+    def registry(self) -> PluginRegistry:
+        return get_registry()
+
+    @pytest.fixture
+    def name(self, request: pytest.FixtureRequest) -> str:
+        name = self.backend_name or request.config.getoption("swa_hal_backend", None)
+        if not name:
+            pytest.fail("set backend_name on the conformance class or pass --swa-hal-backend NAME")
+        return str(name)
+
+    @pytest.fixture
+    def spec(self, registry: PluginRegistry, name: str) -> BackendSpec:
+        if name not in registry.backends:
+            pytest.fail(
+                f"backend {name!r} is not registered (registered: {', '.join(sorted(registry.backends))}); "
+                f"plugin problems: {registry.problems}"
+            )
+        return registry.backends[name].spec
+
+    @pytest.fixture
+    def target(self, spec: BackendSpec) -> Target:
+        """The platform and device the outputs are computed on: ``device`` if set, else the backend's
+        CUDA device when there is one, else the CPU (Triton kernels through the interpreter)."""
+        if self.device is not None:
+            device = torch.device(self.device)
+        elif spec.kernels == "triton" and not torch.cuda.is_available():
+            device = torch.device("cpu")
+        elif "cuda" in spec.vendors and torch.cuda.is_available():
+            device = torch.device("cuda")
+        else:
+            device = torch.device("cpu")
+        if device.type != "cpu":
+            return Target(None, device)  # probe the real device
+        if spec.kernels == "triton" and not env_flag("TRITON_INTERPRET"):
+            pytest.fail(
+                f"backend {spec.name!r} runs Triton kernels, and on a CPU they need the Triton interpreter: "
+                "pass --swa-hal-interpret (or set TRITON_INTERPRET=1 before triton is imported)"
+            )
+        assume = self.platform or (spec.platforms[0] if spec.platforms else None)
+        return Target(PlatformInfo.from_assume(assume) if assume else None, device)
+
+    @pytest.fixture
+    def make_builder(
+        self, spec: BackendSpec, registry: PluginRegistry, target: Target
+    ) -> Callable[..., SWAMetadataBuilder]:
+        """``make_builder(config, **kw)``: a builder of this backend on the target."""
+
+        def make(config: SWAConfig, **kw: Any) -> SWAMetadataBuilder:
+            return SWAMetadataBuilder(
+                config, device=target.device, backend=spec.name, platform=target.platform, registry=registry, **kw
+            )
+
+        return make
+
+    @pytest.fixture
+    def make_batch(self, target: Target) -> Callable[..., AttentionBatch]:
+        """``make_batch(config, rng, kind, **kw)``: a random valid batch of ``kind`` on the target device."""
+
+        def make(config: SWAConfig, rng: Any, kind: str, **kw: Any) -> AttentionBatch:
+            kw.setdefault("device", str(target.device))
+            return random_batch(config, rng, kind, **kw)
+
+        return make
+

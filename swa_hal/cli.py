@@ -23,9 +23,45 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+class CliError(Exception):
+    """Bad command-line input: printed as one line naming the input and the rule, exit code 2."""
+
+
+def _assumed(args: argparse.Namespace) -> PlatformInfo | None:
+    text = getattr(args, "assume", None)
+    if not text:
+        return None
+    try:
+        return PlatformInfo.from_assume(text)
+    except ValueError as exc:
+        raise CliError(f"--assume {text!r}: {exc}") from None
+
+
+def _device(args: argparse.Namespace):
+    """The --device argument as a torch.device that exists here."""
+    import torch
+
+    text = getattr(args, "device", None) or "cpu"
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as exc:
+        raise CliError(f"--device {text!r}: {exc}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise CliError(f"--device {text!r}: this machine has no CUDA device (use --device cpu, or --assume to "
+                           f"evaluate selection for another platform)")
+        if device.index is not None and device.index >= count:
+            raise CliError(f"--device {text!r}: there are {count} CUDA device(s) here")
+    elif device.type != "cpu":
+        raise CliError(f"--device {text!r}: only cpu and cuda[:N] devices are supported here")
+    return device
+
+
 def _platform(args: argparse.Namespace) -> PlatformInfo:
-    if getattr(args, "assume", None):
-        return PlatformInfo.from_assume(args.assume)
+    assumed = _assumed(args)
+    if assumed is not None:
+        return assumed
     from .platform import probe_platform
 
     return probe_platform(getattr(args, "device", None))
@@ -57,7 +93,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         try:
             import torch
 
-            backend_status = selection.create(_config(args), torch.device(args.device or "cpu")).status()
+            backend_status = selection.create(_config(args), _device(args)).status()
         except Exception as exc:  # noqa: BLE001 - info reports, it does not fail
             backend_status = {"error": f"{type(exc).__name__}: {exc}"}
     data = {
@@ -139,12 +175,12 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     from .builder import SWAMetadataBuilder
     from .scenarios import Scenario
-    from .testing.compare import compare_with_reference
+    from .compare import compare_with_reference
 
     config = _config(args)
     scenario = Scenario.from_yaml(args.batch)
-    platform = PlatformInfo.from_assume(args.assume) if args.assume else None
-    device = torch.device(args.device)
+    platform = _assumed(args)
+    device = _device(args)
     builder = SWAMetadataBuilder(config, device=device, backend=args.backend, platform=platform, validate=True)
     batch = scenario.make_batch(config, device)
     builder.warmup()
@@ -177,6 +213,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         "checked_against_reference": not args.no_check,
         "mismatches": mismatches,
         "tile_sched": {k: (type(v).__name__ if v is not None else None) for k, v in md.tile_sched.items()},
+        "replay_start": None if batch.replay_start is None else batch.replay_start.cpu().tolist(),
+        "image_spans": _spans_report(batch),
     }
     if args.json:
         _emit_json(out)
@@ -184,7 +222,19 @@ def cmd_build(args: argparse.Namespace) -> int:
     print(f"config {args.config}  scenario {scenario.name}: {scenario.description}")
     print(f"backend {builder.backend_name} on {builder.platform.describe()}")
     print(f"split: {md.num_decodes} decodes ({md.num_decode_tokens} token rows), "
-          f"{md.num_prefills} prefills ({md.num_prefill_tokens} token rows); decode width {md.decode_swa_width}")
+          f"{md.num_prefills} prefills ({md.num_prefill_tokens} token rows); decode width {md.decode_swa_width}, "
+          f"prefill width {config.prefill_index_width}")
+    if batch.replay_start is None:
+        print("replay bounds: none")
+    else:
+        bounds = out["replay_start"]
+        print(f"replay bounds: {sum(1 for b in bounds if b)} of {len(bounds)} requests bounded, first {bounds[:8]}"
+              f"{' ...' if len(bounds) > 8 else ''}")
+    if out["image_spans"]:
+        spans = out["image_spans"]
+        print(f"image spans: {sum(len(v) for v in spans.values())} in {len(spans)} requests "
+              f"(max_image_tokens {config.max_image_tokens}), e.g. request {next(iter(spans))}: "
+              f"{spans[next(iter(spans))][:3]}")
     for name, idx, lens, count in (
         ("decode", md.decode_swa_indices, md.decode_swa_lens, md.num_decode_tokens),
         ("prefill", md.prefill_swa_indices, md.prefill_swa_lens, md.num_prefill_tokens),
@@ -197,7 +247,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         for r, (row, n) in enumerate(zip(rows.tolist(), lns)):
             tail = f" ... {row[n - 1]}" if n > 6 else ""
             print(f"  [{r}] len {n:>4}: {row[:min(6, max(n, 1))]}{tail}")
-        print("\n".join(_histogram(lens.cpu().tolist(), md.decode_swa_width if name == "decode" else config.window_size)))
+        width = md.decode_swa_width if name == "decode" else config.prefill_index_width
+        print("\n".join(_histogram(lens.cpu().tolist(), width)))
     if md.num_prefills:
         print(f"prefill gather lens: {md.prefill_gather_lens.cpu().tolist()[:8]}"
               f"{' ...' if md.num_prefills > 8 else ''}")
@@ -215,6 +266,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 1 if mismatches else 0
 
 
+def _spans_report(batch) -> dict[int, list[tuple[int, int]]]:
+    spans = batch.image_spans
+    if spans is None:
+        return {}
+    ptr, starts, ends = spans.indptr.cpu().tolist(), spans.starts.cpu().tolist(), spans.ends.cpu().tolist()
+    return {r: list(zip(starts[ptr[r]:ptr[r + 1]], ends[ptr[r]:ptr[r + 1]]))
+            for r in range(len(ptr) - 1) if ptr[r + 1] > ptr[r]}
+
+
 # -- bench --------------------------------------------------------------------------------------
 
 
@@ -225,7 +285,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .scenarios import Scenario
 
     config = _config(args)
-    device = torch.device(args.device)
+    device = _device(args)
     rows = []
     for path in args.batch:
         scenario = Scenario.from_yaml(path)
@@ -256,8 +316,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     from .builder import SWAMetadataBuilder
 
     config = _config(args)
-    platform = PlatformInfo.from_assume(args.assume) if args.assume else None
-    builder = SWAMetadataBuilder(config, device=torch.device(args.device), backend=args.backend, platform=platform)
+    platform = _assumed(args)
+    builder = SWAMetadataBuilder(config, device=_device(args), backend=args.backend, platform=platform)
     try:
         from tqdm import tqdm
     except ImportError:  # progress is optional
@@ -313,9 +373,26 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 # -- entry point --------------------------------------------------------------------------------
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, exit code 2 (argparse's own code for them)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swa-hal", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="swa-hal", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("info", help="versions, platform, plugins, backends and the selection")
     p.add_argument("--json", action="store_true", help="machine-readable output (for CI)")
@@ -333,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend")
     p.add_argument("--assume", help="synthetic platform (with TRITON_INTERPRET=1 to run Triton backends on the CPU)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--repeat", type=_positive, default=5)
     p.add_argument("--no-check", action="store_true", help="skip the comparison with reference.py")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_build)
@@ -343,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", required=True, nargs="+")
     p.add_argument("--backend")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--iters", type=_positive, default=50)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("warmup", help="compile every kernel variant a config can launch")
@@ -364,15 +441,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    from .errors import SWAHalError
+
     try:
         return int(args.func(args) or 0)
-    except Exception as exc:
-        from .errors import SWAHalError
-
-        if isinstance(exc, (SWAHalError, FileNotFoundError)):
-            print(f"swa-hal {args.command}: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except (SWAHalError, CliError, OSError) as exc:
+        # Bad input of any kind (a config, a scenario, a flag, a file): one line, no traceback.
+        message = " ".join(str(exc).split())
+        print(f"swa-hal {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,6 +16,9 @@ from .errors import ConfigError
 # (docs/semantics.md #layer-types-and-schedulers), None where the model has no such layer.
 LAYER_TYPES = ("swaonly", "c4a", "c128a", "c1a", "c2a")
 MODEL_VERSIONS = ("deepseek_v4", "deepseek_v41")
+# Drafting methods engines run with these models. Only "dspark" changes the rows (non-causal draft
+# blocks); the others only set the decode threshold through num_speculative_tokens.
+SPECULATIVE_METHODS = ("mtp", "dspark", "eagle", "eagle3", "ngram", "medusa", "draft_model", "suffix")
 # Layer type by compress ratio, per model version.
 _LAYER_TYPE_BY_RATIO = {
     "deepseek_v4": {0: "swaonly", 1: "swaonly", 2: "c2a", 4: "c4a", 128: "c128a"},
@@ -41,6 +44,30 @@ def layer_type_for(compress_ratio: int, model_version: str = "deepseek_v4") -> s
             "compress_ratios", f"unsupported compress ratio {compress_ratio} for {model_version} (allowed: {allowed})"
         )
     return kind
+
+
+def load_yaml_mapping(path: str | Path, what: str) -> Mapping[str, Any]:
+    """Read a YAML file of settings as data (``yaml.safe_load``: no tags that construct objects).
+    Every way it can be unusable is a ConfigError naming the file: unreadable, not YAML, empty, or
+    not a mapping."""
+    path = Path(path)
+    try:
+        with path.open("r", encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the {what}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(str(path), f"is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"is not a UTF-8 text file: {exc.reason}") from None
+    if data is None:
+        raise ConfigError(str(path), f"is empty; a {what} needs at least one setting")
+    if not isinstance(data, Mapping):
+        raise ConfigError(str(path), f"must be a mapping of settings, got {type(data).__name__}")
+    return data
 
 
 def model_version_of(hf_config: Mapping[str, Any]) -> str:
@@ -110,8 +137,10 @@ class SWAConfig:
         object.__setattr__(self, "compress_ratios", tuple(ratios))
         method = self.speculative_method
         if method is not None:
-            if not isinstance(method, str) or not method.strip():
-                raise ConfigError("speculative_method", f"must be a non-empty string or null, got {method!r}")
+            if not isinstance(method, str) or method.strip().lower() not in SPECULATIVE_METHODS:
+                raise ConfigError(
+                    "speculative_method", f"{method!r} is not one of {', '.join(SPECULATIVE_METHODS)} (or null)"
+                )
             object.__setattr__(self, "speculative_method", method.strip().lower())
         if self.num_speculative_tokens > 0 and self.speculative_method is None:
             raise ConfigError(
@@ -184,10 +213,7 @@ class SWAConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> "SWAConfig":
         """Load a config file. YAML is data here: safe_load only, no tags that construct objects."""
-        path = Path(path)
-        with path.open("r", encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-        return cls.from_mapping(data if data is not None else {}, source=str(path))
+        return cls.from_mapping(load_yaml_mapping(path, "config"), source=str(path))
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | Path, **engine_settings: Any) -> "SWAConfig":

@@ -12,6 +12,9 @@ A scenario is data (``yaml.safe_load``)::
     padding_requests: 0                  # requests with no tokens (query_len 0, seq_len 0)
     invalid_tokens: 0                    # real tokens whose slot is -1
     causal: true
+    replay: none                         # replay bounds: none | prefix | window | random
+    images_per_prefill: 0                # image spans in each prefill's new tokens (vision configs)
+    image_tokens: 0                      # tokens per image (<= the config's max_image_tokens)
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from .batch import AttentionBatch
-from .config import SWAConfig
+from .config import SWAConfig, load_yaml_mapping
+
+REPLAY_MODES = ("none", "prefix", "window", "random")
 from .errors import ConfigError
 
 
@@ -46,6 +51,9 @@ class Scenario:
     causal: bool = True
     config: str | None = None
     description: str = ""
+    replay: str = "none"
+    images_per_prefill: int = 0
+    image_tokens: int = 0
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "scenario") -> "Scenario":
@@ -68,14 +76,19 @@ class Scenario:
         if not groups:
             raise ConfigError("groups", f"{source} describes no requests")
         fields = {k: data[k] for k in known - {"groups"} if k in data}
+        if fields.get("replay", "none") not in REPLAY_MODES:
+            raise ConfigError("replay", f"{fields['replay']!r} is not one of {', '.join(REPLAY_MODES)}")
+        for key in ("seed", "padding_rows", "padding_requests", "invalid_tokens", "images_per_prefill", "image_tokens"):
+            value = fields.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(key, f"must be a non-negative integer in {source}, got {value!r}")
+        if not isinstance(fields.get("causal", True), bool):
+            raise ConfigError("causal", f"must be true or false in {source}, got {fields['causal']!r}")
         return cls(groups=tuple(groups), **{"name": Path(source).stem, **fields})
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Scenario":
-        import yaml
-
-        with Path(path).open("r", encoding="utf-8") as fh:
-            return cls.from_mapping(yaml.safe_load(fh) or {}, str(path))
+        return cls.from_mapping(load_yaml_mapping(path, "scenario"), str(path))
 
     def make_batch(self, config: SWAConfig, device: str | torch.device = "cpu") -> AttentionBatch:
         rng = random.Random(self.seed)
@@ -91,7 +104,36 @@ class Scenario:
         return synthesize_batch(
             config, seq_lens, query_lens, rng=rng, padding_rows=self.padding_rows,
             invalid_tokens=self.invalid_tokens, causal=self.causal, device=device,
+            replay_start=self._replay(config, rng, seq_lens, query_lens),
+            image_spans=self._images(config, seq_lens, query_lens),
         )
+
+    def _replay(self, config: SWAConfig, rng: random.Random, seq_lens: list[int], query_lens: list[int]):
+        """docs/semantics.md #bounded-replay: bounds at the prefix, at the first new token's window
+        start plus one (inside its window), or anywhere in [0, prefix]."""
+        if self.replay == "none":
+            return None
+        prefixes = [s - q for s, q in zip(seq_lens, query_lens)]
+        if self.replay == "prefix":
+            return prefixes
+        if self.replay == "window":
+            return [min(p, max(0, p - config.window_size + 2)) for p in prefixes]
+        return [rng.randint(0, p) for p in prefixes]
+
+    def _images(self, config: SWAConfig, seq_lens: list[int], query_lens: list[int]):
+        """Evenly spaced image spans of ``image_tokens`` in the new tokens of every prefill."""
+        if not self.images_per_prefill or not self.image_tokens:
+            return None
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for r, (s, q) in enumerate(zip(seq_lens, query_lens)):
+            if q <= config.decode_threshold:
+                continue
+            step = q // self.images_per_prefill
+            length = min(self.image_tokens, step)
+            if length < 1:
+                continue
+            spans[r] = [(s - q + k * step, s - q + k * step + length - 1) for k in range(self.images_per_prefill)]
+        return spans
 
 
 def synthesize_batch(

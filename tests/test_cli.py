@@ -129,3 +129,41 @@ def test_console_script_is_installed():
     proc = subprocess.run([exe, "info", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["selected"] == "torch"
+
+
+def test_build_reports_replay_and_image_spans(capsys):
+    code, out, _ = run(capsys, "build", "--config", str(CONFIGS / "tiny_vision.yaml"), "--batch",
+                       str(CONFIGS / "batches" / "tiny_vision.yaml"), "--repeat", "1")
+    assert code == 0 and "check: bit-exact" in out
+    assert "replay bounds: 4 of 4 requests bounded" in out
+    assert "image spans: 4 in 2 requests (max_image_tokens 6)" in out and "prefill width 10" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["info", "--assume", "garbage"], "--assume 'garbage': --assume item 'garbage' is not KEY=VALUE"),
+    (["build", "--config", "{tmp}", "--batch", "x.yaml"], "cannot read the config"),
+    (["build", "--config", "{bad}", "--batch", "x.yaml"], "is not valid YAML (line 2"),
+    (["build", "--config", "{empty}", "--batch", "x.yaml"], "is empty; a config needs at least one setting"),
+    (["build", "--config", "{ratios}", "--batch", "x.yaml"], "compress_ratios: must name at least one layer"),
+    (["build", "--config", "{method}", "--batch", "x.yaml"], "speculative_method: 'medusa2' is not one of"),
+    (["build", "--config", "{tiny}", "--batch", "x.yaml", "--repeat", "0"], "argument --repeat: 0 must be at least 1"),
+    (["bench", "--config", "{tiny}", "--batch", "x.yaml", "--iters", "0"], "argument --iters: 0 must be at least 1"),
+    (["build", "--config", "{tiny}", "--batch", "{empty}"], "is empty; a scenario needs at least one setting"),
+    (["build", "--config", "{tiny}", "--batch", "{tiny_batch}", "--device", "cuda"], "--device 'cuda': "),
+])
+def test_bad_cli_input_is_one_line_and_exit_code_2(capsys, tmp_path, argv, message):
+    files = {"tmp": tmp_path, "bad": tmp_path / "bad.yaml", "empty": tmp_path / "empty.yaml",
+             "ratios": tmp_path / "ratios.yaml", "method": tmp_path / "method.yaml", "tiny": CONFIGS / "tiny.yaml",
+             "tiny_batch": CONFIGS / "batches" / "tiny_mixed.yaml"}
+    files["bad"].write_text("window_size: [1,\n")
+    files["empty"].write_text("")
+    files["ratios"].write_text("compress_ratios: []\n")
+    files["method"].write_text("num_speculative_tokens: 1\nspeculative_method: medusa2\n")
+    argv = [a.format(**files) for a in argv]
+    if "--device" in argv and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has a CUDA device")  # the no-GPU message is what is tested here
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(argv))
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

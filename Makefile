@@ -9,14 +9,14 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.swa-hal-installed
 EXAMPLE := examples/swa-hal-example-backend
 
-.PHONY: run test bench install clean
+.PHONY: run test lint bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml $(EXAMPLE)/pyproject.toml
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[test,bench]"
+	$(PIP) install -q -e ".[test,bench,lint]"
 	$(PIP) install -q ./$(EXAMPLE)
 	touch $@
 
@@ -28,6 +28,12 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Lint, formatting and types over the package, the built-in backends and the example plugin.
+lint: $(STAMP)
+	$(BIN)/ruff check swa_hal backends examples
+	$(BIN)/ruff format --check swa_hal backends examples
+	$(BIN)/mypy swa_hal backends examples
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_build.py

@@ -10,7 +10,8 @@ whose functions are marked with ``swa_hal.hookimpl``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -24,7 +25,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
-def swa_hal_register_backends() -> "Iterable[BackendSpec]":
+def swa_hal_register_backends() -> Iterable[BackendSpec]:
     """Return (or yield) the backends this plugin provides, as ``BackendSpec`` values.
 
     Keep it cheap and side-effect free: import nothing heavy and touch no device. What the backend

@@ -81,7 +81,7 @@ class PlatformInfo:
         return out
 
     @classmethod
-    def from_assume(cls, text: str) -> "PlatformInfo":
+    def from_assume(cls, text: str) -> PlatformInfo:
         """Parse ``vendor=cuda,capability=12.0[,arch=...,triton=0,name=...,KEY=VALUE]``.
 
         Unknown keys go to ``extra`` so third-party backends can read their own facts.

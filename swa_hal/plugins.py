@@ -210,12 +210,19 @@ class PluginRegistry:
         except importlib.metadata.PackageNotFoundError:
             version = None
         record = PluginRecord(
-            EMBEDDED_NAME, module.__name__, BUILTIN_DIST, version, "embedded", "registered directly (no entry point found)"
+            EMBEDDED_NAME,
+            module.__name__,
+            BUILTIN_DIST,
+            version,
+            "embedded",
+            "registered directly (no entry point found)",
         )
         self.plugins.append(record)
         self._register(module, record)
 
-    def register_plugin(self, obj: Any, name: str, *, dist: str | None = None, version: str | None = None) -> PluginRecord:
+    def register_plugin(
+        self, obj: Any, name: str, *, dist: str | None = None, version: str | None = None
+    ) -> PluginRecord:
         """Register a plugin object by hand (tests, the conformance kit, embedding applications)."""
         record = PluginRecord(name, repr(obj), dist, version, "active")
         self.plugins.append(record)
@@ -266,7 +273,9 @@ class PluginRegistry:
                 callers = self.pm.get_hookcallers(exc.plugin) or []
                 unknown = next(hc.name for hc in callers if not hc.has_spec())
                 delattr(self.pm.hook, unknown)
-                known = sorted(name for name, hc in vars(self.pm.hook).items() if not name.startswith("_") and hc.has_spec())
+                known = sorted(
+                    name for name, hc in vars(self.pm.hook).items() if not name.startswith("_") and hc.has_spec()
+                )
                 self._problem(
                     f"{self._who(record)} implements unknown hook {unknown!r}; it is ignored "
                     f"(known hooks: {', '.join(known)})",

@@ -92,8 +92,11 @@ class Selection:
 
     def explain(self) -> str:
         lines = [f"platform: {self.platform.describe()}"]
-        how = {"argument": "requested by argument", "SWA_HAL_BACKEND": "requested by SWA_HAL_BACKEND",
-               "auto": "highest priority among available backends"}[self.how]
+        how = {
+            "argument": "requested by argument",
+            "SWA_HAL_BACKEND": "requested by SWA_HAL_BACKEND",
+            "auto": "highest priority among available backends",
+        }[self.how]
         lines.append(f"selected: {self.name} ({how})")
         for c in sorted(self.candidates, key=_rank):
             mark = "*" if c.name == self.name else " "
@@ -125,7 +128,9 @@ class Selection:
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # SystemExit included: report any factory failure with its backend
-                detail = f"backend {cand.name!r} ({cand.dist or cand.plugin}) failed to start: {type(exc).__name__}: {exc}"
+                detail = (
+                    f"backend {cand.name!r} ({cand.dist or cand.plugin}) failed to start: {type(exc).__name__}: {exc}"
+                )
                 if self.explicit:
                     raise BackendUnavailableError(detail) from exc
                 failures.append(detail)
@@ -157,7 +162,9 @@ def select_backend(
     by_name = {c.name: c for c in candidates}
     auto = auto_order(candidates)
     auto_pick = auto[0].name if auto else None
-    auto_note = f"auto-selection would pick {auto_pick!r}" if auto_pick else "no backend is available for auto-selection"
+    auto_note = (
+        f"auto-selection would pick {auto_pick!r}" if auto_pick else "no backend is available for auto-selection"
+    )
 
     if name is not None:
         cand = by_name.get(name)
@@ -189,6 +196,9 @@ def select_backend(
     others = [c.name for c in auto if c.name != selection.name]
     log.info(
         "swa_hal: backend %r (%s) on %s; other available: %s",
-        selection.name, selection.how, platform.describe(), ", ".join(others) or "none",
+        selection.name,
+        selection.how,
+        platform.describe(),
+        ", ".join(others) or "none",
     )
     return selection

@@ -44,8 +44,6 @@ __all__ = [
 ]
 
 
-class BackendConformance(
-    SelectionTests, VectorTests, RandomBatchTests, DraftUpdateTests, AddressRuleTests, GraphTests
-):
+class BackendConformance(SelectionTests, VectorTests, RandomBatchTests, DraftUpdateTests, AddressRuleTests, GraphTests):
     """Every topic of the kit. Set ``backend_name`` (or pass ``--swa-hal-backend``); optionally
     ``platform``, ``device``, ``batches_per_case``, ``opt_out``, ``configs`` (see ``BackendFixtures``)."""

@@ -256,4 +256,3 @@ class BackendFixtures:
             return random_batch(config, rng, kind, **kw)
 
         return make
-

@@ -25,8 +25,7 @@ def check_graph_replay(builder: SWAMetadataBuilder, *, rng: random.Random, num_r
         return [rng.randint(1, min(config.max_model_len, 40 * config.window_size)) for _ in range(num_reqs)]
 
     widest = -(-min(config.max_model_len, 40 * config.window_size) // config.block_size)
-    static = synthesize_batch(config, lengths(), [1] * num_reqs, rng=rng, device=device,
-                              extra_pages=0)
+    static = synthesize_batch(config, lengths(), [1] * num_reqs, rng=rng, device=device, extra_pages=0)
     table = torch.full((num_reqs, widest), -1, dtype=torch.int32, device=device)
     table[:, : static.block_table.shape[1]] = static.block_table
     static.block_table = table
@@ -39,6 +38,7 @@ def check_graph_replay(builder: SWAMetadataBuilder, *, rng: random.Random, num_r
     for _ in range(replays):
         fresh = synthesize_batch(config, lengths(), [1] * num_reqs, rng=rng, device=device)
         static.seq_lens.copy_(fresh.seq_lens)
+        assert static.seq_lens_cpu is not None and fresh.seq_lens_cpu is not None
         static.seq_lens_cpu.copy_(fresh.seq_lens_cpu)
         static.block_table.fill_(-1)
         static.block_table[:, : fresh.block_table.shape[1]].copy_(fresh.block_table)

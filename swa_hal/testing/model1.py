@@ -41,10 +41,13 @@ def quantize(kv: torch.Tensor) -> torch.Tensor:
     scale = torch.exp2(exponent)
     codes = (nope / scale[..., None]).to(torch.float8_e4m3fn)
     data[..., :D_NOPE] = codes.view(pages, block, D_NOPE).view(torch.uint8)
-    data[..., D_NOPE:] = kv[..., D_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).view(pages, block, 2 * D_ROPE)
+    data[..., D_NOPE:] = (
+        kv[..., D_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).view(pages, block, 2 * D_ROPE)
+    )
     scales[..., :TILES] = (exponent + 127).to(torch.uint8)
-    return torch.as_strided(raw.view(torch.float8_e4m3fn), (pages, block, 1, TOKEN_BYTES),
-                            (page_bytes(block), TOKEN_BYTES, TOKEN_BYTES, 1))
+    return torch.as_strided(
+        raw.view(torch.float8_e4m3fn), (pages, block, 1, TOKEN_BYTES), (page_bytes(block), TOKEN_BYTES, TOKEN_BYTES, 1)
+    )
 
 
 def dequantize(cache: torch.Tensor) -> torch.Tensor:
@@ -60,13 +63,17 @@ def dequantize(cache: torch.Tensor) -> torch.Tensor:
 
 
 def reference_sparse_attention(
-    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, lens: torch.Tensor, block_size: int,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    lens: torch.Tensor,
+    block_size: int,
     softmax_scale: float | None = None,
 ) -> torch.Tensor:
     """Attention of each query row over exactly its window: q [T, 1, H, 512], kv [pages, B, 512]
     (dequantized), indices [T, 1, W] slots, lens [T]. A row with lens 0 gives zeros (FlashMLA's empty
     result). Returns float32 [T, 1, H, 512]."""
-    scale = HEAD_DIM ** -0.5 if softmax_scale is None else softmax_scale
+    scale = HEAD_DIM**-0.5 if softmax_scale is None else softmax_scale
     flat = kv.reshape(-1, HEAD_DIM).float()
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for t in range(q.shape[0]):

@@ -33,12 +33,25 @@ _saved_interpret: list[str | None] = []
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("swa_hal", "swa_hal conformance kit")
-    group.addoption("--swa-hal-backend", dest="swa_hal_backend", default=None,
-                    help="backend tested by BackendConformance classes that set no backend_name")
-    group.addoption("--swa-hal-expect", dest="swa_hal_expect", default=None,
-                    help="fail unless auto-selection on this machine picks this backend")
-    group.addoption("--swa-hal-interpret", dest="swa_hal_interpret", action="store_true", default=False,
-                    help="run Triton kernels on the CPU through the Triton interpreter (TRITON_INTERPRET=1)")
+    group.addoption(
+        "--swa-hal-backend",
+        dest="swa_hal_backend",
+        default=None,
+        help="backend tested by BackendConformance classes that set no backend_name",
+    )
+    group.addoption(
+        "--swa-hal-expect",
+        dest="swa_hal_expect",
+        default=None,
+        help="fail unless auto-selection on this machine picks this backend",
+    )
+    group.addoption(
+        "--swa-hal-interpret",
+        dest="swa_hal_interpret",
+        action="store_true",
+        default=False,
+        help="run Triton kernels on the CPU through the Triton interpreter (TRITON_INTERPRET=1)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -165,8 +178,15 @@ def swa_hal_entry_point() -> Callable[..., Any]:
     class _EntryPoint:
         group = "swa_hal.backends"
 
-        def __init__(self, name: str, obj: Any = None, *, error: BaseException | None = None,
-                     dist: str = "fake-dist", version: str = "0"):
+        def __init__(
+            self,
+            name: str,
+            obj: Any = None,
+            *,
+            error: BaseException | None = None,
+            dist: str = "fake-dist",
+            version: str = "0",
+        ):
             self.name, self.value = name, f"{name}:plugin"
             self.dist = _Dist(dist, version)
             self._obj, self._error = obj, error

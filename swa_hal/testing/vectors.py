@@ -29,6 +29,7 @@ class VectorTests(BackendFixtures):
         md = builder.build(batch)
         assert md.decode_swa_indices.view(2, 4).tolist() == [[29, 30, 31, 12], [30, 31, 12, 13]]
         assert md.decode_swa_lens.tolist() == [4, 4]
+        assert md.prefill_swa_indices is not None and md.prefill_swa_lens is not None
         assert md.prefill_swa_indices.view(3, 4).tolist() == [[20, -1, -1, -1], [20, 21, -1, -1], [20, 21, 22, -1]]
         assert md.prefill_swa_lens.tolist() == [1, 2, 3]
         dspark = dataclasses.replace(config, speculative_method="dspark", num_speculative_tokens=2)

@@ -32,7 +32,8 @@ def swa_hal_register_backends() -> Iterable[BackendSpec]:
     needs at run time goes behind ``BackendSpec.factory`` ("module:attr"), imported only when the
     backend is selected; when it can run goes into ``BackendSpec.is_available(platform)``.
 
-    Example::
+    The host calls it once per plugin, right after registering it (a plugin whose hook raises is skipped
+    on its own). ``swa_hal.specs.vendor_backend_spec`` builds the common shape; by hand::
 
         @swa_hal.hookimpl
         def swa_hal_register_backends():

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 
-CLAIMS = ("clamps_addresses", "cuda_graphs", "draft_update")
 _INTERPRET = "TRITON_INTERPRET"
 _saved_interpret: list[str | None] = []
 

@@ -271,7 +271,12 @@ class PluginRegistry:
                 # for every later plugin. Every spec is added before any plugin, so an unknown hook never
                 # becomes known: its caller is dropped once reported. The plugin's other hooks still count.
                 callers = self.pm.get_hookcallers(exc.plugin) or []
-                unknown = next(hc.name for hc in callers if not hc.has_spec())
+                unknown = next(
+                    hc.name
+                    for hc in callers
+                    if not hc.has_spec()
+                    and any(i.plugin is exc.plugin and not i.optionalhook for i in hc.get_hookimpls())
+                )
                 delattr(self.pm.hook, unknown)
                 known = sorted(
                     name for name, hc in vars(self.pm.hook).items() if not name.startswith("_") and hc.has_spec()

@@ -144,6 +144,31 @@ def test_hook_raising_is_contained():
     assert next(p for p in reg.plugins if p.name == "raiser").status == "failed"
 
 
+def test_hook_with_arguments_the_spec_lacks_is_rejected_by_pluggy():
+    mod = types.ModuleType("wrong_signature")
+
+    @hookimpl
+    def swa_hal_register_backends(config):
+        return []
+
+    mod.swa_hal_register_backends = swa_hal_register_backends
+    with pytest.warns(PluginWarning, match=r"plugin 'wrong' .* could not be registered: PluginValidationError"):
+        reg = registry([FakeEntryPoint("wrong", mod)])
+    assert next(p for p in reg.plugins if p.name == "wrong").status == "failed"
+
+
+def test_keyboard_interrupt_in_a_hook_still_stops_the_host():
+    mod = types.ModuleType("interrupted")
+
+    @hookimpl
+    def swa_hal_register_backends():
+        raise KeyboardInterrupt
+
+    mod.swa_hal_register_backends = swa_hal_register_backends
+    with pytest.raises(KeyboardInterrupt):
+        registry([FakeEntryPoint("interrupted", mod)])
+
+
 def test_hook_calling_sys_exit_is_contained():
     mod = types.ModuleType("exiter")
 

@@ -9,7 +9,7 @@
 - ``address_strict`` (``swa_hal.testing.interpreter``): the SM12x address rule on a CPU.
 - ``random_batch`` and ``compare_with_reference``: batches of every kind, and bit-exact comparison.
 
-Names are imported lazily so the CLI can use the comparison without importing pytest.
+Names are imported lazily: importing ``swa_hal.testing`` loads neither pytest nor any module of the kit.
 """
 
 from __future__ import annotations

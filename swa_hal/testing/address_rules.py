@@ -10,7 +10,7 @@ import pytest
 
 from ..batch import AttentionBatch
 from ..builder import SWAMetadataBuilder
-from .compare import compare_with_reference
+from ..compare import compare_with_reference
 from .fixtures import BackendFixtures, Target, requires
 from .interpreter import address_strict
 

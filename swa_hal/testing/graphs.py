@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ..builder import SWAMetadataBuilder
+from ..compare import compare_with_reference
 from ..scenarios import synthesize_batch
-from .compare import compare_with_reference
 from .fixtures import CONFORMANCE_CONFIGS, BackendFixtures, Target, requires
 
 

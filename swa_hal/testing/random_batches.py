@@ -10,8 +10,8 @@ import pytest
 
 from ..batch import AttentionBatch
 from ..builder import SWAMetadataBuilder
+from ..compare import compare_with_reference
 from ..errors import BatchValidationError
-from .compare import compare_with_reference
 from .fixtures import CONFORMANCE_CONFIGS, BackendFixtures
 
 

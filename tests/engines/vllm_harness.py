@@ -1,0 +1,251 @@
+"""Real vLLM 0.33 objects for the engine tests: a VllmConfig per model variant, the SWA KV-cache spec,
+CommonAttentionMetadata from swa_hal's random batches, and field-by-field comparison of metadata.
+
+Imported only after conftest.py set TRITON_INTERPRET=1, CUDA_VISIBLE_DEVICES="" and
+VLLM_TARGET_DEVICE=cpu (vLLM's CPU platform; its Triton kernels run in the interpreter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swa_hal import AttentionBatch, SWAConfig
+from swa_hal.testing.batches import random_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One model + engine setup: what a VllmConfig is made from."""
+
+    name: str
+    window: int
+    block_size: int
+    version: str = "deepseek_v4"  # or "deepseek_v41"
+    compress_ratios: tuple[int, ...] = (0, 4, 128, 4)
+    spec_tokens: int = 0
+    dspark: bool = False
+    max_image_tokens: int = 0
+    max_num_seqs: int = 16
+    max_model_len: int = 1024
+
+
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant("v4_w8b4", window=8, block_size=4),
+        Variant("v4_mtp2_w6b8", window=6, block_size=8, spec_tokens=2),
+        Variant("v4_dspark3_w5b4", window=5, block_size=4, spec_tokens=3, dspark=True),
+        Variant("v4_vision_w6b4", window=6, block_size=4, max_image_tokens=5, spec_tokens=1),
+        Variant("v41_w8b4", window=8, block_size=4, version="deepseek_v41", compress_ratios=(0, 1, 2, 1)),
+        Variant("v41_mtp1_w7b16", window=7, block_size=16, version="deepseek_v41", compress_ratios=(0, 2),
+                spec_tokens=1),
+    )
+}
+
+
+class SpecStub:
+    """The speculative-config fields the SWA builders read (a real SpeculativeConfig needs a draft
+    model on disk); assigned onto a real VllmConfig."""
+
+    def __init__(self, k: int, dspark: bool):
+        self.num_speculative_tokens = k
+        self.method = "dspark" if dspark else "mtp"
+        self.parallel_drafting = False
+        self.enable_adaptive_verification = False
+        self._dspark = dspark
+
+    def use_dspark(self) -> bool:
+        return self._dspark
+
+
+def make_vllm_config(variant: Variant, tmp: Path) -> Any:
+    from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+
+    hf = {
+        "model_type": "deepseek_v4",
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "sliding_window": variant.window,
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "head_dim": 512,
+        "max_position_embeddings": 4096,
+        "vocab_size": 1000,
+    }
+    if variant.version == "deepseek_v4":
+        hf["compress_ratios"] = list(variant.compress_ratios)
+    else:
+        hf["compress_ratios"] = [0, 0, 0, 0]  # transformers' V4 config only knows 0/4/128; set below
+    folder = tmp / variant.name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf))
+    model = ModelConfig(model=str(folder), tokenizer=str(folder), skip_tokenizer_init=True,
+                        max_model_len=variant.max_model_len)
+    cfg = VllmConfig(
+        model_config=model,
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=variant.max_num_seqs,
+                                         max_model_len=variant.max_model_len, is_encoder_decoder=False),
+    )
+    if variant.version == "deepseek_v41":
+        # V4.1 checkpoints carry compress_ratios (0/1/2) directly; the V4.1 builders read that attribute.
+        model.hf_config.compress_ratios = list(variant.compress_ratios)
+    if variant.max_image_tokens:
+        # The vision variant's text config (set after loading: a text-only architecture is what
+        # ModelConfig can resolve without the vision tower's weights).
+        model.hf_config.vision_n_layers = 2
+        model.hf_config.vision_max_n_token = variant.max_image_tokens
+    if variant.spec_tokens:
+        object.__setattr__(cfg, "speculative_config", SpecStub(variant.spec_tokens, variant.dspark))
+    return cfg
+
+
+def make_kv_spec(variant: Variant) -> Any:
+    from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+
+    return SlidingWindowMLASpec(
+        block_size=variant.block_size, num_kv_heads=1, head_size=512, dtype=torch.bfloat16,
+        # vLLM's SWA cache layer declares "deepseek_v4" for both versions (DeepseekV4SWACache).
+        sliding_window=variant.window, model_version="deepseek_v4",
+    )
+
+
+def swa_config_for(variant: Variant, vllm_config: Any) -> SWAConfig:
+    """The swa_hal config of the same setup (to draw random batches within its limits)."""
+    return SWAConfig(
+        window_size=variant.window, block_size=variant.block_size,
+        compress_ratios=variant.compress_ratios if variant.version == "deepseek_v4" else variant.compress_ratios,
+        max_model_len=variant.max_model_len,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+        max_num_seqs=variant.max_num_seqs,
+        num_speculative_tokens=variant.spec_tokens,
+        speculative_method=("dspark" if variant.dspark else "mtp") if variant.spec_tokens else None,
+        model_version=variant.version, max_image_tokens=variant.max_image_tokens,
+    )
+
+
+def common_metadata(batch: AttentionBatch, *, num_actual_tokens: int | None = None,
+                    image_ranges: dict[int, list[tuple[int, int]]] | None = None) -> Any:
+    """vLLM's CommonAttentionMetadata over the batch's own tensors (no copies)."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    num_reqs = batch.query_start_loc_cpu.shape[0] - 1
+    seq_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+    return CommonAttentionMetadata(
+        query_start_loc=batch.query_start_loc,
+        query_start_loc_cpu=batch.query_start_loc_cpu,
+        seq_lens=batch.seq_lens,
+        seq_lens_cpu_upper_bound=seq_cpu,
+        num_reqs=num_reqs,
+        num_actual_tokens=batch.num_tokens if num_actual_tokens is None else num_actual_tokens,
+        max_query_len=batch.max_query_len,
+        max_seq_len=int(seq_cpu.max()) if num_reqs else 0,
+        block_table_tensor=batch.block_table,
+        slot_mapping=batch.slot_mapping,
+        causal=batch.causal,
+        mm_req_doc_ranges=image_ranges,
+    )
+
+
+def draw(cfg: SWAConfig, rng: random.Random, kind: str, **kw: Any) -> tuple[AttentionBatch, dict | None]:
+    """A random batch of ``kind`` plus its image ranges in vLLM's ``mm_req_doc_ranges`` form."""
+    batch = random_batch(cfg, rng, kind, max_tokens=64, max_reqs=cfg.max_num_seqs, max_context=400, **kw)
+    ranges = None
+    spans = batch.image_spans
+    if spans is not None:
+        indptr, starts, ends = spans.indptr.tolist(), spans.starts.tolist(), spans.ends.tolist()
+        ranges = {r: list(zip(starts[indptr[r]:indptr[r + 1]], ends[indptr[r]:indptr[r + 1]]))
+                  for r in range(len(indptr) - 1) if indptr[r + 1] > indptr[r]}
+    return batch, ranges
+
+
+# -- comparison ---------------------------------------------------------------------------------
+
+
+def _t(x: Any) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+
+def compare(native: Any, ours: Any, batch: AttentionBatch, *, chunk_ratios: tuple[int, ...] = (1, 4, 128),
+            has_compressed: tuple[bool | None, ...] = (None,)) -> list[str]:
+    """Every field vLLM's builder fills, compared where it is defined: rows and lens of valid tokens,
+    the split, token_to_req and is_valid of valid tokens, gather lens, replay bounds, image
+    visibility on prefill rows, the tile-scheduler slots (same presence and type) and chunk plans.
+    Returns the differences (empty: equal)."""
+    diffs: list[str] = []
+
+    def check(name: str, a: Any, b: Any) -> None:
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            if a is None or b is None:
+                diffs.append(f"{name}: {a!r} vs {b!r}")
+            elif tuple(a.shape) != tuple(b.shape) or not torch.equal(_t(a).cpu(), _t(b).cpu()):
+                diffs.append(f"{name}: shapes {tuple(a.shape)} vs {tuple(b.shape)}\n  native {a.tolist()}\n  swa_hal {b.tolist()}")
+        elif a != b:
+            diffs.append(f"{name}: {a!r} vs {b!r}")
+
+    for f in ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens", "block_size",
+              "decode_swa_width", "max_decode_query_len", "prefill_window_size", "prefill_max_model_len",
+              "prefill_max_num_batched_tokens"):
+        check(f, getattr(native, f), getattr(ours, f))
+    for f in ("seq_lens", "query_start_loc", "query_start_loc_cpu", "block_table", "slot_mapping"):
+        if getattr(native, f) is not getattr(ours, f):
+            diffs.append(f"{f}: not the step's own tensor")
+    ndt, npt = native.num_decode_tokens, native.num_prefill_tokens
+    n = ndt + npt
+    rows = batch.slot_mapping.shape[0]
+    valid = batch.slot_mapping >= 0
+    check("is_valid_token", native.is_valid_token[:rows], ours.is_valid_token[:rows])
+    vn = valid[:n]
+    check("token_to_req_indices[valid]", native.token_to_req_indices[:n][vn], ours.token_to_req_indices[:n][vn])
+    for part, lo, hi in (("decode", 0, ndt), ("prefill", ndt, n)):
+        idx_n, idx_o = getattr(native, f"{part}_swa_indices"), getattr(ours, f"{part}_swa_indices")
+        len_n, len_o = getattr(native, f"{part}_swa_lens"), getattr(ours, f"{part}_swa_lens")
+        if hi == lo:
+            if part == "prefill":
+                check("prefill_swa_indices is None", idx_n is None, idx_o is None)
+            continue
+        check(f"{part}_swa_indices.shape", tuple(idx_n.shape), tuple(idx_o.shape))
+        m = valid[lo:hi]
+        check(f"{part}_swa_lens[valid]", len_n[: hi - lo][m], len_o[: hi - lo][m])
+        check(f"{part}_swa_lens[padding]", len_n[: hi - lo][~m], len_o[: hi - lo][~m])
+        check(f"{part}_swa_indices[valid]", idx_n[: hi - lo][m], idx_o[: hi - lo][m])
+    num_reqs = batch.query_start_loc_cpu.shape[0] - 1
+    check("replay_start", native.replay_start[:num_reqs], ours.replay_start[:num_reqs])
+    for f in ("prefill_seq_lens", "prefill_seq_lens_cpu", "prefill_gather_lens", "prefill_query_lens_cpu"):
+        a, b = getattr(native, f), getattr(ours, f)
+        if a is None or b is None:
+            check(f + " is None", a is None, b is None)
+        else:
+            check(f, a[: native.num_prefills], b[: native.num_prefills])
+    for f in ("prefill_left_visible", "prefill_right_visible"):
+        a, b = getattr(native, f), getattr(ours, f)
+        if a is None or b is None:
+            check(f + " is None", a is None, b is None)
+        else:
+            m = valid[ndt:n]
+            check(f, a[ndt:n][m], b[ndt:n][m])
+    for kind in ("swaonly", "c4a", "c128a", "c1a", "c2a"):
+        a, b = getattr(native, f"tile_sched_{kind}"), getattr(ours, f"tile_sched_{kind}")
+        check(f"tile_sched_{kind}", type(a), type(b))
+        if a is not None and a is b:
+            diffs.append(f"tile_sched_{kind}: shared object")
+    for f in ("flashinfer_decode_topk_lens", "flashinfer_decode_seq_lens"):
+        a, b = getattr(native, f), getattr(ours, f)
+        if a is None or b is None:
+            check(f + " is None", a is None, b is None)
+        else:
+            m = valid[:ndt]
+            check(f, a[:ndt][m], b[:ndt][m])
+    for f in ("cache_slot_mapping", "cache_positions"):
+        check(f + " is None", getattr(native, f) is None, getattr(ours, f) is None)
+    for ratio in chunk_ratios:
+        for hc in has_compressed:
+            for chunk in (1, 2, 7):
+                check(f"chunk_plan({ratio},{chunk},{hc})", native.get_prefill_chunk_plan(ratio, chunk, hc),
+                      [tuple(c) for c in ours.get_prefill_chunk_plan(ratio, chunk, hc)])
+    return diffs

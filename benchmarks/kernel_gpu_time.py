@@ -56,7 +56,7 @@ def main() -> int:
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / 200)
         times.sort()
-        key = builder.backend.key_build
+        key = builder.backend.kernel_key()
         print(f"{label:<36} rows {batch.num_tokens:>6}  programs {-(-batch.num_tokens // key.BLOCK_T):>5}  "
               f"GPU {times[2]:6.2f} us/build (min {times[0]:.2f})  sm clock {sm_clock_mhz(dev)} MHz", flush=True)
     return 0

@@ -138,6 +138,9 @@ class Backend:
     """Base class of backends. Subclasses implement ``compute`` and ``recompute_decode_rows``."""
 
     name: ClassVar[str] = "base"
+    # Set by the builder: guarded builds and updates (docs/semantics.md #guarded-builds) check what
+    # needs the data, hand offending rows out empty and record the first violation.
+    guard: bool = False
     # Whether update_draft_decode_metadata (docs/semantics.md #draft-updates) is supported.
     supports_draft_decode_metadata_update: ClassVar[bool] = True
 

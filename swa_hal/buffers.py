@@ -42,6 +42,8 @@ class MetadataBuffers:
         self.span_starts = torch.zeros(cap if images else 1, **i32)
         self.span_ends = torch.zeros(cap if images else 1, **i32)
         self.no_span_indptr = torch.zeros(seqs + 1, **i32)
+        # Guarded builds record their first violation here: count, kind, request, value (swa_hal/guard.py).
+        self.violation = torch.zeros(4, **i32)
         # DSpark rows are wider than W; allocated on first use (most configs never need them).
         self._noncausal_indices: torch.Tensor | None = None
 

@@ -6,7 +6,10 @@ build never synchronises and can be captured in a CUDA graph (docs/semantics.md 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+import contextlib
+import os
+import threading
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -15,18 +18,35 @@ from .backend import BuildPlan
 from .batch import AttentionBatch, ImageSpans, spans_to_csr
 from .buffers import MetadataBuffers
 from .config import SWAConfig
-from .envs import env_flag
-from .errors import BatchCapacityError, BatchDeviceError, SpeculativeModeError
+from .envs import FALSE_WORDS, env_flag
+from .errors import BatchCapacityError, BatchDeviceError, ConcurrentBuildError, SpeculativeModeError
+from .guard import violation_error
 from .metadata import SWAMetadata
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .selection import select_backend
 from .split import split_decodes_and_prefills
-from .validation import guard_batch, validate_batch
+from .validation import guard_batch, guard_update, validate_batch
 
 
 def debug_mode() -> bool:
     return env_flag("SWA_HAL_DEBUG")
+
+
+def guard_default() -> bool:
+    """Guarded builds unless ``SWA_HAL_GUARD`` is set to a false word."""
+    return os.environ.get("SWA_HAL_GUARD", "1").strip().lower() not in FALSE_WORDS
+
+
+@contextlib.contextmanager
+def on_device(index: int) -> Iterator[None]:
+    """Make the builder's GPU current while it launches: kernels are loaded and launched on the
+    current device, which may be another GPU (another builder's, or another thread's default)."""
+    if index < 0 or torch.cuda.current_device() == index:
+        yield
+        return
+    with torch.cuda.device(index):
+        yield
 
 
 class SWAMetadataBuilder:
@@ -35,7 +55,13 @@ class SWAMetadataBuilder:
     backend: a backend name, or None for ``SWA_HAL_BACKEND`` / auto-selection.
     platform: replaces the probe (tests, ``--assume``).
     validate: run the full, syncing validation on every build; default: ``SWA_HAL_DEBUG=1``.
-        The cheap host checks (dtypes, capacity, speculative mode) always run.
+        The O(1) host guard (dtypes, devices, lengths, strides, capacity) always runs.
+    guard: guarded builds (docs/semantics.md #guarded-builds): the build itself checks what needs the
+        data, hands offending rows out empty and records the first violation for ``check()``;
+        default on, ``SWA_HAL_GUARD=0`` turns it off.
+
+    One builder serves one thread at a time (entering it from two threads at once raises
+    ``ConcurrentBuildError``); give each thread, or each GPU, its own builder.
     """
 
     # The builder asks the engine for no reordering beyond "decodes first" (the engines' own rule).
@@ -50,6 +76,7 @@ class SWAMetadataBuilder:
         *,
         registry: PluginRegistry | None = None,
         validate: bool | None = None,
+        guard: bool | None = None,
     ):
         self.config = config
         device = torch.device(device)
@@ -63,7 +90,12 @@ class SWAMetadataBuilder:
         self.buffers = MetadataBuffers(config, device)
         self.backend.allocate(self.buffers)
         self.validate = debug_mode() if validate is None else validate
+        self.guard = guard_default() if guard is None else bool(guard)
+        self.backend.guard = self.guard
         self._device_index = -1 if device.type == "cpu" else (device.index or 0)
+        # Non-blocking: a second thread entering a build fails at once instead of waiting or
+        # interleaving its writes into the same fixed buffers.
+        self._busy = threading.Lock()
         self.decode_threshold = config.decode_threshold
         # Decode lens rows ever written; each build zeroes [num_decode_tokens, this) (docs/semantics.md #fixed-buffers).
         self._lens_high_water = 0
@@ -72,6 +104,31 @@ class SWAMetadataBuilder:
     # -- build -----------------------------------------------------------------------------------
 
     def build(self, batch: AttentionBatch, validate: bool | None = None) -> SWAMetadata:
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentBuildError(self._concurrent_message("build"))
+        try:
+            with on_device(self._device_index):
+                return self._build(batch, validate)
+        finally:
+            self._busy.release()
+
+    def _concurrent_message(self, what: str) -> str:
+        return (f"{what}: this SWAMetadataBuilder is already in use by another thread; a builder's fixed "
+                f"buffers serve one build at a time, so give each thread its own builder")
+
+    def check(self) -> None:
+        """Raise the error of the first violation a guarded build recorded since the last check, as
+        full validation would have (docs/semantics.md #guarded-builds); then clear the record.
+        Reads a small device buffer: one host sync, when the engine chooses."""
+        record = self.buffers.violation
+        values = record.tolist()
+        if values[0]:
+            record.zero_()
+            error = violation_error(values, self.config)
+            if error is not None:
+                raise error
+
+    def _build(self, batch: AttentionBatch, validate: bool | None) -> SWAMetadata:
         cfg = self.config
         buffers = self.buffers
         if validate if validate is not None else self.validate:
@@ -236,9 +293,16 @@ class SWAMetadataBuilder:
             raise NotImplementedError(f"backend {self.backend_name!r} does not support in-place draft-step updates")
         if metadata.decode_swa_lens.untyped_storage().data_ptr() != self.buffers.decode_lens.data_ptr():
             raise ValueError("update_draft_decode_metadata: this metadata was not built by this builder")
-        self.backend.recompute_decode_rows(metadata, self.buffers)
-        metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)
-        metadata.extras = self.backend.extras(metadata, self.buffers)
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
+        try:
+            guard_update(metadata, self._device_index)
+            with on_device(self._device_index):
+                self.backend.recompute_decode_rows(metadata, self.buffers)
+                metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)
+                metadata.extras = self.backend.extras(metadata, self.buffers)
+        finally:
+            self._busy.release()
 
     # -- warmup ----------------------------------------------------------------------------------
 

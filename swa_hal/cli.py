@@ -108,12 +108,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         "error": error,
     }
     if selection is None:
-        from .selection import Candidate
+        from .selection import build_candidates
 
-        data["backends"] = [
-            Candidate(rb.spec, rb.plugin.name, rb.plugin.dist, registry.availability(n, platform)).to_dict()
-            for n, rb in sorted(registry.backends.items())
-        ]
+        data["backends"] = [c.to_dict() for c in build_candidates(registry, platform)]
     ok = error is None and (args.expect is None or data["selected"] == args.expect)
     if args.expect is not None and data["selected"] != args.expect:
         data["error"] = (error + "; " if error else "") + f"expected backend {args.expect!r}, selected {data['selected']!r}"

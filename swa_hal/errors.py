@@ -71,3 +71,7 @@ class BackendNotFoundError(SWAHalError, LookupError):
 
 class BackendUnavailableError(SWAHalError, RuntimeError):
     """An explicitly requested backend exists but cannot run on this platform, or no backend can."""
+
+
+class ConcurrentBuildError(SWAHalError, RuntimeError):
+    """A builder was entered from a second thread while a build was running (one builder per thread)."""

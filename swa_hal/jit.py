@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from .config import SWAConfig
+from .guard import block_limit
 
 # Requests compared per step of the owner search: the whole batch in one step up to 512 requests.
 MAX_SEARCH_BLOCK = 512
@@ -65,6 +66,8 @@ class RowsKey(_Key):
     GATHER_BLOCK: int
     MAX_IMAGE: int
     NONCAUSAL: bool
+    GUARD: bool
+    BLOCK_LIMIT: int
     CLAMP: bool
 
     __hash__ = _Key.__hash__
@@ -92,7 +95,7 @@ def _tile(width: int, device_type: str) -> tuple[int, int]:
     return min(256, next_pow2(max(1, tile_elems(device_type) // block_w))), block_w
 
 
-def rows_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str) -> RowsKey:
+def rows_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str, guard: bool = False) -> RowsKey:
     width = config.window_size if causal else config.noncausal_index_width
     block_t, block_w = _tile(width, device_type)
     block_tp, block_wp = _tile(config.prefill_index_width, device_type)
@@ -110,6 +113,8 @@ def rows_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str) 
         GATHER_BLOCK=GATHER_BLOCK,
         MAX_IMAGE=config.max_image_tokens,
         NONCAUSAL=not causal,
+        GUARD=guard,
+        BLOCK_LIMIT=block_limit(config),
         CLAMP=clamp,
     )
 
@@ -120,12 +125,12 @@ def ragged_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str
     return RaggedKey(WIDTH=width, BLOCK_T=block_t, BLOCK_W=block_w, CLAMP=clamp)
 
 
-def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str) -> list[RowsKey]:
+def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str, guard: bool = False) -> list[RowsKey]:
     """Every variant a builder with this config can launch: the causal build (draft-step updates
     launch it too, with decode programs only), and the DSpark build when DSpark is configured."""
-    keys = [rows_key(config, causal=True, clamp=clamp, device_type=device_type)]
+    keys = [rows_key(config, causal=True, clamp=clamp, device_type=device_type, guard=guard)]
     if config.is_dspark:
-        keys.append(rows_key(config, causal=False, clamp=clamp, device_type=device_type))
+        keys.append(rows_key(config, causal=False, clamp=clamp, device_type=device_type, guard=guard))
     return keys
 
 

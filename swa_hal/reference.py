@@ -95,11 +95,14 @@ def _fill_rows(
     block_size: int,
     out: torch.Tensor,
     workspace: RowWorkspace | None,
+    guard: "RowGuard | None" = None,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1.
 
     Positions are clamped to ``last`` (the last position of the row, or start itself for an empty
     row) so every block-table read is in bounds even for the padding entries that are later -1.
+    With ``guard`` (docs/semantics.md #guarded-builds), rows that read past the table or a block id
+    outside ``[0, guard.limit)`` are emptied and reported in ``guard``.
     """
     rows, width = out.shape
     if rows == 0:
@@ -121,15 +124,46 @@ def _fill_rows(
         torch.bitwise_right_shift(out, shift, out=pages)
     else:
         torch.div(out, block_size, rounding_mode="floor", out=pages)
+    torch.ge(cols, lens[:, None], out=pad)
+    if guard is not None:
+        off_table = ~pad & ((pages < 0) | (pages >= table.shape[1]))
+        guard.flag_rows(off_table, pages, PAGES)
+    # Clamped into the table: a valid batch never needs it, a malformed one must not read outside it.
+    pages.clamp_(0, table.shape[1] - 1)
     pages.add_((req * table.shape[1])[:, None])  # flat block-table offsets
     torch.index_select(table.view(-1), 0, pages.view(-1), out=blocks.view(-1))
+    if guard is not None:
+        guard.flag_rows(~pad & ((blocks < 0) | (blocks >= guard.limit)), blocks, BLOCK)
     if shift is not None:
         out.bitwise_and_(block_size - 1)
     else:
         torch.remainder(out, block_size, out=out)
     out.add_(blocks, alpha=block_size)  # slot = block * B + position % B
-    torch.ge(cols, lens[:, None], out=pad)
     out.masked_fill_(pad, -1)
+    if guard is not None:
+        out.masked_fill_(guard.kind[:, None] > 0, -1)
+        lens.masked_fill_(guard.kind > 0, 0)
+
+
+# Row-level rules of a guarded build (the request-level ones live in swa_hal/guard.py).
+PAGES, BLOCK = 5, 6
+
+
+class RowGuard:
+    """Per-row findings of a guarded build: the first broken rule of each row and its value."""
+
+    def __init__(self, rows: int, limit: int, device: torch.device):
+        self.limit = limit
+        self.kind = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.value = torch.zeros(rows, dtype=torch.int32, device=device)
+
+    def flag_rows(self, bad: torch.Tensor, values: torch.Tensor, code: int) -> None:
+        hit = bad.any(dim=1)
+        first = torch.where(bad, torch.arange(bad.shape[1], device=bad.device), bad.shape[1]).amin(dim=1)
+        what = values.gather(1, first.clamp_max(bad.shape[1] - 1)[:, None])[:, 0]
+        new = hit & (self.kind == 0)
+        self.kind.masked_fill_(new, code)
+        torch.where(new, what, self.value, out=self.value)
 
 
 def _row_inputs(
@@ -218,6 +252,7 @@ def causal_window_rows(
     out_indices: torch.Tensor | None = None,
     out_lens: torch.Tensor | None = None,
     workspace: RowWorkspace | None = None,
+    guard: RowGuard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """docs/semantics.md #causal-rows: rows for tokens [token_offset, token_offset + num_rows), from row 0.
 
@@ -250,7 +285,7 @@ def causal_window_rows(
     out_lens.masked_fill_(invalid, 0)
     # Empty rows read page 0 (clamped positions) and are all -1 afterwards.
     last = torch.where(out_lens > 0, last, 0)
-    _fill_rows(block_table, req, start, last, out_lens, block_size, out_indices.view(num_rows, -1), workspace)
+    _fill_rows(block_table, req, start, last, out_lens, block_size, out_indices.view(num_rows, -1), workspace, guard)
     return out_indices, out_lens
 
 
@@ -270,6 +305,7 @@ def noncausal_window_rows(
     out_lens: torch.Tensor | None = None,
     workspace: RowWorkspace | None = None,
     check: bool = True,
+    guard: RowGuard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """docs/semantics.md #dspark-rows (DSpark draft rows): every token of request r sees positions
     [max(P_r - W, 0), S_r): the last W context tokens and the whole draft block, future drafts
@@ -296,7 +332,7 @@ def noncausal_window_rows(
             )
     out_lens.clamp_max_(width)  # unchecked callers still never get a row longer than its width
     last = (seq - 1).clamp_min_(0).masked_fill_(~valid, 0)
-    _fill_rows(block_table, req, start, last, out_lens, block_size, out_indices.view(num_rows, -1), workspace)
+    _fill_rows(block_table, req, start, last, out_lens, block_size, out_indices.view(num_rows, -1), workspace, guard)
     return out_indices, out_lens
 
 

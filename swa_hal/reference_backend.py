@@ -13,6 +13,7 @@ import torch
 
 from . import reference
 from .backend import Availability, Backend, BackendSpec, BuildPlan
+from .guard import block_limit, torch_guard
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -28,10 +29,14 @@ class TorchBackend(Backend):
         width = max(self.config.prefill_index_width, self.config.noncausal_index_width)
         self._workspace = reference.RowWorkspace(buffers.capacity, width, self.device)
 
+    def _row_guard(self, rows: int) -> "reference.RowGuard | None":
+        return reference.RowGuard(rows, block_limit(self.config), self.device) if self.guard else None
+
     def _decode_rows(self, causal: bool, inputs: tuple, ndt: int, width: int, replay: torch.Tensor,
-                     buffers: "MetadataBuffers") -> None:
+                     buffers: "MetadataBuffers", guard: "reference.RowGuard | None") -> None:
         common = dict(window_size=self.config.window_size, block_size=self.config.block_size,
-                      workspace=self._workspace, token_offset=0, num_rows=ndt, out_lens=buffers.decode_lens[:ndt])
+                      workspace=self._workspace, token_offset=0, num_rows=ndt, out_lens=buffers.decode_lens[:ndt],
+                      guard=guard)
         if causal:
             reference.causal_window_rows(*inputs, replay_start=replay, out_indices=buffers.decode_indices[:ndt],
                                          **common)
@@ -47,8 +52,9 @@ class TorchBackend(Backend):
         t2r = reference.token_to_req(batch.query_start_loc, t, out=buffers.token_to_req[:t], workspace=ws)
         valid = reference.valid_tokens(batch.slot_mapping, out=buffers.is_valid[:t])
         inputs = (batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid)
+        dec_guard, pre_guard = self._row_guard(ndt), self._row_guard(npt)
         if ndt:
-            self._decode_rows(plan.causal, inputs, ndt, plan.decode_width, plan.replay_start, buffers)
+            self._decode_rows(plan.causal, inputs, ndt, plan.decode_width, plan.replay_start, buffers, dec_guard)
         if plan.decode_lens_clear_end > ndt:
             buffers.decode_lens[ndt : plan.decode_lens_clear_end].zero_()
         if npt:
@@ -65,12 +71,34 @@ class TorchBackend(Backend):
                 *inputs, token_offset=ndt, num_rows=npt, replay_start=plan.replay_start, left=left, right=right,
                 width=cfg.prefill_index_width, window_size=cfg.window_size, block_size=cfg.block_size,
                 out_indices=buffers.prefill_indices[:npt], out_lens=buffers.prefill_lens[:npt], workspace=ws,
+                guard=pre_guard,
             )
         if plan.num_prefills:
             reference.prefill_gather_lens(
                 batch.seq_lens, batch.query_start_loc, plan.num_decodes, plan.num_prefills,
                 cfg.window_size, replay_start=plan.replay_start, out=buffers.gather_lens[: plan.num_prefills],
             )
+        if self.guard:
+            row_guards = [(g, t2r[lo : lo + n]) for g, lo, n in ((dec_guard, 0, ndt), (pre_guard, ndt, npt)) if n]
+            broken = torch_guard(cfg, batch.query_start_loc, batch.seq_lens, batch.block_table, plan.replay_start,
+                                 plan.spans if plan.images else None, plan.num_reqs, buffers.violation,
+                                 causal=plan.causal, row_guards=row_guards)
+            self._empty_broken(broken, t2r, ndt, npt, plan.causal, buffers)
+            if plan.num_prefills:
+                gather = buffers.gather_lens[: plan.num_prefills]
+                gather.masked_fill_(broken[plan.num_decodes : plan.num_decodes + plan.num_prefills], 0)
+
+    def _empty_broken(self, broken: torch.Tensor, t2r: torch.Tensor, ndt: int, npt: int, causal: bool,
+                      buffers: "MetadataBuffers") -> None:
+        """Rows of requests that broke a guarded rule are handed out empty (docs/semantics.md #guarded-builds)."""
+        row_broken = torch.index_select(broken, 0, t2r[: ndt + npt])
+        if ndt:
+            rows = buffers.decode_indices if causal else buffers.noncausal_indices
+            rows[:ndt].masked_fill_(row_broken[:ndt, None, None], -1)
+            buffers.decode_lens[:ndt].masked_fill_(row_broken[:ndt], 0)
+        if npt:
+            buffers.prefill_indices[:npt].masked_fill_(row_broken[ndt:, None, None], -1)
+            buffers.prefill_lens[:npt].masked_fill_(row_broken[ndt:], 0)
 
     def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
         ndt = metadata.num_decode_tokens
@@ -78,7 +106,15 @@ class TorchBackend(Backend):
                                      workspace=self._workspace)
         valid = reference.valid_tokens(metadata.slot_mapping[:ndt], out=buffers.is_valid[:ndt])
         inputs = (metadata.query_start_loc, metadata.seq_lens, metadata.block_table, t2r, valid)
-        self._decode_rows(metadata.causal, inputs, ndt, metadata.decode_swa_width, metadata.replay_start, buffers)
+        guard = self._row_guard(ndt)
+        self._decode_rows(metadata.causal, inputs, ndt, metadata.decode_swa_width, metadata.replay_start, buffers,
+                          guard)
+        if self.guard:
+            num_reqs = metadata.query_start_loc.shape[0] - 1
+            broken = torch_guard(self.config, metadata.query_start_loc, metadata.seq_lens, metadata.block_table,
+                                 metadata.replay_start, None, num_reqs, buffers.violation,
+                                 causal=metadata.causal, row_guards=[(guard, t2r)])
+            self._empty_broken(broken, t2r, ndt, 0, metadata.causal, buffers)
 
     def status(self) -> dict[str, str]:
         return {"kernel": "PyTorch reference (vectorized, any device)"}

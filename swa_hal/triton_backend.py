@@ -45,11 +45,18 @@ class TritonBackend(Backend):
         except ImportError as exc:
             raise BackendUnavailableError(f"backend {self.name!r} needs triton: {exc}") from exc
         self._launch_rows = KernelLauncher(swa_metadata_kernel, device)
+        self.guard = False
         self._output_addresses: dict[Any, tuple[int, ...]] = {}
-        kind = device.type
-        clamp = self.CLAMP_ADDRESSES
-        self.key_build = jit.rows_key(config, causal=True, clamp=clamp, device_type=kind)
-        self.key_dspark = jit.rows_key(config, causal=False, clamp=clamp, device_type=kind) if config.is_dspark else None
+        self._keys: dict[tuple[bool, bool], Any] = {}
+
+    def kernel_key(self, causal: bool = True) -> Any:
+        """The compile key of a build: causal or DSpark rows, guarded or not (``self.guard``)."""
+        key = self._keys.get((causal, self.guard))
+        if key is None:
+            key = self._keys[(causal, self.guard)] = jit.rows_key(
+                self.config, causal=causal, clamp=self.CLAMP_ADDRESSES, device_type=self.device.type, guard=self.guard
+            )
+        return key
 
     # -- builds ----------------------------------------------------------------------------------
 
@@ -63,7 +70,7 @@ class TritonBackend(Backend):
             buffers.decode_indices if causal else buffers.noncausal_indices,
             buffers.decode_lens, buffers.prefill_indices, buffers.prefill_lens,
             buffers.token_to_req, buffers.is_valid, buffers.gather_lens,
-            buffers.left_visible, buffers.right_visible,
+            buffers.left_visible, buffers.right_visible, buffers.violation,
         )
         if self._launch_rows.ready(key) and self._launch_rows.raw_pointers:
             cache[key] = tuple(t.data_ptr() for t in outs)
@@ -71,7 +78,7 @@ class TritonBackend(Backend):
 
     def _launch(self, causal: bool, buffers: "MetadataBuffers", inputs: tuple[Any, ...], num_reqs: int,
                 num_tokens: int, nd: int, npf: int, ndt: int, npt: int, clear_end: int, spans: Any) -> None:
-        key = self.key_build if causal else self.key_dspark
+        key = self.kernel_key(causal)
         dec = -(-ndt // key.BLOCK_T)
         pre = -(-npt // key.BLOCK_TP)
         clear = -(-(clear_end - ndt) // jit.CLEAR_BLOCK) if clear_end > ndt else 0
@@ -113,7 +120,7 @@ class TritonBackend(Backend):
     # -- warmup ----------------------------------------------------------------------------------
 
     def kernel_keys(self) -> list[Any]:
-        return [k for k in (self.key_build, self.key_dspark) if k is not None]
+        return [self.kernel_key(causal) for causal in ((True, False) if self.config.is_dspark else (True,))]
 
     def warmup(self, buffers: "MetadataBuffers", progress: Callable[[str], None] | None = None) -> int:
         """Launch every variant once on a one-token batch, into scratch outputs of the same dtypes
@@ -127,7 +134,7 @@ class TritonBackend(Backend):
         pre_idx = torch.empty((1, 1, cfg.prefill_index_width), **i32)
         dec_lens, pre_lens, gather = torch.zeros(2, **i32), torch.zeros(1, **i32), torch.zeros(1, **i32)
         t2r, valid = torch.zeros(2, **i32), torch.zeros(2, dtype=torch.bool, device=dev)
-        left, right = torch.zeros(2, **i32), torch.zeros(2, **i32)
+        left, right, record = torch.zeros(2, **i32), torch.zeros(2, **i32), torch.zeros(4, **i32)
         qsl, seq, replay = torch.tensor([0, 1, 2], **i32), torch.tensor([1, 1], **i32), torch.zeros(2, **i32)
         indptr, span = torch.tensor([0, 0, 1], **i32), torch.zeros(1, **i32)
         table, slots = torch.zeros((2, 1), **i32), torch.tensor([0, 1], dtype=torch.int64, device=dev)
@@ -138,7 +145,7 @@ class TritonBackend(Backend):
             self._launch_rows(
                 key,
                 4,
-                (dec_idx, dec_lens, pre_idx, pre_lens, t2r, valid, gather, left, right,
+                (dec_idx, dec_lens, pre_idx, pre_lens, t2r, valid, gather, left, right, record,
                  qsl, seq, table, slots, replay, indptr, span, span,
                  table.stride(0), 1, 2, 2, 1, 1, 1, 1, 2, 1, 1, 1, 1),
             )

@@ -28,6 +28,7 @@ from .split import split_decodes_and_prefills
 if TYPE_CHECKING:
     from .batch import AttentionBatch
     from .config import SWAConfig
+    from .metadata import SWAMetadata
 
 
 
@@ -119,6 +120,25 @@ def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, dev
         if spans.ends.shape[0] != spans.starts.shape[0]:
             raise BatchShapeError("image_spans.ends", f"image_spans.ends has {spans.ends.shape[0]} entries but "
                                   f"starts has {spans.starts.shape[0]}")
+
+
+def guard_update(metadata: "SWAMetadata", device_index: int) -> None:
+    """The host guard of a draft-step update: the tensors it reads in place are still what the build
+    guarded (an engine may have swapped one for another view)."""
+    num_reqs = metadata.query_start_loc.shape[0] - 1
+    _guarded("seq_lens", metadata.seq_lens, torch.int32, device_index)
+    _guarded("query_start_loc", metadata.query_start_loc, torch.int32, device_index)
+    _guarded("block_table", metadata.block_table, torch.int32, device_index, 2)
+    _guarded("slot_mapping", metadata.slot_mapping, torch.int64, device_index)
+    _guarded("replay_start", metadata.replay_start, torch.int32, device_index)
+    if metadata.seq_lens.shape[0] < num_reqs or metadata.block_table.shape[0] < num_reqs:
+        raise BatchShapeError("seq_lens", f"seq_lens / block_table have fewer rows than the {num_reqs} requests")
+    if metadata.slot_mapping.shape[0] < metadata.num_decode_tokens:
+        raise BatchShapeError("slot_mapping", f"slot_mapping has {metadata.slot_mapping.shape[0]} entries for "
+                              f"{metadata.num_decode_tokens} decode tokens")
+    if metadata.replay_start.shape[0] < num_reqs:
+        raise BatchShapeError("replay_start", f"replay_start has {metadata.replay_start.shape[0]} entries for "
+                              f"{num_reqs} requests")
 
 
 def _tensor(name: str, t: object, dtype: torch.dtype, ndim: int, *, cpu: bool = False) -> torch.Tensor:

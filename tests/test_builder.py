@@ -67,7 +67,7 @@ def test_gpu_tiling_in_the_interpreter(backend, monkeypatch):
     monkeypatch.setenv("SWA_HAL_TILE_ELEMS", "2048")
     config = CONFORMANCE_CONFIGS["v4"]
     builder = make_builder(config, backend)
-    assert builder.backend.key_build.BLOCK_T == 16
+    assert builder.backend.kernel_key().BLOCK_T == 16
     rng = random.Random(backend)
     strict = address_strict() if backend == "sm12x" else _null()
     with strict:
@@ -132,7 +132,7 @@ def test_owner_search_over_several_chunks(backend, monkeypatch):
     config = CONFORMANCE_CONFIGS["w12b8_parallel"]  # up to 16 requests
     wide = SWAConfig(**{**config.to_dict(), "max_num_seqs": 60, "compress_ratios": config.compress_ratios})
     builder = make_builder(wide, backend)
-    assert builder.backend.key_build.SEARCH_BLOCK == 16
+    assert builder.backend.kernel_key().SEARCH_BLOCK == 16
     rng = random.Random(backend)
     strict = address_strict() if backend == "sm12x" else _null()
     from swa_hal.scenarios import synthesize_batch

@@ -43,6 +43,9 @@ ENGINE_TENSORS = [
 # Triton kernels may only read module globals that are constexpr.
 NO_REQUEST = tl.constexpr(2147483647)
 NO_SPAN = tl.constexpr(1073741824)
+# A guarded build looks at no more spans per block of rows than this (a malformed indptr could
+# otherwise make a program loop for billions of iterations); rows past it are checked by their own block.
+MAX_SPAN_SCAN = tl.constexpr(65536)
 
 
 @triton.jit
@@ -62,28 +65,57 @@ def _owner_of(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constexpr, SEAR
 
 
 @triton.jit
-def _image_visibility(pos, req, row_ok, span_indptr_ptr, span_starts_ptr, span_ends_ptr,
-                      BLOCK_T: tl.constexpr, MAX_IMAGE: tl.constexpr):
-    """Per row: (left, right) inside the last listed image span of its request holding pos."""
+def _image_visibility(pos, req, row_ok, seq, prefix, span_indptr_ptr, span_starts_ptr, span_ends_ptr,
+                      BLOCK_T: tl.constexpr, MAX_IMAGE: tl.constexpr, GUARD: tl.constexpr):
+    """Per row: (left, right) inside the last listed image span of its request holding pos, and
+    (guarded) the first span of its request that breaks a rule, or NO_SPAN."""
     lo = tl.load(span_indptr_ptr + req, mask=row_ok, other=0)
     hi = tl.load(span_indptr_ptr + req + 1, mask=row_ok, other=0)
     left = tl.zeros([BLOCK_T], dtype=tl.int32)
     right = tl.zeros([BLOCK_T], dtype=tl.int32)
+    bad_span = tl.full([BLOCK_T], NO_SPAN, dtype=tl.int32)
     # Rows are ordered by request, so the spans of this block are one contiguous range.
     first = tl.min(tl.where(row_ok, lo, NO_SPAN), axis=0)
     stop = tl.max(tl.where(row_ok, hi, 0), axis=0)
+    if GUARD:
+        stop = tl.minimum(stop, first + MAX_SPAN_SCAN)
     for i in range(first, stop):
         a = tl.load(span_starts_ptr + i)
         e = tl.load(span_ends_ptr + i)
-        inside = (i >= lo) & (i < hi) & (pos >= a) & (pos <= e)
+        mine = (i >= lo) & (i < hi)
+        inside = mine & (pos >= a) & (pos <= e)
         left = tl.where(inside, tl.minimum(pos - a, MAX_IMAGE - 1), left)
         right = tl.where(inside, tl.minimum(e - pos, MAX_IMAGE), right)
-    return left, right
+        if GUARD:
+            broken = mine & ((a > e) | (a < prefix) | (e > seq - 1) | (e - a + 1 > MAX_IMAGE))
+            bad_span = tl.where(broken & (bad_span == NO_SPAN), i, bad_span)
+    return left, right, bad_span
+
+
+@triton.jit
+def _flag(kind, value, cond, code: tl.constexpr, what):
+    """Keep the first broken rule of each row: (kind, value) take (code, what) where none is set yet."""
+    new = (kind == 0) & cond
+    return tl.where(new, code, kind), tl.where(new, what, value)
+
+
+@triton.jit
+def _record(violation_ptr, kind, req, value, rows):
+    """Record the first broken row of this block, unless an earlier block already recorded one."""
+    broken = kind > 0
+    if tl.max(broken.to(tl.int32), axis=0) > 0:
+        first = tl.min(tl.where(broken, rows, NO_REQUEST), axis=0)
+        pick = rows == first
+        old = tl.atomic_add(violation_ptr, 1)
+        if old == 0:
+            tl.store(violation_ptr + 1, tl.sum(tl.where(pick, kind, 0), axis=0))
+            tl.store(violation_ptr + 2, tl.sum(tl.where(pick, req, 0), axis=0))
+            tl.store(violation_ptr + 3, tl.sum(tl.where(pick, value, 0), axis=0))
 
 
 @triton.jit
 def _window_rows(
-    out_idx_ptr, out_lens_ptr, token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr,
+    out_idx_ptr, out_lens_ptr, token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr, violation_ptr,
     qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
     span_indptr_ptr, span_starts_ptr, span_ends_ptr,
     bt_stride, max_pages, num_reqs, num_tokens, search_chunks,
@@ -91,7 +123,7 @@ def _window_rows(
     WINDOW: tl.constexpr, WIDTH: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
     NONCAUSAL: tl.constexpr, IMAGES: tl.constexpr, CLEAR_IMAGES: tl.constexpr, MAX_IMAGE: tl.constexpr,
-    CLAMP: tl.constexpr,
+    GUARD: tl.constexpr, BLOCK_LIMIT: tl.constexpr, CLAMP: tl.constexpr,
 ):
     rows = row0 + tl.arange(0, BLOCK_T)
     row_ok = rows < n_rows
@@ -111,17 +143,27 @@ def _window_rows(
     # req is in [0, num_reqs) by construction, so these addresses are in bounds even unmasked.
     seq = tl.load(seq_lens_ptr + req, mask=row_ok, other=0)
     end = tl.load(qsl_ptr + req + 1, mask=row_ok, other=0)
+    kind = tl.zeros([BLOCK_T], dtype=tl.int32)
+    value = tl.zeros([BLOCK_T], dtype=tl.int32)
+    checked = row_ok & valid
+    if NONCAUSAL or GUARD:
+        begin = tl.load(qsl_ptr + req, mask=row_ok, other=0)
+        prefix = seq - (end - begin)
+    else:
+        prefix = seq  # unused
+    if GUARD:
+        kind, value = _flag(kind, value, checked & (end < begin), 1, end - begin)  # QUERY_ORDER
+        kind, value = _flag(kind, value, checked & (prefix < 0), 2, seq)  # SEQ_SHORT
     if NONCAUSAL:
         # DSpark rows ignore the replay bound (docs/semantics.md #dspark-rows).
-        begin = tl.load(qsl_ptr + req, mask=row_ok, other=0)
-        start = tl.maximum(seq - (end - begin) - WINDOW, 0)
+        start = tl.maximum(prefix - WINDOW, 0)
         lens = seq - start
     else:
         pos = seq - end + tok  # P_r + (t - qsl[r])
         last = pos
         if IMAGES:
-            left, right = _image_visibility(pos, req, row_ok, span_indptr_ptr, span_starts_ptr, span_ends_ptr,
-                                            BLOCK_T, MAX_IMAGE)
+            left, right, bad_span = _image_visibility(pos, req, row_ok, seq, prefix, span_indptr_ptr,
+                                                      span_starts_ptr, span_ends_ptr, BLOCK_T, MAX_IMAGE, GUARD)
             tl.store(left_ptr + tok_at, left, mask=row_ok)
             tl.store(right_ptr + tok_at, right, mask=row_ok)
             start = tl.maximum(pos - (WINDOW - 1) - tl.maximum(left - (WINDOW - 1), 0), 0)
@@ -132,20 +174,46 @@ def _window_rows(
                 zero = tl.zeros([BLOCK_T], dtype=tl.int32)
                 tl.store(left_ptr + tok_at, zero, mask=row_ok)
                 tl.store(right_ptr + tok_at, zero, mask=row_ok)
-        start = tl.maximum(start, tl.load(replay_ptr + req, mask=row_ok, other=0))
+        bound = tl.load(replay_ptr + req, mask=row_ok, other=0)
+        start = tl.maximum(start, bound)
         # Never negative: a replay bound past p leaves an empty row.
         lens = tl.maximum(last + 1 - start, 0)
+        if GUARD:
+            kind, value = _flag(kind, value, checked & ((bound < 0) | (bound > prefix)), 3, bound)  # REPLAY
+            if IMAGES:
+                kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), 4, bad_span)  # SPAN
+    if GUARD:
+        kind, value = _flag(kind, value, checked & (lens > WIDTH), 7, lens)  # ROW_WIDTH
     # Never longer than the row: what is handed out stays inside it whatever the input.
-    lens = tl.where(row_ok & valid, tl.minimum(lens, WIDTH), 0)
+    lens = tl.where(checked, tl.minimum(lens, WIDTH), 0)
 
     cols = tl.arange(0, BLOCK_W)
     pos2 = start[:, None] + cols[None, :]
     live = cols[None, :] < lens[:, None]
     page = pos2 // BLOCK_SIZE
+    read = live
+    if GUARD:
+        page_ok = (page >= 0) & (page < max_pages)
+        read = live & page_ok
+        off_table = live & ~page_ok
+        first_off = tl.min(tl.where(off_table, cols[None, :], BLOCK_W), axis=1)
+        page_at = tl.sum(tl.where(cols[None, :] == first_off[:, None], page, 0), axis=1)
+        kind, value = _flag(kind, value, first_off < BLOCK_W, 5, page_at)  # PAGES
     if CLAMP:
         page = tl.minimum(tl.maximum(page, 0), max_pages - 1)
-    block = tl.load(block_table_ptr + req[:, None] * bt_stride + page, mask=live, other=0)
+    block = tl.load(block_table_ptr + req[:, None] * bt_stride + page, mask=read, other=0)
     idx = tl.where(live, block * BLOCK_SIZE + pos2 % BLOCK_SIZE, -1)
+    if GUARD:
+        # Every block id handed out lies in [0, BLOCK_LIMIT): inside the KV cache, and its slots
+        # inside int32 (block * BLOCK_SIZE cannot overflow).
+        bad_block = read & ((block < 0) | (block >= BLOCK_LIMIT))
+        first_bad = tl.min(tl.where(bad_block, cols[None, :], BLOCK_W), axis=1)
+        block_at = tl.sum(tl.where(cols[None, :] == first_bad[:, None], block, 0), axis=1)
+        kind, value = _flag(kind, value, first_bad < BLOCK_W, 6, block_at)  # BLOCK
+        broken = kind > 0
+        lens = tl.where(broken, 0, lens)
+        idx = tl.where(broken[:, None], -1, idx)
+        _record(violation_ptr, kind, req, value, rows)
 
     cols_at = cols
     if CLAMP:
@@ -159,7 +227,7 @@ def _window_rows(
 def swa_metadata_kernel(
     # outputs (the builder's fixed buffers)
     decode_idx_ptr, decode_lens_ptr, prefill_idx_ptr, prefill_lens_ptr,
-    token_to_req_ptr, is_valid_ptr, gather_lens_ptr, left_ptr, right_ptr,
+    token_to_req_ptr, is_valid_ptr, gather_lens_ptr, left_ptr, right_ptr, violation_ptr,
     # inputs (engine tensors, or the builder's zero buffers when the batch has none)
     qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
     span_indptr_ptr, span_starts_ptr, span_ends_ptr,
@@ -171,28 +239,29 @@ def swa_metadata_kernel(
     WINDOW: tl.constexpr, DECODE_WIDTH: tl.constexpr, PREFILL_WIDTH: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_TP: tl.constexpr, BLOCK_WP: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr, CLEAR_BLOCK: tl.constexpr, GATHER_BLOCK: tl.constexpr,
-    MAX_IMAGE: tl.constexpr, NONCAUSAL: tl.constexpr, CLAMP: tl.constexpr,
+    MAX_IMAGE: tl.constexpr, NONCAUSAL: tl.constexpr, GUARD: tl.constexpr, BLOCK_LIMIT: tl.constexpr,
+    CLAMP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < dec_progs:
         _window_rows(
-            decode_idx_ptr, decode_lens_ptr, token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr,
+            decode_idx_ptr, decode_lens_ptr, token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr, violation_ptr,
             qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
             span_indptr_ptr, span_starts_ptr, span_ends_ptr,
             bt_stride, max_pages, num_reqs, num_tokens, search_chunks,
             pid * BLOCK_T, num_decode_tokens, 0,
             WINDOW, DECODE_WIDTH, BLOCK_SIZE, BLOCK_T, BLOCK_W, SEARCH_BLOCK,
-            NONCAUSAL, False, MAX_IMAGE > 0, MAX_IMAGE, CLAMP,
+            NONCAUSAL, False, MAX_IMAGE > 0, MAX_IMAGE, GUARD, BLOCK_LIMIT, CLAMP,
         )
     elif pid < dec_progs + pre_progs:
         _window_rows(
-            prefill_idx_ptr, prefill_lens_ptr, token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr,
+            prefill_idx_ptr, prefill_lens_ptr, token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr, violation_ptr,
             qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
             span_indptr_ptr, span_starts_ptr, span_ends_ptr,
             bt_stride, max_pages, num_reqs, num_tokens, search_chunks,
             (pid - dec_progs) * BLOCK_TP, num_prefill_tokens, num_decode_tokens,
             WINDOW, PREFILL_WIDTH, BLOCK_SIZE, BLOCK_TP, BLOCK_WP, SEARCH_BLOCK,
-            False, MAX_IMAGE > 0, False, MAX_IMAGE, CLAMP,
+            False, MAX_IMAGE > 0, False, MAX_IMAGE, GUARD, BLOCK_LIMIT, CLAMP,
         )
     elif pid < dec_progs + pre_progs + clear_progs:
         # Names differ from the gather branch's: Triton unifies same-named values across branches.
@@ -211,4 +280,13 @@ def swa_metadata_kernel(
         query = tl.load(qsl_ptr + req + 1, mask=real, other=0) - tl.load(qsl_ptr + req, mask=real, other=0)
         bound = tl.load(replay_ptr + req, mask=real, other=0)
         visible = tl.minimum(tl.maximum(seq - query - bound, 0), WINDOW - 1)
-        tl.store(gather_lens_ptr + i, query + visible, mask=real)
+        gather = query + visible
+        if GUARD:
+            kind = tl.zeros([GATHER_BLOCK], dtype=tl.int32)
+            value = tl.zeros([GATHER_BLOCK], dtype=tl.int32)
+            kind, value = _flag(kind, value, real & (query < 0), 1, query)  # QUERY_ORDER
+            kind, value = _flag(kind, value, real & (seq < query), 2, seq)  # SEQ_SHORT
+            kind, value = _flag(kind, value, real & ((bound < 0) | (bound > seq - query)), 3, bound)  # REPLAY
+            gather = tl.where(kind > 0, 0, gather)
+            _record(violation_ptr, kind, req, value, i)
+        tl.store(gather_lens_ptr + i, gather, mask=real)

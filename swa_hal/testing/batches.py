@@ -123,8 +123,9 @@ def random_replay(rng: random.Random, seqs: list[int], queries: list[int], windo
     out = []
     for s, q in zip(seqs, queries):
         prefix = s - q
-        edges = [0, prefix, max(0, prefix - window + 1), max(0, prefix - window + 2), max(0, prefix - 1)]
-        out.append(rng.choice(edges) if rng.random() < 0.6 else rng.randint(0, prefix))
+        edges = [0, prefix, prefix - window + 1, prefix - window + 2, prefix - 1]
+        pick = rng.choice(edges) if rng.random() < 0.6 else rng.randint(0, prefix)
+        out.append(min(max(pick, 0), prefix))
     return out
 
 

@@ -74,9 +74,13 @@ def _check(kind: str, ptrs: Any, mask: Any) -> None:
         inside |= (addrs >= np.uint64(lo)) & (addrs + np.uint64(size) <= np.uint64(hi))
     if inside.all():
         return
-    lanes = np.flatnonzero(~inside)
     masked = np.asarray(mask.data, dtype=bool).reshape(-1) if mask is not None else np.ones(addrs.shape, bool)
     masked = np.broadcast_to(masked, addrs.shape)
+    if ctx["active_only"]:
+        inside |= ~masked  # a masked-off lane touches no memory on GPUs without the SM12x rule
+        if inside.all():
+            return
+    lanes = np.flatnonzero(~inside)
     from triton.runtime.interpreter import interpreter_builder
 
     shown = ", ".join(
@@ -91,8 +95,9 @@ def _check(kind: str, ptrs: Any, mask: Any) -> None:
 
 
 @contextlib.contextmanager
-def address_strict() -> Iterator[None]:
-    """Check every lane of every interpreted load/store/atomic while the context is active."""
+def address_strict(active_only: bool = False) -> Iterator[None]:
+    """Check every lane of every interpreted load/store/atomic while the context is active; with
+    ``active_only``, only the lanes the mask leaves on (what any GPU requires)."""
     require_interpreter()
     from triton.runtime import interpreter as it
 
@@ -114,7 +119,7 @@ def address_strict() -> Iterator[None]:
         return args_hst, kwargs_hst
 
     def call(self, *args, **kwargs):
-        _stack().append({"kernel": getattr(self.fn, "__name__", "?"), "ranges": []})
+        _stack().append({"kernel": getattr(self.fn, "__name__", "?"), "ranges": [], "active_only": active_only})
         try:
             return originals["call"](self, *args, **kwargs)
         except it.InterpreterError as exc:

@@ -12,9 +12,11 @@ import os
 import pytest
 import torch
 
+from swa_hal.envs import env_flag
+
 
 def _why_not() -> str | None:
-    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on"):
+    if env_flag("TRITON_INTERPRET"):
         return "TRITON_INTERPRET is on; GPU tests run with TRITON_INTERPRET=0"
     if not torch.cuda.is_available():
         return "no CUDA device"

@@ -1,0 +1,298 @@
+"""Guarded builds and the default path's safety (docs/semantics.md #guarded-builds): with validation
+off, malformed input gives a typed error or output whose every index is -1 or inside the KV cache;
+``check()`` raises what full validation would have raised."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from helpers import BACKEND_PLATFORMS, make_builder
+from swa_hal import AttentionBatch, ImageSpans, SWAConfig
+from swa_hal import errors as E
+from swa_hal.guard import block_limit
+from swa_hal.testing.interpreter import address_strict
+from swa_hal.validation import validate_batch
+
+BACKENDS = list(BACKEND_PLATFORMS)
+CFG = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=32, max_num_seqs=6,
+                num_speculative_tokens=1, speculative_method="mtp", num_kv_blocks=16, max_image_tokens=4)
+
+
+def base() -> AttentionBatch:
+    """A decode (S=6, q=1) and a prefill (S=9, q=5; new positions 4..8)."""
+    return AttentionBatch.from_lists([6, 9], [1, 5], [[1, 2], [3, 4, 5]], block_size=4)
+
+
+def set_(t: torch.Tensor, i, v) -> torch.Tensor:
+    t = t.clone()
+    t[i] = v
+    return t
+
+
+def spans(indptr, starts, ends) -> ImageSpans:
+    t = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    return ImageSpans(t(indptr), t(starts), t(ends))
+
+
+# kind, the malformed batch, the error full validation raises (type, field)
+MALFORMED = [
+    ("block id past the cache", lambda b: dataclasses.replace(b, block_table=set_(b.block_table, (1, 1), 16)),
+     E.BatchRangeError, "block_table"),
+    ("negative block id", lambda b: dataclasses.replace(b, block_table=set_(b.block_table, (0, 1), -3)),
+     E.BatchRangeError, "block_table"),
+    ("seq_len shorter than its query", lambda b: dataclasses.replace(b, seq_lens=set_(b.seq_lens, 1, 3)),
+     E.BatchRangeError, "seq_lens"),
+    ("replay bound past the prefix",
+     lambda b: dataclasses.replace(b, replay_start=torch.tensor([0, 7], dtype=torch.int32)),
+     E.BatchRangeError, "replay_start"),
+    ("inverted image span", lambda b: dataclasses.replace(b, image_spans=spans([0, 0, 1], [7], [5])),
+     E.BatchRangeError, "image_spans"),
+    ("window past the block table", lambda b: dataclasses.replace(b, block_table=b.block_table[:, :2].contiguous()),
+     E.BatchCapacityError, "block_table"),
+]
+
+
+def assert_inside_cache(md, config: SWAConfig) -> None:
+    slots = config.num_kv_blocks * config.block_size if config.num_kv_blocks else block_limit(config) * config.block_size
+    for name in ("decode_swa_indices", "prefill_swa_indices"):
+        rows = getattr(md, name)
+        if rows is None:
+            continue
+        bad = (rows != -1) & ((rows < 0) | (rows >= slots))
+        assert not bool(bad.any()), f"{name} hands out a slot outside the KV cache: {rows[bad][:4].tolist()}"
+    for lens, width in ((md.decode_swa_lens, md.decode_swa_width), (md.prefill_swa_lens, config.prefill_index_width)):
+        if lens is not None:
+            assert bool(((lens >= 0) & (lens <= width)).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind, make, exc, field", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_guarded_build_empties_the_rows_and_check_raises_what_validation_raises(backend, kind, make, exc, field):
+    bad = make(base())
+    with pytest.raises(exc) as validated:
+        validate_batch(bad, CFG)
+    assert validated.value.field.split("[")[0] == field
+    builder = make_builder(CFG, backend)  # guarded by default
+    strict = address_strict() if backend == "sm12x" else _null()
+    with strict:
+        md = builder.build(bad, validate=False)
+    assert_inside_cache(md, CFG)
+    with pytest.raises(exc) as checked:
+        builder.check()
+    assert checked.value.field == field and "guarded build" in str(checked.value)
+    builder.check()  # the record was cleared: nothing to raise now
+    # The same builder then builds a good batch exactly.
+    good = builder.build(base())
+    assert good.decode_swa_lens.tolist() == [4] and good.prefill_swa_lens.tolist() == [4, 4, 4, 4, 4]
+    builder.check()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_block_id_that_would_overflow_int32_slots_is_caught_without_num_kv_blocks(backend):
+    config = dataclasses.replace(CFG, num_kv_blocks=None)
+    bad = dataclasses.replace(base(), block_table=set_(base().block_table, (0, 1), 2**29))
+    builder = make_builder(config, backend)
+    md = builder.build(bad)
+    assert md.decode_swa_lens.tolist() == [0] and bool((md.decode_swa_indices == -1).all())
+    with pytest.raises(E.BatchRangeError, match=r"block id 536870912, outside \[0, 536870912\)"):
+        builder.check()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unguarded_builds_record_nothing(backend):
+    bad = dataclasses.replace(base(), seq_lens=set_(base().seq_lens, 1, 3))
+    builder = make_builder(CFG, backend, guard=False)
+    builder.build(bad)
+    builder.check()  # nothing recorded, nothing raised
+    assert builder.buffers.violation.tolist() == [0, 0, 0, 0]
+
+
+def test_guard_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("SWA_HAL_GUARD", "0")
+    assert make_builder(CFG, "torch").guard is False
+    monkeypatch.setenv("SWA_HAL_GUARD", "1")
+    assert make_builder(CFG, "torch").guard is True
+
+
+# -- the O(1) host guard ----------------------------------------------------------------------------------
+
+HOST = [
+    ("strided seq_lens", lambda b: dataclasses.replace(b, seq_lens=torch.tensor([6, 0, 9, 0], dtype=torch.int32)[::2]),
+     E.BatchShapeError, r"^seq_lens must be contiguous"),
+    ("expanded query_start_loc", lambda b: dataclasses.replace(
+        b, query_start_loc=torch.tensor([0], dtype=torch.int32).expand(3)), E.BatchShapeError,
+     r"^query_start_loc must be contiguous"),
+    ("short seq_lens", lambda b: dataclasses.replace(b, seq_lens=b.seq_lens[:1]), E.BatchShapeError,
+     r"^seq_lens has 1 entries for 2 requests"),
+    ("short block table", lambda b: dataclasses.replace(b, block_table=b.block_table[:1]), E.BatchShapeError,
+     r"^block_table \(1, 3\) has too few rows"),
+    ("query_start_loc length", lambda b: dataclasses.replace(b, query_start_loc=b.query_start_loc[:2]),
+     E.BatchShapeError, r"^query_start_loc has 2 entries; query_start_loc_cpu has 3"),
+    ("slot_mapping length", lambda b: dataclasses.replace(b, slot_mapping=b.slot_mapping[:3]), E.BatchShapeError,
+     r"^slot_mapping has 3 entries; num_tokens is 6"),
+    ("column-strided block table", lambda b: dataclasses.replace(b, block_table=b.block_table.t().contiguous().t()),
+     E.BatchShapeError, r"^block_table must be contiguous"),
+    ("num_tokens not an int", lambda b: dataclasses.replace(b, num_tokens=6.0), E.BatchDtypeError,
+     r"^num_tokens must be an int"),
+    ("max_query_len out of range", lambda b: dataclasses.replace(b, max_query_len=10**6), E.BatchDtypeError,
+     r"^max_query_len must be an int in \[0, 32\]"),
+    ("causal not a bool", lambda b: dataclasses.replace(b, causal=1), E.BatchDtypeError, r"^causal must be a bool"),
+    ("replay_start dtype", lambda b: dataclasses.replace(b, replay_start=torch.zeros(2, dtype=torch.int64)),
+     E.BatchDtypeError, r"^replay_start has dtype torch.int64"),
+    ("short span indptr", lambda b: dataclasses.replace(b, image_spans=spans([0, 0], [], [])), E.BatchShapeError,
+     r"^image_spans.indptr has 2 entries"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind, make, exc, message", HOST, ids=[h[0] for h in HOST])
+def test_host_guard_refuses_before_any_launch(backend, kind, make, exc, message):
+    builder = make_builder(CFG, backend)
+    with pytest.raises(exc, match=message):
+        builder.build(make(base()), validate=False)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_draft_updates_are_guarded_too(backend):
+    builder = make_builder(CFG, backend)
+    batch = AttentionBatch.from_lists([6, 7], [1, 1], [[1, 2], [3, 4]], block_size=4)
+    md = builder.build(batch)
+    md.replay_start = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(E.BatchDtypeError, match="^replay_start has dtype torch.int64"):
+        builder.update_draft_decode_metadata(md)
+
+
+def test_more_prefills_than_token_rows_stay_inside_the_gather_buffer():
+    # max_num_batched_tokens < max_num_seqs, and more prefills (short ones after the first long one,
+    # zero-token ones too) than token rows: the gather-lens buffer holds one entry per admitted request.
+    config = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=4, max_num_seqs=8)
+    batch = AttentionBatch.from_lists([4, 1, 1, 0, 0, 0], [2, 1, 1, 0, 0, 0], [[1], [2], [3], [4], [5], [6]],
+                                      block_size=4)
+    validate_batch(batch, config)
+    for backend in BACKENDS:
+        builder = make_builder(config, backend)
+        md = builder.build(batch)
+        assert md.num_prefills == 6 and md.prefill_gather_lens.tolist() == [4, 1, 1, 0, 0, 0]
+        assert builder.buffers.gather_lens.shape[0] == 8
+
+
+# -- threads ----------------------------------------------------------------------------------------------
+
+
+def test_one_builder_entered_from_two_threads_raises():
+    builder = make_builder(CFG, "torch")
+    errors: list[BaseException] = []
+    builder._busy.acquire()  # a build is running on another thread
+    try:
+        thread = threading.Thread(target=lambda: _catch(errors, lambda: builder.build(base())))
+        thread.start()
+        thread.join()
+    finally:
+        builder._busy.release()
+    assert len(errors) == 1 and isinstance(errors[0], E.ConcurrentBuildError)
+    assert "one build at a time" in str(errors[0])
+    assert builder.build(base()).decode_swa_lens.tolist() == [4]  # usable again afterwards
+
+
+def test_one_builder_per_thread_builds_correctly():
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        builder = make_builder(CFG, "torch")
+        for _ in range(20):
+            results[i] = builder.build(base()).prefill_swa_lens.tolist()
+
+    threads = [threading.Thread(target=lambda i=i: _catch(errors, lambda: work(i))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and all(v == [4, 4, 4, 4, 4] for v in results.values()) and len(results) == 4
+
+
+def _catch(errors: list[BaseException], fn) -> None:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        errors.append(exc)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# -- fuzzing the default path ------------------------------------------------------------------------------
+
+FUZZ = SWAConfig(window_size=5, block_size=4, max_model_len=128, max_num_batched_tokens=48, max_num_seqs=6,
+                 num_speculative_tokens=1, speculative_method="mtp", num_kv_blocks=24, max_image_tokens=3)
+EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40"))
+
+
+@st.composite
+def malformed_batches(draw):
+    """Structurally plausible batches (they pass the host guard) with malformed values: decreasing
+    offsets, short sequences, out-of-range block ids, bad replay bounds and spans."""
+    num_reqs = draw(st.integers(1, 5))
+    queries = draw(st.lists(st.integers(0, 7), min_size=num_reqs, max_size=num_reqs))
+    qsl = [0]
+    for q in queries:
+        qsl.append(qsl[-1] + q)
+    if draw(st.booleans()):  # break monotonicity somewhere
+        i = draw(st.integers(1, num_reqs))
+        qsl[i] = max(0, qsl[i] - draw(st.integers(1, 9)))
+    num_tokens = max(1, max(qsl)) + draw(st.integers(0, 3))
+    seqs = [max(0, q + draw(st.integers(-3, 40))) for q in queries]
+    width = draw(st.integers(1, 12))
+    table = [[draw(st.integers(-2, 30)) for _ in range(width)] for _ in range(num_reqs)]
+    slots = [draw(st.integers(-1, 90)) for _ in range(num_tokens)]
+    replay = [draw(st.integers(-2, 45)) for _ in range(num_reqs)] if draw(st.booleans()) else None
+    n_spans = draw(st.integers(0, 3))
+    span_ptr = sorted(draw(st.lists(st.integers(0, n_spans), min_size=num_reqs + 1, max_size=num_reqs + 1)))
+    span_ptr[0] = 0
+    starts = [draw(st.integers(-1, 45)) for _ in range(n_spans)]
+    ends = [draw(st.integers(-1, 45)) for _ in range(n_spans)]
+    t32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    qsl_t = t32(qsl)
+    return AttentionBatch(
+        seq_lens=t32(seqs), query_start_loc=qsl_t, query_start_loc_cpu=qsl_t.clone(), seq_lens_cpu=t32(seqs),
+        block_table=t32(table), slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        max_query_len=draw(st.integers(0, 8)), num_tokens=num_tokens, causal=True,
+        replay_start=None if replay is None else t32(replay),
+        image_spans=ImageSpans(t32(span_ptr), t32(starts), t32(ends)) if n_spans else None,
+    )
+
+
+BUILDERS: dict[str, object] = {}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("SWA_HAL_FUZZ_RANDOM"),
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batch=malformed_batches(), backend=st.sampled_from(BACKENDS))
+def test_fuzz_malformed_batches_on_the_default_path(batch, backend):
+    builder = BUILDERS.get(backend) or BUILDERS.setdefault(backend, make_builder(FUZZ, backend))
+    note(f"backend={backend} qsl={batch.query_start_loc.tolist()} seq={batch.seq_lens.tolist()} "
+         f"table={batch.block_table.tolist()} replay={batch.replay_start}")
+    # Every lane in bounds on the clamping backend; every active lane on the others.
+    with address_strict(active_only=backend != "sm12x"):
+        try:
+            md = builder.build(batch, validate=False)
+        except E.BatchValidationError:
+            return  # a typed error is an acceptable answer
+    assert_inside_cache(md, FUZZ)
+    try:
+        builder.check()
+    except E.BatchValidationError:
+        pass
+

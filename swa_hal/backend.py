@@ -141,6 +141,8 @@ class Backend:
     # Set by the builder: guarded builds and updates (docs/semantics.md #guarded-builds) check what
     # needs the data, hand offending rows out empty and record the first violation.
     guard: bool = False
+    # Set by selection: why the backends it tried first failed to start (empty: none failed).
+    fell_back_from: tuple[str, ...] = ()
     # Whether update_draft_decode_metadata (docs/semantics.md #draft-updates) is supported.
     supports_draft_decode_metadata_update: ClassVar[bool] = True
 

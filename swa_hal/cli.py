@@ -58,6 +58,16 @@ def _device(args: argparse.Namespace):
     return device
 
 
+def _default_device(platform: PlatformInfo):
+    """Where a backend starts when no --device is given: the GPU of a probed GPU platform, else the CPU
+    (an --assume'd platform is evaluated here, with Triton backends running through the interpreter)."""
+    import torch
+
+    if not platform.synthetic and platform.vendor in ("cuda", "rocm") and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _platform(args: argparse.Namespace) -> PlatformInfo:
     assumed = _assumed(args)
     if assumed is not None:
@@ -89,13 +99,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     except SWAHalError as exc:
         error = str(exc)
     backend_status: dict[str, str] = {}
-    if selection is not None and args.status:
+    started = None
+    if selection is not None and (args.status or args.expect is not None):
+        # Start the backend as a builder would: what runs is what --expect checks, fallbacks included.
         try:
-            import torch
-
-            backend_status = selection.create(_config(args), _device(args)).status()
-        except Exception as exc:  # noqa: BLE001 - info reports, it does not fail
-            backend_status = {"error": f"{type(exc).__name__}: {exc}"}
+            backend = selection.create(_config(args), _device(args) if args.device else _default_device(platform))
+            started = backend.name
+            backend_status = backend.status() if args.status else {}
+            for reason in backend.fell_back_from:
+                backend_status.setdefault("fell back", reason)
+        except SWAHalError as exc:
+            error = str(exc)
+            backend_status = {"error": error}
     data = {
         "versions": _versions(),
         "platform": platform.to_dict(),
@@ -103,6 +118,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "plugin_problems": registry.problems,
         "backends": selection.to_dict()["candidates"] if selection else [],
         "selected": selection.name if selection else None,
+        "started": started,
         "how": selection.how if selection else None,
         "backend_status": backend_status,
         "error": error,
@@ -111,9 +127,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         from .selection import build_candidates
 
         data["backends"] = [c.to_dict() for c in build_candidates(registry, platform)]
-    ok = error is None and (args.expect is None or data["selected"] == args.expect)
-    if args.expect is not None and data["selected"] != args.expect:
-        data["error"] = (error + "; " if error else "") + f"expected backend {args.expect!r}, selected {data['selected']!r}"
+    runs = started if started is not None else data["selected"]
+    ok = error is None and (args.expect is None or runs == args.expect)
+    if args.expect is not None and runs != args.expect:
+        what = f"selected {data['selected']!r}" if started in (None, data["selected"]) else (
+            f"selected {data['selected']!r} but it failed to start, so {started!r} runs")
+        data["error"] = (error + "; " if error else "") + f"expected backend {args.expect!r}, {what}"
     if args.json:
         _emit_json(data)
         return 0 if ok else 1

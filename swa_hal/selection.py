@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .backend import Availability, BackendSpec
+from .envs import env_flag
 from .errors import BackendNotFoundError, BackendUnavailableError
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry, PluginWarning, get_registry
@@ -115,16 +116,19 @@ class Selection:
         }
 
     def create(self, config: SWAConfig, device: torch.device) -> Backend:
-        """Instantiate the backend. An explicit choice that fails to construct raises; an automatic
-        one falls back to the next available candidate, with a warning saying why."""
+        """Instantiate the backend. An explicit choice that fails to construct raises; so does an
+        automatic one under ``SWA_HAL_STRICT=1``; otherwise an automatic one falls back to the next
+        available candidate with a warning, and the backend it returns says so in ``fell_back_from``
+        (``swa-hal info --status`` / ``--expect`` and the kit's ``--swa-hal-expect`` report it)."""
         order = [self.candidates_by_name()[self.name]]
-        if not self.explicit:
+        strict = env_flag("SWA_HAL_STRICT")
+        if not self.explicit and not strict:
             order += [c for c in self.auto_order() if c.name != self.name]
         failures: list[str] = []
         for cand in order:
             try:
                 factory = cand.spec.load_factory()
-                return factory(config, device, self.platform)
+                backend = factory(config, device, self.platform)
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # SystemExit included: report any factory failure with its backend
@@ -133,10 +137,15 @@ class Selection:
                 )
                 if self.explicit:
                     raise BackendUnavailableError(detail) from exc
+                if strict:
+                    raise BackendUnavailableError(detail + " (SWA_HAL_STRICT=1: no fallback)") from exc
                 failures.append(detail)
                 message = detail + "; trying the next available backend"
                 warnings.warn(message, PluginWarning, stacklevel=2)
                 log.warning(message)
+                continue
+            backend.fell_back_from = tuple(failures)
+            return backend
         raise BackendUnavailableError("no backend could start:\n  " + "\n  ".join(failures))
 
     def candidates_by_name(self) -> dict[str, Candidate]:

@@ -167,3 +167,28 @@ def test_bad_cli_input_is_one_line_and_exit_code_2(capsys, tmp_path, argv, messa
     err = capsys.readouterr().err
     assert info.value.code == 2
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_info_expect_checks_the_backend_that_actually_starts(capsys, monkeypatch):
+    # The cuda backend is selected for this platform, but on a CPU without the Triton interpreter it
+    # cannot start: a builder would fall back to torch, so --expect cuda must fail and say so.
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    code, out, _ = run(capsys, "info", "--json", "--assume", "vendor=cuda,capability=9.0", "--expect", "cuda")
+    data = json.loads(out)
+    assert code == 1 and data["selected"] == "cuda" and data["started"] == "torch"
+    assert "expected backend 'cuda', selected 'cuda' but it failed to start, so 'torch' runs" in data["error"]
+    code, out, _ = run(capsys, "info", "--assume", "vendor=cuda,capability=9.0", "--status")
+    assert "fell back: backend 'cuda'" in out and "TRITON_INTERPRET" in out
+
+
+def test_strict_mode_refuses_the_fallback(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("SWA_HAL_STRICT", "1")
+    code, out, _ = run(capsys, "info", "--json", "--assume", "vendor=cuda,capability=9.0", "--expect", "cuda")
+    data = json.loads(out)
+    assert code == 1 and data["started"] is None and "SWA_HAL_STRICT=1: no fallback" in data["error"]
+    from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder
+    from swa_hal.errors import BackendUnavailableError
+
+    with pytest.raises(BackendUnavailableError, match="no fallback"):
+        SWAMetadataBuilder(SWAConfig(), platform=PlatformInfo.from_assume("vendor=cuda,capability=9.0"))

@@ -42,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--swa-hal-expect",
         dest="swa_hal_expect",
         default=None,
-        help="fail unless auto-selection on this machine picks this backend",
+        help="fail unless the backend auto-selection starts on this machine (fallbacks included) is this one",
     )
     group.addoption(
         "--swa-hal-interpret",
@@ -80,15 +80,25 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     expect = session.config.getoption("swa_hal_expect")
     if not expect:
         return
+    import torch
+
+    from ..config import SWAConfig
     from ..selection import select_backend
 
+    # Start the selected backend as a builder would: a backend that is selected but fails to start
+    # (a missing driver, a broken import) and falls back must turn the session red too.
     try:
         selection = select_backend()
-        picked, detail = selection.name, selection.explain()
+        device = torch.device("cuda") if selection.platform.vendor in ("cuda", "rocm") and torch.cuda.is_available() \
+            else torch.device("cpu")
+        backend = selection.create(SWAConfig(), device)
+        picked, detail = backend.name, selection.explain()
+        if backend.fell_back_from:
+            detail += "\nfell back: " + "; ".join(backend.fell_back_from)
     except Exception as exc:  # noqa: BLE001 - reported as the failure
         picked, detail = None, f"{type(exc).__name__}: {exc}"
     if picked != expect:
-        pytest.exit(f"--swa-hal-expect {expect}: auto-selection picked {picked!r}\n{detail}", returncode=1)
+        pytest.exit(f"--swa-hal-expect {expect}: the backend that starts here is {picked!r}\n{detail}", returncode=1)
 
 
 def _claims(spec: Any, backend: Any | None) -> set[str]:

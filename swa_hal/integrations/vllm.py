@@ -32,7 +32,8 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from importlib.metadata import PackageNotFoundError, version as _dist_version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
 from typing import Any
 
 import torch
@@ -40,10 +41,10 @@ import torch
 from ..batch import AttentionBatch
 from ..builder import SWAMetadataBuilder
 from ..config import SPECULATIVE_METHODS, SWAConfig
-from ..envs import FALSE_WORDS
 from ..errors import ConfigError, SWAHalError
 from ..metadata import SWAMetadata
-from ..platform import PlatformInfo, probe_platform
+from ..platform import PlatformInfo
+from . import _common
 
 # The vLLM release series this integration is written and tested against (its builders' internals).
 SUPPORTED_VLLM_SERIES = (0, 33)
@@ -54,16 +55,12 @@ _SPARSE_SWA = "vllm.v1.attention.backends.mla.sparse_swa"
 log = logging.getLogger("vllm.plugins.swa_hal")
 
 
-class VllmIntegrationError(SWAHalError, RuntimeError):
-    """The vLLM integration cannot run here (vLLM missing, or a release it was not built for)."""
+class VllmNotInstalledError(SWAHalError, ImportError):
+    """The vLLM integration was used where vLLM is not installed."""
 
 
-class VllmNotInstalledError(VllmIntegrationError, ImportError):
-    pass
-
-
-class VllmVersionError(VllmIntegrationError):
-    pass
+class VllmVersionError(_common.EngineVersionError):
+    """The installed vLLM is not a release of the series this integration was built for."""
 
 
 # -- environment --------------------------------------------------------------------------------
@@ -81,9 +78,9 @@ def vllm_version() -> str | None:
 
 
 def enabled(env: dict[str, str] | None = None) -> bool:
-    """``SWA_HAL_VLLM`` off (0/false/no/off) leaves vLLM untouched; anything else (or unset) is on."""
-    value = (os.environ if env is None else env).get(ENV_SWITCH, "")
-    return value.strip().lower() not in FALSE_WORDS
+    """``SWA_HAL_VLLM`` off (0/false/no/off) leaves vLLM untouched; unset or a true word is on; any other
+    value is an error (a typo never silently flips the engine's metadata)."""
+    return _common.enabled(ENV_SWITCH, env)
 
 
 def check_vllm(version: str | None = None) -> str:
@@ -100,17 +97,13 @@ def check_vllm(version: str | None = None) -> str:
             version = getattr(vllm, "__version__", None) or "unknown"
     from packaging.version import InvalidVersion, Version
 
-    want = ".".join(map(str, SUPPORTED_VLLM_SERIES))
     try:
         release = Version(version).release[:2]
     except InvalidVersion:
         release = ()
     if release != SUPPORTED_VLLM_SERIES:
-        raise VllmVersionError(
-            f"swa_hal's vLLM plugin is built for vLLM {want}.x (its DeepSeek-V4 SWA builders' internals); "
-            f"found vLLM {version}. Install a swa_hal release made for your vLLM, or set {ENV_SWITCH}=0 "
-            "to run vLLM with its own builders."
-        )
+        series = ".".join(map(str, SUPPORTED_VLLM_SERIES)) + ".x"
+        raise VllmVersionError("vLLM", version, [series], ENV_SWITCH)
     return version
 
 
@@ -193,12 +186,16 @@ def swa_hal_builder_cls(native: type) -> type:
         # Unique, importable name: V4 and V4.1 have same-named subclasses in different modules.
         tail = native.__module__.removeprefix("vllm.").replace(".", "_")
         attr = f"SwaHal_{tail}_{native.__qualname__.replace('.', '_')}"
-        cls = type(native.__name__, (native, base), {
-            "__module__": __name__,
-            "__qualname__": attr,
-            "__doc__": f"swa_hal rows under vLLM's {native.__module__}.{native.__qualname__}.",
-            "swa_hal_native_cls": native,
-        })
+        cls = type(
+            native.__name__,
+            (native, base),
+            {
+                "__module__": __name__,
+                "__qualname__": attr,
+                "__doc__": f"swa_hal rows under vLLM's {native.__module__}.{native.__qualname__}.",
+                "swa_hal_native_cls": native,
+            },
+        )
         cls.__name__ = f"SwaHal{native.__name__}"
         _wrapped[native] = cls
         setattr(sys.modules[__name__], attr, cls)  # so pickle finds it by name
@@ -263,8 +260,8 @@ def swa_config_from_vllm(builder: Any) -> SWAConfig:
 
 
 def _make_base(sparse_swa: Any) -> type:
-    Native = sparse_swa.DeepseekSparseSWAMetadataBuilder
-    Metadata = sparse_swa.DeepseekSparseSWAMetadata
+    Native: Any = sparse_swa.DeepseekSparseSWAMetadataBuilder
+    Metadata: Any = sparse_swa.DeepseekSparseSWAMetadata
 
     class SwaHalSparseSWAMetadataBuilder(Native):
         """vLLM's DeepSeek-V4 SWA builder whose rows come from a swa_hal ``SWAMetadataBuilder``.
@@ -482,7 +479,7 @@ def is_registered() -> bool:
 
 def _all_subclasses(cls: type) -> Iterator[type]:
     seen: set[type] = set()
-    stack = list(cls.__subclasses__())
+    stack: list[type] = list(cls.__subclasses__())
     while stack:
         sub = stack.pop()
         if sub not in seen:
@@ -513,8 +510,9 @@ def _patch_backend(backend: type) -> None:
     else:  # a plain function would be an instance method; vLLM never calls it that way
         return
     new.__swa_hal__ = True
-    setattr(backend, "get_builder_cls", new)
-    _patched.append((backend, "get_builder_cls", raw))
+    name = "get_builder_cls"
+    setattr(backend, name, new)
+    _patched.append((backend, name, raw))
 
 
 def register() -> bool:
@@ -522,8 +520,11 @@ def register() -> bool:
     Returns whether swa_hal builds vLLM's DeepSeek-V4 SWA metadata in this process."""
     global _registered
     if not enabled():
-        log.info("swa_hal: %s=%s, vLLM keeps its own DeepSeek-V4 SWA metadata builders",
-                 ENV_SWITCH, os.environ.get(ENV_SWITCH))
+        log.info(
+            "swa_hal: %s=%s, vLLM keeps its own DeepSeek-V4 SWA metadata builders",
+            ENV_SWITCH,
+            os.environ.get(ENV_SWITCH),
+        )
         return False
     with _lock:
         if _registered:
@@ -544,10 +545,11 @@ def register() -> bool:
                 super(backend, cls).__init_subclass__(**kwargs)
             _patch_backend(cls)
 
-        backend.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment,method-assign]
+        backend.__init_subclass__ = classmethod(__init_subclass__)
         _patched.append((backend, "__init_subclass__", original))
         _registered = True
-    log.info("swa_hal: %s", describe(version))
+    backend_name, platform = describe(version)
+    _common.announce(log, "vLLM", version, "builds its DeepSeek-V4/V4.1 SWA metadata", backend_name, platform)
     return True
 
 
@@ -565,18 +567,9 @@ def unregister() -> None:
         _registered = False
 
 
-def describe(version: str | None = None) -> str:
-    """One line: what the plugin replaces and which swa_hal backend this device gets."""
-    from .. import __version__
-    from ..selection import select_backend
-
-    platform = options.platform or probe_platform()
-    selection = select_backend(options.backend, platform)
-    how = {"argument": "configured", "SWA_HAL_BACKEND": "from SWA_HAL_BACKEND", "auto": "auto-selected"}[selection.how]
-    return (
-        f"swa_hal {__version__} builds the DeepSeek-V4/V4.1 SWA metadata of vLLM {version or vllm_version()} "
-        f"with backend {selection.name!r} ({how}) on {platform.describe()}; {ENV_SWITCH}=0 turns it off"
-    )
+def describe(version: str | None = None) -> tuple[str, str]:
+    """(backend, platform): the swa_hal backend this process's device gets, found without building."""
+    return _common.auto_backend(backend=options.backend, platform=options.platform)
 
 
 def __getattr__(name: str) -> Any:

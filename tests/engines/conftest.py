@@ -18,3 +18,12 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).parent))
 
 collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["test_vllm.py", "vllm_harness.py"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    harness = sys.modules.get("vllm_harness")
+    counts = getattr(harness, "COUNTS", None)
+    if counts:
+        terminalreporter.write_line(
+            "swa_hal vs vLLM parity: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+        )

@@ -16,18 +16,12 @@ import logging
 import random
 import subprocess
 import sys
-from collections import Counter
 from importlib.metadata import entry_points
-from pathlib import Path
 
 import pytest
 import torch
-import vllm_harness as H
-
 import vllm.plugins
-from swa_hal import AttentionBatch
-from swa_hal.errors import BatchRangeError, SpeculativeModeError
-from swa_hal.integrations import vllm as integ
+import vllm_harness as H
 from vllm.models.deepseek_v4.cpu.cpu_mla import DeepseekV4CPUSparseSWAMetadataBuilder
 from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as v4_flashinfer
 from vllm.models.deepseek_v4.nvidia import flashmla as v4_flashmla
@@ -37,6 +31,10 @@ from vllm.models.deepseek_v41.sparse_mla import DeepseekV41SparseSWAMetadataBuil
 from vllm.v1.attention.backend import AttentionCGSupport
 from vllm.v1.attention.backends.mla import sparse_swa
 from vllm.v1.attention.ops.flashmla import FlashMLASchedMeta
+
+from swa_hal import AttentionBatch
+from swa_hal.errors import BatchRangeError, SpeculativeModeError
+from swa_hal.integrations import vllm as integ
 
 CPU = torch.device("cpu")
 SEED = 20261130
@@ -61,8 +59,15 @@ V41_NATIVES = (
 EXTRA_VARIANTS = {
     v.name: v
     for v in (
-        H.Variant("v41_dspark2_w6b4", window=6, block_size=4, version="deepseek_v41", compress_ratios=(0, 1, 2),
-                  spec_tokens=2, dspark=True),
+        H.Variant(
+            "v41_dspark2_w6b4",
+            window=6,
+            block_size=4,
+            version="deepseek_v41",
+            compress_ratios=(0, 1, 2),
+            spec_tokens=2,
+            dspark=True,
+        ),
         # W + k = 64: a DSpark row of q = k + 1 needs 65 entries, one more than the 64-wide row.
         H.Variant("v4_dspark3_w61b16", window=61, block_size=16, spec_tokens=3, dspark=True),
     )
@@ -71,7 +76,7 @@ ALL_VARIANTS = {**H.VARIANTS, **EXTRA_VARIANTS}
 PARITY_VARIANTS = [n for n in ALL_VARIANTS if n != "v4_dspark3_w61b16"]
 # Per (variant, kind): batches for the torch backend; one batch per Triton backend.
 TORCH_BATCHES = 4
-COUNTS: Counter[str] = Counter()
+COUNTS = H.COUNTS  # reported at the end of the run (conftest.py)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -105,6 +110,13 @@ def plugin_log():
 
 
 @pytest.fixture(scope="session")
+def rocm(plugin_log):
+    """vLLM's ROCm AITER modules, imported after the plugin registered (as vLLM imports a platform's
+    model code after loading plugins)."""
+    return H.import_rocm_modules()
+
+
+@pytest.fixture(scope="session")
 def vllm_configs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hf")
     return {name: H.make_vllm_config(v, tmp) for name, v in ALL_VARIANTS.items()}
@@ -116,11 +128,17 @@ def builders(native_cls, variant_name, vllm_configs, **swa_hal_kw):
     spec = H.make_kv_spec(v)
     native = native_cls(spec, ["model.layers.0.attn.swa_cache"], vc, CPU)
     ours = integ.swa_hal_builder_cls(native_cls)(spec, ["model.layers.0.attn.swa_cache"], vc, CPU, **swa_hal_kw)
+    if hasattr(native, "_use_aiter_sparse_mla"):  # ROCm: also build the aiter prefill's ragged rows
+        native._use_aiter_sparse_mla = ours._use_aiter_sparse_mla = True
     return native, ours, H.swa_config_for(v, vc)
 
 
-def natives_for(variant_name):
-    return V41_NATIVES if ALL_VARIANTS[variant_name].version == "deepseek_v41" else V4_NATIVES
+def natives_for(variant_name, rocm):
+    """vLLM's builder classes for the variant's model version: base, FlashMLA, FlashInfer, ROCm AITER."""
+    a4, a41 = rocm
+    if ALL_VARIANTS[variant_name].version == "deepseek_v41":
+        return (*V41_NATIVES, a41.DeepseekV41ROCMAiterSparseSWAMetadataBuilder)
+    return (*V4_NATIVES, a4.DeepseekV4ROCMAiterSparseSWAMetadataBuilder)
 
 
 def kinds_for(variant_name):
@@ -163,7 +181,7 @@ def test_vllm_plugin_loader_activates_swa_hal(plugin_log):
     assert integ.is_registered()
     lines = [r.getMessage() for r in plugin_log]
     assert len(lines) == 1, lines
-    assert "backend 'torch'" in lines[0] and "vLLM 0.33.0" in lines[0] and "SWA_HAL_VLLM=0" in lines[0]
+    assert "vLLM 0.33.0 builds its DeepSeek-V4/V4.1 SWA metadata through swa_hal backend 'torch'" in lines[0]
     # vLLM loads plugins in every process, sometimes more than once: nothing changes, nothing is logged.
     vllm.plugins.plugins_loaded = False
     vllm.plugins.load_general_plugins()
@@ -177,8 +195,12 @@ def test_builder_vllm_resolves_for_a_deepseek_v4_swa_cache_is_swa_hals(plugin_lo
     vc = vllm_configs["v4_w8b4"]
     with set_current_vllm_config(vc):
         layer = sparse_swa.DeepseekV4SWACache(
-            head_dim=512, window_size=8, dtype=torch.bfloat16, prefix="model.layers.0.attn.swa_cache",
-            cache_config=vc.cache_config, block_size=4,
+            head_dim=512,
+            window_size=8,
+            dtype=torch.bfloat16,
+            prefix="model.layers.0.attn.swa_cache",
+            cache_config=vc.cache_config,
+            block_size=4,
         )
     backend = layer.get_attn_backend()
     assert backend is sparse_swa.DeepseekSparseSWABackend  # the backend itself is vLLM's, unchanged
@@ -191,16 +213,32 @@ def test_builder_vllm_resolves_for_a_deepseek_v4_swa_cache_is_swa_hals(plugin_lo
     assert builder.swa_hal_backend == "torch"
 
 
-@pytest.mark.parametrize("backend_cls, native, support", [
-    (v4_flashmla.DeepseekSparseSWAFlashMLABackend, v4_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder,
-     AttentionCGSupport.ALWAYS),
-    (v41_flashmla.DeepseekSparseSWAFlashMLABackend, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder,
-     AttentionCGSupport.ALWAYS),
-    (v4_flashinfer.DeepseekSparseSWAFlashInferBackend, v4_flashinfer.DeepseekSparseSWAFlashInferMetadataBuilder,
-     AttentionCGSupport.ALWAYS),
-    (v41_flashinfer.DeepseekSparseSWAFlashInferBackend, v41_flashinfer.DeepseekSparseSWAFlashInferMetadataBuilder,
-     AttentionCGSupport.ALWAYS),
-], ids=["v4-flashmla", "v41-flashmla", "v4-flashinfer", "v41-flashinfer"])
+@pytest.mark.parametrize(
+    "backend_cls, native, support",
+    [
+        (
+            v4_flashmla.DeepseekSparseSWAFlashMLABackend,
+            v4_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder,
+            AttentionCGSupport.ALWAYS,
+        ),
+        (
+            v41_flashmla.DeepseekSparseSWAFlashMLABackend,
+            v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder,
+            AttentionCGSupport.ALWAYS,
+        ),
+        (
+            v4_flashinfer.DeepseekSparseSWAFlashInferBackend,
+            v4_flashinfer.DeepseekSparseSWAFlashInferMetadataBuilder,
+            AttentionCGSupport.ALWAYS,
+        ),
+        (
+            v41_flashinfer.DeepseekSparseSWAFlashInferBackend,
+            v41_flashinfer.DeepseekSparseSWAFlashInferMetadataBuilder,
+            AttentionCGSupport.ALWAYS,
+        ),
+    ],
+    ids=["v4-flashmla", "v41-flashmla", "v4-flashinfer", "v41-flashinfer"],
+)
 def test_every_platform_backend_hands_out_swa_hal(plugin_log, vllm_configs, backend_cls, native, support):
     cls = backend_cls.get_builder_cls()
     assert integ.native_builder_cls(cls) is native and issubclass(cls, native)
@@ -210,8 +248,11 @@ def test_every_platform_backend_hands_out_swa_hal(plugin_log, vllm_configs, back
     assert cls.reorder_batch_threshold is None
     # swa_hal sits under the platform subclass and over vLLM's base: the subclass's own build runs on top.
     mro = cls.__mro__
-    assert mro.index(native) < mro.index(integ.sparse_swa_builder_base()) < mro.index(
-        sparse_swa.DeepseekSparseSWAMetadataBuilder)
+    assert (
+        mro.index(native)
+        < mro.index(integ.sparse_swa_builder_base())
+        < mro.index(sparse_swa.DeepseekSparseSWAMetadataBuilder)
+    )
 
 
 def test_platform_backends_defined_later_are_covered(plugin_log):
@@ -231,6 +272,54 @@ def test_platform_backends_defined_later_are_covered(plugin_log):
     assert cls.supports_draft_decode_metadata_update is False
 
 
+def test_rocm_backends_imported_after_registration_hand_out_swa_hal(rocm, vllm_configs):
+    a4, a41 = rocm
+    for backend, native in (
+        (a41.DeepseekV41ROCMAiterSparseSWABackend, a41.DeepseekV41ROCMAiterSparseSWAMetadataBuilder),
+    ):
+        cls = backend.get_builder_cls()
+        assert integ.native_builder_cls(cls) is native and issubclass(cls, native)
+        assert cls.supports_draft_decode_metadata_update is False  # ROCm keeps it off; so does swa_hal's
+        vc = vllm_configs["v41_mtp1_w7b16"]
+        assert cls.get_cudagraph_support(vc, None) == AttentionCGSupport.UNIFORM_BATCH
+        vc.speculative_config.enable_adaptive_verification = True
+        try:
+            assert cls.get_cudagraph_support(vc, None) == AttentionCGSupport.ALWAYS  # ROCm's own rule
+        finally:
+            vc.speculative_config.enable_adaptive_verification = False
+    # V4's ROCm builder is what the base backend returns on a ROCm platform.
+    assert integ.is_swa_hal_builder(integ.swa_hal_builder_cls(a4.DeepseekV4ROCMAiterSparseSWAMetadataBuilder))
+
+
+def test_rocm_one_launch_decode_build_defers_to_swa_hal(rocm, vllm_configs, monkeypatch):
+    """On gfx942 with the monokernel, ROCm's V4.1 builder fills a decode batch's rows with one launch
+    of its own kernel. Under swa_hal that shortcut declines (the rows are swa_hal's), and the result
+    equals vLLM's one-launch build."""
+    from vllm.models.deepseek_v41.amd.ops import swa_decode_meta
+
+    _, a41 = rocm
+    taken = []
+    real_build = swa_decode_meta.build
+
+    def spy(builder, *args):
+        out = real_build(builder, *args)
+        taken.append((integ.is_swa_hal_builder(type(builder)), out is not None))
+        return out
+
+    monkeypatch.setattr(swa_decode_meta, "enabled", lambda: True)
+    monkeypatch.setattr(swa_decode_meta, "build", spy)
+    native, ours, cfg = builders(
+        a41.DeepseekV41ROCMAiterSparseSWAMetadataBuilder, "v41_mtp1_w7b16", vllm_configs, backend="torch"
+    )
+    rng = random.Random(SEED)
+    for kind in ("decode", "mtp"):
+        batch, ranges = H.draw(cfg, rng, kind, replay=1.0)
+        got_native, got_ours = build_both(native, ours, batch, ranges)
+        diffs = H.compare(got_native, got_ours, batch, **chunk_args("v41_mtp1_w7b16"))
+        assert not diffs, "\n".join(diffs)
+    assert taken == [(False, True), (True, False)] * 2
+
+
 def test_off_switch_leaves_vllm_untouched(plugin_log, monkeypatch):
     integ.unregister()
     try:
@@ -240,7 +329,11 @@ def test_off_switch_leaves_vllm_untouched(plugin_log, monkeypatch):
         assert not integ.is_registered()
         assert sparse_swa.DeepseekSparseSWABackend.get_builder_cls() is DeepseekV4CPUSparseSWAMetadataBuilder
         assert v41_flashmla.DeepseekSparseSWAFlashMLABackend.get_builder_cls() is (
-            v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder)
+            v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder
+        )
+        monkeypatch.setenv("SWA_HAL_VLLM", "of")  # a typo is an error, never a silent switch
+        with pytest.raises(ValueError, match="SWA_HAL_VLLM='of'"):
+            integ.register()
     finally:
         monkeypatch.delenv("SWA_HAL_VLLM")
         assert integ.register() is True
@@ -251,12 +344,12 @@ def test_other_vllm_versions_are_refused_clearly(plugin_log, monkeypatch):
     assert integ.check_vllm("0.33.0") == "0.33.0"
     assert integ.check_vllm("0.33.4+cu130") == "0.33.4+cu130"
     for version in ("0.32.1", "0.34.0", "1.0.0", "weird"):
-        with pytest.raises(integ.VllmVersionError, match=r"built for vLLM 0\.33\.x.*SWA_HAL_VLLM=0"):
+        with pytest.raises(integ.VllmVersionError, match=r"supports vLLM 0\.33\.x only.*SWA_HAL_VLLM=0"):
             integ.check_vllm(version)
     integ.unregister()
     try:
         monkeypatch.setattr(integ, "vllm_version", lambda: "0.34.0")
-        with pytest.raises(integ.VllmVersionError, match="found vLLM 0.34.0"):
+        with pytest.raises(integ.VllmVersionError, match="vLLM 0.34.0 is installed"):
             integ.register()
         assert not integ.is_registered()
     finally:
@@ -271,8 +364,10 @@ def test_without_vllm_the_module_says_so(plugin_log, monkeypatch):
 
 
 def test_importing_the_module_imports_nothing_from_vllm():
-    code = ("import sys, swa_hal.integrations.vllm as m; "
-            "print(sorted(k for k in sys.modules if k == 'vllm' or k.startswith('vllm.')))")
+    code = (
+        "import sys, swa_hal.integrations.vllm as m; "
+        "print(sorted(k for k in sys.modules if k == 'vllm' or k.startswith('vllm.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -289,9 +384,9 @@ def test_fresh_vllm_process_logs_one_line(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     text = out.stdout + out.stderr
-    lines = [line for line in text.splitlines() if "swa_hal " in line and "builds the DeepSeek" in line]
+    lines = [line for line in text.splitlines() if "SWA metadata through swa_hal backend" in line]
     assert len(lines) == 1, text
-    assert "backend 'torch' (auto-selected)" in lines[0]
+    assert "swa_hal backend 'torch'" in lines[0]
     assert "RESOLVED SwaHalDeepseekV4CPUSparseSWAMetadataBuilder" in text
 
 
@@ -299,9 +394,9 @@ def test_fresh_vllm_process_logs_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("variant", PARITY_VARIANTS)
-def test_parity_torch_backend(plugin_log, vllm_configs, variant):
+def test_parity_torch_backend(plugin_log, vllm_configs, rocm, variant):
     rng = random.Random(f"{SEED}-{variant}-torch")
-    natives = natives_for(variant)
+    natives = natives_for(variant, rocm)
     pairs = [builders(n, variant, vllm_configs, backend="torch") for n in natives]
     assert all(ours.swa_hal_backend == "torch" for _, ours, _ in pairs)
     for kind in kinds_for(variant):
@@ -320,13 +415,14 @@ def test_parity_torch_backend(plugin_log, vllm_configs, variant):
 
 @pytest.mark.parametrize("backend", sorted(TRITON_BACKENDS))
 @pytest.mark.parametrize("variant", PARITY_VARIANTS)
-def test_parity_triton_backends(plugin_log, vllm_configs, variant, backend):
+def test_parity_triton_backends(plugin_log, vllm_configs, rocm, variant, backend):
     rng = random.Random(f"{SEED}-{variant}-{backend}")
-    natives = natives_for(variant)
+    natives = natives_for(variant, rocm)
     for j, kind in enumerate(kinds_for(variant)):
         native_cls = natives[j % len(natives)]
-        native, ours, cfg = builders(native_cls, variant, vllm_configs, backend=backend,
-                                     platform=TRITON_BACKENDS[backend])
+        native, ours, cfg = builders(
+            native_cls, variant, vllm_configs, backend=backend, platform=TRITON_BACKENDS[backend]
+        )
         assert ours.swa_hal_backend == backend
         batch, ranges = H.draw(cfg, rng, kind, replay=0.5)
         got_native, got_ours = build_both(native, ours, batch, ranges)
@@ -357,12 +453,13 @@ def advance_draft_step(batch: AttentionBatch, block_size: int) -> None:
 
 @pytest.mark.parametrize("backend", ["torch", *sorted(TRITON_BACKENDS)])
 @pytest.mark.parametrize("variant", DRAFT_VARIANTS)
-def test_parity_after_three_draft_steps(plugin_log, vllm_configs, variant, backend):
+def test_parity_after_three_draft_steps(plugin_log, vllm_configs, rocm, variant, backend):
     rng = random.Random(f"{SEED}-{variant}-{backend}-draft")
     kw = {"backend": backend}
     if backend != "torch":
         kw["platform"] = TRITON_BACKENDS[backend]
-    natives = natives_for(variant)
+    # ROCm AITER's builder keeps draft updates off (its ragged rows are not refreshed in place).
+    natives = [n for n in natives_for(variant, rocm) if n.supports_draft_decode_metadata_update]
     kinds = ["decode", "mtp", "padded"] + (["dspark"] if ALL_VARIANTS[variant].dspark else [])
     for j, kind in enumerate(kinds):
         native_cls = natives[j % len(natives)]
@@ -386,11 +483,14 @@ def test_fixed_addresses_across_builds(plugin_log, vllm_configs):
     _, ours, cfg = builders(native_cls, "v41_mtp1_w7b16", vllm_configs, backend="torch")
     seen = None
     for _ in range(3):
-        batch = AttentionBatch.from_lists([40, 90, 7], [2, 1, 2], torch.arange(30, dtype=torch.int32).view(3, 10),
-                                          block_size=cfg.block_size)
+        batch = AttentionBatch.from_lists(
+            [40, 90, 7], [2, 1, 2], torch.arange(30, dtype=torch.int32).view(3, 10), block_size=cfg.block_size
+        )
         md = ours.build(0, H.common_metadata(batch))
-        ptrs = tuple(getattr(md, f).data_ptr() for f in ("decode_swa_indices", "decode_swa_lens",
-                                                          "token_to_req_indices", "is_valid_token"))
+        ptrs = tuple(
+            getattr(md, f).data_ptr()
+            for f in ("decode_swa_indices", "decode_swa_lens", "token_to_req_indices", "is_valid_token")
+        )
         assert seen is None or ptrs == seen
         seen = ptrs
     buffers = ours.swa_hal.buffers
@@ -402,8 +502,12 @@ def test_fixed_addresses_across_builds(plugin_log, vllm_configs):
 
 
 def _replay_past_position(cfg):
-    batch = AttentionBatch.from_lists([20, 30], [1, 1], torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]],
-                                      dtype=torch.int32), block_size=cfg.block_size)
+    batch = AttentionBatch.from_lists(
+        [20, 30],
+        [1, 1],
+        torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]], dtype=torch.int32),
+        block_size=cfg.block_size,
+    )
     # Request 0's only token is at position 19; a replay bound of 25 lies past it.
     return dataclasses.replace(batch, replay_start=torch.tensor([25, 10], dtype=torch.int32))
 
@@ -427,8 +531,9 @@ def test_replay_start_past_a_position_native_negative_lens_swa_hal_empty_row(plu
 
 
 def test_dspark_row_wider_than_its_width_native_cuts_swa_hal_refuses(plugin_log, vllm_configs):
-    native, ours, cfg = builders(sparse_swa.DeepseekSparseSWAMetadataBuilder, "v4_dspark3_w61b16", vllm_configs,
-                                 backend="torch")
+    native, ours, cfg = builders(
+        sparse_swa.DeepseekSparseSWAMetadataBuilder, "v4_dspark3_w61b16", vllm_configs, backend="torch"
+    )
     assert cfg.noncausal_index_width == native.noncausal_index_width == 64
     table = torch.arange(40, dtype=torch.int32).view(2, 20)
     batch = dataclasses.replace(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,9 @@ import torch
 
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal.testing.batches import random_batch
+
+# What the parity tests covered: batches by kind, with replay bounds, with image spans, draft updates.
+COUNTS: Counter[str] = Counter()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +47,9 @@ VARIANTS = {
         Variant("v4_dspark3_w5b4", window=5, block_size=4, spec_tokens=3, dspark=True),
         Variant("v4_vision_w6b4", window=6, block_size=4, max_image_tokens=5, spec_tokens=1),
         Variant("v41_w8b4", window=8, block_size=4, version="deepseek_v41", compress_ratios=(0, 1, 2, 1)),
-        Variant("v41_mtp1_w7b16", window=7, block_size=16, version="deepseek_v41", compress_ratios=(0, 2),
-                spec_tokens=1),
+        Variant(
+            "v41_mtp1_w7b16", window=7, block_size=16, version="deepseek_v41", compress_ratios=(0, 2), spec_tokens=1
+        ),
     )
 }
 
@@ -85,12 +90,17 @@ def make_vllm_config(variant: Variant, tmp: Path) -> Any:
     folder = tmp / variant.name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf))
-    model = ModelConfig(model=str(folder), tokenizer=str(folder), skip_tokenizer_init=True,
-                        max_model_len=variant.max_model_len)
+    model = ModelConfig(
+        model=str(folder), tokenizer=str(folder), skip_tokenizer_init=True, max_model_len=variant.max_model_len
+    )
     cfg = VllmConfig(
         model_config=model,
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=variant.max_num_seqs,
-                                         max_model_len=variant.max_model_len, is_encoder_decoder=False),
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=256,
+            max_num_seqs=variant.max_num_seqs,
+            max_model_len=variant.max_model_len,
+            is_encoder_decoder=False,
+        ),
     )
     if variant.version == "deepseek_v41":
         # V4.1 checkpoints carry compress_ratios (0/1/2) directly; the V4.1 builders read that attribute.
@@ -109,28 +119,38 @@ def make_kv_spec(variant: Variant) -> Any:
     from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
 
     return SlidingWindowMLASpec(
-        block_size=variant.block_size, num_kv_heads=1, head_size=512, dtype=torch.bfloat16,
+        block_size=variant.block_size,
+        num_kv_heads=1,
+        head_size=512,
+        dtype=torch.bfloat16,
         # vLLM's SWA cache layer declares "deepseek_v4" for both versions (DeepseekV4SWACache).
-        sliding_window=variant.window, model_version="deepseek_v4",
+        sliding_window=variant.window,
+        model_version="deepseek_v4",
     )
 
 
 def swa_config_for(variant: Variant, vllm_config: Any) -> SWAConfig:
     """The swa_hal config of the same setup (to draw random batches within its limits)."""
     return SWAConfig(
-        window_size=variant.window, block_size=variant.block_size,
+        window_size=variant.window,
+        block_size=variant.block_size,
         compress_ratios=variant.compress_ratios if variant.version == "deepseek_v4" else variant.compress_ratios,
         max_model_len=variant.max_model_len,
         max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
         max_num_seqs=variant.max_num_seqs,
         num_speculative_tokens=variant.spec_tokens,
         speculative_method=("dspark" if variant.dspark else "mtp") if variant.spec_tokens else None,
-        model_version=variant.version, max_image_tokens=variant.max_image_tokens,
+        model_version=variant.version,
+        max_image_tokens=variant.max_image_tokens,
     )
 
 
-def common_metadata(batch: AttentionBatch, *, num_actual_tokens: int | None = None,
-                    image_ranges: dict[int, list[tuple[int, int]]] | None = None) -> Any:
+def common_metadata(
+    batch: AttentionBatch,
+    *,
+    num_actual_tokens: int | None = None,
+    image_ranges: dict[int, list[tuple[int, int]]] | None = None,
+) -> Any:
     """vLLM's CommonAttentionMetadata over the batch's own tensors (no copies)."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
@@ -159,9 +179,31 @@ def draw(cfg: SWAConfig, rng: random.Random, kind: str, **kw: Any) -> tuple[Atte
     spans = batch.image_spans
     if spans is not None:
         indptr, starts, ends = spans.indptr.tolist(), spans.starts.tolist(), spans.ends.tolist()
-        ranges = {r: list(zip(starts[indptr[r]:indptr[r + 1]], ends[indptr[r]:indptr[r + 1]]))
-                  for r in range(len(indptr) - 1) if indptr[r + 1] > indptr[r]}
+        ranges = {
+            r: list(zip(starts[indptr[r] : indptr[r + 1]], ends[indptr[r] : indptr[r + 1]]))
+            for r in range(len(indptr) - 1)
+            if indptr[r + 1] > indptr[r]
+        }
     return batch, ranges
+
+
+def import_rocm_modules() -> tuple[Any, Any]:
+    """vLLM's ROCm AITER modules (V4, V4.1). ``vllm.platforms.rocm`` reads the GPU's architecture when
+    imported (amdsmi, then torch.cuda); on this CPU-only torch it is told gfx942 for that one call.
+    Nothing else of the ROCm platform is used: the builders' code is plain Triton and torch."""
+    import importlib
+    import sys
+    import types
+    from unittest import mock
+
+    if "vllm.platforms.rocm" not in sys.modules:
+        props = types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-")
+        with mock.patch.object(torch.cuda, "get_device_properties", lambda *a, **k: props):
+            importlib.import_module("vllm.platforms.rocm")
+    return (
+        importlib.import_module("vllm.models.deepseek_v4.amd.rocm"),
+        importlib.import_module("vllm.models.deepseek_v41.amd.rocm"),
+    )
 
 
 # -- comparison ---------------------------------------------------------------------------------
@@ -171,8 +213,14 @@ def _t(x: Any) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
 
 
-def compare(native: Any, ours: Any, batch: AttentionBatch, *, chunk_ratios: tuple[int, ...] = (1, 4, 128),
-            has_compressed: tuple[bool | None, ...] = (None,)) -> list[str]:
+def compare(
+    native: Any,
+    ours: Any,
+    batch: AttentionBatch,
+    *,
+    chunk_ratios: tuple[int, ...] = (1, 4, 128),
+    has_compressed: tuple[bool | None, ...] = (None,),
+) -> list[str]:
     """Every field vLLM's builder fills, compared where it is defined: rows and lens of valid tokens,
     the split, token_to_req and is_valid of valid tokens, gather lens, replay bounds, image
     visibility on prefill rows, the tile-scheduler slots (same presence and type) and chunk plans.
@@ -184,13 +232,24 @@ def compare(native: Any, ours: Any, batch: AttentionBatch, *, chunk_ratios: tupl
             if a is None or b is None:
                 diffs.append(f"{name}: {a!r} vs {b!r}")
             elif tuple(a.shape) != tuple(b.shape) or not torch.equal(_t(a).cpu(), _t(b).cpu()):
-                diffs.append(f"{name}: shapes {tuple(a.shape)} vs {tuple(b.shape)}\n  native {a.tolist()}\n  swa_hal {b.tolist()}")
+                diffs.append(
+                    f"{name}: shapes {tuple(a.shape)} vs {tuple(b.shape)}\n  native {a.tolist()}\n  swa_hal {b.tolist()}"
+                )
         elif a != b:
             diffs.append(f"{name}: {a!r} vs {b!r}")
 
-    for f in ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens", "block_size",
-              "decode_swa_width", "max_decode_query_len", "prefill_window_size", "prefill_max_model_len",
-              "prefill_max_num_batched_tokens"):
+    for f in (
+        "num_decodes",
+        "num_prefills",
+        "num_decode_tokens",
+        "num_prefill_tokens",
+        "block_size",
+        "decode_swa_width",
+        "max_decode_query_len",
+        "prefill_window_size",
+        "prefill_max_model_len",
+        "prefill_max_num_batched_tokens",
+    ):
         check(f, getattr(native, f), getattr(ours, f))
     for f in ("seq_lens", "query_start_loc", "query_start_loc_cpu", "block_table", "slot_mapping"):
         if getattr(native, f) is not getattr(ours, f):
@@ -241,11 +300,27 @@ def compare(native: Any, ours: Any, batch: AttentionBatch, *, chunk_ratios: tupl
         else:
             m = valid[:ndt]
             check(f, a[:ndt][m], b[:ndt][m])
+    for part, rows_ in (("decode", ndt), ("prefill", npt)):  # ROCm AITER's ragged rows
+        indptr_n = getattr(native, f"{part}_swa_ragged_indptr", None)
+        indptr_o = getattr(ours, f"{part}_swa_ragged_indptr", None)
+        if indptr_n is None or indptr_o is None:
+            check(f"{part}_swa_ragged_indptr is None", indptr_n is None, indptr_o is None)
+            continue
+        check(f"{part}_swa_ragged_indptr", indptr_n[: rows_ + 1], indptr_o[: rows_ + 1])
+        nnz = int(indptr_n[rows_])
+        check(
+            f"{part}_swa_ragged_indices",
+            getattr(native, f"{part}_swa_ragged_indices")[:nnz],
+            getattr(ours, f"{part}_swa_ragged_indices")[:nnz],
+        )
     for f in ("cache_slot_mapping", "cache_positions"):
         check(f + " is None", getattr(native, f) is None, getattr(ours, f) is None)
     for ratio in chunk_ratios:
         for hc in has_compressed:
             for chunk in (1, 2, 7):
-                check(f"chunk_plan({ratio},{chunk},{hc})", native.get_prefill_chunk_plan(ratio, chunk, hc),
-                      [tuple(c) for c in ours.get_prefill_chunk_plan(ratio, chunk, hc)])
+                check(
+                    f"chunk_plan({ratio},{chunk},{hc})",
+                    native.get_prefill_chunk_plan(ratio, chunk, hc),
+                    [tuple(c) for c in ours.get_prefill_chunk_plan(ratio, chunk, hc)],
+                )
     return diffs

@@ -1,0 +1,340 @@
+"""swa_hal inside SGLang 0.5.23 (``make test-sglang``): SGLang's own plugin loader activates swa_hal,
+and on random batches of every forward mode the SWA rows and lens SGLang's DeepSeek-V4 backend receives
+through swa_hal equal what SGLang's own ops return, for the torch backend and the Triton backends (in the
+interpreter).
+
+What runs here: SGLang's plugin framework and its dsv4 metadata ops (their CPU references) for real. The
+backend class itself does not import without SGLang's GPU stack, so its two methods that the plugin hooks
+are driven with stand-ins that carry the attributes the hooks read, and the causal branch of
+``make_core_attn_metadata`` is reproduced from SGLang's ops (``sglang_harness.sglang_causal_branch``).
+
+Where SGLang's own behaviour differs from swa_hal's safe behaviour, the test says so by name:
+``test_draft_extend_padding_rows_sglang_gives_negative_lens``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+import sglang.srt.plugins as sgl_plugins  # noqa: E402
+import sglang_harness as H  # noqa: E402
+from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS  # noqa: E402
+from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import BuildCausalSwaPageIndices  # noqa: E402
+from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
+
+from swa_hal import PlatformInfo  # noqa: E402
+from swa_hal.integrations import _common  # noqa: E402
+from swa_hal.integrations import sglang as integ  # noqa: E402
+
+BACKENDS = ("torch", *TRITON_BACKENDS)
+# Random batches per backend: causal kinds in turn, then DSpark with and without valid_from.
+CAUSAL_BATCHES = {"torch": 180, "cuda": 180}
+DSPARK_BATCHES = {"torch": 40, "cuda": 40}
+OTHER_CAUSAL, OTHER_DSPARK = 45, 12  # sm12x, rocm, xpu: the same kernel with other flags
+SMALL_WINDOWS = (8, 20, 64, 100)  # the ops take any window; SGLang's is 128
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _fresh_loader_state() -> None:
+    HookRegistry.reset()
+    integ._install_once.reset()
+    sgl_plugins._plugins_loaded = False
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """SGLang's own loader, as every SGLang process runs it (``SGLANG_PLUGINS=swa_hal``)."""
+    original = BuildCausalSwaPageIndices.__dict__["execute"]
+    ours, sglang_log = _Lines(), _Lines()
+    logging.getLogger("swa_hal.integrations.sglang").addHandler(ours)
+    logging.getLogger("sglang.srt.plugins").addHandler(sglang_log)
+    logging.getLogger("sglang.srt.plugins").setLevel(logging.INFO)
+    saved = os.environ.get("SGLANG_PLUGINS")
+    os.environ["SGLANG_PLUGINS"] = "swa_hal"
+    _fresh_loader_state()
+    try:
+        sgl_plugins.load_plugins()
+        yield SimpleNamespace(ours=ours, sglang=sglang_log, original=original)
+    finally:
+        logging.getLogger("swa_hal.integrations.sglang").removeHandler(ours)
+        logging.getLogger("sglang.srt.plugins").removeHandler(sglang_log)
+        if saved is None:
+            os.environ.pop("SGLANG_PLUGINS", None)
+        else:
+            os.environ["SGLANG_PLUGINS"] = saved
+        BuildCausalSwaPageIndices.execute = original
+        _fresh_loader_state()
+        integ.configure()
+
+
+@pytest.fixture
+def isolated_registry():
+    """A test that loads the plugin on its own: SGLang's hook registry and our install-once state are
+    put back afterwards (the module's loaded plugin stays loaded)."""
+    hooks = {k: list(v) for k, v in HookRegistry._hooks.items()}
+    patched = set(HookRegistry._patched)
+    done = integ._install_once._done, integ._install_once._result
+    HookRegistry.reset()
+    integ._install_once.reset()
+    yield
+    HookRegistry.reset()
+    HookRegistry._hooks.update(hooks)
+    HookRegistry._patched.update(patched)
+    integ._install_once._done, integ._install_once._result = done
+
+
+def _use_backend(backend: str) -> None:
+    plat = None if backend == "torch" else PlatformInfo.from_assume(BACKEND_PLATFORMS[backend])
+    integ.configure(backend=backend, platform=plat, max_rows=512)
+
+
+def _window(rng: random.Random) -> int:
+    return rng.choice(SMALL_WINDOWS) if rng.random() < 0.2 else H.SWA_WINDOW
+
+
+# -- the plugin ------------------------------------------------------------------------------------------------
+
+
+def test_sglang_loader_activates_swa_hal(loaded):
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group=sgl_plugins.GENERAL_PLUGINS_GROUP)}
+    assert eps.get("swa_hal") == "swa_hal.integrations.sglang:load_plugin"
+    assert any("Executed general plugin: swa_hal" in line for line in loaded.sglang.lines)
+    # One line from the plugin, naming the backend (the CPU's is torch).
+    assert len(loaded.ours.lines) == 1, loaded.ours.lines
+    line = loaded.ours.lines[0]
+    assert "SGLang 0.5.23" in line and "swa_hal backend 'torch'" in line, line
+    # The ops hook is applied by SGLang's registry; the two backend-method hooks are registered (they
+    # apply where the backend module imports, i.e. with SGLang's GPU stack, not in this environment).
+    assert integ.TARGET_CAUSAL in HookRegistry._patched
+    assert set(integ.TARGETS) <= set(HookRegistry._hooks)
+    assert all(len(HookRegistry._hooks[t]) == 1 for t in integ.TARGETS)
+    wrapped = BuildCausalSwaPageIndices.__dict__["execute"]
+    assert isinstance(wrapped, classmethod) and wrapped.__func__.__wrapped__ is loaded.original.__func__
+
+
+def test_plugin_is_idempotent(loaded):
+    before = len(loaded.ours.lines)
+    assert integ.load_plugin() == loaded.ours.lines[0]
+    assert integ.load_plugin() == loaded.ours.lines[0]
+    sgl_plugins._plugins_loaded = False
+    sgl_plugins.load_plugins()  # the loader again, as a second process stage would
+    assert len(loaded.ours.lines) == before
+    assert all(len(HookRegistry._hooks[t]) == 1 for t in integ.TARGETS)
+
+
+def test_switch_off_leaves_sglang_untouched(isolated_registry, monkeypatch):
+    monkeypatch.setenv("SWA_HAL_SGLANG", "0")
+    assert integ.load_plugin() is None
+    assert not HookRegistry._hooks
+    monkeypatch.setenv("SWA_HAL_SGLANG", "maybe")
+    with pytest.raises(ValueError, match="SWA_HAL_SGLANG"):
+        integ.load_plugin()
+    monkeypatch.setenv("SWA_HAL_SGLANG", "on")
+    assert "through swa_hal backend" in integ.load_plugin()
+
+
+def test_other_sglang_version_is_a_clear_error(isolated_registry, monkeypatch):
+    monkeypatch.setattr(_common, "installed_version", lambda dist: "0.5.22")
+    with pytest.raises(_common.EngineVersionError) as err:
+        integ.load_plugin()
+    message = str(err.value)
+    assert "0.5.23" in message and "0.5.22 is installed" in message and "SWA_HAL_SGLANG=0" in message
+    assert not HookRegistry._hooks
+    # Through SGLang's loader: the error is logged by SGLang and SGLang runs on, untouched.
+    handler = _Lines()
+    logging.getLogger("sglang.srt.plugins").addHandler(handler)
+    try:
+        sgl_plugins._plugins_loaded = False
+        sgl_plugins.load_plugins()
+    finally:
+        logging.getLogger("sglang.srt.plugins").removeHandler(handler)
+        sgl_plugins._plugins_loaded = True
+    assert any("Failed to execute general plugin: swa_hal" in line for line in handler.lines)
+    assert not HookRegistry._hooks
+    monkeypatch.setattr(_common, "installed_version", lambda dist: None)
+    with pytest.raises(_common.EngineVersionError, match="is not installed"):
+        integ.load_plugin()
+
+
+def test_module_imports_nothing_from_sglang():
+    code = (
+        "import sys, swa_hal.integrations.sglang as m\n"
+        "bad = sorted(k for k in sys.modules if k == 'sglang' or k.startswith('sglang.'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "SWA_HAL_SGLANG": "1"})
+
+
+# -- parity with SGLang's ops ---------------------------------------------------------------------------------
+
+
+def _core_stand_in(case, dspark_block_size=None):
+    """Stand-in for ``make_core_attn_metadata``: its causal branch, with the (hooked) SGLang op."""
+    return H.sglang_causal_branch(case, BuildCausalSwaPageIndices.execute)
+
+
+_BACKEND_SELF = SimpleNamespace(token_to_kv_pool=SimpleNamespace(request_window=None))
+
+
+def _through_swa_hal(case):
+    return integ.core_attn_metadata_around(lambda self, *a, **k: _core_stand_in(*a, **k), _BACKEND_SELF, case)
+
+
+def _check_causal(case, got, want) -> int:
+    """Rows equal SGLang's; lens equal SGLang's where SGLang's are not negative, 0 where they are.
+    Returns the number of rows where SGLang handed out a negative length."""
+    assert got.swa_page_indices.dtype == torch.int32 and got.swa_page_indices.shape == want.swa_page_indices.shape
+    torch.testing.assert_close(got.swa_page_indices, want.swa_page_indices, rtol=0, atol=0,
+                               msg=lambda m: f"{case.kind} rows differ ({case.rows} rows, W={case.window}): {m}")
+    negative = int((want.swa_topk_lengths < 0).sum())
+    torch.testing.assert_close(got.swa_topk_lengths, want.swa_topk_lengths.clamp_min(0).to(torch.int32), rtol=0,
+                               atol=0, msg=lambda m: f"{case.kind} lens differ: {m}")
+    return negative
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_rows_and_lens_equal_sglangs(loaded, backend):
+    _use_backend(backend)
+    rng = random.Random(f"sglang-causal-{backend}")
+    n = CAUSAL_BATCHES.get(backend, OTHER_CAUSAL)
+    for i in range(n):
+        kind = H.CAUSAL_KINDS[i % len(H.CAUSAL_KINDS)]
+        case = H.causal_case(rng, kind, window=_window(rng))
+        _check_causal(case, _through_swa_hal(case), H.sglang_causal(case))
+        H.COUNTS[f"{backend}:{kind}"] += 1
+    assert integ.adapter_for(torch.device("cpu")).backend_name == backend
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dspark_rows_and_lens_equal_sglangs(loaded, backend):
+    _use_backend(backend)
+    rng = random.Random(f"sglang-dspark-{backend}")
+    n = DSPARK_BATCHES.get(backend, OTHER_DSPARK)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the paged pool must not fall back to SGLang's own DSpark ops")
+
+    for i in range(n):
+        case = H.dspark_case(rng, with_valid_from=bool(i % 2), window=_window(rng))
+        want_idx, want_lens = H.sglang_dspark(case)
+        got_idx, got_lens = integ.dspark_indices_around(
+            refuse, H.backend_stand_in(case), seq_lens_casual=case.seq_lens_casual,
+            req_pool_indices_repeated=case.req_pool_indices_repeated, out_loc=case.out_loc,
+            block_size=case.block_size,
+        ) if case.window == H.SWA_WINDOW else integ.adapter_for(torch.device("cpu"), case.window).dspark(
+            req_to_token=case.pool.req_to_token, full_to_swa=case.pool.full_to_swa,
+            seq_lens_casual=case.seq_lens_casual, req_pool_indices_repeated=case.req_pool_indices_repeated,
+            out_loc=case.out_loc, block_size=case.block_size, valid_from=case.valid_from,
+        )
+        torch.testing.assert_close(got_idx, want_idx, rtol=0, atol=0, msg=lambda m: f"{case.kind}: {m}")
+        torch.testing.assert_close(got_lens, want_lens, rtol=0, atol=0, msg=lambda m: f"{case.kind} lens: {m}")
+        H.COUNTS[f"{backend}:{case.kind}"] += 1
+
+
+def test_at_least_200_batches_per_main_backend():
+    for backend in ("torch", "cuda"):
+        total = sum(v for k, v in H.COUNTS.items() if k.startswith(f"{backend}:"))
+        if total == 0:
+            pytest.skip("the parity tests did not run in this session")
+        assert total >= 200, (backend, total)
+        assert H.COUNTS[f"{backend}:dspark"] and H.COUNTS[f"{backend}:dspark_valid_from"]
+
+
+def test_dspark_ring_pool_keeps_sglangs_path(loaded):
+    rng = random.Random(1)
+    case = H.dspark_case(rng, with_valid_from=True)
+    calls = []
+
+    def original(self, **kwargs):
+        calls.append(kwargs)
+        return "sglang's own"
+
+    got = integ.dspark_indices_around(
+        original, H.backend_stand_in(case, ring=True), seq_lens_casual=case.seq_lens_casual,
+        req_pool_indices_repeated=case.req_pool_indices_repeated, out_loc=case.out_loc, block_size=case.block_size,
+    )
+    assert got == "sglang's own" and len(calls) == 1
+
+
+def test_request_window_and_dspark_branches_keep_sglangs_lens(loaded):
+    """make_core_attn_metadata's other branches are passed through untouched."""
+    marker = SimpleNamespace(swa_topk_lengths="sglang's")
+
+    def original(self, case, dspark_block_size=None):
+        return marker
+
+    windowed = SimpleNamespace(token_to_kv_pool=SimpleNamespace(request_window=object()))
+    assert integ.core_attn_metadata_around(original, windowed, None) is marker
+    assert integ.core_attn_metadata_around(original, _BACKEND_SELF, None, dspark_block_size=3) is marker
+    assert marker.swa_topk_lengths == "sglang's"
+
+
+def test_draft_extend_padding_rows_sglang_gives_negative_lens(loaded):
+    """SGLang's behaviour that swa_hal does not copy: draft extend pads a DP batch with seq_len-1
+    requests of the full draft length, so their rows sit at negative positions; SGLang's lens for them
+    are ``min(p + 1, W)``, i.e. negative. swa_hal hands out 0 (every entry -1 on both sides)."""
+    _use_backend("torch")
+    rng = random.Random(7)
+    pool = H.Pool.make(rng, [300] + [1] * 7, 128, [0] * 8)
+    seq = torch.tensor([300, 1], dtype=torch.int32)
+    q = 4
+    casual = (seq[:, None] + torch.arange(-q + 1, 1, dtype=torch.int32)).flatten()
+    case = H.CausalCase("draft_extend", pool, H.SWA_WINDOW, torch.tensor([0, 1]).repeat_interleave(q), casual)
+    want = H.sglang_causal(case)
+    got = _through_swa_hal(case)
+    assert want.swa_topk_lengths[4:].tolist() == [-2, -1, 0, 1]
+    assert got.swa_topk_lengths[4:].tolist() == [0, 0, 0, 1]
+    assert _check_causal(case, got, want) == 2
+    assert torch.equal(got.swa_page_indices, want.swa_page_indices)
+
+
+def test_late_tail_floor_and_padding_conventions(loaded):
+    """Two SGLang conventions kept exactly: a padding row of an extend is position 0 of the last
+    request with lens 1 (not -1 / 0), and a late-layer tail row's floor is max(0, seq_len - W)."""
+    _use_backend("torch")
+    rng = random.Random(3)
+    pool = H.Pool.make(rng, [400, 50] + [1] * 6, 256, [0] * 8)
+    casual, rep = H._expand([400, 50], [200, 50], [0, 1], 255, True)
+    case = H.CausalCase("extend_padded", pool, H.SWA_WINDOW, rep, casual.to(torch.int32))
+    got = _through_swa_hal(case)
+    first_of_last = int(pool.full_to_swa[pool.req_to_token[1, 0]])
+    assert got.swa_topk_lengths[250:].tolist() == [1] * 5
+    assert got.swa_page_indices[250:, 0].tolist() == [first_of_last] * 5
+    assert (got.swa_page_indices[250:, 1:] == -1).all()
+    _check_causal(case, got, H.sglang_causal(case))
+
+
+def test_no_host_sync_and_fixed_inputs_on_repeat(loaded):
+    """Two builds of the same shape reuse the adapter's builder and input buffers (no new builder,
+    same addresses); outputs are new tensors, so SGLang's main and tail metadata never alias."""
+    _use_backend("torch")
+    rng = random.Random(11)
+    case = H.causal_case(rng, "decode")
+    a = integ.adapter_for(torch.device("cpu"))
+    first = _through_swa_hal(case)
+    built = dict(a._builders)
+    addr = {k: b.inputs.table.data_ptr() for k, b in built.items()}
+    second = _through_swa_hal(case)
+    assert a._builders == built and {k: b.inputs.table.data_ptr() for k, b in a._builders.items()} == addr
+    assert first.swa_page_indices.data_ptr() != second.swa_page_indices.data_ptr()
+    assert torch.equal(first.swa_page_indices, second.swa_page_indices)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple
 from .config import LAYER_TYPES
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
 
     from .batch import AttentionBatch, ImageSpans
@@ -163,6 +165,20 @@ class Backend:
         the decode rows and lens (causal or DSpark, as ``metadata.causal`` says) in place from the
         advanced seq_lens and ``metadata.replay_start``; no sync, no allocation."""
         raise NotImplementedError
+
+    def compute_groups(self, plan: BuildPlan, batch: "AttentionBatch", tables: "Sequence[torch.Tensor]",
+                       slots: "Sequence[torch.Tensor]", buffers: "MetadataBuffers") -> None:
+        """Fill every KV-cache group's outputs (docs/semantics.md #group-builds): group g reads
+        ``tables[g]`` and ``slots[g]`` and writes ``buffers.group(g)``. Default: one ``compute`` per
+        group; backends that can do all groups in one launch override it."""
+        for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
+            group_batch = dataclasses.replace(batch, block_table=table, slot_mapping=slot_mapping)
+            self.compute(plan, group_batch, buffers.group(g))
+
+    def recompute_groups(self, metadatas: "Sequence[SWAMetadata]", buffers: "MetadataBuffers") -> None:
+        """The draft-step update of a group build: default, one ``recompute_decode_rows`` per group."""
+        for g, metadata in enumerate(metadatas):
+            self.recompute_decode_rows(metadata, buffers.group(g))
 
     def make_tile_schedulers(self, num_decode_tokens: int) -> dict[str, Any]:
         """One fresh planner object per layer type the model has, None for the rest (the default:

@@ -7,6 +7,8 @@ build keeps reading the right memory on replay, and no build can write past them
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .config import SWAConfig
@@ -21,12 +23,23 @@ class MetadataBuffers:
         self.config = config
         self.device = device
         self.capacity = cap
+        groups = self.num_groups = config.num_kv_groups
         self.token_to_req = torch.zeros(cap, **i32)
-        self.is_valid = torch.zeros(cap, dtype=torch.bool, device=device)
-        self.decode_indices = torch.full((cap, 1, w), -1, **i32)
-        self.decode_lens = torch.zeros(cap, **i32)
-        self.prefill_indices = torch.full((cap, 1, config.prefill_index_width), -1, **i32)
-        self.prefill_lens = torch.zeros(cap, **i32)
+        # Per-group outputs (docs/semantics.md #group-builds) are stacked group after group; a plain
+        # build writes group 0's.
+        self.group_is_valid = torch.zeros((groups, cap), dtype=torch.bool, device=device)
+        self.group_decode_indices = torch.full((groups, cap, 1, w), -1, **i32)
+        self.group_decode_lens = torch.zeros((groups, cap), **i32)
+        self.group_prefill_indices = torch.full((groups, cap, 1, config.prefill_index_width), -1, **i32)
+        self.group_prefill_lens = torch.zeros((groups, cap), **i32)
+        self.is_valid = self.group_is_valid[0]
+        self.decode_indices = self.group_decode_indices[0]
+        self.decode_lens = self.group_decode_lens[0]
+        self.prefill_indices = self.group_prefill_indices[0]
+        self.prefill_lens = self.group_prefill_lens[0]
+        # A group build's inputs: per group the block table's and slot mapping's addresses, the
+        # table's row stride and its width (written only when an engine hands in other tensors).
+        self.group_inputs = torch.zeros((groups, 4), dtype=torch.int64, device=device)
         # Every request may be a prefill (short requests after the first long one are), so one
         # gather length per admitted request, not per token.
         self.gather_lens = torch.zeros(seqs, **i32)
@@ -46,15 +59,41 @@ class MetadataBuffers:
         self.violation = torch.zeros(4, **i32)
         # DSpark rows are wider than W; allocated on first use (most configs never need them).
         self._noncausal_indices: torch.Tensor | None = None
+        self._root = self
+        self._group = 0
+
+    @property
+    def group_noncausal_indices(self) -> torch.Tensor:
+        root = self._root
+        if root._noncausal_indices is None:
+            width = self.config.noncausal_index_width
+            root._noncausal_indices = torch.full(
+                (self.num_groups, self.capacity, 1, width), -1, dtype=torch.int32, device=self.device
+            )
+        return root._noncausal_indices
 
     @property
     def noncausal_indices(self) -> torch.Tensor:
-        if self._noncausal_indices is None:
-            width = self.config.noncausal_index_width
-            self._noncausal_indices = torch.full(
-                (self.capacity, 1, width), -1, dtype=torch.int32, device=self.device
-            )
-        return self._noncausal_indices
+        return self.group_noncausal_indices[self._group]
+
+    @property
+    def group_index(self) -> int:
+        """Which KV-cache group's buffers these are (0 for a plain build's)."""
+        return self._group
 
     def decode_rows(self, causal: bool) -> torch.Tensor:
         return self.decode_indices if causal else self.noncausal_indices
+
+    def group(self, g: int) -> "MetadataBuffers":
+        """Group g's buffers as a MetadataBuffers of their own (shared outputs shared): what a backend
+        without one-launch group builds fills, one group at a time."""
+        if g == 0:
+            return self
+        view = copy.copy(self)
+        view.is_valid = self.group_is_valid[g]
+        view.decode_indices = self.group_decode_indices[g]
+        view.decode_lens = self.group_decode_lens[g]
+        view.prefill_indices = self.group_prefill_indices[g]
+        view.prefill_lens = self.group_prefill_lens[g]
+        view._group = g
+        return view

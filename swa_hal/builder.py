@@ -7,6 +7,7 @@ build never synchronises and can be captured in a CUDA graph (docs/semantics.md 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -19,7 +20,7 @@ from .batch import AttentionBatch, ImageSpans, spans_to_csr
 from .buffers import MetadataBuffers
 from .config import SWAConfig
 from .envs import FALSE_WORDS, env_flag
-from .errors import BatchCapacityError, BatchDeviceError, ConcurrentBuildError, SpeculativeModeError
+from .errors import BatchCapacityError, BatchDeviceError, BatchShapeError, ConcurrentBuildError, SpeculativeModeError
 from .guard import violation_error
 from .metadata import SWAMetadata
 from .platform import PlatformInfo, probe_platform
@@ -97,8 +98,8 @@ class SWAMetadataBuilder:
         # interleaving its writes into the same fixed buffers.
         self._busy = threading.Lock()
         self.decode_threshold = config.decode_threshold
-        # Decode lens rows ever written; each build zeroes [num_decode_tokens, this) (docs/semantics.md #fixed-buffers).
-        self._lens_high_water = 0
+        self._group_buffers = [self.buffers.group(g) for g in range(config.num_kv_groups)]
+        self._lens_high_water = [0] * config.num_kv_groups
         self._views: dict[tuple[Any, ...], Any] = {}
 
     # -- build -----------------------------------------------------------------------------------
@@ -129,14 +130,56 @@ class SWAMetadataBuilder:
                 raise error
 
     def _build(self, batch: AttentionBatch, validate: bool | None) -> SWAMetadata:
-        cfg = self.config
-        buffers = self.buffers
+        self._check(batch, validate)
+        plan, query = self._plan(batch, 1)
+        self.backend.compute(plan, batch, self.buffers)
+        return self._metadata(batch, plan, query, 0)
+
+    def build_groups(
+        self,
+        batch: AttentionBatch,
+        block_tables: Sequence[torch.Tensor],
+        slot_mappings: Sequence[torch.Tensor],
+        validate: bool | None = None,
+    ) -> list[SWAMetadata]:
+        """One build per SWA KV-cache group of a step (docs/semantics.md #group-builds), in one launch
+        on the Triton backends: the groups share ``batch``'s seq_lens, query_start_loc, replay bounds
+        and image spans; group g has its own ``block_tables[g]`` and ``slot_mappings[g]``. Returns one
+        SWAMetadata per group, each a view of that group's fixed buffers (``batch.block_table`` and
+        ``batch.slot_mapping`` are not read). Needs ``SWAConfig.num_kv_groups >= len(block_tables)``."""
+        groups = len(block_tables)
+        if groups != len(slot_mappings) or groups < 1:
+            raise BatchShapeError("slot_mappings", f"{len(slot_mappings)} slot mappings for {groups} block tables; "
+                                  f"a group build needs one of each per group, at least one group")
+        if groups > self.config.num_kv_groups:
+            raise BatchCapacityError("block_tables", f"{groups} groups; the config's num_kv_groups is "
+                                     f"{self.config.num_kv_groups} (the builder keeps that many sets of buffers)")
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentBuildError(self._concurrent_message("build_groups"))
+        try:
+            group_batches = [
+                dataclasses.replace(batch, block_table=t, slot_mapping=s) for t, s in zip(block_tables, slot_mappings)
+            ]
+            for group_batch in group_batches:
+                self._check(group_batch, validate)
+            with on_device(self._device_index):
+                plan, query = self._plan(group_batches[0], groups)
+                self.backend.compute_groups(plan, batch, list(block_tables), list(slot_mappings), self.buffers)
+                return [self._metadata(b, plan, query, g) for g, b in enumerate(group_batches)]
+        finally:
+            self._busy.release()
+
+    def _check(self, batch: AttentionBatch, validate: bool | None) -> None:
         if validate if validate is not None else self.validate:
-            validate_batch(batch, cfg, buffers.capacity)
+            validate_batch(batch, self.config, self.buffers.capacity)
             if batch.seq_lens.device != self.device:
                 raise BatchDeviceError("seq_lens", f"seq_lens is on {batch.seq_lens.device}; the builder is on {self.device}")
         else:
-            guard_batch(batch, cfg, buffers.capacity, self._device_index)
+            guard_batch(batch, self.config, self.buffers.capacity, self._device_index)
+
+    def _plan(self, batch: AttentionBatch, groups: int) -> tuple[BuildPlan, Any]:
+        """The host side of a build: the split (docs/semantics.md #split) from host values only."""
+        cfg = self.config
         num_tokens = batch.num_tokens
         num_reqs = batch.query_start_loc_cpu.shape[0] - 1
         if batch.max_query_len <= self.decode_threshold:  # decode-only: no host data to read
@@ -150,23 +193,30 @@ class SWAMetadataBuilder:
             )
         causal = batch.causal
         width = cfg.window_size if causal else self._noncausal_width(batch, nd)
-        clear_end = self._lens_high_water
-        if ndt > clear_end:
-            self._lens_high_water = ndt
+        # Decode lens rows ever written, per group; a build zeroes [num_decode_tokens, that) (#fixed-buffers).
+        high = self._lens_high_water
+        clear_end = max(high[:groups])
+        for g in range(groups):
+            if ndt > high[g]:
+                high[g] = ndt
         replay = batch.replay_start
         if replay is None:
             replay = self._no_replay_view(num_reqs)
         spans = batch.image_spans
         images = bool(npt) and cfg.max_image_tokens > 0 and spans is not None and spans.starts.shape[0] > 0
         plan = BuildPlan(num_reqs, num_tokens, nd, npf, ndt, npt, causal, width, clear_end, replay, images, spans)
-        self.backend.compute(plan, batch, buffers)
+        return plan, query
 
-        t2r, valid = self._token_views(num_tokens)
-        dec_idx, dec_lens = self._decode_views(ndt, causal)
+    def _metadata(self, batch: AttentionBatch, plan: BuildPlan, query: Any, group: int) -> SWAMetadata:
+        cfg = self.config
+        nd, npf, ndt, npt = plan.num_decodes, plan.num_prefills, plan.num_decode_tokens, plan.num_prefill_tokens
+        num_tokens, causal = plan.num_tokens, plan.causal
+        t2r, valid = self._token_views(num_tokens, group)
+        dec_idx, dec_lens = self._decode_views(ndt, causal, group)
         prefill: dict[str, Any] = {}
         if npt:
-            prefill["prefill_swa_indices"], prefill["prefill_swa_lens"] = self._prefill_views(npt)
-            if images:
+            prefill["prefill_swa_indices"], prefill["prefill_swa_lens"] = self._prefill_views(npt, group)
+            if plan.images:
                 prefill["prefill_left_visible"], prefill["prefill_right_visible"] = self._visibility_views(num_tokens)
         if npf:
             seq_cpu = batch.seq_lens_cpu
@@ -190,10 +240,10 @@ class SWAMetadataBuilder:
             is_valid_token=valid,
             decode_swa_indices=dec_idx,
             decode_swa_lens=dec_lens,
-            decode_swa_width=width,
+            decode_swa_width=plan.decode_width,
             causal=causal,
             max_decode_query_len=min(batch.max_query_len, self.decode_threshold),
-            replay_start=replay,
+            replay_start=plan.replay_start,
             block_size=cfg.block_size,
             window_size=cfg.window_size,
             max_model_len=cfg.max_model_len,
@@ -202,7 +252,7 @@ class SWAMetadataBuilder:
             backend=self.backend_name,
             **prefill,
         )
-        md.extras = self.backend.extras(md, buffers)
+        md.extras = self.backend.extras(md, self._group_buffers[group])
         return md
 
     def image_spans_from_ranges(
@@ -258,14 +308,17 @@ class SWAMetadataBuilder:
             views = self._views[key] = make()
         return views
 
-    def _token_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._view(("tok", n), lambda: (self.buffers.token_to_req[:n], self.buffers.is_valid[:n]))
+    def _token_views(self, n: int, g: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        b = self._group_buffers[g]
+        return self._view(("tok", n, g), lambda: (b.token_to_req[:n], b.is_valid[:n]))
 
-    def _decode_views(self, n: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._view(("dec", n, causal), lambda: (self.buffers.decode_rows(causal)[:n], self.buffers.decode_lens[:n]))
+    def _decode_views(self, n: int, causal: bool, g: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        b = self._group_buffers[g]
+        return self._view(("dec", n, causal, g), lambda: (b.decode_rows(causal)[:n], b.decode_lens[:n]))
 
-    def _prefill_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._view(("pre", n), lambda: (self.buffers.prefill_indices[:n], self.buffers.prefill_lens[:n]))
+    def _prefill_views(self, n: int, g: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        b = self._group_buffers[g]
+        return self._view(("pre", n, g), lambda: (b.prefill_indices[:n], b.prefill_lens[:n]))
 
     def _gather_view(self, n: int) -> torch.Tensor:
         return self._view(("gather", n), lambda: self.buffers.gather_lens[:n])
@@ -282,11 +335,15 @@ class SWAMetadataBuilder:
     def supports_draft_decode_metadata_update(self) -> bool:
         return self.backend.supports_draft_decode_metadata_update
 
-    def update_draft_decode_metadata(self, metadata: SWAMetadata) -> None:
+    def update_draft_decode_metadata(self, metadata: SWAMetadata | Sequence[SWAMetadata]) -> None:
         """docs/semantics.md #draft-updates: after the engine advanced ``seq_lens`` in place by one
         draft step, recompute token_to_req, is_valid and the decode rows and lens in place (causal
         rows honour ``metadata.replay_start``; DSpark rows are recomputed as DSpark rows) and hand
-        out fresh scheduler objects. No host sync, no allocation: safe inside CUDA graph capture."""
+        out fresh scheduler objects. No host sync, no allocation: safe inside CUDA graph capture.
+        A list (what ``build_groups`` returned) updates every group, in one launch on Triton backends."""
+        if not isinstance(metadata, SWAMetadata):
+            self._update_groups(list(metadata))
+            return
         if metadata.num_decode_tokens == 0:
             return
         if not self.backend.supports_draft_decode_metadata_update:
@@ -301,6 +358,30 @@ class SWAMetadataBuilder:
                 self.backend.recompute_decode_rows(metadata, self.buffers)
                 metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)
                 metadata.extras = self.backend.extras(metadata, self.buffers)
+        finally:
+            self._busy.release()
+
+    def _update_groups(self, metadatas: list[SWAMetadata]) -> None:
+        if not metadatas or metadatas[0].num_decode_tokens == 0:
+            return
+        if not self.backend.supports_draft_decode_metadata_update:
+            raise NotImplementedError(f"backend {self.backend_name!r} does not support in-place draft-step updates")
+        for g, md in enumerate(metadatas):
+            if g >= len(self._group_buffers) or (
+                md.decode_swa_lens.data_ptr() != self._group_buffers[g].decode_lens.data_ptr()
+            ):
+                raise ValueError(f"update_draft_decode_metadata: metadata {g} is not group {g} of a build_groups() "
+                                 f"of this builder")
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
+        try:
+            for md in metadatas:
+                guard_update(md, self._device_index)
+            with on_device(self._device_index):
+                self.backend.recompute_groups(metadatas, self.buffers)
+                for g, md in enumerate(metadatas):
+                    md.tile_sched = self.backend.make_tile_schedulers(md.num_decode_tokens)
+                    md.extras = self.backend.extras(md, self._group_buffers[g])
         finally:
             self._busy.release()
 

@@ -108,6 +108,9 @@ class SWAConfig:
     model_version: str = "deepseek_v4"
     # M of the vision variant (V4 only): prefill rows are window_size + M wide (docs/semantics.md #vision-spans).
     max_image_tokens: int = 0
+    # SWA KV-cache groups the engine builds for in one step (docs/semantics.md #group-builds): the
+    # builder keeps this many sets of per-group buffers for build_groups().
+    num_kv_groups: int = 1
 
     def __post_init__(self) -> None:
         _check_int("window_size", self.window_size, 1)
@@ -120,6 +123,7 @@ class SWAConfig:
         if self.model_version not in MODEL_VERSIONS:
             raise ConfigError("model_version", f"{self.model_version!r} is not one of {', '.join(MODEL_VERSIONS)}")
         _check_int("max_image_tokens", self.max_image_tokens, 0, 1 << 20)
+        _check_int("num_kv_groups", self.num_kv_groups, 1, 1024)
         if self.max_image_tokens and self.model_version != "deepseek_v4":
             raise ConfigError("max_image_tokens", f"the vision variant exists for deepseek_v4 only, not {self.model_version}")
         if not isinstance(self.parallel_drafting, bool):

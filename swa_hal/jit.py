@@ -68,6 +68,7 @@ class RowsKey(_Key):
     NONCAUSAL: bool
     GUARD: bool
     BLOCK_LIMIT: int
+    GROUPED: bool
     CLAMP: bool
 
     __hash__ = _Key.__hash__
@@ -95,7 +96,9 @@ def _tile(width: int, device_type: str) -> tuple[int, int]:
     return min(256, next_pow2(max(1, tile_elems(device_type) // block_w))), block_w
 
 
-def rows_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str, guard: bool = False) -> RowsKey:
+def rows_key(
+    config: SWAConfig, *, causal: bool, clamp: bool, device_type: str, guard: bool = False, grouped: bool = False
+) -> RowsKey:
     width = config.window_size if causal else config.noncausal_index_width
     block_t, block_w = _tile(width, device_type)
     block_tp, block_wp = _tile(config.prefill_index_width, device_type)
@@ -115,6 +118,7 @@ def rows_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str, 
         NONCAUSAL=not causal,
         GUARD=guard,
         BLOCK_LIMIT=block_limit(config),
+        GROUPED=grouped,
         CLAMP=clamp,
     )
 
@@ -127,10 +131,14 @@ def ragged_key(config: SWAConfig, *, causal: bool, clamp: bool, device_type: str
 
 def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str, guard: bool = False) -> list[RowsKey]:
     """Every variant a builder with this config can launch: the causal build (draft-step updates
-    launch it too, with decode programs only), and the DSpark build when DSpark is configured."""
-    keys = [rows_key(config, causal=True, clamp=clamp, device_type=device_type, guard=guard)]
-    if config.is_dspark:
-        keys.append(rows_key(config, causal=False, clamp=clamp, device_type=device_type, guard=guard))
+    launch it too, with decode programs only), the DSpark build when DSpark is configured, and both
+    again as group builds when the config has more than one KV-cache group."""
+    keys = []
+    for grouped in (False, True) if config.num_kv_groups > 1 else (False,):
+        for causal in (True, False) if config.is_dspark else (True,):
+            keys.append(
+                rows_key(config, causal=causal, clamp=clamp, device_type=device_type, guard=guard, grouped=grouped)
+            )
     return keys
 
 

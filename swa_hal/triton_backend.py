@@ -6,7 +6,7 @@ scheduler hook, and post-passes; the kernel source is shared (``kernels/swa_meta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import torch
 
@@ -47,14 +47,21 @@ class TritonBackend(Backend):
         self._launch_rows = KernelLauncher(swa_metadata_kernel, device)
         self.guard = False
         self._output_addresses: dict[Any, tuple[int, ...]] = {}
-        self._keys: dict[tuple[bool, bool], Any] = {}
+        self._keys: dict[tuple[bool, bool, bool], Any] = {}
+        # The group table last written to the device (docs/semantics.md #group-builds): engines keep
+        # their per-group block tables and slot mappings in persistent buffers, so it rarely changes.
+        self._group_table: tuple[tuple[int, ...], ...] = ()
 
-    def kernel_key(self, causal: bool = True) -> Any:
-        """The compile key of a build: causal or DSpark rows, guarded or not (``self.guard``)."""
-        key = self._keys.get((causal, self.guard))
+    supports_group_launch: ClassVar[bool] = True
+
+    def kernel_key(self, causal: bool = True, grouped: bool = False) -> Any:
+        """The compile key of a build: causal or DSpark rows, guarded or not (``self.guard``), one
+        group or several."""
+        key = self._keys.get((causal, self.guard, grouped))
         if key is None:
-            key = self._keys[(causal, self.guard)] = jit.rows_key(
-                self.config, causal=causal, clamp=self.CLAMP_ADDRESSES, device_type=self.device.type, guard=self.guard
+            key = self._keys[(causal, self.guard, grouped)] = jit.rows_key(
+                self.config, causal=causal, clamp=self.CLAMP_ADDRESSES, device_type=self.device.type,
+                guard=self.guard, grouped=grouped,
             )
         return key
 
@@ -77,8 +84,9 @@ class TritonBackend(Backend):
         return outs
 
     def _launch(self, causal: bool, buffers: "MetadataBuffers", inputs: tuple[Any, ...], num_reqs: int,
-                num_tokens: int, nd: int, npf: int, ndt: int, npt: int, clear_end: int, spans: Any) -> None:
-        key = self.kernel_key(causal)
+                num_tokens: int, nd: int, npf: int, ndt: int, npt: int, clear_end: int, spans: Any,
+                groups: int = 1) -> None:
+        key = self.kernel_key(causal, groups > 1)
         dec = -(-ndt // key.BLOCK_T)
         pre = -(-npt // key.BLOCK_TP)
         clear = -(-(clear_end - ndt) // jit.CLEAR_BLOCK) if clear_end > ndt else 0
@@ -90,14 +98,24 @@ class TritonBackend(Backend):
             span_args = (spans.indptr, spans.starts, spans.ends)
         self._launch_rows(
             key,
-            dec + pre + clear + gather,
+            groups * (dec + pre + clear) + gather,
             (
                 *self._outputs(key, buffers, causal),
-                qsl, seq_lens, table, slots, replay, *span_args,
+                qsl, seq_lens, table, slots, replay, *span_args, buffers.group_inputs,
                 table.stride(0), table.shape[1], num_reqs, num_tokens,
                 nd, npf, ndt, npt, clear_end, dec, pre, clear, -(-num_reqs // key.SEARCH_BLOCK),
+                groups, buffers.capacity,
             ),
         )
+
+    def _write_group_table(self, tables: Sequence["torch.Tensor"], slots: Sequence["torch.Tensor"],
+                           buffers: "MetadataBuffers") -> None:
+        """The kernel reads group g's inputs through row g of ``buffers.group_inputs``; rewrite it only
+        when the engine hands in other tensors (a copy to the device, never inside a steady state)."""
+        rows = tuple((t.data_ptr(), s.data_ptr(), t.stride(0), t.shape[1]) for t, s in zip(tables, slots))
+        if rows != self._group_table:
+            buffers.group_inputs[: len(rows)].copy_(torch.tensor(rows, dtype=torch.int64))
+            self._group_table = rows
 
     def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
         self._launch(
@@ -105,6 +123,18 @@ class TritonBackend(Backend):
             (batch.query_start_loc, batch.seq_lens, batch.block_table, batch.slot_mapping, plan.replay_start),
             plan.num_reqs, plan.num_tokens, plan.num_decodes, plan.num_prefills, plan.num_decode_tokens,
             plan.num_prefill_tokens, plan.decode_lens_clear_end, plan.spans if plan.images else None,
+        )
+
+    def compute_groups(self, plan: BuildPlan, batch: "AttentionBatch", tables: Sequence["torch.Tensor"],
+                       slots: Sequence["torch.Tensor"], buffers: "MetadataBuffers") -> None:
+        """Every group in one launch (docs/semantics.md #group-builds)."""
+        self._write_group_table(tables, slots, buffers)
+        self._launch(
+            plan.causal, buffers,
+            (batch.query_start_loc, batch.seq_lens, tables[0], slots[0], plan.replay_start),
+            plan.num_reqs, plan.num_tokens, plan.num_decodes, plan.num_prefills, plan.num_decode_tokens,
+            plan.num_prefill_tokens, plan.decode_lens_clear_end, plan.spans if plan.images else None,
+            groups=len(tables),
         )
 
     def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
@@ -117,10 +147,22 @@ class TritonBackend(Backend):
             metadata.seq_lens.shape[0], ndt, metadata.num_decodes, 0, ndt, 0, ndt, None,
         )
 
+    def recompute_groups(self, metadatas: Sequence["SWAMetadata"], buffers: "MetadataBuffers") -> None:
+        first = metadatas[0]
+        ndt = first.num_decode_tokens
+        self._write_group_table([m.block_table for m in metadatas], [m.slot_mapping for m in metadatas], buffers)
+        self._launch(
+            first.causal, buffers,
+            (first.query_start_loc, first.seq_lens, first.block_table, first.slot_mapping, first.replay_start),
+            first.seq_lens.shape[0], ndt, first.num_decodes, 0, ndt, 0, ndt, None, groups=len(metadatas),
+        )
+
     # -- warmup ----------------------------------------------------------------------------------
 
     def kernel_keys(self) -> list[Any]:
-        return [self.kernel_key(causal) for causal in ((True, False) if self.config.is_dspark else (True,))]
+        causal = (True, False) if self.config.is_dspark else (True,)
+        grouped = (False, True) if self.config.num_kv_groups > 1 else (False,)
+        return [self.kernel_key(c, g) for g in grouped for c in causal]
 
     def warmup(self, buffers: "MetadataBuffers", progress: Callable[[str], None] | None = None) -> int:
         """Launch every variant once on a one-token batch, into scratch outputs of the same dtypes
@@ -137,7 +179,10 @@ class TritonBackend(Backend):
         left, right, record = torch.zeros(2, **i32), torch.zeros(2, **i32), torch.zeros(4, **i32)
         qsl, seq, replay = torch.tensor([0, 1, 2], **i32), torch.tensor([1, 1], **i32), torch.zeros(2, **i32)
         indptr, span = torch.tensor([0, 0, 1], **i32), torch.zeros(1, **i32)
+        # A group table whose one row is this scratch batch's (grouped variants launch one group).
         table, slots = torch.zeros((2, 1), **i32), torch.tensor([0, 1], dtype=torch.int64, device=dev)
+        groups = torch.tensor([[table.data_ptr(), slots.data_ptr(), table.stride(0), 1]], dtype=torch.int64,
+                              device=dev)
         count = 0
         for key in self.kernel_keys():
             if progress is not None:
@@ -146,8 +191,8 @@ class TritonBackend(Backend):
                 key,
                 4,
                 (dec_idx, dec_lens, pre_idx, pre_lens, t2r, valid, gather, left, right, record,
-                 qsl, seq, table, slots, replay, indptr, span, span,
-                 table.stride(0), 1, 2, 2, 1, 1, 1, 1, 2, 1, 1, 1, 1),
+                 qsl, seq, table, slots, replay, indptr, span, span, groups,
+                 table.stride(0), 1, 2, 2, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1),
             )
             count += 1
         return count

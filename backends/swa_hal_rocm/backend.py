@@ -10,14 +10,17 @@ class RocmBackend(TritonBackend):
     name = "rocm"
 
     def allocate(self, buffers) -> None:
-        self._ragged = RaggedRows(self.config, self.device, clamp=self.CLAMP_ADDRESSES)
+        # One ragged form per KV-cache group (docs/semantics.md #group-builds).
+        self._ragged = [
+            RaggedRows(self.config, self.device, clamp=self.CLAMP_ADDRESSES) for _ in range(buffers.num_groups)
+        ]
 
     def extras(self, metadata, buffers) -> tuple:
         # Derived from the rows just written, after every build and every draft-step update.
-        return (self._ragged.fill(metadata),)
+        return (self._ragged[buffers.group_index].fill(metadata),)
 
     def warmup(self, buffers, progress=None) -> int:
         count = super().warmup(buffers, progress)
         if progress is not None:
             progress("rocm: ragged_indptr_kernel, ragged_rows_kernel")
-        return count + self._ragged.warmup()
+        return count + self._ragged[0].warmup()

@@ -1,11 +1,15 @@
 """The one-launch metadata kernel (docs/semantics.md #per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata, #fixed-buffers in a single grid).
 
-The grid is cut into four consecutive program ranges:
+The grid is cut into consecutive program ranges, the first three once per KV-cache group
+(docs/semantics.md #group-builds; one group for a plain build):
 
   [0, dec)                 decode rows (causal, or DSpark non-causal), token_to_req and is_valid
   [dec, dec + pre)         prefill rows, written from row 0 (token offset = num_decode_tokens)
   [.., + clear)            zero decode lens rows [num_decode_tokens, decode_clear_end)
-  [.., + gather)           prefill gather lens
+  [G * that, + gather)     prefill gather lens (shared by the groups)
+
+A group build (GROUPED) reads each group's block table and slot mapping through a small table of
+addresses, strides and widths; the per-group outputs are stacked group after group.
 
 A program finds each token's request by counting request ends at or before the token over
 query_start_loc (one vectorised compare per chunk of requests, no dependent load chain), so no
@@ -33,7 +37,7 @@ import triton.language as tl
 RUNTIME_INTS = [
     "bt_stride", "max_pages", "num_reqs", "num_tokens", "num_decodes", "num_prefills",
     "num_decode_tokens", "num_prefill_tokens", "decode_clear_end", "dec_progs", "pre_progs",
-    "clear_progs", "search_chunks",
+    "clear_progs", "search_chunks", "num_groups", "group_rows",
 ]
 ENGINE_TENSORS = [
     "qsl_ptr", "seq_lens_ptr", "block_table_ptr", "slot_mapping_ptr", "replay_ptr",
@@ -119,7 +123,7 @@ def _window_rows(
     qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
     span_indptr_ptr, span_starts_ptr, span_ends_ptr,
     bt_stride, max_pages, num_reqs, num_tokens, search_chunks,
-    row0, n_rows, token_offset,
+    row0, n_rows, token_offset, first_group,
     WINDOW: tl.constexpr, WIDTH: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
     NONCAUSAL: tl.constexpr, IMAGES: tl.constexpr, CLEAR_IMAGES: tl.constexpr, MAX_IMAGE: tl.constexpr,
@@ -137,7 +141,9 @@ def _window_rows(
     req = _owner_of(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T, SEARCH_BLOCK, CLAMP)
     slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
     valid = slot >= 0
-    tl.store(token_to_req_ptr + tok_at, req, mask=row_ok)
+    # Per-request outputs are shared by every KV-cache group: the first group writes them.
+    shared = row_ok & first_group
+    tl.store(token_to_req_ptr + tok_at, req, mask=shared)
     tl.store(is_valid_ptr + tok_at, valid, mask=row_ok)
 
     # req is in [0, num_reqs) by construction, so these addresses are in bounds even unmasked.
@@ -164,16 +170,16 @@ def _window_rows(
         if IMAGES:
             left, right, bad_span = _image_visibility(pos, req, row_ok, seq, prefix, span_indptr_ptr,
                                                       span_starts_ptr, span_ends_ptr, BLOCK_T, MAX_IMAGE, GUARD)
-            tl.store(left_ptr + tok_at, left, mask=row_ok)
-            tl.store(right_ptr + tok_at, right, mask=row_ok)
+            tl.store(left_ptr + tok_at, left, mask=shared)
+            tl.store(right_ptr + tok_at, right, mask=shared)
             start = tl.maximum(pos - (WINDOW - 1) - tl.maximum(left - (WINDOW - 1), 0), 0)
             last = pos + right
         else:
             start = tl.maximum(pos - (WINDOW - 1), 0)
             if CLEAR_IMAGES:  # decode rows of a vision model see no image
                 zero = tl.zeros([BLOCK_T], dtype=tl.int32)
-                tl.store(left_ptr + tok_at, zero, mask=row_ok)
-                tl.store(right_ptr + tok_at, zero, mask=row_ok)
+                tl.store(left_ptr + tok_at, zero, mask=shared)
+                tl.store(right_ptr + tok_at, zero, mask=shared)
         bound = tl.load(replay_ptr + req, mask=row_ok, other=0)
         start = tl.maximum(start, bound)
         # Never negative: a replay bound past p leaves an empty row.
@@ -225,53 +231,78 @@ def _window_rows(
 
 @triton.jit(do_not_specialize=RUNTIME_INTS, do_not_specialize_on_alignment=ENGINE_TENSORS)
 def swa_metadata_kernel(
-    # outputs (the builder's fixed buffers)
+    # outputs (the builder's fixed buffers; per-group ones stacked group after group)
     decode_idx_ptr, decode_lens_ptr, prefill_idx_ptr, prefill_lens_ptr,
     token_to_req_ptr, is_valid_ptr, gather_lens_ptr, left_ptr, right_ptr, violation_ptr,
     # inputs (engine tensors, or the builder's zero buffers when the batch has none)
     qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
-    span_indptr_ptr, span_starts_ptr, span_ends_ptr,
+    span_indptr_ptr, span_starts_ptr, span_ends_ptr, group_inputs_ptr,
     # host scalars
     bt_stride, max_pages, num_reqs, num_tokens, num_decodes, num_prefills,
     num_decode_tokens, num_prefill_tokens, decode_clear_end, dec_progs, pre_progs, clear_progs,
-    search_chunks,
+    search_chunks, num_groups, group_rows,
     # compile-time shape of the work
     WINDOW: tl.constexpr, DECODE_WIDTH: tl.constexpr, PREFILL_WIDTH: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_TP: tl.constexpr, BLOCK_WP: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr, CLEAR_BLOCK: tl.constexpr, GATHER_BLOCK: tl.constexpr,
     MAX_IMAGE: tl.constexpr, NONCAUSAL: tl.constexpr, GUARD: tl.constexpr, BLOCK_LIMIT: tl.constexpr,
-    CLAMP: tl.constexpr,
+    GROUPED: tl.constexpr, CLAMP: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if pid < dec_progs:
-        _window_rows(
-            decode_idx_ptr, decode_lens_ptr, token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr, violation_ptr,
-            qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
-            span_indptr_ptr, span_starts_ptr, span_ends_ptr,
-            bt_stride, max_pages, num_reqs, num_tokens, search_chunks,
-            pid * BLOCK_T, num_decode_tokens, 0,
-            WINDOW, DECODE_WIDTH, BLOCK_SIZE, BLOCK_T, BLOCK_W, SEARCH_BLOCK,
-            NONCAUSAL, False, MAX_IMAGE > 0, MAX_IMAGE, GUARD, BLOCK_LIMIT, CLAMP,
-        )
-    elif pid < dec_progs + pre_progs:
-        _window_rows(
-            prefill_idx_ptr, prefill_lens_ptr, token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr, violation_ptr,
-            qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
-            span_indptr_ptr, span_starts_ptr, span_ends_ptr,
-            bt_stride, max_pages, num_reqs, num_tokens, search_chunks,
-            (pid - dec_progs) * BLOCK_TP, num_prefill_tokens, num_decode_tokens,
-            WINDOW, PREFILL_WIDTH, BLOCK_SIZE, BLOCK_TP, BLOCK_WP, SEARCH_BLOCK,
-            False, MAX_IMAGE > 0, False, MAX_IMAGE, GUARD, BLOCK_LIMIT, CLAMP,
-        )
-    elif pid < dec_progs + pre_progs + clear_progs:
-        # Names differ from the gather branch's: Triton unifies same-named values across branches.
-        rows = num_decode_tokens + (pid - dec_progs - pre_progs) * CLEAR_BLOCK + tl.arange(0, CLEAR_BLOCK)
-        stale = rows < decode_clear_end
-        if CLAMP:
-            rows = tl.minimum(rows, decode_clear_end - 1)
-        tl.store(decode_lens_ptr + rows, tl.zeros([CLEAR_BLOCK], dtype=tl.int32), mask=stale)
+    group_progs = dec_progs + pre_progs + clear_progs
+    if pid < num_groups * group_progs:
+        # One KV-cache group's rows (docs/semantics.md #group-builds): groups share the split,
+        # seq_lens, query_start_loc and replay bounds; each has its own block table and slot mapping.
+        g = pid // group_progs
+        local = pid - g * group_progs
+        if GROUPED:
+            # Row g of the builder's group table: block table and slot mapping addresses, the
+            # table's row stride and width.
+            desc = group_inputs_ptr + g * 4
+            table = tl.load(desc).to(tl.pointer_type(tl.int32))
+            slots = tl.load(desc + 1).to(tl.pointer_type(tl.int64))
+            stride = tl.load(desc + 2).to(tl.int32)
+            pages = tl.load(desc + 3).to(tl.int32)
+        else:
+            table = block_table_ptr
+            slots = slot_mapping_ptr
+            stride = bt_stride
+            pages = max_pages
+        rows_at = g.to(tl.int64) * group_rows
+        dec_idx = decode_idx_ptr + rows_at * DECODE_WIDTH
+        dec_lens = decode_lens_ptr + rows_at
+        valid_out = is_valid_ptr + rows_at
+        first_group = g == 0
+        if local < dec_progs:
+            _window_rows(
+                dec_idx, dec_lens, token_to_req_ptr, valid_out, left_ptr, right_ptr, violation_ptr,
+                qsl_ptr, seq_lens_ptr, table, slots, replay_ptr,
+                span_indptr_ptr, span_starts_ptr, span_ends_ptr,
+                stride, pages, num_reqs, num_tokens, search_chunks,
+                local * BLOCK_T, num_decode_tokens, 0, first_group,
+                WINDOW, DECODE_WIDTH, BLOCK_SIZE, BLOCK_T, BLOCK_W, SEARCH_BLOCK,
+                NONCAUSAL, False, MAX_IMAGE > 0, MAX_IMAGE, GUARD, BLOCK_LIMIT, CLAMP,
+            )
+        elif local < dec_progs + pre_progs:
+            _window_rows(
+                prefill_idx_ptr + rows_at * PREFILL_WIDTH, prefill_lens_ptr + rows_at, token_to_req_ptr, valid_out,
+                left_ptr, right_ptr, violation_ptr,
+                qsl_ptr, seq_lens_ptr, table, slots, replay_ptr,
+                span_indptr_ptr, span_starts_ptr, span_ends_ptr,
+                stride, pages, num_reqs, num_tokens, search_chunks,
+                (local - dec_progs) * BLOCK_TP, num_prefill_tokens, num_decode_tokens, first_group,
+                WINDOW, PREFILL_WIDTH, BLOCK_SIZE, BLOCK_TP, BLOCK_WP, SEARCH_BLOCK,
+                False, MAX_IMAGE > 0, False, MAX_IMAGE, GUARD, BLOCK_LIMIT, CLAMP,
+            )
+        else:
+            # Names differ from the gather branch's: Triton unifies same-named values across branches.
+            rows = num_decode_tokens + (local - dec_progs - pre_progs) * CLEAR_BLOCK + tl.arange(0, CLEAR_BLOCK)
+            stale = rows < decode_clear_end
+            if CLAMP:
+                rows = tl.minimum(rows, decode_clear_end - 1)
+            tl.store(dec_lens + rows, tl.zeros([CLEAR_BLOCK], dtype=tl.int32), mask=stale)
     else:
-        i = (pid - dec_progs - pre_progs - clear_progs) * GATHER_BLOCK + tl.arange(0, GATHER_BLOCK)
+        i = (pid - num_groups * group_progs) * GATHER_BLOCK + tl.arange(0, GATHER_BLOCK)
         real = i < num_prefills
         if CLAMP:
             i = tl.minimum(i, num_prefills - 1)

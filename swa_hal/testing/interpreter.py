@@ -95,9 +95,10 @@ def _check(kind: str, ptrs: Any, mask: Any) -> None:
 
 
 @contextlib.contextmanager
-def address_strict(active_only: bool = False) -> Iterator[None]:
+def address_strict(active_only: bool = False, extra: Any = ()) -> Iterator[None]:
     """Check every lane of every interpreted load/store/atomic while the context is active; with
-    ``active_only``, only the lanes the mask leaves on (what any GPU requires)."""
+    ``active_only``, only the lanes the mask leaves on (what any GPU requires). ``extra``: tensors a
+    kernel reaches through addresses it was handed in a table (group builds), allowed like arguments."""
     require_interpreter()
     from triton.runtime import interpreter as it
 
@@ -115,7 +116,7 @@ def address_strict(active_only: bool = False) -> Iterator[None]:
     def init_args(self, args_dev, kwargs):
         args_hst, kwargs_hst = originals["init"](self, args_dev, kwargs)
         named = list(zip(self.arg_names, args_hst)) + list(kwargs_hst.items())
-        _stack()[-1]["ranges"] = _storage_ranges(named)
+        _stack()[-1]["ranges"] = _storage_ranges(named) + _storage_ranges([("extra", list(extra))])
         return args_hst, kwargs_hst
 
     def call(self, *args, **kwargs):

@@ -68,5 +68,34 @@ $(VLLM_STAMP): $(VLLM_BIN)/python pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest tests/engines/test_vllm.py
 
+# swa_hal inside SGLang 0.5.23 (tests/engines/test_sglang.py), in its own environment: the CPU torch above,
+# SGLang's wheel without its dependencies (they pin a CUDA torch 2.14), and what the import chain of its
+# plugin framework and DeepSeek-V4 metadata ops needs, pinned to versions that import together (msgspec is
+# the ops' own; the rest comes in through sglang.srt.utils and the dsv4 package). The ops run their torch
+# references on the CPU; swa_hal's Triton backends run in the interpreter.
+SGLANG ?= sglang==0.5.23
+SGLANG_VENV := .venv-sglang
+SGLANG_BIN := $(SGLANG_VENV)/bin
+SGLANG_PIP := $(SGLANG_BIN)/python -m pip
+SGLANG_STAMP := $(SGLANG_VENV)/.swa-hal-sglang-installed
+SGLANG_DEPS := msgspec==0.23.0 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 pillow==13.0.0 \
+	starlette==1.10.0 pydantic==2.14.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==9.18.1 aiohttp==3.14.5 \
+	apache-tvm-ffi==0.1.11
+
+.PHONY: test-sglang
+
+$(SGLANG_BIN)/python:
+	$(PYTHON) -m venv $(SGLANG_VENV)
+
+$(SGLANG_STAMP): $(SGLANG_BIN)/python pyproject.toml
+	$(SGLANG_PIP) install -q "$(TORCH)" triton==3.6.0 "numpy<2.4"
+	$(SGLANG_PIP) install -q --no-deps "$(SGLANG)"
+	$(SGLANG_PIP) install -q $(SGLANG_DEPS) "$(TORCH)" triton==3.6.0 "numpy<2.4"
+	$(SGLANG_PIP) install -q -e ".[test]"
+	touch $@
+
+test-sglang: $(SGLANG_STAMP)
+	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest tests/engines/test_sglang.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

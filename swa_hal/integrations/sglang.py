@@ -37,7 +37,8 @@ import inspect
 import logging
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -79,45 +80,41 @@ class _Inputs:
     rows, up to ``rows`` tokens in blocks for DSpark) and the scratch of the translation."""
 
     def __init__(self, rows: int, pages: int, width: int, device: torch.device):
-        i32 = dict(dtype=torch.int32, device=device)
-        i64 = dict(dtype=torch.int64, device=device)
+        def i32(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.int32, device=device)
+
+        def i64(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.int64, device=device)
+
+        def flag(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.bool, device=device)
+
         self.rows = rows
         self.pages = pages
         self.device = device
-        self.seq = torch.zeros(rows, **i32)
-        self.table = torch.zeros((rows, pages), **i32)
-        self.slots = torch.zeros(rows, **i64)
-        self.replay = torch.zeros(rows, **i32)
-        self.pos = torch.zeros(rows, **i64)
-        self.base = torch.zeros(rows, **i64)
-        self.shift = torch.zeros(rows, **i64)
-        self.last = torch.zeros(rows, **i64)
-        self.cut = torch.zeros(rows, **i64)
-        self.page = torch.zeros((rows, pages), **i64)
-        self.flat = torch.zeros((rows, pages), **i64)
-        self.ok = torch.zeros(rows, dtype=torch.bool, device=device)
-        self.ok2 = torch.zeros(rows, dtype=torch.bool, device=device)
-        self.k = torch.arange(pages, **i64)
+        self.seq, self.table, self.slots, self.replay = i32(rows), i32(rows, pages), i64(rows), i32(rows)
+        self.pos, self.base, self.shift, self.last, self.cut = (i64(rows) for _ in range(5))
+        self.page, self.flat = i64(rows, pages), i64(rows, pages)
+        self.ok, self.ok2 = flag(rows), flag(rows)
+        self.k = torch.arange(pages, dtype=torch.int64, device=device)
         # the second pass: column numbers, gather indices and the -1 mask of every output column
-        self.cols = torch.arange(width, **i64)
-        self.src = torch.zeros((rows, width), **i64)
-        self.mask = torch.zeros((rows, width), dtype=torch.bool, device=device)
-        self._typed: dict[torch.dtype, torch.Tensor] = {}
+        self.cols = torch.arange(width, dtype=torch.int64, device=device)
+        self.src, self.mask = i64(rows, width), flag(rows, width)
+        self._typed: dict[tuple[torch.dtype, int], torch.Tensor] = {}
         self._qsl: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def typed(self, dtype: torch.dtype) -> torch.Tensor:
         """A [rows, pages] scratch of ``dtype`` (req_to_token's slots in its own dtype)."""
-        buf = self._typed.get(dtype)
+        buf = self._typed.get((dtype, 2))
         if buf is None:
-            buf = self._typed[dtype] = torch.zeros((self.rows, self.pages), dtype=dtype, device=self.device)
+            buf = self._typed[(dtype, 2)] = torch.zeros((self.rows, self.pages), dtype=dtype, device=self.device)
         return buf
 
     def typed1(self, dtype: torch.dtype) -> torch.Tensor:
         """A [rows] scratch of ``dtype`` (valid_from's values in its own dtype)."""
-        key = (dtype, 1)
-        buf = self._typed.get(key)  # type: ignore[call-overload]
+        buf = self._typed.get((dtype, 1))
         if buf is None:
-            buf = self._typed[key] = torch.zeros(self.rows, dtype=dtype, device=self.device)  # type: ignore[index]
+            buf = self._typed[(dtype, 1)] = torch.zeros(self.rows, dtype=dtype, device=self.device)
         return buf
 
     def qsl(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,21 +177,30 @@ class SGLangSWAIndices:
             while cap < rows:
                 cap *= 2
             if got is not None:
-                log.warning("swa_hal: %d SGLang rows exceed the builder's %d; allocating for %d", rows, got.inputs.rows, cap)
+                log.warning(
+                    "swa_hal: %d SGLang rows exceed the builder's %d; allocating for %d", rows, got.inputs.rows, cap
+                )
                 self._retired.append(got)
             w = self.window_size
             if draft:
                 cfg = SWAConfig(
-                    window_size=w, block_size=CHUNK, max_model_len=w + draft + 2 * CHUNK,
-                    max_num_batched_tokens=cap, max_num_seqs=cap, num_speculative_tokens=draft,
+                    window_size=w,
+                    block_size=CHUNK,
+                    max_model_len=w + draft + 2 * CHUNK,
+                    max_num_batched_tokens=cap,
+                    max_num_seqs=cap,
+                    num_speculative_tokens=draft,
                     speculative_method="dspark",
                 )
                 pages = _ceil_div(w + draft - 1, CHUNK) + 1
                 width = dspark_index_width(w, draft)
             else:
                 cfg = SWAConfig(
-                    window_size=w, block_size=CHUNK, max_model_len=w + 2 * CHUNK,
-                    max_num_batched_tokens=cap, max_num_seqs=cap,
+                    window_size=w,
+                    block_size=CHUNK,
+                    max_model_len=w + 2 * CHUNK,
+                    max_num_batched_tokens=cap,
+                    max_num_seqs=cap,
                 )
                 pages = _ceil_div(w - 1, CHUNK) + 1
                 width = w
@@ -202,7 +208,9 @@ class SGLangSWAIndices:
                 cfg, device=self.device, backend=self.backend, platform=self.platform, validate=self.validate
             )
             out_width = _ceil_div(width, SGLANG_PAGE_INDEX_ALIGNED_SIZE) * SGLANG_PAGE_INDEX_ALIGNED_SIZE
-            got = self._builders[key] = _Builder(builder, _Inputs(cap, pages, max(width, out_width), builder.device), width)
+            got = self._builders[key] = _Builder(
+                builder, _Inputs(cap, pages, max(width, out_width), builder.device), width
+            )
             return got
 
     @property
@@ -213,8 +221,13 @@ class SGLangSWAIndices:
 
     @staticmethod
     def _fill_table(
-        inp: _Inputs, n: int, req_to_token: torch.Tensor, full_to_swa: torch.Tensor,
-        pool: torch.Tensor, base: torch.Tensor, last_pos: torch.Tensor,
+        inp: _Inputs,
+        n: int,
+        req_to_token: torch.Tensor,
+        full_to_swa: torch.Tensor,
+        pool: torch.Tensor,
+        base: torch.Tensor,
+        last_pos: torch.Tensor,
     ) -> None:
         """table[i, k] = full_to_swa[req_to_token[pool[i], 64 * min(base[i] + k, last_pos[i] // 64)]] // 64."""
         page, flat, last_page = inp.page[:n], inp.flat[:n], inp.last[:n]
@@ -286,8 +299,15 @@ class SGLangSWAIndices:
         self._fill_table(inp, n, req_to_token, full_to_swa, req_pool_indices_repeated, base, pos)
         qsl, qsl_cpu = inp.qsl(1)
         batch = AttentionBatch(
-            seq_lens=seq, query_start_loc=qsl[: n + 1], query_start_loc_cpu=qsl_cpu[: n + 1], seq_lens_cpu=None,
-            block_table=inp.table[:n], slot_mapping=slots, max_query_len=1, num_tokens=n, causal=True,
+            seq_lens=seq,
+            query_start_loc=qsl[: n + 1],
+            query_start_loc_cpu=qsl_cpu[: n + 1],
+            seq_lens_cpu=None,
+            block_table=inp.table[:n],
+            slot_mapping=slots,
+            max_query_len=1,
+            num_tokens=n,
+            causal=True,
             replay_start=replay,
         )
         md = b.builder.build(batch)
@@ -355,8 +375,15 @@ class SGLangSWAIndices:
         self._fill_table(inp, bs, req_to_token, full_to_swa, pool, base, last)
         qsl, qsl_cpu = inp.qsl(nb)
         batch = AttentionBatch(
-            seq_lens=seq, query_start_loc=qsl[: bs + 1], query_start_loc_cpu=qsl_cpu[: bs + 1], seq_lens_cpu=None,
-            block_table=inp.table[:bs], slot_mapping=inp.slots[:n], max_query_len=nb, num_tokens=n, causal=False,
+            seq_lens=seq,
+            query_start_loc=qsl[: bs + 1],
+            query_start_loc_cpu=qsl_cpu[: bs + 1],
+            seq_lens_cpu=None,
+            block_table=inp.table[:bs],
+            slot_mapping=inp.slots[:n],
+            max_query_len=nb,
+            num_tokens=n,
+            causal=False,
         )
         md = b.builder.build(batch)
         rows = md.decode_swa_indices.view(n, b.width)
@@ -408,7 +435,7 @@ class _Settings:
 
 
 _settings = _Settings()
-_adapters: dict[tuple[str, int, int], SGLangSWAIndices] = {}
+_adapters: dict[tuple[int, str, int, int], SGLangSWAIndices] = {}
 _adapters_lock = threading.Lock()
 
 
@@ -428,14 +455,20 @@ def reset_adapters() -> None:
 
 
 def adapter_for(device: torch.device, window_size: int = SGLANG_SWA_WINDOW) -> SGLangSWAIndices:
-    key = (device.type, -1 if device.index is None else device.index, int(window_size))
+    """The adapter of this thread for ``device`` and ``window_size``. One per thread: a builder's fixed
+    buffers serve one build at a time, and SGLang may prepare metadata on a second thread. Adapters
+    are never dropped, so a CUDA graph that captured one keeps reading live buffers."""
+    key = (threading.get_ident(), device.type, -1 if device.index is None else device.index, int(window_size))
     got = _adapters.get(key)
     if got is None:
         with _adapters_lock:
             got = _adapters.get(key)
             if got is None:
                 got = _adapters[key] = SGLangSWAIndices(
-                    window_size, device, backend=_settings.backend, platform=_settings.platform,
+                    window_size,
+                    device,
+                    backend=_settings.backend,
+                    platform=_settings.platform,
                     max_rows=_settings.max_rows,
                 )
     return got
@@ -444,7 +477,9 @@ def adapter_for(device: torch.device, window_size: int = SGLANG_SWA_WINDOW) -> S
 # -- the hooks -----------------------------------------------------------------------------------------
 
 # Set by the make_core_attn_metadata hook: the causal op hook leaves its lens here.
-_LENS_SINK: contextvars.ContextVar[list[torch.Tensor] | None] = contextvars.ContextVar("swa_hal_sglang_lens", default=None)
+_LENS_SINK: contextvars.ContextVar[list[torch.Tensor] | None] = contextvars.ContextVar(
+    "swa_hal_sglang_lens", default=None
+)
 
 
 def causal_execute(
@@ -461,9 +496,12 @@ def causal_execute(
     """REPLACE hook of ``BuildCausalSwaPageIndices.execute``: swa_hal's rows, newest first."""
     adapter = adapter_for(seq_lens_casual.device, swa_window)
     indices, lens = adapter.causal(
-        req_to_token=req_to_token, full_to_swa=full_to_swa_mapping,
-        req_pool_indices_repeated=req_pool_indices_repeated, seq_lens_casual=seq_lens_casual,
-        swa_replay_start=swa_replay_start, page_index_aligned_size=page_index_aligned_size,
+        req_to_token=req_to_token,
+        full_to_swa=full_to_swa_mapping,
+        req_pool_indices_repeated=req_pool_indices_repeated,
+        seq_lens_casual=seq_lens_casual,
+        swa_replay_start=swa_replay_start,
+        page_index_aligned_size=page_index_aligned_size,
     )
     sink = _LENS_SINK.get()
     if sink is not None:
@@ -482,7 +520,10 @@ def core_attn_metadata_around(original: Callable[..., Any], self: Any, *args: An
     if sig is None:
         sig = _core_signature[original] = inspect.signature(original)
     bound = sig.bind(self, *args, **kwargs)
-    if bound.arguments.get("dspark_block_size") is not None or getattr(self.token_to_kv_pool, "request_window", None) is not None:
+    if (
+        bound.arguments.get("dspark_block_size") is not None
+        or getattr(self.token_to_kv_pool, "request_window", None) is not None
+    ):
         return original(self, *args, **kwargs)
     token = _LENS_SINK.set([])
     try:
@@ -496,25 +537,38 @@ def core_attn_metadata_around(original: Callable[..., Any], self: Any, *args: An
 
 
 def dspark_indices_around(
-    original: Callable[..., Any], self: Any, *, seq_lens_casual: torch.Tensor,
-    req_pool_indices_repeated: torch.Tensor, out_loc: torch.Tensor, block_size: int,
+    original: Callable[..., Any],
+    self: Any,
+    *,
+    seq_lens_casual: torch.Tensor,
+    req_pool_indices_repeated: torch.Tensor,
+    out_loc: torch.Tensor,
+    block_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """AROUND hook of ``DeepseekV4AttnBackend.get_dspark_swa_page_indices``: swa_hal's DSpark rows for
     the paged SWA pool; the per-request SWA ring keeps SGLang's own path."""
     pool = self.token_to_kv_pool
     if getattr(pool, "swa_req_ring_size", None) is not None:
         return original(
-            self, seq_lens_casual=seq_lens_casual, req_pool_indices_repeated=req_pool_indices_repeated,
-            out_loc=out_loc, block_size=block_size,
+            self,
+            seq_lens_casual=seq_lens_casual,
+            req_pool_indices_repeated=req_pool_indices_repeated,
+            out_loc=out_loc,
+            block_size=block_size,
         )
     module = sys.modules.get(type(self).__module__)
     window = getattr(module, "SWA_WINDOW", SGLANG_SWA_WINDOW)
     align = getattr(module, "PAGE_INDEX_ALIGNED_SIZE", SGLANG_PAGE_INDEX_ALIGNED_SIZE)
     adapter = adapter_for(seq_lens_casual.device, window)
     return adapter.dspark(
-        req_to_token=self.req_to_token, full_to_swa=pool.full_to_swa_index_mapping,
-        seq_lens_casual=seq_lens_casual, req_pool_indices_repeated=req_pool_indices_repeated, out_loc=out_loc,
-        block_size=block_size, valid_from=getattr(pool, "swa_valid_from", None), page_index_aligned_size=align,
+        req_to_token=self.req_to_token,
+        full_to_swa=pool.full_to_swa_index_mapping,
+        seq_lens_casual=seq_lens_casual,
+        req_pool_indices_repeated=req_pool_indices_repeated,
+        out_loc=out_loc,
+        block_size=block_size,
+        valid_from=getattr(pool, "swa_valid_from", None),
+        page_index_aligned_size=align,
     )
 
 

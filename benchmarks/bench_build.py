@@ -213,12 +213,31 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--tag", default=None, help="name of the result files (default: the device)")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--targets", choices=("yes", "no", "only"), default="yes",
+                        help="on a GPU, also measure the performance targets in interleaved repetitions (targets.py)")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions of the targets")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(min(2, os.cpu_count() or 1))
     backends = args.backends or ([None, "sm12x"] if device.type == "cuda" else [None])
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or ("h200" if "H200" in device_name else device.type)
+    if device.type == "cuda" and args.targets != "no":
+        from targets import run as run_targets
+
+        print(f"targets: {args.reps} interleaved repetitions, medians of {args.iters}", flush=True)
+        target_rows, target_lines = run_targets(args.iters, args.reps, warm=lambda: warm_gpu(device))
+        header = (f"device: {device_name}; torch {torch.__version__}; "
+                  f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {args.reps} interleaved "
+                  f"repetitions, each the median of {args.iters} builds (GPU: of 200 graph replays)")
+        print("\n".join([header, *target_lines]))
+        (out_dir / f"targets_{tag}.txt").write_text("\n".join([header, *target_lines]) + "\n")
+        (out_dir / f"targets_{tag}.json").write_text(json.dumps({"device": device_name, "rows": target_rows}, indent=2))
+        if args.targets == "only":
+            return 0
     rows = []
     for scenario_name, config_file in SCENARIOS:
         config = SWAConfig.from_yaml(ROOT / "configs" / config_file)
@@ -276,9 +295,6 @@ def main(argv=None) -> int:
                      f"{row['e2e_us']:9.1f} {graph:>13} {row['launches']:>8} {host_x:7.2f} {e2e_x:7.2f} {valid:>9}  "
                      f"{' '.join(notes)}")
     print("\n".join(lines))
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tag = args.tag or ("h200" if "H200" in device_name else device.type)
     result = {"device": device_name, "torch": torch.__version__, "host": host_platform.node(),
               "iters": args.iters, "rows": rows, "targets": verdicts, "table": lines}
     (out_dir / f"bench_{tag}.json").write_text(json.dumps(result, indent=2))

@@ -5,6 +5,7 @@ back-to-back replays, after keeping the GPU busy so its clock is up."""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -32,6 +33,16 @@ SHAPES = [  # (label, requests, query length, context range)
 
 
 def main() -> int:
+    # The tile (elements per program) decides how many programs a build launches: time each shape
+    # under several tiles to choose the default.
+    for tile in os.environ.get("TILES", "2048,4096,8192").split(","):
+        os.environ["SWA_HAL_TILE_ELEMS"] = tile
+        print(f"tile {tile} elements per program", flush=True)
+        shapes()
+    return 0
+
+
+def shapes() -> int:
     dev = torch.device("cuda")
     config = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash_mtp.yaml")
     config = SWAConfig(**{**config.to_dict(), "max_num_seqs": 512, "compress_ratios": config.compress_ratios})

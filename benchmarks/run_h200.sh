@@ -34,6 +34,10 @@ for step in $STEPS; do
       { timeout 120 python3 benchmarks/host_overhead.py; timeout 60 python3 benchmarks/launch_probe.py;
         timeout 120 python3 benchmarks/kernel_gpu_time.py; } 2>&1 | tee "$OUT/host_overhead.txt"
       ;;
+    multi)
+      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu tests/gpu/test_multi_gpu.py -p no:cacheprovider -q -rA \
+        2>&1 | tee "$OUT/multi_gpu.log" | grep -E "RESULT|passed|failed|error|Error|SKIP" | tail -20
+      ;;
     bench)
       timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30
       ;;

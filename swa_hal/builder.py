@@ -26,7 +26,6 @@ from .metadata import SWAMetadata
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .selection import select_backend
-from .split import split_decodes_and_prefills
 from .validation import guard_batch, guard_update, validate_batch
 
 
@@ -186,11 +185,17 @@ class SWAMetadataBuilder:
             nd, npf, ndt, npt = num_reqs, 0, num_tokens, 0
             query = None
         else:
+            # docs/semantics.md #split, inline (this runs on every mixed build): the first request
+            # longer than the threshold starts the prefills.
             qsl_cpu = batch.query_start_loc_cpu.numpy()
             query = qsl_cpu[1:] - qsl_cpu[:-1]
-            nd, npf, ndt, npt = split_decodes_and_prefills(
-                qsl_cpu, batch.max_query_len, num_tokens, self.decode_threshold, query
-            )
+            longer = query > self.decode_threshold
+            first = int(longer.argmax())
+            if longer[first]:
+                nd, npf, ndt = first, num_reqs - first, int(qsl_cpu[first])
+                npt = num_tokens - ndt
+            else:  # max_query_len overstated the batch: all decodes
+                nd, npf, ndt, npt = num_reqs, 0, num_tokens, 0
         causal = batch.causal
         width = cfg.window_size if causal else self._noncausal_width(batch, nd)
         # Decode lens rows ever written, per group; a build zeroes [num_decode_tokens, that) (#fixed-buffers).

@@ -47,6 +47,7 @@ class TritonBackend(Backend):
         self._launch_rows = KernelLauncher(swa_metadata_kernel, device)
         self.guard = False
         self._output_addresses: dict[Any, tuple[int, ...]] = {}
+        self._fixed_inputs: dict[Any, tuple[int, ...]] = {}
         self._keys: dict[tuple[bool, bool, bool], Any] = {}
         # The group table last written to the device (docs/semantics.md #group-builds): engines keep
         # their per-group block tables and slot mappings in persistent buffers, so it rarely changes.
@@ -92,16 +93,21 @@ class TritonBackend(Backend):
         clear = -(-(clear_end - ndt) // jit.CLEAR_BLOCK) if clear_end > ndt else 0
         gather = -(-npf // jit.GATHER_BLOCK)
         qsl, seq_lens, table, slots, replay = inputs
-        if spans is None:
-            span_args = (buffers.no_span_indptr, buffers.span_starts, buffers.span_ends)
-        else:
-            span_args = (spans.indptr, spans.starts, spans.ends)
+        outputs = self._outputs(key, buffers, causal)
+        # The builder's own inputs (no spans, the group table) never move: addresses once compiled.
+        fixed = self._fixed_inputs.get(key) if spans is None else None
+        if fixed is None:
+            fixed = (buffers.no_span_indptr, buffers.span_starts, buffers.span_ends, buffers.group_inputs)
+            if spans is not None:
+                fixed = (spans.indptr, spans.starts, spans.ends, buffers.group_inputs)
+            elif key in self._output_addresses:
+                self._fixed_inputs[key] = fixed = tuple(t.data_ptr() for t in fixed)
         self._launch_rows(
             key,
             groups * (dec + pre + clear) + gather,
             (
-                *self._outputs(key, buffers, causal),
-                qsl, seq_lens, table, slots, replay, *span_args, buffers.group_inputs,
+                *outputs,
+                qsl, seq_lens, table, slots, replay, *fixed,
                 table.stride(0), table.shape[1], num_reqs, num_tokens,
                 nd, npf, ndt, npt, clear_end, dec, pre, clear, -(-num_reqs // key.SEARCH_BLOCK),
                 groups, buffers.capacity,

@@ -48,13 +48,12 @@ def _guard_fail(name: str, t: object, want: torch.dtype, device_index: int, ndim
 def _guarded(name: str, t: object, want: torch.dtype, device_index: int, ndim: int = 1) -> None:
     # Kernels read these with unit strides from raw addresses: a view with another stride, another
     # dtype or another device would be read as garbage, so it is refused before any launch.
-    if (
-        not isinstance(t, torch.Tensor)
-        or t.dtype != want
-        or t.get_device() != device_index
-        or t.dim() != ndim
-        or (t.stride(-1) != 1 and t.shape[-1] > 1)
-    ):
+    # (Runs on every build: the common case is one comparison of a few cheap attributes.)
+    try:
+        ok = t.dtype is want and t.get_device() == device_index and t.dim() == ndim  # type: ignore[union-attr]
+    except AttributeError:
+        ok = False
+    if not ok or (t.stride(-1) != 1 and t.shape[-1] > 1):  # type: ignore[union-attr]
         _guard_fail(name, t, want, device_index, ndim)
 
 

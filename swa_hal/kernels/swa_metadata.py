@@ -57,14 +57,32 @@ def _owner_of(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constexpr, SEAR
               CLAMP: tl.constexpr):
     """Request owning each token: the number of ends qsl[1..R] at or before it; R (past the
     scheduled tokens) maps to 0."""
-    count = tl.zeros([BLOCK_T], dtype=tl.int32)
+    # The owner is non-decreasing in the token, so when the first and last token of the block have
+    # the same one (most prefill blocks) every token does: two scalar counts instead of a
+    # [BLOCK_T, SEARCH_BLOCK] compare.
+    first_tok = tl.min(tok, axis=0)
+    last_tok = tl.max(tok, axis=0)
+    first = tl.sum(tl.zeros([SEARCH_BLOCK], dtype=tl.int32), axis=0)
+    last = first
     for chunk in range(search_chunks):
         k = 1 + chunk * SEARCH_BLOCK + tl.arange(0, SEARCH_BLOCK)
         in_range = k <= num_reqs
         if CLAMP:
             k = tl.minimum(k, num_reqs)
         ends = tl.load(qsl_ptr + k, mask=in_range, other=NO_REQUEST)
-        count += tl.sum((ends[None, :] <= tok[:, None]).to(tl.int32), axis=1)
+        first += tl.sum((ends <= first_tok).to(tl.int32), axis=0)
+        last += tl.sum((ends <= last_tok).to(tl.int32), axis=0)
+    if first == last:
+        count = tl.zeros([BLOCK_T], dtype=tl.int32) + first
+    else:
+        count = tl.zeros([BLOCK_T], dtype=tl.int32)
+        for chunk in range(search_chunks):
+            k = 1 + chunk * SEARCH_BLOCK + tl.arange(0, SEARCH_BLOCK)
+            in_range = k <= num_reqs
+            if CLAMP:
+                k = tl.minimum(k, num_reqs)
+            ends = tl.load(qsl_ptr + k, mask=in_range, other=NO_REQUEST)
+            count += tl.sum((ends[None, :] <= tok[:, None]).to(tl.int32), axis=1)
     return tl.where(count == num_reqs, 0, count)
 
 
@@ -129,6 +147,7 @@ def _window_rows(
     NONCAUSAL: tl.constexpr, IMAGES: tl.constexpr, CLEAR_IMAGES: tl.constexpr, MAX_IMAGE: tl.constexpr,
     GUARD: tl.constexpr, BLOCK_LIMIT: tl.constexpr, CLAMP: tl.constexpr,
 ):
+    ROW_PAGES = (WIDTH + BLOCK_SIZE - 2) // BLOCK_SIZE + 1  # pages one row can span (a constexpr)
     rows = row0 + tl.arange(0, BLOCK_T)
     row_ok = rows < n_rows
     tok = token_offset + rows
@@ -205,9 +224,28 @@ def _window_rows(
         first_off = tl.min(tl.where(off_table, cols[None, :], BLOCK_W), axis=1)
         page_at = tl.sum(tl.where(cols[None, :] == first_off[:, None], page, 0), axis=1)
         kind, value = _flag(kind, value, first_off < BLOCK_W, 5, page_at)  # PAGES
-    if CLAMP:
-        page = tl.minimum(tl.maximum(page, 0), max_pages - 1)
-    block = tl.load(block_table_ptr + req[:, None] * bt_stride + page, mask=read, other=0)
+    row_table = block_table_ptr + req * bt_stride
+    if ROW_PAGES <= 4:
+        # A row spans at most ROW_PAGES pages: load each page's block once per row and pick per entry,
+        # instead of one gather per entry.
+        first_page = start // BLOCK_SIZE
+        end_pos = start + lens  # exclusive
+        block = tl.zeros([BLOCK_T, BLOCK_W], dtype=tl.int32)
+        for k in tl.static_range(ROW_PAGES):
+            pk = first_page + k
+            need = (lens > 0) & (pk * BLOCK_SIZE < end_pos)
+            if GUARD:
+                need = need & (pk >= 0) & (pk < max_pages)
+            if CLAMP:
+                pk = tl.minimum(tl.maximum(pk, 0), max_pages - 1)
+            bk = tl.load(row_table + pk, mask=need, other=0)
+            block = tl.where(page == first_page[:, None] + k, bk[:, None], block)
+        if GUARD:
+            block = tl.where(read, block, 0)
+    else:
+        if CLAMP:
+            page = tl.minimum(tl.maximum(page, 0), max_pages - 1)
+        block = tl.load(row_table[:, None] + page, mask=read, other=0)
     idx = tl.where(live, block * BLOCK_SIZE + pos2 % BLOCK_SIZE, -1)
     if GUARD:
         # Every block id handed out lies in [0, BLOCK_LIMIT): inside the KV cache, and its slots

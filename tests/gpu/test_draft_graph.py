@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder
+from swa_hal.ragged import RaggedDecodeRows
 from swa_hal.scenarios import synthesize_batch
 
 from helpers import CONFIGS
@@ -48,9 +49,10 @@ def test_draft_updates_inside_a_cuda_graph(name, report):
             want = fresh.build(batch)
             assert torch.equal(md.decode_swa_indices, want.decode_swa_indices)
             assert torch.equal(md.decode_swa_lens, want.decode_swa_lens)
-            if md.decode_swa_indptr is not None:
-                assert torch.equal(md.decode_swa_indptr, want.decode_swa_indptr)
-                n = int(md.decode_swa_indptr[-1])
-                assert torch.equal(md.decode_swa_ragged_indices[:n], want.decode_swa_ragged_indices[:n])
+            ragged, want_ragged = md.extra(RaggedDecodeRows), want.extra(RaggedDecodeRows)
+            if ragged is not None:
+                assert torch.equal(ragged.indptr, want_ragged.indptr)
+                n = int(ragged.indptr[-1])
+                assert torch.equal(ragged.indices[:n], want_ragged.indices[:n])
             checked += 1
     report(f"{name}: {checked} draft steps replayed from one captured graph, each equal to a fresh build")

@@ -1,0 +1,179 @@
+"""The performance targets, measured in interleaved repetitions (A B A B ...) so that the host's drift
+between runs cancels out of the comparisons: every figure is the median of the repetitions' medians,
+with their min and max, and every comparison is a ratio measured in the same run.
+
+Measured on the auto-selected backend (guarded builds, the default):
+  decode-256, mixed 64 + 4 x 2048, 8 x 2048 prefill: host, end to end, GPU (graph replay, CUDA events)
+  8 KV-cache groups x decode-256: one build_groups() against 8 single builds (host, e2e, GPU)
+  guard on against guard off: GPU time of decode-256 and of the 16k-row prefill, host time
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from swa_hal import SWAConfig, SWAMetadataBuilder
+from swa_hal.scenarios import Scenario, synthesize_batch
+
+ROOT = Path(__file__).resolve().parent.parent
+GROUPS = 8
+TARGETS = {  # (scenario, metric) -> upper bound in us (ratios: lower bound)
+    ("decode_only", "host"): 30, ("decode_only", "e2e"): 40, ("decode_only", "gpu"): 3,
+    ("mixed", "host"): 25, ("mixed", "e2e"): 40,
+    ("long_prefill", "host"): 25, ("long_prefill", "e2e"): 40, ("long_prefill", "gpu"): 4.2,
+    ("groups8_decode256", "host"): 30, ("groups8_decode256", "gpu"): 8,
+    ("groups8_vs_8_single", "host_ratio"): 4.0,
+    ("guard_cost_decode256", "gpu"): 1.0, ("guard_cost_long_prefill", "gpu"): 1.0,
+    ("guard_cost_decode256", "host"): 0.0,
+}
+
+
+def sync() -> None:
+    torch.cuda.synchronize()
+
+
+def host_us(fn: Callable[[], object], iters: int) -> float:
+    samples = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        if i % 50 == 49:
+            sync()  # keep the queue short, outside the timed region
+    sync()
+    return statistics.median(samples) * 1e6
+
+
+def e2e_us(fn: Callable[[], object], iters: int) -> float:
+    samples = []
+    for _ in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6
+
+
+class GraphTimer:
+    """A build captured once in a CUDA graph; GPU time per replay from CUDA events."""
+
+    def __init__(self, fn: Callable[[], object]):
+        fn()
+        sync()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            fn()
+        for _ in range(20):
+            self.graph.replay()
+
+    def __call__(self, replays: int = 200) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        sync()
+        start.record()
+        for _ in range(replays):
+            self.graph.replay()
+        end.record()
+        sync()
+        return start.elapsed_time(end) * 1e3 / replays
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run(iters: int = 1000, reps: int = 3, warm: Callable[[], None] | None = None) -> tuple[list[dict], list[str]]:
+    device = torch.device("cuda")
+    flash = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml")
+    grouped_config = dataclasses.replace(flash, num_kv_groups=GROUPS)
+    cases: dict[str, dict[str, Callable[[], float]]] = {}
+
+    def builder(config: SWAConfig, guard: bool = True) -> SWAMetadataBuilder:
+        b = SWAMetadataBuilder(config, device=device, validate=False, guard=guard)
+        b.warmup()
+        return b
+
+    for name in ("decode_only", "mixed", "long_prefill"):
+        batch = Scenario.from_yaml(ROOT / "configs" / "batches" / f"{name}.yaml").make_batch(flash, device)
+        on, off = builder(flash, True), builder(flash, False)
+        graph_on, graph_off = GraphTimer(lambda b=on: b.build(batch)), GraphTimer(lambda b=off: b.build(batch))
+        cases[name] = {
+            "host": lambda b=on, x=batch: host_us(lambda: b.build(x), iters),
+            "e2e": lambda b=on, x=batch: e2e_us(lambda: b.build(x), iters),
+            "gpu": graph_on,
+            "host_guard_off": lambda b=off, x=batch: host_us(lambda: b.build(x), iters),
+            "gpu_guard_off": graph_off,
+        }
+
+    # 8 KV-cache groups of a decode-256 step: each its own block table and slot mapping.
+    rng = __import__("random").Random(0)
+    reqs = 256
+    seqs = [rng.randint(1, 32768) for _ in range(reqs)]
+    batch = synthesize_batch(grouped_config, seqs, [1] * reqs, rng=rng, device=device)
+    tables, slots = [], []
+    for _ in range(GROUPS):
+        other = synthesize_batch(grouped_config, seqs, [1] * reqs, rng=rng, device=device)
+        tables.append(other.block_table)
+        slots.append(other.slot_mapping)
+    g_builder = builder(grouped_config)
+    single_batches = [dataclasses.replace(batch, block_table=t, slot_mapping=s) for t, s in zip(tables, slots)]
+
+    def groups_once() -> None:
+        g_builder.build_groups(batch, tables, slots)
+
+    def singles() -> None:
+        for b in single_batches:
+            g_builder.build(b)
+
+    cases["groups8_decode256"] = {
+        "host": lambda: host_us(groups_once, iters), "e2e": lambda: e2e_us(groups_once, iters),
+        "gpu": GraphTimer(groups_once),
+        "host_8_single": lambda: host_us(singles, iters // 4), "e2e_8_single": lambda: e2e_us(singles, iters // 4),
+        "gpu_8_single": GraphTimer(singles),
+    }
+
+    measured: dict[tuple[str, str], list[float]] = {}
+    for rep in range(reps):
+        for case, metrics in cases.items():
+            for metric, fn in metrics.items():
+                if warm is not None and metric.startswith("gpu"):
+                    warm()
+                measured.setdefault((case, metric), []).append(fn())
+        print(f"  repetition {rep + 1}/{reps} done", flush=True)
+
+    rows = []
+
+    def add(case: str, metric: str, values: list[float], unit: str = "us") -> None:
+        target = TARGETS.get((case, metric))
+        s = summary(values)
+        met = None
+        if target is not None:
+            met = s["median"] >= target if metric.endswith("ratio") else s["median"] <= target
+        rows.append({"case": case, "metric": metric, "unit": unit, "values": values, **s, "target": target,
+                     "met": met})
+
+    for (case, metric), values in measured.items():
+        add(case, metric, values)
+    # Ratios measured within each repetition.
+    g = measured
+    add("groups8_vs_8_single", "host_ratio",
+        [a / b for a, b in zip(g[("groups8_decode256", "host_8_single")], g[("groups8_decode256", "host")])], "x")
+    add("groups8_vs_8_single", "gpu_ratio",
+        [a / b for a, b in zip(g[("groups8_decode256", "gpu_8_single")], g[("groups8_decode256", "gpu")])], "x")
+    for case, label in (("decode_only", "guard_cost_decode256"), ("long_prefill", "guard_cost_long_prefill")):
+        add(label, "gpu", [a - b for a, b in zip(g[(case, "gpu")], g[(case, "gpu_guard_off")])])
+        add(label, "host", [a - b for a, b in zip(g[(case, "host")], g[(case, "host_guard_off")])])
+
+    lines = [f"{'case':<26} {'metric':<16} {'median':>9} {'min':>9} {'max':>9}  target"]
+    for r in rows:
+        verdict = "" if r["target"] is None else (
+            f"{'>=' if r['metric'].endswith('ratio') else '<='}{r['target']} {'met' if r['met'] else 'MISSED'}")
+        lines.append(f"{r['case']:<26} {r['metric']:<16} {r['median']:9.2f} {r['min']:9.2f} {r['max']:9.2f}  "
+                     f"{r['unit']} {verdict}")
+    return rows, lines

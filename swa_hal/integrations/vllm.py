@@ -329,10 +329,12 @@ def _make_base(sparse_swa: Any) -> type:
             if slots.shape[0] != n:
                 slots = slots[:n]
             spans = None
+            seq_cpu = cm.seq_lens_cpu_upper_bound
             ranges = cm.mm_req_doc_ranges
             if self.max_image_tokens > 0 and ranges and any(ranges.values()):
-                spans = self.swa_hal.image_spans_from_ranges(ranges, num_reqs)
-            seq_cpu = cm.seq_lens_cpu_upper_bound
+                ranges = self._step_ranges(ranges, cm.query_start_loc_cpu, seq_cpu, cm.seq_lens, num_reqs)
+                if ranges:
+                    spans = self.swa_hal.image_spans_from_ranges(ranges, num_reqs)
             seq_lens = cm.seq_lens
             return AttentionBatch(
                 seq_lens=seq_lens if seq_lens.shape[0] == num_reqs else seq_lens[:num_reqs],
@@ -347,6 +349,33 @@ def _make_base(sparse_swa: Any) -> type:
                 replay_start=replay_start,
                 image_spans=spans,
             )
+
+        @staticmethod
+        def _step_ranges(
+            ranges: dict[int, list[tuple[int, int]]],
+            qsl_cpu: torch.Tensor,
+            seq_cpu: torch.Tensor | None,
+            seq_lens: torch.Tensor,
+            num_reqs: int,
+        ) -> dict[int, list[tuple[int, int]]]:
+            """The image spans that overlap this step's new tokens. vLLM lists every image of a
+            request (``mm_req_doc_ranges``), those prefilled by earlier chunks and those still to
+            come; they cannot affect this step's rows (vLLM prefills an image within one chunk), and
+            swa_hal accepts only spans over the new tokens. Host values only (the seq_lens upper
+            bound is exact for prefill rows; decode rows lie past every image)."""
+            if seq_cpu is None:
+                seq_cpu = seq_lens.cpu()  # only in steps with images, and only without vLLM's host copy
+            qsl = qsl_cpu.tolist()
+            seqs = seq_cpu.tolist()
+            out: dict[int, list[tuple[int, int]]] = {}
+            for r, spans in ranges.items():
+                if not 0 <= r < num_reqs or not spans:
+                    continue
+                first, last = seqs[r] - (qsl[r + 1] - qsl[r]), seqs[r] - 1
+                kept = [(a, e) for a, e in spans if e >= first and a <= last]
+                if kept:
+                    out[r] = kept
+            return out
 
         def build(
             self,

@@ -11,6 +11,14 @@ Run with ``make test-vllm``.
 
 from __future__ import annotations
 
+import os
+
+# vLLM on its CPU platform, before anything imports it: no CUDA device (without CUDA_VISIBLE_DEVICES=""
+# vLLM swaps Triton for a placeholder) and Triton kernels in the interpreter.
+os.environ["TRITON_INTERPRET"] = "1"
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
 import dataclasses
 import logging
 import random
@@ -544,6 +552,21 @@ def test_dspark_row_wider_than_its_width_native_cuts_swa_hal_refuses(plugin_log,
     assert int(got_native.decode_swa_lens[0]) == 65 > got_native.decode_swa_indices.shape[-1] == 64
     with pytest.raises(SpeculativeModeError, match="wider than the non-causal width 64; refusing to truncate"):
         ours.build(0, H.common_metadata(batch))
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_image_ranges_of_the_whole_prompt(plugin_log, vllm_configs, backend):
+    """vLLM's ``mm_req_doc_ranges`` lists every image of a request: one an earlier chunk prefilled, one
+    over this step's tokens, one still to come. Only the images over the new tokens shape the rows."""
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    native, ours, cfg = builders(sparse_swa.DeepseekSparseSWAMetadataBuilder, "v4_vision_w6b4", vllm_configs, **kw)
+    table = torch.arange(60, dtype=torch.int32).view(2, 30)
+    batch = AttentionBatch.from_lists([40, 30], [10, 12], table, block_size=cfg.block_size)
+    ranges = {0: [(5, 9), (32, 35)], 1: [(2, 6), (20, 24), (31, 40)]}
+    got_native, got_ours = build_both(native, ours, batch, ranges)
+    assert got_native.prefill_left_visible is not None and int(got_native.prefill_left_visible.max()) > 0
+    diffs = H.compare(got_native, got_ours, batch)
+    assert not diffs, "\n".join(diffs)
 
 
 def test_vllms_own_cpu_builder_fails_swa_hals_builds(plugin_log, vllm_configs):

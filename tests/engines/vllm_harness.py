@@ -46,6 +46,7 @@ VARIANTS = {
         Variant("v4_mtp2_w6b8", window=6, block_size=8, spec_tokens=2),
         Variant("v4_dspark3_w5b4", window=5, block_size=4, spec_tokens=3, dspark=True),
         Variant("v4_vision_w6b4", window=6, block_size=4, max_image_tokens=5, spec_tokens=1),
+        Variant("v4_vision_w4b2", window=4, block_size=2, max_image_tokens=9),
         Variant("v41_w8b4", window=8, block_size=4, version="deepseek_v41", compress_ratios=(0, 1, 2, 1)),
         Variant(
             "v41_mtp1_w7b16", window=7, block_size=16, version="deepseek_v41", compress_ratios=(0, 2), spec_tokens=1
@@ -184,6 +185,19 @@ def draw(cfg: SWAConfig, rng: random.Random, kind: str, **kw: Any) -> tuple[Atte
             for r in range(len(indptr) - 1)
             if indptr[r + 1] > indptr[r]
         }
+        # vLLM lists every image of a request, the ones earlier chunks prefilled and the ones still to
+        # come, not only those over this step's new tokens.
+        qsl, seqs = batch.query_start_loc_cpu.tolist(), batch.seq_lens_cpu.tolist()
+        m = cfg.max_image_tokens
+        for r in range(len(qsl) - 1):
+            first = seqs[r] - (qsl[r + 1] - qsl[r])
+            if rng.random() < 0.5 and first >= 2:
+                a = rng.randint(0, first - 2)
+                ranges.setdefault(r, []).insert(0, (a, min(first - 1, a + rng.randint(0, m - 1))))
+            if rng.random() < 0.3:
+                a = seqs[r] + rng.randint(0, 5)
+                ranges.setdefault(r, []).append((a, a + rng.randint(0, m - 1)))
+        COUNTS["whole_prompt_image_ranges"] += 1
     return batch, ranges
 
 

@@ -395,4 +395,5 @@ class SWAMetadataBuilder:
     def warmup(self, progress: Callable[[str], None] | None = None) -> int:
         """Compile every kernel variant this config can launch (see ``jit.py``), so no build of any
         shape up to capacity compiles afterwards. Returns the number of variants prepared."""
-        return self.backend.warmup(self.buffers, progress)
+        with on_device(self._device_index):
+            return self.backend.warmup(self.buffers, progress)

@@ -69,6 +69,8 @@ class RowsKey(_Key):
     GUARD: bool
     BLOCK_LIMIT: int
     GROUPED: bool
+    DECODE_ROW_PAGES: int
+    PREFILL_ROW_PAGES: int
     CLAMP: bool
 
     __hash__ = _Key.__hash__
@@ -88,6 +90,12 @@ class RaggedKey(_Key):
 
 def search_block(config: SWAConfig) -> int:
     return min(MAX_SEARCH_BLOCK, next_pow2(max(16, config.max_num_seqs)))
+
+
+def row_pages(width: int, block_size: int) -> int:
+    """The most pages ``width`` consecutive positions can touch: up to 4, the kernel loads each page's
+    block once per row instead of once per entry."""
+    return (width + block_size - 2) // block_size + 1
 
 
 def _tile(width: int, device_type: str) -> tuple[int, int]:
@@ -119,6 +127,8 @@ def rows_key(
         GUARD=guard,
         BLOCK_LIMIT=block_limit(config),
         GROUPED=grouped,
+        DECODE_ROW_PAGES=row_pages(width, config.block_size),
+        PREFILL_ROW_PAGES=row_pages(config.prefill_index_width, config.block_size),
         CLAMP=clamp,
     )
 

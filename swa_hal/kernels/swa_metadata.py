@@ -145,9 +145,8 @@ def _window_rows(
     WINDOW: tl.constexpr, WIDTH: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
     NONCAUSAL: tl.constexpr, IMAGES: tl.constexpr, CLEAR_IMAGES: tl.constexpr, MAX_IMAGE: tl.constexpr,
-    GUARD: tl.constexpr, BLOCK_LIMIT: tl.constexpr, CLAMP: tl.constexpr,
+    GUARD: tl.constexpr, BLOCK_LIMIT: tl.constexpr, ROW_PAGES: tl.constexpr, CLAMP: tl.constexpr,
 ):
-    ROW_PAGES = (WIDTH + BLOCK_SIZE - 2) // BLOCK_SIZE + 1  # pages one row can span (a constexpr)
     rows = row0 + tl.arange(0, BLOCK_T)
     row_ok = rows < n_rows
     tok = token_offset + rows
@@ -284,7 +283,7 @@ def swa_metadata_kernel(
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_TP: tl.constexpr, BLOCK_WP: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr, CLEAR_BLOCK: tl.constexpr, GATHER_BLOCK: tl.constexpr,
     MAX_IMAGE: tl.constexpr, NONCAUSAL: tl.constexpr, GUARD: tl.constexpr, BLOCK_LIMIT: tl.constexpr,
-    GROUPED: tl.constexpr, CLAMP: tl.constexpr,
+    GROUPED: tl.constexpr, DECODE_ROW_PAGES: tl.constexpr, PREFILL_ROW_PAGES: tl.constexpr, CLAMP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     group_progs = dec_progs + pre_progs + clear_progs
@@ -319,7 +318,7 @@ def swa_metadata_kernel(
                 stride, pages, num_reqs, num_tokens, search_chunks,
                 local * BLOCK_T, num_decode_tokens, 0, first_group,
                 WINDOW, DECODE_WIDTH, BLOCK_SIZE, BLOCK_T, BLOCK_W, SEARCH_BLOCK,
-                NONCAUSAL, False, MAX_IMAGE > 0, MAX_IMAGE, GUARD, BLOCK_LIMIT, CLAMP,
+                NONCAUSAL, False, MAX_IMAGE > 0, MAX_IMAGE, GUARD, BLOCK_LIMIT, DECODE_ROW_PAGES, CLAMP,
             )
         elif local < dec_progs + pre_progs:
             _window_rows(
@@ -330,7 +329,7 @@ def swa_metadata_kernel(
                 stride, pages, num_reqs, num_tokens, search_chunks,
                 (local - dec_progs) * BLOCK_TP, num_prefill_tokens, num_decode_tokens, first_group,
                 WINDOW, PREFILL_WIDTH, BLOCK_SIZE, BLOCK_TP, BLOCK_WP, SEARCH_BLOCK,
-                False, MAX_IMAGE > 0, False, MAX_IMAGE, GUARD, BLOCK_LIMIT, CLAMP,
+                False, MAX_IMAGE > 0, False, MAX_IMAGE, GUARD, BLOCK_LIMIT, PREFILL_ROW_PAGES, CLAMP,
             )
         else:
             # Names differ from the gather branch's: Triton unifies same-named values across branches.

@@ -58,16 +58,20 @@ def _dummy_args(tokens, key):
     i32 = dict(dtype=torch.int32, device="cuda")
     width = key.DECODE_WIDTH
     dec = torch.empty((tokens, 1, width), **i32)
-    pre = torch.empty((tokens, 1, key.WINDOW), **i32)
     lens = torch.zeros(tokens + 1, **i32)
     t2r = torch.zeros(tokens, **i32)
     valid = torch.zeros(tokens, dtype=torch.bool, device="cuda")
+    pre = torch.empty((tokens, 1, key.PREFILL_WIDTH), **i32)
     qsl = torch.tensor([0, tokens], **i32)
     seq = torch.tensor([tokens], **i32)
     table = torch.arange(0, tokens + 7, **i32)[None, :]
     slots = torch.arange(tokens, dtype=torch.int64, device="cuda")
-    return (dec, lens, pre, lens, t2r, valid, lens, qsl, seq, table, slots,
-            table.stride(0), table.shape[1], 1, tokens, 1, 0, tokens, 0, tokens, 1, 0, 0, 1)
+    replay, record, indptr = torch.zeros(1, **i32), torch.zeros(4, **i32), torch.zeros(2, **i32)
+    groups = torch.tensor([[table.data_ptr(), slots.data_ptr(), table.stride(0), table.shape[1]]],
+                          dtype=torch.int64, device="cuda")
+    return (dec, lens, pre, lens, t2r, valid, lens, lens, lens, record, qsl, seq, table, slots, replay,
+            indptr, lens, lens, groups,
+            table.stride(0), table.shape[1], 1, tokens, 1, 0, tokens, 0, tokens, 1, 0, 0, 1, 1, tokens)
 
 
 def test_fast_launch_path_equals_triton_launch_path(report):

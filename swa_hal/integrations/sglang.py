@@ -48,7 +48,8 @@ from ..config import SWAConfig, dspark_index_width
 from ..platform import PlatformInfo
 from ._common import InstallOnce, announce, auto_backend, enabled, require_version
 
-log = logging.getLogger("swa_hal.integrations.sglang")
+# A child of SGLang's plugin logger, so the line appears in SGLang's own log format.
+log = logging.getLogger("sglang.srt.plugins.swa_hal")
 
 ENGINE = "SGLang"
 DISTRIBUTION = "sglang"

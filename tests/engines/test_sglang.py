@@ -63,8 +63,8 @@ def loaded():
     """SGLang's own loader, as every SGLang process runs it (``SGLANG_PLUGINS=swa_hal``)."""
     original = BuildCausalSwaPageIndices.__dict__["execute"]
     ours, sglang_log = _Lines(), _Lines()
-    logging.getLogger("swa_hal.integrations.sglang").addHandler(ours)
-    logging.getLogger("swa_hal.integrations.sglang").setLevel(logging.INFO)  # SGLang's servers log at INFO
+    logging.getLogger(integ.log.name).addHandler(ours)
+    logging.getLogger(integ.log.name).setLevel(logging.INFO)  # SGLang's servers log at INFO
     logging.getLogger("sglang.srt.plugins").addHandler(sglang_log)
     logging.getLogger("sglang.srt.plugins").setLevel(logging.INFO)
     saved = os.environ.get("SGLANG_PLUGINS")
@@ -74,7 +74,7 @@ def loaded():
         sgl_plugins.load_plugins()
         yield SimpleNamespace(ours=ours, sglang=sglang_log, original=original)
     finally:
-        logging.getLogger("swa_hal.integrations.sglang").removeHandler(ours)
+        logging.getLogger(integ.log.name).removeHandler(ours)
         logging.getLogger("sglang.srt.plugins").removeHandler(sglang_log)
         if saved is None:
             os.environ.pop("SGLANG_PLUGINS", None)

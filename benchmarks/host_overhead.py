@@ -76,7 +76,16 @@ def main() -> int:
     real_call = type(launcher).__call__
     type(launcher).__call__ = lambda self, key, grid, args: None
     out["build without the launch (Python only)"] = med(lambda: builder.build(batch))
+    # The same pieces for the mixed step (64 decodes + 4 x 2048 prefill).
+    mixed = Scenario.from_yaml(ROOT / "configs" / "batches" / "mixed.yaml").make_batch(config, dev)
+    out["mixed: build without the launch"] = med(lambda: builder.build(mixed))
+    out["mixed: guard_batch"] = med(lambda: __import__("swa_hal.validation").validation.guard_batch(
+        mixed, config, 16384, 0))
+    out["mixed: _plan (split)"] = med(lambda: builder._plan(mixed, 1))
+    plan, query = builder._plan(mixed, 1)
+    out["mixed: _metadata"] = med(lambda: builder._metadata(mixed, plan, query, 0))
     type(launcher).__call__ = real_call
+    out["mixed: backend.compute (the launch)"] = med(lambda: builder.backend.compute(plan, mixed, builder.buffers))
     # Single pieces, to compare this host with others.
     from swa_hal.split import split_decodes_and_prefills
     from swa_hal.validation import guard_batch
@@ -104,11 +113,7 @@ def main() -> int:
 
 
 def _plan(builder, batch):
-    from swa_hal.backend import BuildPlan
-
-    t = batch.num_tokens
-    r = batch.seq_lens.shape[0]
-    return BuildPlan(r, t, r, 0, t, 0, True, builder.config.window_size, t)
+    return builder._plan(batch, 1)[0]
 
 
 if __name__ == "__main__":

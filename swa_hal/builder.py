@@ -26,7 +26,7 @@ from .metadata import SWAMetadata
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .selection import select_backend
-from .validation import guard_batch, guard_update, validate_batch
+from .validation import guard_batch, guard_group_inputs, guard_update, validate_batch
 
 
 def debug_mode() -> bool:
@@ -156,17 +156,37 @@ class SWAMetadataBuilder:
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("build_groups"))
         try:
-            group_batches = [
-                dataclasses.replace(batch, block_table=t, slot_mapping=s) for t, s in zip(block_tables, slot_mappings)
-            ]
-            for group_batch in group_batches:
-                self._check(group_batch, validate)
+            first = dataclasses.replace(batch, block_table=block_tables[0], slot_mapping=slot_mappings[0])
+            if validate if validate is not None else self.validate:
+                for t, s in zip(block_tables, slot_mappings):
+                    self._check(dataclasses.replace(batch, block_table=t, slot_mapping=s), True)
+            else:
+                self._check(first, False)
+                guard_group_inputs(block_tables, slot_mappings, first.query_start_loc_cpu.shape[0] - 1,
+                                   first.num_tokens, self._device_index)
             with on_device(self._device_index):
-                plan, query = self._plan(group_batches[0], groups)
-                self.backend.compute_groups(plan, batch, list(block_tables), list(slot_mappings), self.buffers)
-                return [self._metadata(b, plan, query, g) for g, b in enumerate(group_batches)]
+                plan, query = self._plan(first, groups)
+                self.backend.compute_groups(plan, first, list(block_tables), list(slot_mappings), self.buffers)
+                out = [self._metadata(first, plan, query, 0)]
+                for g in range(1, groups):
+                    out.append(self._group_metadata(out[0], plan, g, block_tables[g], slot_mappings[g]))
+                return out
         finally:
             self._busy.release()
+
+    def _group_metadata(self, first: SWAMetadata, plan: BuildPlan, g: int, table: torch.Tensor,
+                        slot_mapping: torch.Tensor) -> SWAMetadata:
+        """Group g's metadata: group 0's, with group g's inputs, rows and per-build objects."""
+        ndt, npt = plan.num_decode_tokens, plan.num_prefill_tokens
+        changes: dict[str, Any] = {"block_table": table, "slot_mapping": slot_mapping}
+        changes["token_to_req_indices"], changes["is_valid_token"] = self._token_views(plan.num_tokens, g)
+        changes["decode_swa_indices"], changes["decode_swa_lens"] = self._decode_views(ndt, plan.causal, g)
+        if npt:
+            changes["prefill_swa_indices"], changes["prefill_swa_lens"] = self._prefill_views(npt, g)
+        changes["tile_sched"] = self.backend.make_tile_schedulers(ndt)
+        md = first.with_changes(**changes)
+        md.extras = self.backend.extras(md, self._group_buffers[g])
+        return md
 
     def _check(self, batch: AttentionBatch, validate: bool | None) -> None:
         if validate if validate is not None else self.validate:

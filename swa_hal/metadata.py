@@ -69,7 +69,7 @@ def prefill_chunk_plan(
     return chunks
 
 
-@dataclasses.dataclass(eq=False, slots=True, kw_only=True)
+@dataclasses.dataclass(eq=False, kw_only=True)
 class SWAMetadata:
     # The step's inputs, passed through for the consumers.
     seq_lens: torch.Tensor
@@ -114,6 +114,14 @@ class SWAMetadata:
     backend: str
     # Backend-declared typed extras (see ``extra``).
     extras: tuple[Any, ...] = ()
+
+    def with_changes(self, **changes: Any) -> SWAMetadata:
+        """A copy with some fields replaced, without re-running the constructor (group builds make
+        one per KV-cache group on every step)."""
+        new = object.__new__(SWAMetadata)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     def extra(self, kind: type[T]) -> T | None:
         """The extra of type ``kind`` a backend attached to this build, or None."""

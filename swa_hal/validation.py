@@ -121,6 +121,19 @@ def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, dev
                                   f"starts has {spans.starts.shape[0]}")
 
 
+def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_index: int) -> None:
+    """The host guard of a group build's per-group inputs (the shared ones went through guard_batch)."""
+    for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
+        _guarded(f"block_tables[{g}]", table, torch.int32, device_index, 2)
+        _guarded(f"slot_mappings[{g}]", slot_mapping, torch.int64, device_index)
+        if table.shape[0] < num_reqs or table.shape[1] < 1:
+            raise BatchShapeError(f"block_tables[{g}]", f"block_tables[{g}] {tuple(table.shape)} has too few rows or "
+                                  f"no page column for {num_reqs} requests")
+        if slot_mapping.shape[0] != num_tokens:
+            raise BatchShapeError(f"slot_mappings[{g}]", f"slot_mappings[{g}] has {slot_mapping.shape[0]} entries; "
+                                  f"num_tokens is {num_tokens}")
+
+
 def guard_update(metadata: "SWAMetadata", device_index: int) -> None:
     """The host guard of a draft-step update: the tensors it reads in place are still what the build
     guarded (an engine may have swapped one for another view)."""

@@ -108,7 +108,7 @@ def test_group_build_limits():
         builder.build_groups(batch, [batch.block_table] * 4, [batch.slot_mapping] * 4)
     with pytest.raises(E.BatchShapeError, match="1 slot mappings for 2 block tables"):
         builder.build_groups(batch, [batch.block_table] * 2, [batch.slot_mapping])
-    with pytest.raises(E.BatchDtypeError, match="block_table has dtype torch.int64"):
+    with pytest.raises(E.BatchDtypeError, match=r"block_tables\[1\] has dtype torch.int64"):
         builder.build_groups(batch, [batch.block_table, batch.block_table.long()], [batch.slot_mapping] * 2)
 
 

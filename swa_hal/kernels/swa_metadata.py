@@ -215,18 +215,10 @@ def _window_rows(
     pos2 = start[:, None] + cols[None, :]
     live = cols[None, :] < lens[:, None]
     page = pos2 // BLOCK_SIZE
-    read = live
-    if GUARD:
-        page_ok = (page >= 0) & (page < max_pages)
-        read = live & page_ok
-        off_table = live & ~page_ok
-        first_off = tl.min(tl.where(off_table, cols[None, :], BLOCK_W), axis=1)
-        page_at = tl.sum(tl.where(cols[None, :] == first_off[:, None], page, 0), axis=1)
-        kind, value = _flag(kind, value, first_off < BLOCK_W, 5, page_at)  # PAGES
     row_table = block_table_ptr + req * bt_stride
     if ROW_PAGES <= 4:
         # A row spans at most ROW_PAGES pages: load each page's block once per row and pick per entry,
-        # instead of one gather per entry.
+        # instead of one gather per entry; a guarded build checks each page's block once, too.
         first_page = start // BLOCK_SIZE
         end_pos = start + lens  # exclusive
         block = tl.zeros([BLOCK_T, BLOCK_W], dtype=tl.int32)
@@ -234,25 +226,36 @@ def _window_rows(
             pk = first_page + k
             need = (lens > 0) & (pk * BLOCK_SIZE < end_pos)
             if GUARD:
-                need = need & (pk >= 0) & (pk < max_pages)
+                in_table = (pk >= 0) & (pk < max_pages)
+                kind, value = _flag(kind, value, need & ~in_table, 5, pk)  # PAGES
+                need = need & in_table
             if CLAMP:
                 pk = tl.minimum(tl.maximum(pk, 0), max_pages - 1)
             bk = tl.load(row_table + pk, mask=need, other=0)
+            if GUARD:
+                # Every block id handed out lies in [0, BLOCK_LIMIT): inside the KV cache, and its
+                # slots inside int32 (block * BLOCK_SIZE cannot overflow).
+                kind, value = _flag(kind, value, need & ((bk < 0) | (bk >= BLOCK_LIMIT)), 6, bk)  # BLOCK
             block = tl.where(page == first_page[:, None] + k, bk[:, None], block)
-        if GUARD:
-            block = tl.where(read, block, 0)
     else:
+        read = live
+        if GUARD:
+            page_ok = (page >= 0) & (page < max_pages)
+            read = live & page_ok
+            off_table = live & ~page_ok
+            first_off = tl.min(tl.where(off_table, cols[None, :], BLOCK_W), axis=1)
+            page_at = tl.sum(tl.where(cols[None, :] == first_off[:, None], page, 0), axis=1)
+            kind, value = _flag(kind, value, first_off < BLOCK_W, 5, page_at)  # PAGES
         if CLAMP:
             page = tl.minimum(tl.maximum(page, 0), max_pages - 1)
         block = tl.load(row_table[:, None] + page, mask=read, other=0)
+        if GUARD:
+            bad_block = read & ((block < 0) | (block >= BLOCK_LIMIT))
+            first_bad = tl.min(tl.where(bad_block, cols[None, :], BLOCK_W), axis=1)
+            block_at = tl.sum(tl.where(cols[None, :] == first_bad[:, None], block, 0), axis=1)
+            kind, value = _flag(kind, value, first_bad < BLOCK_W, 6, block_at)  # BLOCK
     idx = tl.where(live, block * BLOCK_SIZE + pos2 % BLOCK_SIZE, -1)
     if GUARD:
-        # Every block id handed out lies in [0, BLOCK_LIMIT): inside the KV cache, and its slots
-        # inside int32 (block * BLOCK_SIZE cannot overflow).
-        bad_block = read & ((block < 0) | (block >= BLOCK_LIMIT))
-        first_bad = tl.min(tl.where(bad_block, cols[None, :], BLOCK_W), axis=1)
-        block_at = tl.sum(tl.where(cols[None, :] == first_bad[:, None], block, 0), axis=1)
-        kind, value = _flag(kind, value, first_bad < BLOCK_W, 6, block_at)  # BLOCK
         broken = kind > 0
         lens = tl.where(broken, 0, lens)
         idx = tl.where(broken[:, None], -1, idx)

@@ -581,11 +581,12 @@ _install_once = InstallOnce()
 def _install() -> str:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    version = require_version(ENGINE, DISTRIBUTION, SUPPORTED_VERSIONS, switch=SWITCH)
+    # Select first: a backend that cannot start is an error before SGLang is touched.
+    name, where = auto_backend(backend=_settings.backend, platform=_settings.platform)
     HookRegistry.register(TARGET_CAUSAL, causal_execute, HookType.REPLACE)
     HookRegistry.register(TARGET_CORE, core_attn_metadata_around, HookType.AROUND)
     HookRegistry.register(TARGET_DSPARK, dspark_indices_around, HookType.AROUND)
-    version = require_version(ENGINE, DISTRIBUTION, SUPPORTED_VERSIONS, switch=SWITCH)
-    name, where = auto_backend(backend=_settings.backend, platform=_settings.platform)
     return announce(log, ENGINE, version, "DeepSeek-V4 SWA indices and lens", name, where)
 
 

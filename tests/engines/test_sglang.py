@@ -176,6 +176,13 @@ def test_other_sglang_version_is_a_clear_error(isolated_registry, monkeypatch):
         integ.load_plugin()
 
 
+def test_backend_that_cannot_start_is_an_error_before_any_hook(isolated_registry, monkeypatch):
+    monkeypatch.setenv("SWA_HAL_BACKEND", "no-such-backend")
+    with pytest.raises(Exception, match="no-such-backend"):
+        integ.load_plugin()
+    assert not HookRegistry._hooks
+
+
 def test_module_imports_nothing_from_sglang():
     code = (
         "import sys, swa_hal.integrations.sglang as m\n"
@@ -246,8 +253,8 @@ def test_dspark_rows_and_lens_equal_sglangs(loaded, backend):
             seq_lens_casual=case.seq_lens_casual, req_pool_indices_repeated=case.req_pool_indices_repeated,
             out_loc=case.out_loc, block_size=case.block_size, valid_from=case.valid_from,
         )
-        torch.testing.assert_close(got_idx, want_idx, rtol=0, atol=0, msg=lambda m: f"{case.kind}: {m}")
-        torch.testing.assert_close(got_lens, want_lens, rtol=0, atol=0, msg=lambda m: f"{case.kind} lens: {m}")
+        torch.testing.assert_close(got_idx, want_idx, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k}: {m}")
+        torch.testing.assert_close(got_lens, want_lens, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k} lens: {m}")
         H.COUNTS[f"{backend}:{case.kind}"] += 1
 
 

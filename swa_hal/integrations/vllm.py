@@ -293,6 +293,12 @@ def _make_base(sparse_swa: Any) -> type:
                 validate=validate if validate is not None else options.validate,
             )
             self._release_native_row_buffers()
+            # vLLM hands out visibility whenever a request lists images, even when none covers the
+            # step's new tokens (all zeros then); these stay zero for exactly that case.
+            self._no_visibility: tuple[torch.Tensor, torch.Tensor] | None = None
+            if self.max_image_tokens > 0:
+                zeros = lambda: torch.zeros(self._max_tokens, dtype=torch.int32, device=self.device)  # noqa: E731
+                self._no_visibility = (zeros(), zeros())
             if not self.swa_hal.supports_draft_decode_metadata_update:
                 self.supports_draft_decode_metadata_update = False
 
@@ -389,7 +395,19 @@ def _make_base(sparse_swa: Any) -> type:
             cm = common_attn_metadata
             md = self.swa_hal.build(self.swa_hal_batch(cm, replay_start))
             valid = self._valid_rows(cm.slot_mapping, md.is_valid_token, cm.num_actual_tokens)
-            return Metadata(**self.swa_hal_fields(md, cm, valid))
+            fields = self.swa_hal_fields(md, cm, valid)
+            ranges = cm.mm_req_doc_ranges
+            if (
+                self._no_visibility is not None
+                and md.num_prefill_tokens
+                and md.prefill_left_visible is None
+                and ranges
+                and any(ranges.values())
+            ):
+                n = md.num_decode_tokens + md.num_prefill_tokens
+                fields["prefill_left_visible"] = self._no_visibility[0][:n]
+                fields["prefill_right_visible"] = self._no_visibility[1][:n]
+            return Metadata(**fields)
 
         def _valid_rows(self, slot_mapping: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
             """vLLM's is_valid_token covers every slot row, padding rows past num_actual_tokens too."""

@@ -82,8 +82,9 @@ EXTRA_VARIANTS = {
 }
 ALL_VARIANTS = {**H.VARIANTS, **EXTRA_VARIANTS}
 PARITY_VARIANTS = [n for n in ALL_VARIANTS if n != "v4_dspark3_w61b16"]
-# Per (variant, kind): batches for the torch backend; one batch per Triton backend.
+# Batches per (variant, kind) and backend.
 TORCH_BATCHES = 4
+TRITON_BATCHES = 4
 COUNTS = H.COUNTS  # reported at the end of the run (conftest.py)
 
 
@@ -219,6 +220,9 @@ def test_builder_vllm_resolves_for_a_deepseek_v4_swa_cache_is_swa_hals(plugin_lo
     assert issubclass(builder_cls, DeepseekV4CPUSparseSWAMetadataBuilder)
     builder = builder_cls(layer.get_kv_cache_spec(vc), [layer.prefix], vc, CPU)
     assert builder.swa_hal_backend == "torch"
+    import pickle
+
+    assert pickle.loads(pickle.dumps(builder_cls)) is builder_cls  # found by name in any process
 
 
 @pytest.mark.parametrize(
@@ -419,24 +423,27 @@ def test_parity_torch_backend(plugin_log, vllm_configs, rocm, variant):
             diffs = H.compare(got_native, got_ours, batch, **chunk_args(variant))
             assert not diffs, f"{type(native).__name__} {kind} #{i}:\n" + "\n".join(diffs)
             tally(kind, batch, ranges, got_native)
+            COUNTS["backend:torch"] += 1
 
 
 @pytest.mark.parametrize("backend", sorted(TRITON_BACKENDS))
 @pytest.mark.parametrize("variant", PARITY_VARIANTS)
 def test_parity_triton_backends(plugin_log, vllm_configs, rocm, variant, backend):
     rng = random.Random(f"{SEED}-{variant}-{backend}")
-    natives = natives_for(variant, rocm)
+    pairs = [
+        builders(n, variant, vllm_configs, backend=backend, platform=TRITON_BACKENDS[backend])
+        for n in natives_for(variant, rocm)
+    ]
+    assert all(ours.swa_hal_backend == backend for _, ours, _ in pairs)
     for j, kind in enumerate(kinds_for(variant)):
-        native_cls = natives[j % len(natives)]
-        native, ours, cfg = builders(
-            native_cls, variant, vllm_configs, backend=backend, platform=TRITON_BACKENDS[backend]
-        )
-        assert ours.swa_hal_backend == backend
-        batch, ranges = H.draw(cfg, rng, kind, replay=0.5)
-        got_native, got_ours = build_both(native, ours, batch, ranges)
-        diffs = H.compare(got_native, got_ours, batch, **chunk_args(variant))
-        assert not diffs, f"{backend} {native_cls.__name__} {kind}:\n" + "\n".join(diffs)
-        tally(kind, batch, ranges, got_native)
+        for i in range(TRITON_BATCHES):
+            native, ours, cfg = pairs[(i + j) % len(pairs)]
+            batch, ranges = H.draw(cfg, rng, kind, replay=0.5)
+            got_native, got_ours = build_both(native, ours, batch, ranges)
+            diffs = H.compare(got_native, got_ours, batch, **chunk_args(variant))
+            assert not diffs, f"{backend} {type(native).__name__} {kind} #{i}:\n" + "\n".join(diffs)
+            tally(kind, batch, ranges, got_native)
+            COUNTS[f"backend:{backend}"] += 1
 
 
 DRAFT_VARIANTS = ["v4_w8b4", "v4_mtp2_w6b8", "v4_dspark3_w5b4", "v41_mtp1_w7b16", "v41_dspark2_w6b4"]
@@ -590,6 +597,7 @@ def test_coverage_of_the_random_batches():
         pytest.skip("run with the parity tests")
     print(dict(COUNTS))
     assert COUNTS["batches"] >= 200
+    assert all(COUNTS[f"backend:{b}"] >= 200 for b in ("torch", *TRITON_BACKENDS)), dict(COUNTS)
     for kind in ("decode", "mtp", "mixed", "padded", "dspark", "replay_start", "image_spans"):
         assert COUNTS[kind] > 0, kind
     assert COUNTS["draft_updates"] > 0

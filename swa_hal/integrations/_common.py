@@ -59,12 +59,38 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
-def require_version(engine: str, distribution: str, supported: Iterable[str], *, switch: str | None = None) -> str:
-    """The engine's version when it is one of ``supported``; EngineVersionError otherwise."""
+def version_supported(found: str, supported: Iterable[str]) -> bool:
+    """Whether ``found`` is one of ``supported``: exact versions ("0.5.23") or PEP 440 specifier sets
+    (">=0.33,<0.34", "==0.33.*")."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    for item in supported:
+        if item[:1] in "<>=!~":
+            try:
+                if Version(found) in SpecifierSet(item):
+                    return True
+            except (InvalidSpecifier, InvalidVersion):
+                continue
+        elif found == item:
+            return True
+    return False
+
+
+def require_version(
+    engine: str,
+    distribution: str,
+    supported: Iterable[str],
+    *,
+    switch: str | None = None,
+    error: type[EngineVersionError] = EngineVersionError,
+) -> str:
+    """The engine's installed version when ``version_supported``; ``error`` (an EngineVersionError)
+    naming what was found otherwise, "not installed" included."""
     supported = tuple(supported)
     found = installed_version(distribution)
-    if found not in supported:
-        raise EngineVersionError(engine, found, supported, switch)
+    if found is None or not version_supported(found, supported):
+        raise error(engine, found, supported, switch)
     return found
 
 

@@ -577,6 +577,9 @@ def register() -> bool:
         if _registered:
             return True
         version = check_vllm()
+        # Choose the backend first: a backend that cannot be chosen (SWA_HAL_BACKEND naming an
+        # unknown or unavailable one) stops here, with vLLM untouched.
+        backend_name, platform = describe(version)
         sparse_swa = _sparse_swa()
         sparse_swa_builder_base()
         backend = sparse_swa.DeepseekSparseSWABackend
@@ -595,7 +598,6 @@ def register() -> bool:
         backend.__init_subclass__ = classmethod(__init_subclass__)
         _patched.append((backend, "__init_subclass__", original))
         _registered = True
-    backend_name, platform = describe(version)
     _common.announce(log, "vLLM", version, "builds its DeepSeek-V4/V4.1 SWA metadata", backend_name, platform)
     return True
 

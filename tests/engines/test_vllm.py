@@ -369,6 +369,24 @@ def test_other_vllm_versions_are_refused_clearly(plugin_log, monkeypatch):
         integ.register()
 
 
+def test_a_backend_that_cannot_be_chosen_leaves_vllm_untouched(plugin_log, monkeypatch):
+    from swa_hal.errors import BackendNotFoundError, BackendUnavailableError
+
+    integ.unregister()
+    try:
+        monkeypatch.setenv("SWA_HAL_BACKEND", "acme")
+        with pytest.raises(BackendNotFoundError, match="'acme'"):
+            integ.register()
+        monkeypatch.setenv("SWA_HAL_BACKEND", "cuda")  # no CUDA device here
+        with pytest.raises(BackendUnavailableError, match="'cuda'"):
+            integ.register()
+        assert not integ.is_registered()
+        assert sparse_swa.DeepseekSparseSWABackend.get_builder_cls() is DeepseekV4CPUSparseSWAMetadataBuilder
+    finally:
+        monkeypatch.delenv("SWA_HAL_BACKEND")
+        integ.register()
+
+
 def test_without_vllm_the_module_says_so(plugin_log, monkeypatch):
     monkeypatch.setattr(integ, "vllm_installed", lambda: False)
     with pytest.raises(integ.VllmNotInstalledError, match=r"pip install 'swa-hal\[vllm\]'"):

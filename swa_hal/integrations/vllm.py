@@ -16,7 +16,8 @@ subclass and *over* vLLM's base: its class is ``type(name, (native, SwaHalSparse
 * wrapped, each keeping what it adds on top of the base: the V4.1 builder (PCP slot chunking,
   ``cache_slot_mapping`` / ``cache_positions``, its layer types), FlashMLA (CUDA graphs ALWAYS),
   FlashInfer (``flashinfer_decode_topk_lens`` / ``_seq_lens``), CPU (its tile-scheduler sentinel),
-  ROCm AITER (ragged rows built from swa_hal's dense rows, draft updates off); the
+  ROCm AITER (ragged rows built from swa_hal's dense rows, draft updates off; its gfx942 one-launch
+  decode shortcut declines, since the row buffers it would fill are swa_hal's); the
   ``build_tile_scheduler`` of whichever class vLLM picked makes the five ``tile_sched_*`` (vLLM's own
   FlashMLA planner objects, which its kernels consume).
 

@@ -387,6 +387,19 @@ def test_a_backend_that_cannot_be_chosen_leaves_vllm_untouched(plugin_log, monke
         integ.register()
 
 
+def test_configure_sets_the_backend_of_builders_vllm_constructs(plugin_log, vllm_configs):
+    previous = integ.configure(backend="sm12x", platform=TRITON_BACKENDS["sm12x"])
+    try:
+        builder_cls = v41_flashmla.DeepseekSparseSWAFlashMLABackend.get_builder_cls()
+        v = ALL_VARIANTS["v41_w8b4"]
+        builder = builder_cls(H.make_kv_spec(v), ["layer"], vllm_configs["v41_w8b4"], CPU)
+        assert builder.swa_hal_backend == "sm12x"
+        assert builder.swa_config.model_version == "deepseek_v41"
+        assert builder.swa_config.layer_types == ("swaonly", "c1a", "c2a")
+    finally:
+        integ.configure(previous.backend, previous.platform, previous.validate)
+
+
 def test_without_vllm_the_module_says_so(plugin_log, monkeypatch):
     monkeypatch.setattr(integ, "vllm_installed", lambda: False)
     with pytest.raises(integ.VllmNotInstalledError, match=r"pip install 'swa-hal\[vllm\]'"):

@@ -58,6 +58,30 @@ def _fresh_loader_state() -> None:
     sgl_plugins._plugins_loaded = False
 
 
+class _CountsSummary:
+    """Prints what the parity tests covered in pytest's closing summary."""
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not H.COUNTS:
+            return
+        by_backend: dict[str, int] = {}
+        for key, count in H.COUNTS.items():
+            backend = key.split(":")[0]
+            by_backend[backend] = by_backend.get(backend, 0) + count
+        terminalreporter.write_line(
+            "swa_hal vs SGLang parity, batches per backend: " + ", ".join(f"{k}={v}" for k, v in by_backend.items())
+        )
+        terminalreporter.write_line("  by kind: " + ", ".join(f"{k}={v}" for k, v in sorted(H.COUNTS.items())))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _parity_counts(request):
+    summary = _CountsSummary()
+    if not request.config.pluginmanager.is_registered(summary):
+        request.config.pluginmanager.register(summary, "swa_hal_sglang_counts")
+    yield
+
+
 @pytest.fixture(scope="module")
 def loaded():
     """SGLang's own loader, as every SGLang process runs it (``SGLANG_PLUGINS=swa_hal``)."""

@@ -100,6 +100,7 @@ class SWAMetadataBuilder:
         self._group_buffers = [self.buffers.group(g) for g in range(config.num_kv_groups)]
         self._lens_high_water = [0] * config.num_kv_groups
         self._views: dict[tuple[Any, ...], Any] = {}
+        self._tails: dict[tuple[Any, ...], torch.Tensor] = {}
 
     # -- build -----------------------------------------------------------------------------------
 
@@ -248,8 +249,8 @@ class SWAMetadataBuilder:
             if seq_cpu is None:
                 seq_cpu = batch.seq_lens.cpu()
             prefill["prefill_gather_lens"] = self._gather_view(npf)
-            prefill["prefill_seq_lens"] = batch.seq_lens[nd:] if nd else batch.seq_lens
-            prefill["prefill_seq_lens_cpu"] = seq_cpu[nd:] if nd else seq_cpu
+            prefill["prefill_seq_lens"] = self._tail(batch.seq_lens, nd)
+            prefill["prefill_seq_lens_cpu"] = self._tail(seq_cpu, nd)
             prefill["prefill_query_lens_cpu"] = torch.from_numpy(query[nd:])
         md = SWAMetadata(
             seq_lens=batch.seq_lens,
@@ -347,6 +348,20 @@ class SWAMetadataBuilder:
 
     def _gather_view(self, n: int) -> torch.Tensor:
         return self._view(("gather", n), lambda: self.buffers.gather_lens[:n])
+
+    def _tail(self, t: torch.Tensor, start: int) -> torch.Tensor:
+        """``t[start:]``, reusing the view made for the same storage, length and start: engines hand in
+        slices of persistent buffers, and making a view costs more host time than finding it. The
+        cached view keeps its storage alive, so an equal address always means the same memory."""
+        if not start:
+            return t
+        key = ("tail", t.data_ptr(), t.shape[0], t.device, start)
+        view = self._tails.get(key)
+        if view is None:
+            if len(self._tails) > 64:
+                self._tails.clear()
+            view = self._tails[key] = t[start:]
+        return view
 
     def _no_replay_view(self, n: int) -> torch.Tensor:
         return self._view(("replay", n), lambda: self.buffers.no_replay_start[:n])

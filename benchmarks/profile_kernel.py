@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """One build of each shape that matters, for a kernel profiler to look at (Nsight Compute):
 
-    ncu --kernel-name swa_metadata_kernel --launch-skip 4 --section SpeedOfLight \\
+    ncu --kernel-name swa_metadata_kernel --launch-skip 8 --launch-count 4 --section SpeedOfLight \\
         --section WarpStateStats --section MemoryWorkloadAnalysis python3 benchmarks/profile_kernel.py
 
-The first four launches are the warmups of the four builders; then decode-256, 8 x 2048 prefill
+The first eight launches are the warmups (two variants for each of the four builders); then decode-256, 8 x 2048 prefill
 (16k rows), 64 + 4 x 2048 mixed, and an 8-group decode-256 build, each once, guarded (the default).
 ``--guard off`` profiles unguarded builds instead.
 """

@@ -53,10 +53,32 @@ MAX_SPAN_SCAN = tl.constexpr(65536)
 
 
 @triton.jit
-def _owner_of(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+def _owner_of(tok, row_ok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
               CLAMP: tl.constexpr):
     """Request owning each token: the number of ends qsl[1..R] at or before it; R (past the
-    scheduled tokens) maps to 0."""
+    scheduled tokens) maps to 0.
+
+    Uniform batches (every request as long as the first: decode, MTP) take a shortcut: guess
+    t // query_len[0] and check it against the guess's own start and end (two loads the rows need
+    anyway); only a block with a wrong guess searches."""
+    first_len = tl.load(qsl_ptr + 1) - tl.load(qsl_ptr)
+    scheduled = tl.load(qsl_ptr + num_reqs)
+    guess = tl.minimum(tok // tl.maximum(first_len, 1), num_reqs - 1)
+    lo = tl.load(qsl_ptr + guess)
+    hi = tl.load(qsl_ptr + guess + 1)
+    padding = tok >= scheduled
+    right = ~row_ok | padding | ((lo <= tok) & (tok < hi))
+    if tl.min(right.to(tl.int32), axis=0) == 1:
+        owner = tl.where(padding, 0, guess)
+    else:
+        owner = _search_owner(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T, SEARCH_BLOCK, CLAMP)
+    return owner
+
+
+@triton.jit
+def _search_owner(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+                  CLAMP: tl.constexpr):
+    """The owner by counting request ends (any batch)."""
     # The owner is non-decreasing in the token, so when the first and last token of the block have
     # the same one (most prefill blocks) every token does: two scalar counts instead of a
     # [BLOCK_T, SEARCH_BLOCK] compare.
@@ -156,7 +178,7 @@ def _window_rows(
         tok_at = tl.minimum(tok, num_tokens - 1)
         rows_at = tl.minimum(rows, n_rows - 1)
 
-    req = _owner_of(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T, SEARCH_BLOCK, CLAMP)
+    req = _owner_of(tok, row_ok, qsl_ptr, num_reqs, search_chunks, BLOCK_T, SEARCH_BLOCK, CLAMP)
     slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
     valid = slot >= 0
     # Per-request outputs are shared by every KV-cache group: the first group writes them.

@@ -283,6 +283,15 @@ def _make_base(sparse_swa: Any) -> type:
             **kwargs: Any,
         ) -> None:
             super().__init__(*args, **kwargs)
+            pcp = getattr(self.vllm_config.parallel_config, "prefill_context_parallel_size", 1) or 1
+            if pcp > 1:
+                # V4.1's PCP build hands the base a rank-local slot mapping shorter than the step's
+                # tokens; swa_hal's builder has not been checked against it.
+                raise ConfigError(
+                    "prefill_context_parallel_size",
+                    f"{pcp}: prefill context parallelism is not supported by swa_hal's vLLM plugin yet; "
+                    f"set {ENV_SWITCH}=0 to run vLLM's own builders",
+                )
             if isinstance(platform, str):
                 platform = PlatformInfo.from_assume(platform)
             self.swa_config = swa_config_from_vllm(self)

@@ -41,7 +41,7 @@ from vllm.v1.attention.backends.mla import sparse_swa
 from vllm.v1.attention.ops.flashmla import FlashMLASchedMeta
 
 from swa_hal import AttentionBatch
-from swa_hal.errors import BatchRangeError, SpeculativeModeError
+from swa_hal.errors import BatchRangeError, ConfigError, SpeculativeModeError
 from swa_hal.integrations import vllm as integ
 
 CPU = torch.device("cpu")
@@ -400,6 +400,18 @@ def test_configure_sets_the_backend_of_builders_vllm_constructs(plugin_log, vllm
         integ.configure(previous.backend, previous.platform, previous.validate)
 
 
+def test_prefill_context_parallelism_is_refused_clearly(plugin_log, vllm_configs):
+    vc = vllm_configs["v41_w8b4"]
+    before = vc.parallel_config.prefill_context_parallel_size
+    object.__setattr__(vc.parallel_config, "prefill_context_parallel_size", 2)
+    try:
+        cls = integ.swa_hal_builder_cls(sparse_swa.DeepseekSparseSWAMetadataBuilder)
+        with pytest.raises(ConfigError, match="prefill context parallelism.*SWA_HAL_VLLM=0"):
+            cls(H.make_kv_spec(ALL_VARIANTS["v41_w8b4"]), ["layer"], vc, CPU)
+    finally:
+        object.__setattr__(vc.parallel_config, "prefill_context_parallel_size", before)
+
+
 def test_without_vllm_the_module_says_so(plugin_log, monkeypatch):
     monkeypatch.setattr(integ, "vllm_installed", lambda: False)
     with pytest.raises(integ.VllmNotInstalledError, match=r"pip install 'swa-hal\[vllm\]'"):
@@ -520,6 +532,26 @@ def test_parity_after_three_draft_steps(plugin_log, vllm_configs, rocm, variant,
             diffs = H.compare(got_native, got_ours, batch, **chunk_args(variant))
             assert not diffs, f"{backend} {native_cls.__name__} {kind} step {step}:\n" + "\n".join(diffs)
         COUNTS["draft_updates"] += 3
+
+
+@pytest.mark.parametrize("variant", ["v41_mtp1_w7b16", "v4_dspark3_w5b4"])
+def test_cuda_graph_capture_dummy_batches(plugin_log, vllm_configs, rocm, variant):
+    """vLLM captures graphs on dummy batches (InputBatch.make_dummy): seq_len == query_len, a zeroed
+    block table, padding slots; ``build_for_cudagraph_capture`` gives what vLLM's builder gives."""
+    cfg_v = ALL_VARIANTS[variant]
+    for native_cls in natives_for(variant, rocm):
+        native, ours, cfg = builders(native_cls, variant, vllm_configs, backend="torch")
+        for num_reqs, q in ((1, 1), (5, 1), (4, cfg.decode_threshold), (3, cfg.decode_threshold + 3)):
+            table = torch.zeros(num_reqs, 4, dtype=torch.int32)
+            batch = AttentionBatch.from_lists([q] * num_reqs, [q] * num_reqs, table, block_size=cfg_v.block_size)
+            for padding in (True, False):
+                step = batch
+                if padding:
+                    step = dataclasses.replace(batch, slot_mapping=torch.full_like(batch.slot_mapping, -1))
+                got_native = native.build_for_cudagraph_capture(H.common_metadata(step))
+                got_ours = ours.build_for_cudagraph_capture(H.common_metadata(step))
+                diffs = H.compare(got_native, got_ours, step, **chunk_args(variant))
+                assert not diffs, f"{native_cls.__name__} {num_reqs}x{q} padding={padding}:\n" + "\n".join(diffs)
 
 
 def test_fixed_addresses_across_builds(plugin_log, vllm_configs):

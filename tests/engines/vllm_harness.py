@@ -286,6 +286,7 @@ def compare(
         m = valid[lo:hi]
         check(f"{part}_swa_lens[valid]", len_n[: hi - lo][m], len_o[: hi - lo][m])
         check(f"{part}_swa_lens[padding]", len_n[: hi - lo][~m], len_o[: hi - lo][~m])
+        check(f"{part}_swa_indices[padding]", idx_n[: hi - lo][~m], idx_o[: hi - lo][~m])
         check(f"{part}_swa_indices[valid]", idx_n[: hi - lo][m], idx_o[: hi - lo][m])
     num_reqs = batch.query_start_loc_cpu.shape[0] - 1
     check("replay_start", native.replay_start[:num_reqs], ours.replay_start[:num_reqs])
@@ -327,6 +328,7 @@ def compare(
             getattr(native, f"{part}_swa_ragged_indices")[:nnz],
             getattr(ours, f"{part}_swa_ragged_indices")[:nnz],
         )
+    check("flashinfer_sparse_index_cache", native.flashinfer_sparse_index_cache, ours.flashinfer_sparse_index_cache)
     for f in ("cache_slot_mapping", "cache_positions"):
         check(f + " is None", getattr(native, f) is None, getattr(ours, f) is None)
     for ratio in chunk_ratios:

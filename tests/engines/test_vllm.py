@@ -599,6 +599,9 @@ def test_replay_start_past_a_position_native_negative_lens_swa_hal_empty_row(plu
     assert got_native.decode_swa_lens[0] == 20 - 25  # vLLM: a negative length reaches the kernel
     assert got_ours.decode_swa_lens[0] == 0  # swa_hal: an empty row, never a negative length
     assert (got_ours.decode_swa_indices[0] == -1).all()
+    # The guarded build recorded why; the engine may ask when it chooses (one host sync).
+    with pytest.raises(BatchRangeError, match="replay_start"):
+        ours.swa_hal.check()
     # Request 1 (bound 10 below its window) is the same in both.
     assert torch.equal(got_native.decode_swa_lens[1], got_ours.decode_swa_lens[1])
     assert torch.equal(got_native.decode_swa_indices[1], got_ours.decode_swa_indices[1])

@@ -4,7 +4,8 @@ A core builder (semantics, buffers, validation) over a backend protocol; backend
 plugins found through the ``swa_hal.backends`` entry-point group and chosen per platform.
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 from .backend import Availability, Backend, BackendSpec, BuildPlan
 from .batch import AttentionBatch, ImageSpans

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .config import LAYER_TYPES
 
@@ -42,15 +43,15 @@ class Availability:
         return self.ok
 
     @classmethod
-    def yes(cls) -> "Availability":
+    def yes(cls) -> Availability:
         return cls(True)
 
     @classmethod
-    def no(cls, *reasons: str) -> "Availability":
+    def no(cls, *reasons: str) -> Availability:
         return cls(False, tuple(reasons) or ("unavailable",))
 
     @classmethod
-    def check(cls, failures: list[str]) -> "Availability":
+    def check(cls, failures: list[str]) -> Availability:
         """Available when ``failures`` is empty; else unavailable for all of them."""
         return cls(not failures, tuple(failures))
 
@@ -75,7 +76,7 @@ class BackendSpec:
     name: str
     priority: int
     factory: str
-    is_available: Callable[["PlatformInfo"], Availability]
+    is_available: Callable[[PlatformInfo], Availability]
     vendors: tuple[str, ...] = ()
     platforms: tuple[str, ...] = ()
     api_version: int = API_VERSION
@@ -104,7 +105,7 @@ class BackendSpec:
             out.append("platforms must be a tuple of --assume strings")
         return out
 
-    def load_factory(self) -> Callable[..., "Backend"]:
+    def load_factory(self) -> Callable[..., Backend]:
         module_name, _, attr = self.factory.partition(":")
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
@@ -130,10 +131,10 @@ class BuildPlan(NamedTuple):
     # Decode lens rows [num_decode_tokens, decode_lens_clear_end) are zeroed (docs/semantics.md #fixed-buffers).
     decode_lens_clear_end: int
     # The bound each request's window starts at (#bounded-replay): the batch's, or the zeros buffer.
-    replay_start: "torch.Tensor"
+    replay_start: torch.Tensor
     # Whether this build works out image visibility (#vision-spans), and the span CSR it reads.
     images: bool = False
-    spans: "ImageSpans | None" = None
+    spans: ImageSpans | None = None
 
 
 class Backend:
@@ -148,26 +149,32 @@ class Backend:
     # Whether update_draft_decode_metadata (docs/semantics.md #draft-updates) is supported.
     supports_draft_decode_metadata_update: ClassVar[bool] = True
 
-    def __init__(self, config: "SWAConfig", device: "torch.device", platform: "PlatformInfo"):
+    def __init__(self, config: SWAConfig, device: torch.device, platform: PlatformInfo):
         self.config = config
         self.device = device
         self.platform = platform
 
-    def allocate(self, buffers: "MetadataBuffers") -> None:
+    def allocate(self, buffers: MetadataBuffers) -> None:
         """Allocate any extra fixed buffers (once, at builder construction)."""
 
-    def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
+    def compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
         """Fill token_to_req, is_valid, decode and prefill rows and lens, gather lens."""
         raise NotImplementedError
 
-    def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
+    def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         """The draft-step update (docs/semantics.md #draft-updates): recompute token_to_req, is_valid and
         the decode rows and lens (causal or DSpark, as ``metadata.causal`` says) in place from the
         advanced seq_lens and ``metadata.replay_start``; no sync, no allocation."""
         raise NotImplementedError
 
-    def compute_groups(self, plan: BuildPlan, batch: "AttentionBatch", tables: "Sequence[torch.Tensor]",
-                       slots: "Sequence[torch.Tensor]", buffers: "MetadataBuffers") -> None:
+    def compute_groups(
+        self,
+        plan: BuildPlan,
+        batch: AttentionBatch,
+        tables: Sequence[torch.Tensor],
+        slots: Sequence[torch.Tensor],
+        buffers: MetadataBuffers,
+    ) -> None:
         """Fill every KV-cache group's outputs (docs/semantics.md #group-builds): group g reads
         ``tables[g]`` and ``slots[g]`` and writes ``buffers.group(g)``. Default: one ``compute`` per
         group; backends that can do all groups in one launch override it."""
@@ -175,7 +182,7 @@ class Backend:
             group_batch = dataclasses.replace(batch, block_table=table, slot_mapping=slot_mapping)
             self.compute(plan, group_batch, buffers.group(g))
 
-    def recompute_groups(self, metadatas: "Sequence[SWAMetadata]", buffers: "MetadataBuffers") -> None:
+    def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
         """The draft-step update of a group build: default, one ``recompute_decode_rows`` per group."""
         for g, metadata in enumerate(metadatas):
             self.recompute_decode_rows(metadata, buffers.group(g))
@@ -185,12 +192,12 @@ class Backend:
         None everywhere). Every key of LAYER_TYPES is present."""
         return dict.fromkeys(LAYER_TYPES)
 
-    def extras(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> tuple[Any, ...]:
+    def extras(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> tuple[Any, ...]:
         """Typed extras (a small dataclass each) derived from the finished metadata; called after
         every build and every draft-step update. Default: none."""
         return ()
 
-    def warmup(self, buffers: "MetadataBuffers", progress: Callable[[str], None] | None = None) -> int:
+    def warmup(self, buffers: MetadataBuffers, progress: Callable[[str], None] | None = None) -> int:
         """Compile everything a build can need; returns the number of kernel variants prepared."""
         return 0
 
@@ -200,7 +207,7 @@ class Backend:
 
 
 def require(
-    platform: "PlatformInfo",
+    platform: PlatformInfo,
     *,
     vendor: str,
     vendor_label: str,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -31,13 +31,13 @@ class ImageSpans:
         num_reqs: int,
         *,
         device: str | torch.device = "cpu",
-    ) -> "ImageSpans":
+    ) -> ImageSpans:
         """From ``{request: [(start, end), ...]}`` (the shape engines keep them in), in listed order."""
         indptr, starts, ends = spans_to_csr(ranges, num_reqs)
         as_tensor = lambda v: torch.tensor(v, dtype=torch.int32).to(device)  # noqa: E731
         return cls(as_tensor(indptr), as_tensor(starts), as_tensor(ends))
 
-    def to(self, device: str | torch.device) -> "ImageSpans":
+    def to(self, device: str | torch.device) -> ImageSpans:
         return ImageSpans(self.indptr.to(device), self.starts.to(device), self.ends.to(device))
 
 
@@ -63,7 +63,7 @@ def _integral(field: str, value: object) -> int:
     """An integer given as an int or an integral number (3 or 3.0), never silently rounded (6.9)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise BatchDtypeError(field, f"{field}={value!r} is not an integer")
-    as_int = int(value)
+    as_int = int(value)  # type: ignore[call-overload]  # numbers.Real: int, float, numpy scalars
     if as_int != value:
         raise BatchDtypeError(field, f"{field}={value!r} is not an integer")
     return as_int
@@ -107,7 +107,7 @@ class AttentionBatch:
     def device(self) -> torch.device:
         return self.seq_lens.device
 
-    def to(self, device: str | torch.device) -> "AttentionBatch":
+    def to(self, device: str | torch.device) -> AttentionBatch:
         """The same batch with its device tensors on ``device`` (host copies stay on the CPU)."""
         return dataclasses.replace(
             self,
@@ -133,7 +133,7 @@ class AttentionBatch:
         block_size: int = 64,
         replay_start: Sequence[int] | None = None,
         image_spans: Mapping[int, Sequence[tuple[int, int]]] | None = None,
-    ) -> "AttentionBatch":
+    ) -> AttentionBatch:
         """Build a batch from plain lists (tests, the CLI, examples).
 
         Derives query_start_loc (device and host copies) and max_query_len; when no slot_mapping is

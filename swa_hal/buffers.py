@@ -8,6 +8,7 @@ build keeps reading the right memory on replay, and no build can write past them
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ class MetadataBuffers:
         cap = config.max_num_batched_tokens
         seqs = config.max_num_seqs
         w = config.window_size
-        i32 = dict(dtype=torch.int32, device=device)
+        i32: dict[str, Any] = dict(dtype=torch.int32, device=device)
         self.config = config
         self.device = device
         self.capacity = cap
@@ -84,7 +85,7 @@ class MetadataBuffers:
     def decode_rows(self, causal: bool) -> torch.Tensor:
         return self.decode_indices if causal else self.noncausal_indices
 
-    def group(self, g: int) -> "MetadataBuffers":
+    def group(self, g: int) -> MetadataBuffers:
         """Group g's buffers as a MetadataBuffers of their own (shared outputs shared): what a backend
         without one-launch group builds fills, one group at a time."""
         if g == 0:

@@ -10,7 +10,8 @@ import contextlib
 import dataclasses
 import os
 import threading
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,8 +115,10 @@ class SWAMetadataBuilder:
             self._busy.release()
 
     def _concurrent_message(self, what: str) -> str:
-        return (f"{what}: this SWAMetadataBuilder is already in use by another thread; a builder's fixed "
-                f"buffers serve one build at a time, so give each thread its own builder")
+        return (
+            f"{what}: this SWAMetadataBuilder is already in use by another thread; a builder's fixed "
+            f"buffers serve one build at a time, so give each thread its own builder"
+        )
 
     def check(self) -> None:
         """Raise the error of the first violation a guarded build recorded since the last check, as
@@ -149,11 +152,17 @@ class SWAMetadataBuilder:
         ``batch.slot_mapping`` are not read). Needs ``SWAConfig.num_kv_groups >= len(block_tables)``."""
         groups = len(block_tables)
         if groups != len(slot_mappings) or groups < 1:
-            raise BatchShapeError("slot_mappings", f"{len(slot_mappings)} slot mappings for {groups} block tables; "
-                                  f"a group build needs one of each per group, at least one group")
+            raise BatchShapeError(
+                "slot_mappings",
+                f"{len(slot_mappings)} slot mappings for {groups} block tables; "
+                f"a group build needs one of each per group, at least one group",
+            )
         if groups > self.config.num_kv_groups:
-            raise BatchCapacityError("block_tables", f"{groups} groups; the config's num_kv_groups is "
-                                     f"{self.config.num_kv_groups} (the builder keeps that many sets of buffers)")
+            raise BatchCapacityError(
+                "block_tables",
+                f"{groups} groups; the config's num_kv_groups is "
+                f"{self.config.num_kv_groups} (the builder keeps that many sets of buffers)",
+            )
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("build_groups"))
         try:
@@ -163,8 +172,13 @@ class SWAMetadataBuilder:
                     self._check(dataclasses.replace(batch, block_table=t, slot_mapping=s), True)
             else:
                 self._check(first, False)
-                guard_group_inputs(block_tables, slot_mappings, first.query_start_loc_cpu.shape[0] - 1,
-                                   first.num_tokens, self._device_index)
+                guard_group_inputs(
+                    block_tables,
+                    slot_mappings,
+                    first.query_start_loc_cpu.shape[0] - 1,
+                    first.num_tokens,
+                    self._device_index,
+                )
             with on_device(self._device_index):
                 plan, query = self._plan(first, groups)
                 self.backend.compute_groups(plan, first, list(block_tables), list(slot_mappings), self.buffers)
@@ -175,8 +189,9 @@ class SWAMetadataBuilder:
         finally:
             self._busy.release()
 
-    def _group_metadata(self, first: SWAMetadata, plan: BuildPlan, g: int, table: torch.Tensor,
-                        slot_mapping: torch.Tensor) -> SWAMetadata:
+    def _group_metadata(
+        self, first: SWAMetadata, plan: BuildPlan, g: int, table: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> SWAMetadata:
         """Group g's metadata: group 0's, with group g's inputs, rows and per-build objects."""
         ndt, npt = plan.num_decode_tokens, plan.num_prefill_tokens
         changes: dict[str, Any] = {"block_table": table, "slot_mapping": slot_mapping}
@@ -193,7 +208,9 @@ class SWAMetadataBuilder:
         if validate if validate is not None else self.validate:
             validate_batch(batch, self.config, self.buffers.capacity)
             if batch.seq_lens.device != self.device:
-                raise BatchDeviceError("seq_lens", f"seq_lens is on {batch.seq_lens.device}; the builder is on {self.device}")
+                raise BatchDeviceError(
+                    "seq_lens", f"seq_lens is on {batch.seq_lens.device}; the builder is on {self.device}"
+                )
         else:
             guard_batch(batch, self.config, self.buffers.capacity, self._device_index)
 
@@ -281,18 +298,17 @@ class SWAMetadataBuilder:
         md.extras = self.backend.extras(md, self._group_buffers[group])
         return md
 
-    def image_spans_from_ranges(
-        self, ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int
-    ) -> ImageSpans:
+    def image_spans_from_ranges(self, ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int) -> ImageSpans:
         """Copy ``{request: [(start, end), ...]}`` (inclusive positions, the form engines keep) into
         the builder's fixed span buffers and return them as the batch's ``image_spans``."""
         indptr, starts, ends = spans_to_csr(ranges, num_reqs)
         buffers = self.buffers
         if len(starts) > buffers.span_starts.shape[0] or num_reqs + 1 > buffers.span_indptr.shape[0]:
             raise BatchCapacityError(
-                "image_spans", f"{len(starts)} spans over {num_reqs} requests exceed the span buffers "
+                "image_spans",
+                f"{len(starts)} spans over {num_reqs} requests exceed the span buffers "
                 f"(max_num_batched_tokens={self.config.max_num_batched_tokens}, max_image_tokens="
-                f"{self.config.max_image_tokens}, max_num_seqs={self.config.max_num_seqs})"
+                f"{self.config.max_image_tokens}, max_num_seqs={self.config.max_num_seqs})",
             )
         n = len(starts)
         buffers.span_indptr[: num_reqs + 1].copy_(torch.tensor(indptr, dtype=torch.int32), non_blocking=True)
@@ -306,7 +322,8 @@ class SWAMetadataBuilder:
         cfg = self.config
         if not cfg.is_dspark:
             raise SpeculativeModeError(
-                "causal", f"causal=False is only legal with DSpark drafting; speculative_method={cfg.speculative_method!r}"
+                "causal",
+                f"causal=False is only legal with DSpark drafting; speculative_method={cfg.speculative_method!r}",
             )
         width = cfg.noncausal_index_width
         if batch.max_query_len + cfg.window_size > width and num_decodes:
@@ -410,8 +427,9 @@ class SWAMetadataBuilder:
             if g >= len(self._group_buffers) or (
                 md.decode_swa_lens.data_ptr() != self._group_buffers[g].decode_lens.data_ptr()
             ):
-                raise ValueError(f"update_draft_decode_metadata: metadata {g} is not group {g} of a build_groups() "
-                                 f"of this builder")
+                raise ValueError(
+                    f"update_draft_decode_metadata: metadata {g} is not group {g} of a build_groups() of this builder"
+                )
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
         try:

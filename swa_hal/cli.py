@@ -7,8 +7,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from importlib import metadata
-from typing import Any, Sequence
+from typing import Any
 
 from .platform import PlatformInfo
 
@@ -49,8 +50,10 @@ def _device(args: argparse.Namespace):
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise CliError(f"--device {text!r}: this machine has no CUDA device (use --device cpu, or --assume to "
-                           f"evaluate selection for another platform)")
+            raise CliError(
+                f"--device {text!r}: this machine has no CUDA device (use --device cpu, or --assume to "
+                f"evaluate selection for another platform)"
+            )
         if device.index is not None and device.index >= count:
             raise CliError(f"--device {text!r}: there are {count} CUDA device(s) here")
     elif device.type != "cpu":
@@ -130,15 +133,20 @@ def cmd_info(args: argparse.Namespace) -> int:
     runs = started if started is not None else data["selected"]
     ok = error is None and (args.expect is None or runs == args.expect)
     if args.expect is not None and runs != args.expect:
-        what = f"selected {data['selected']!r}" if started in (None, data["selected"]) else (
-            f"selected {data['selected']!r} but it failed to start, so {started!r} runs")
+        what = (
+            f"selected {data['selected']!r}"
+            if started in (None, data["selected"])
+            else (f"selected {data['selected']!r} but it failed to start, so {started!r} runs")
+        )
         data["error"] = (error + "; " if error else "") + f"expected backend {args.expect!r}, {what}"
     if args.json:
         _emit_json(data)
         return 0 if ok else 1
     v = data["versions"]
-    print(f"swa-hal {v['swa-hal']}  (torch {v['torch']}, triton {v['triton']}, pluggy {v['pluggy']}, "
-          f"python {v['python']}, flash_mla wheel {v['tokenspeed-flashmla'] or 'none'})")
+    print(
+        f"swa-hal {v['swa-hal']}  (torch {v['torch']}, triton {v['triton']}, pluggy {v['pluggy']}, "
+        f"python {v['python']}, flash_mla wheel {v['tokenspeed-flashmla'] or 'none'})"
+    )
     print(f"platform: {platform.describe()}" + ("  [Triton interpreter on]" if platform.triton_interpret else ""))
     print("plugins:")
     for p in registry.plugins:
@@ -190,8 +198,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     import torch
 
     from .builder import SWAMetadataBuilder
-    from .scenarios import Scenario
     from .compare import compare_with_reference
+    from .scenarios import Scenario
 
     config = _config(args)
     scenario = Scenario.from_yaml(args.batch)
@@ -216,13 +224,17 @@ def cmd_build(args: argparse.Namespace) -> int:
     assert md is not None
     mismatches = [] if args.no_check else compare_with_reference(config, batch, md)
     med = statistics.median(times[1:] if len(times) > 1 else times) * 1e3
-    out = {
+    out: dict[str, Any] = {
         "config": str(args.config),
         "scenario": scenario.name,
         "backend": builder.backend_name,
         "platform": builder.platform.describe(),
-        "split": {"num_decodes": md.num_decodes, "num_prefills": md.num_prefills,
-                  "num_decode_tokens": md.num_decode_tokens, "num_prefill_tokens": md.num_prefill_tokens},
+        "split": {
+            "num_decodes": md.num_decodes,
+            "num_prefills": md.num_prefills,
+            "num_decode_tokens": md.num_decode_tokens,
+            "num_prefill_tokens": md.num_prefill_tokens,
+        },
         "first_build_ms": times[0] * 1e3,
         "median_build_ms": med,
         "builds": len(times),
@@ -237,40 +249,49 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 1 if mismatches else 0
     print(f"config {args.config}  scenario {scenario.name}: {scenario.description}")
     print(f"backend {builder.backend_name} on {builder.platform.describe()}")
-    print(f"split: {md.num_decodes} decodes ({md.num_decode_tokens} token rows), "
-          f"{md.num_prefills} prefills ({md.num_prefill_tokens} token rows); decode width {md.decode_swa_width}, "
-          f"prefill width {config.prefill_index_width}")
+    print(
+        f"split: {md.num_decodes} decodes ({md.num_decode_tokens} token rows), "
+        f"{md.num_prefills} prefills ({md.num_prefill_tokens} token rows); decode width {md.decode_swa_width}, "
+        f"prefill width {config.prefill_index_width}"
+    )
     if batch.replay_start is None:
         print("replay bounds: none")
     else:
         bounds = out["replay_start"]
-        print(f"replay bounds: {sum(1 for b in bounds if b)} of {len(bounds)} requests bounded, first {bounds[:8]}"
-              f"{' ...' if len(bounds) > 8 else ''}")
+        print(
+            f"replay bounds: {sum(1 for b in bounds if b)} of {len(bounds)} requests bounded, first {bounds[:8]}"
+            f"{' ...' if len(bounds) > 8 else ''}"
+        )
     if out["image_spans"]:
         spans = out["image_spans"]
-        print(f"image spans: {sum(len(v) for v in spans.values())} in {len(spans)} requests "
-              f"(max_image_tokens {config.max_image_tokens}), e.g. request {next(iter(spans))}: "
-              f"{spans[next(iter(spans))][:3]}")
+        print(
+            f"image spans: {sum(len(v) for v in spans.values())} in {len(spans)} requests "
+            f"(max_image_tokens {config.max_image_tokens}), e.g. request {next(iter(spans))}: "
+            f"{spans[next(iter(spans))][:3]}"
+        )
     for name, idx, lens, count in (
         ("decode", md.decode_swa_indices, md.decode_swa_lens, md.num_decode_tokens),
         ("prefill", md.prefill_swa_indices, md.prefill_swa_lens, md.num_prefill_tokens),
     ):
-        if not count:
+        if not count or idx is None or lens is None:
             continue
         print(f"{name} rows (first {min(3, count)} of {count}, entries 0..5 and the last valid one):")
         rows = idx[: min(3, count)].reshape(min(3, count), -1).cpu()
         lns = lens[: min(3, count)].cpu().tolist()
         for r, (row, n) in enumerate(zip(rows.tolist(), lns)):
             tail = f" ... {row[n - 1]}" if n > 6 else ""
-            print(f"  [{r}] len {n:>4}: {row[:min(6, max(n, 1))]}{tail}")
+            print(f"  [{r}] len {n:>4}: {row[: min(6, max(n, 1))]}{tail}")
         width = md.decode_swa_width if name == "decode" else config.prefill_index_width
         print("\n".join(_histogram(lens.cpu().tolist(), width)))
-    if md.num_prefills:
-        print(f"prefill gather lens: {md.prefill_gather_lens.cpu().tolist()[:8]}"
-              f"{' ...' if md.num_prefills > 8 else ''}")
+    if md.num_prefills and md.prefill_gather_lens is not None:
+        print(
+            f"prefill gather lens: {md.prefill_gather_lens.cpu().tolist()[:8]}{' ...' if md.num_prefills > 8 else ''}"
+        )
     print(f"tile schedulers: {out['tile_sched']}")
-    print(f"timing: first build {out['first_build_ms']:.3f} ms (validated), median of {len(times) - 1 or 1} "
-          f"more {med:.3f} ms")
+    print(
+        f"timing: first build {out['first_build_ms']:.3f} ms (validated), median of {len(times) - 1 or 1} "
+        f"more {med:.3f} ms"
+    )
     if args.no_check:
         print("check: skipped")
     elif mismatches:
@@ -287,8 +308,11 @@ def _spans_report(batch) -> dict[int, list[tuple[int, int]]]:
     if spans is None:
         return {}
     ptr, starts, ends = spans.indptr.cpu().tolist(), spans.starts.cpu().tolist(), spans.ends.cpu().tolist()
-    return {r: list(zip(starts[ptr[r]:ptr[r + 1]], ends[ptr[r]:ptr[r + 1]]))
-            for r in range(len(ptr) - 1) if ptr[r + 1] > ptr[r]}
+    return {
+        r: list(zip(starts[ptr[r] : ptr[r + 1]], ends[ptr[r] : ptr[r + 1]]))
+        for r in range(len(ptr) - 1)
+        if ptr[r + 1] > ptr[r]
+    }
 
 
 # -- bench --------------------------------------------------------------------------------------
@@ -327,7 +351,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
-    import torch
 
     from .builder import SWAMetadataBuilder
 
@@ -350,8 +373,10 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         bar.close()
     else:
         count = builder.warmup(lambda msg: print(f"  compiling {msg}"))
-    print(f"warmup: {count} kernel variant(s) ready for backend {builder.backend_name} in "
-          f"{time.perf_counter() - t0:.2f} s")
+    print(
+        f"warmup: {count} kernel variant(s) ready for backend {builder.backend_name} in "
+        f"{time.perf_counter() - t0:.2f} s"
+    )
     return 0
 
 
@@ -375,8 +400,15 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             selected = select_backend(None, platform, registry=registry, env={}).name
         except SWAHalError as exc:
             selected, declared_by = None, f"{declared_by} ({exc})"
-        entries.append({"platform": assume, "expect": selected, "declared_by": declared_by,
-                        "vendor": platform.vendor, "capability": platform.capability_str})
+        entries.append(
+            {
+                "platform": assume,
+                "expect": selected,
+                "declared_by": declared_by,
+                "vendor": platform.vendor,
+                "capability": platform.capability_str,
+            }
+        )
     if args.json:
         _emit_json({"include": entries})
         return 0
@@ -402,7 +434,7 @@ def _positive(text: str) -> int:
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line, exit code 2 (argparse's own code for them)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

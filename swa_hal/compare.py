@@ -27,11 +27,13 @@ def _diff(name: str, got: torch.Tensor | None, want: torch.Tensor | None) -> str
         return None
     bad = torch.nonzero(got != want)
     first = tuple(int(x) for x in bad[0])
-    return (f"{name}: {bad.shape[0]} elements differ, first at {first}: got {got[first].item()}, "
-            f"reference {want[first].item()}")
+    return (
+        f"{name}: {bad.shape[0]} elements differ, first at {first}: got {got[first].item()}, "
+        f"reference {want[first].item()}"
+    )
 
 
-def compare_with_reference(config: "SWAConfig", batch: "AttentionBatch", md: "SWAMetadata") -> list[str]:
+def compare_with_reference(config: SWAConfig, batch: AttentionBatch, md: SWAMetadata) -> list[str]:
     """Every difference between ``md`` and ``reference.build_reference`` (empty: bit-exact)."""
     ref = build_reference(config, batch)
     out: list[str] = []
@@ -41,7 +43,7 @@ def compare_with_reference(config: "SWAConfig", batch: "AttentionBatch", md: "SW
         return out
     if md.decode_swa_width != ref.decode_width:
         out.append(f"decode_swa_width: got {md.decode_swa_width}, reference {ref.decode_width}")
-    checks = [
+    checks: list[tuple[str, torch.Tensor | None, torch.Tensor | None]] = [
         ("token_to_req_indices", md.token_to_req_indices, ref.token_to_req),
         ("is_valid_token", md.is_valid_token, ref.is_valid),
         ("decode_swa_indices", md.decode_swa_indices, ref.decode_indices),
@@ -54,19 +56,21 @@ def compare_with_reference(config: "SWAConfig", batch: "AttentionBatch", md: "SW
         ("prefill_right_visible", md.prefill_right_visible, ref.prefill_right_visible),
     ]
     if md.max_decode_query_len != min(batch.max_query_len, config.decode_threshold):
-        out.append(f"max_decode_query_len: got {md.max_decode_query_len}, expected "
-                   f"min({batch.max_query_len}, {config.decode_threshold})")
+        out.append(
+            f"max_decode_query_len: got {md.max_decode_query_len}, expected "
+            f"min({batch.max_query_len}, {config.decode_threshold})"
+        )
     if md.num_prefills:
         nd = md.num_decodes
-        checks.append(("prefill_seq_lens_cpu", md.prefill_seq_lens_cpu, batch.seq_lens_cpu[nd:]))
+        seq_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+        checks.append(("prefill_seq_lens_cpu", md.prefill_seq_lens_cpu, seq_cpu[nd:]))
         qsl = batch.query_start_loc_cpu
         checks.append(("prefill_query_lens_cpu", md.prefill_query_lens_cpu, qsl[nd + 1 :] - qsl[nd:-1]))
     ragged = md.extra(RaggedDecodeRows)
     if ragged is not None:
         flat, indptr = ragged_rows(ref.decode_indices, ref.decode_lens)
         checks.append(("RaggedDecodeRows.indptr", ragged.indptr, indptr))
-        got = ragged.indices.detach().cpu()[: int(indptr[-1])]
-        checks.append(("RaggedDecodeRows.indices", got, flat.cpu()))
+        checks.append(("RaggedDecodeRows.indices", ragged.indices.detach().cpu()[: int(indptr[-1])], flat.cpu()))
     for name, got, want in checks:
         problem = _diff(name, got, want)
         if problem:

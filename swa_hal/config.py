@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -125,7 +126,9 @@ class SWAConfig:
         _check_int("max_image_tokens", self.max_image_tokens, 0, 1 << 20)
         _check_int("num_kv_groups", self.num_kv_groups, 1, 1024)
         if self.max_image_tokens and self.model_version != "deepseek_v4":
-            raise ConfigError("max_image_tokens", f"the vision variant exists for deepseek_v4 only, not {self.model_version}")
+            raise ConfigError(
+                "max_image_tokens", f"the vision variant exists for deepseek_v4 only, not {self.model_version}"
+            )
         if not isinstance(self.parallel_drafting, bool):
             raise ConfigError("parallel_drafting", f"must be true or false, got {self.parallel_drafting!r}")
         ratios = self.compress_ratios
@@ -199,7 +202,7 @@ class SWAConfig:
     # -- loaders -------------------------------------------------------------------------------
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> "SWAConfig":
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> SWAConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(source, f"must be a mapping of settings, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -215,12 +218,12 @@ class SWAConfig:
         return cls(**settings)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "SWAConfig":
+    def from_yaml(cls, path: str | Path) -> SWAConfig:
         """Load a config file. YAML is data here: safe_load only, no tags that construct objects."""
         return cls.from_mapping(load_yaml_mapping(path, "config"), source=str(path))
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any] | str | Path, **engine_settings: Any) -> "SWAConfig":
+    def from_hf_config(cls, config: Mapping[str, Any] | str | Path, **engine_settings: Any) -> SWAConfig:
         """Build from a Hugging Face ``config.json`` (a dict, the file, or its folder) plus engine settings.
 
         The model gives ``sliding_window``, ``compress_ratios`` (absent: one SWA-only layer type),
@@ -255,6 +258,8 @@ class SWAConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         for key, value in engine_settings.items():
             if key not in known or key in model_keys:
-                raise ConfigError(key, f"is not an engine setting (engine settings: {', '.join(sorted(known - model_keys))})")
+                raise ConfigError(
+                    key, f"is not an engine setting (engine settings: {', '.join(sorted(known - model_keys))})"
+                )
             settings[key] = value
         return cls(**settings)

@@ -41,7 +41,7 @@ class Violation(enum.IntEnum):
     ROW_WIDTH = 7  # a row needs more entries than its width (a DSpark block too long for its row)
 
 
-def block_limit(config: "SWAConfig") -> int:
+def block_limit(config: SWAConfig) -> int:
     """Block ids a window may read lie in [0, block_limit): the KV cache's pages when the config knows
     them, else every id whose slots fit FlashMLA's int32 slot encoding."""
     # Capped at INT32_LIMIT so the bound itself is an int32 value (block ids are int32).
@@ -50,7 +50,7 @@ def block_limit(config: "SWAConfig") -> int:
     return min((INT32_LIMIT + 1) // config.block_size, INT32_LIMIT)
 
 
-def violation_error(record: list[int], config: "SWAConfig") -> BatchValidationError | None:
+def violation_error(record: list[int], config: SWAConfig) -> BatchValidationError | None:
     """The typed error a recorded violation stands for (the type full validation raises), or None."""
     count, kind, req, value = record
     if count == 0:
@@ -58,8 +58,10 @@ def violation_error(record: list[int], config: "SWAConfig") -> BatchValidationEr
     where = f" (found by a guarded build; {count} block(s) of rows were emptied)"
     if kind == Violation.QUERY_ORDER:
         return BatchOrderError(
-            "query_start_loc", f"query_start_loc[{req + 1}] is smaller than query_start_loc[{req}] (query length "
-            f"{value}): it must be non-decreasing{where}", req + 1,
+            "query_start_loc",
+            f"query_start_loc[{req + 1}] is smaller than query_start_loc[{req}] (query length "
+            f"{value}): it must be non-decreasing{where}",
+            req + 1,
         )
     if kind == Violation.SEQ_SHORT:
         return BatchRangeError("seq_lens", f"seq_lens[{req}]={value} is shorter than its query length{where}", req)
@@ -69,8 +71,10 @@ def violation_error(record: list[int], config: "SWAConfig") -> BatchValidationEr
         )
     if kind == Violation.SPAN:
         return BatchRangeError(
-            "image_spans", f"image_spans[{req}]: span {value} is inverted, outside the request's new tokens or longer "
-            f"than max_image_tokens={config.max_image_tokens}{where}", req,
+            "image_spans",
+            f"image_spans[{req}]: span {value} is inverted, outside the request's new tokens or longer "
+            f"than max_image_tokens={config.max_image_tokens}{where}",
+            req,
         )
     if kind == Violation.PAGES:
         return BatchCapacityError(
@@ -78,29 +82,32 @@ def violation_error(record: list[int], config: "SWAConfig") -> BatchValidationEr
         )
     if kind == Violation.BLOCK:
         return BatchRangeError(
-            "block_table", f"block_table: request {req}'s window reads block id {value}, outside [0, "
-            f"{block_limit(config)}) (num_kv_blocks={config.num_kv_blocks}){where}", req,
+            "block_table",
+            f"block_table: request {req}'s window reads block id {value}, outside [0, "
+            f"{block_limit(config)}) (num_kv_blocks={config.num_kv_blocks}){where}",
+            req,
         )
     if kind == Violation.ROW_WIDTH:
         return SpeculativeModeError(
-            "decode_swa_indices", f"request {req}: its row needs {value} entries, wider than the row; refusing to "
-            f"truncate{where}", req,
+            "decode_swa_indices",
+            f"request {req}: its row needs {value} entries, wider than the row; refusing to truncate{where}",
+            req,
         )
     return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
 
 
 def torch_guard(
-    config: "SWAConfig",
+    config: SWAConfig,
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
     replay_start: torch.Tensor,
-    spans: "ImageSpans | None",
+    spans: ImageSpans | None,
     num_reqs: int,
     record: torch.Tensor,
     *,
     causal: bool,
-    row_guards: "Sequence[tuple[RowGuard, torch.Tensor]]" = (),
+    row_guards: Sequence[tuple[RowGuard, torch.Tensor]] = (),
 ) -> torch.Tensor:
     """The guard of the torch backend, vectorised and without a host sync.
 
@@ -151,7 +158,9 @@ def torch_guard(
     # Rows that read past the table or a block id outside the cache (found while filling them).
     for rows, owners in row_guards:
         row_broken = rows.kind > 0
-        first_row = torch.where(row_broken, torch.arange(row_broken.shape[0], device=device), row_broken.shape[0]).amin()
+        first_row = torch.where(
+            row_broken, torch.arange(row_broken.shape[0], device=device), row_broken.shape[0]
+        ).amin()
         at_row = first_row.clamp_max(max(row_broken.shape[0] - 1, 0))
         if row_broken.shape[0]:
             req = owners[at_row].to(i64).clamp(0, num_reqs - 1)
@@ -164,8 +173,14 @@ def torch_guard(
     any_flag = flagged.any()
     at = first.clamp_max(num_reqs - 1)
     count = record[0] + any_flag.to(record.dtype)
-    new = torch.stack([count, kind[at].to(record.dtype), at.to(record.dtype),
-                       value[at].clamp(-INT32_LIMIT - 1, INT32_LIMIT).to(record.dtype)])
+    new = torch.stack(
+        [
+            count,
+            kind[at].to(record.dtype),
+            at.to(record.dtype),
+            value[at].clamp(-INT32_LIMIT - 1, INT32_LIMIT).to(record.dtype),
+        ]
+    )
     keep = torch.stack([count, record[1], record[2], record[3]])
     record.copy_(torch.where(any_flag & (record[0] == 0), new, keep))
     return broken

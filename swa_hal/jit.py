@@ -39,14 +39,16 @@ def tile_elems(device_type: str) -> int:
 class _Key:
     """Compile keys are looked up on every launch: hash them once."""
 
+    _hash: int
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
+        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))  # type: ignore[call-overload]
 
     def __hash__(self) -> int:
         return self._hash
 
     def constexprs(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass(frozen=True, eq=True)

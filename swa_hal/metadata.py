@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 

@@ -32,7 +32,7 @@ class RaggedDecodeRows:
 
 
 class RaggedRows:
-    def __init__(self, config: "SWAConfig", device: torch.device, *, clamp: bool):
+    def __init__(self, config: SWAConfig, device: torch.device, *, clamp: bool):
         from .kernels.launcher import KernelLauncher
         from .kernels.ragged import ragged_indptr_kernel, ragged_rows_kernel
 
@@ -45,9 +45,11 @@ class RaggedRows:
         self._scatter = KernelLauncher(ragged_rows_kernel, device)
         self.key_indptr = jit.IndptrKey(BLOCK=jit.INDPTR_BLOCK, CLAMP=clamp)
         self.key_causal = jit.ragged_key(config, causal=True, clamp=clamp, device_type=kind)
-        self.key_dspark = jit.ragged_key(config, causal=False, clamp=clamp, device_type=kind) if config.is_dspark else None
+        self.key_dspark = (
+            jit.ragged_key(config, causal=False, clamp=clamp, device_type=kind) if config.is_dspark else None
+        )
 
-    def fill(self, metadata: "SWAMetadata") -> RaggedDecodeRows:
+    def fill(self, metadata: SWAMetadata) -> RaggedDecodeRows:
         """Refresh indptr and the flat entries from the metadata's decode rows (two launches,
         no allocation, no sync)."""
         ndt = metadata.num_decode_tokens
@@ -56,7 +58,7 @@ class RaggedRows:
             return out
         lens = metadata.decode_swa_lens
         self._scan(self.key_indptr, 1, (self.indptr, lens, ndt))
-        key = self.key_causal if metadata.causal else self.key_dspark
+        key = self.key_causal if metadata.causal or self.key_dspark is None else self.key_dspark
         self._scatter(
             key,
             -(-ndt // key.BLOCK_T),

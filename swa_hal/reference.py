@@ -9,7 +9,7 @@ validation keep every position and slot inside int32).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -95,7 +95,7 @@ def _fill_rows(
     block_size: int,
     out: torch.Tensor,
     workspace: RowWorkspace | None,
-    guard: "RowGuard | None" = None,
+    guard: RowGuard | None = None,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1.
 
@@ -195,7 +195,7 @@ def image_visibility(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     token_to_req: torch.Tensor,
-    spans: "ImageSpans",
+    spans: ImageSpans,
     *,
     token_offset: int,
     num_rows: int,
@@ -403,12 +403,10 @@ def build_reference(config: SWAConfig, batch) -> ReferenceResult:
     replay = batch.replay_start
     if replay is None:
         replay = torch.zeros_like(batch.seq_lens)
-    common = dict(window_size=config.window_size, block_size=config.block_size)
+    common: dict[str, Any] = dict(window_size=config.window_size, block_size=config.block_size)
     inputs = (batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid)
     if batch.causal:
-        dec_idx, dec_lens = causal_window_rows(
-            *inputs, token_offset=0, num_rows=ndt, replay_start=replay, **common
-        )
+        dec_idx, dec_lens = causal_window_rows(*inputs, token_offset=0, num_rows=ndt, replay_start=replay, **common)
         width = config.window_size
     else:
         if not config.is_dspark:
@@ -416,21 +414,31 @@ def build_reference(config: SWAConfig, batch) -> ReferenceResult:
                 "causal", f"causal=False is only legal with DSpark; speculative_method={config.speculative_method!r}"
             )
         width = config.noncausal_index_width
-        dec_idx, dec_lens = noncausal_window_rows(
-            *inputs, token_offset=0, num_rows=ndt, width=width, **common
-        )
+        dec_idx, dec_lens = noncausal_window_rows(*inputs, token_offset=0, num_rows=ndt, width=width, **common)
     left_all = right_all = left = right = None
     if npt and has_image_spans(config, batch):
         left_all = torch.zeros(ndt + npt, dtype=torch.int32, device=batch.seq_lens.device)
         right_all = torch.zeros_like(left_all)
         left, right = image_visibility(
-            batch.query_start_loc, batch.seq_lens, t2r, batch.image_spans,
-            token_offset=ndt, num_rows=npt, max_image_tokens=config.max_image_tokens,
-            out_left=left_all[ndt:], out_right=right_all[ndt:],
+            batch.query_start_loc,
+            batch.seq_lens,
+            t2r,
+            batch.image_spans,
+            token_offset=ndt,
+            num_rows=npt,
+            max_image_tokens=config.max_image_tokens,
+            out_left=left_all[ndt:],
+            out_right=right_all[ndt:],
         )
     pre_idx, pre_lens = causal_window_rows(
-        *inputs, token_offset=ndt, num_rows=npt, replay_start=replay, left=left, right=right,
-        width=config.prefill_index_width, **common,
+        *inputs,
+        token_offset=ndt,
+        num_rows=npt,
+        replay_start=replay,
+        left=left,
+        right=right,
+        width=config.prefill_index_width,
+        **common,
     )
     gather = (
         prefill_gather_lens(batch.seq_lens, batch.query_start_loc, nd, npf, config.window_size, replay_start=replay)

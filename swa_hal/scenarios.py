@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from .batch import AttentionBatch
 from .config import SWAConfig, load_yaml_mapping
+from .errors import ConfigError
 
 REPLAY_MODES = ("none", "prefix", "window", "random")
-from .errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +57,15 @@ class Scenario:
     image_tokens: int = 0
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], source: str = "scenario") -> "Scenario":
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "scenario") -> Scenario:
         if not isinstance(data, Mapping):
             raise ConfigError(source, "a scenario must be a mapping")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise ConfigError(sorted(unknown)[0], f"unknown scenario key in {source} (known: {', '.join(sorted(known))})")
+            raise ConfigError(
+                sorted(unknown)[0], f"unknown scenario key in {source} (known: {', '.join(sorted(known))})"
+            )
         groups = []
         for i, g in enumerate(data.get("groups") or []):
             try:
@@ -87,7 +90,7 @@ class Scenario:
         return cls(groups=tuple(groups), **{"name": Path(source).stem, **fields})
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "Scenario":
+    def from_yaml(cls, path: str | Path) -> Scenario:
         return cls.from_mapping(load_yaml_mapping(path, "scenario"), str(path))
 
     def make_batch(self, config: SWAConfig, device: str | torch.device = "cpu") -> AttentionBatch:
@@ -102,8 +105,14 @@ class Scenario:
         seq_lens += [0] * self.padding_requests
         query_lens += [0] * self.padding_requests
         return synthesize_batch(
-            config, seq_lens, query_lens, rng=rng, padding_rows=self.padding_rows,
-            invalid_tokens=self.invalid_tokens, causal=self.causal, device=device,
+            config,
+            seq_lens,
+            query_lens,
+            rng=rng,
+            padding_rows=self.padding_rows,
+            invalid_tokens=self.invalid_tokens,
+            causal=self.causal,
+            device=device,
             replay_start=self._replay(config, rng, seq_lens, query_lens),
             image_spans=self._images(config, seq_lens, query_lens),
         )
@@ -165,8 +174,15 @@ def synthesize_batch(
         table[r, :n] = pool[cursor : cursor + n]
         cursor += n
     batch = AttentionBatch.from_lists(
-        seq_lens, query_lens, table, num_tokens=sum(query_lens) + padding_rows,
-        causal=causal, device="cpu", block_size=block, replay_start=replay_start, image_spans=image_spans,
+        seq_lens,
+        query_lens,
+        table,
+        num_tokens=sum(query_lens) + padding_rows,
+        causal=causal,
+        device="cpu",
+        block_size=block,
+        replay_start=replay_start,
+        image_spans=image_spans,
     )
     real = sum(query_lens)
     if invalid_tokens and real:

@@ -15,7 +15,7 @@ class Split(NamedTuple):
 
 
 def split_decodes_and_prefills(
-    query_start_loc_cpu: "np.ndarray | object",
+    query_start_loc_cpu: np.ndarray | object,
     max_query_len: int,
     num_tokens: int,
     decode_threshold: int,
@@ -26,7 +26,7 @@ def split_decodes_and_prefills(
 
     ``query_lens`` (the differences of query_start_loc) may be passed when the caller has them.
     """
-    qsl = query_start_loc_cpu if isinstance(query_start_loc_cpu, np.ndarray) else query_start_loc_cpu.numpy()
+    qsl = query_start_loc_cpu if isinstance(query_start_loc_cpu, np.ndarray) else query_start_loc_cpu.numpy()  # type: ignore[attr-defined]
     num_reqs = qsl.shape[0] - 1
     if max_query_len <= decode_threshold:
         return Split(num_reqs, 0, num_tokens, 0)

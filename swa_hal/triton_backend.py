@@ -6,7 +6,8 @@ scheduler hook, and post-passes; the kernel source is shared (``kernels/swa_meta
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -32,7 +33,7 @@ class TritonBackend(Backend):
     # SM12x: every lane's address in bounds, masked or not.
     CLAMP_ADDRESSES: ClassVar[bool] = False
 
-    def __init__(self, config: "SWAConfig", device: torch.device, platform: "PlatformInfo"):
+    def __init__(self, config: SWAConfig, device: torch.device, platform: PlatformInfo):
         super().__init__(config, device, platform)
         if device.type == "cpu" and not interpreter_on():
             raise BackendUnavailableError(
@@ -61,14 +62,18 @@ class TritonBackend(Backend):
         key = self._keys.get((causal, self.guard, grouped))
         if key is None:
             key = self._keys[(causal, self.guard, grouped)] = jit.rows_key(
-                self.config, causal=causal, clamp=self.CLAMP_ADDRESSES, device_type=self.device.type,
-                guard=self.guard, grouped=grouped,
+                self.config,
+                causal=causal,
+                clamp=self.CLAMP_ADDRESSES,
+                device_type=self.device.type,
+                guard=self.guard,
+                grouped=grouped,
             )
         return key
 
     # -- builds ----------------------------------------------------------------------------------
 
-    def _outputs(self, key: Any, buffers: "MetadataBuffers", causal: bool) -> tuple[Any, ...]:
+    def _outputs(self, key: Any, buffers: MetadataBuffers, causal: bool) -> tuple[Any, ...]:
         """The nine output buffers: as tensors until the key has compiled, then as cached addresses
         (the buffers never move, so their addresses are read once)."""
         cache = self._output_addresses
@@ -76,17 +81,35 @@ class TritonBackend(Backend):
             return cache[key]
         outs = (
             buffers.decode_indices if causal else buffers.noncausal_indices,
-            buffers.decode_lens, buffers.prefill_indices, buffers.prefill_lens,
-            buffers.token_to_req, buffers.is_valid, buffers.gather_lens,
-            buffers.left_visible, buffers.right_visible, buffers.violation,
+            buffers.decode_lens,
+            buffers.prefill_indices,
+            buffers.prefill_lens,
+            buffers.token_to_req,
+            buffers.is_valid,
+            buffers.gather_lens,
+            buffers.left_visible,
+            buffers.right_visible,
+            buffers.violation,
         )
         if self._launch_rows.ready(key) and self._launch_rows.raw_pointers:
             cache[key] = tuple(t.data_ptr() for t in outs)
         return outs
 
-    def _launch(self, causal: bool, buffers: "MetadataBuffers", inputs: tuple[Any, ...], num_reqs: int,
-                num_tokens: int, nd: int, npf: int, ndt: int, npt: int, clear_end: int, spans: Any,
-                groups: int = 1) -> None:
+    def _launch(
+        self,
+        causal: bool,
+        buffers: MetadataBuffers,
+        inputs: tuple[Any, ...],
+        num_reqs: int,
+        num_tokens: int,
+        nd: int,
+        npf: int,
+        ndt: int,
+        npt: int,
+        clear_end: int,
+        spans: Any,
+        groups: int = 1,
+    ) -> None:
         key = self.kernel_key(causal, groups > 1)
         dec = -(-ndt // key.BLOCK_T)
         pre = -(-npt // key.BLOCK_TP)
@@ -95,7 +118,7 @@ class TritonBackend(Backend):
         qsl, seq_lens, table, slots, replay = inputs
         outputs = self._outputs(key, buffers, causal)
         # The builder's own inputs (no spans, the group table) never move: addresses once compiled.
-        fixed = self._fixed_inputs.get(key) if spans is None else None
+        fixed: tuple[Any, ...] | None = self._fixed_inputs.get(key) if spans is None else None
         if fixed is None:
             fixed = (buffers.no_span_indptr, buffers.span_starts, buffers.span_ends, buffers.group_inputs)
             if spans is not None:
@@ -107,15 +130,33 @@ class TritonBackend(Backend):
             groups * (dec + pre + clear) + gather,
             (
                 *outputs,
-                qsl, seq_lens, table, slots, replay, *fixed,
-                table.stride(0), table.shape[1], num_reqs, num_tokens,
-                nd, npf, ndt, npt, clear_end, dec, pre, clear, -(-num_reqs // key.SEARCH_BLOCK),
-                groups, buffers.capacity,
+                qsl,
+                seq_lens,
+                table,
+                slots,
+                replay,
+                *fixed,
+                table.stride(0),
+                table.shape[1],
+                num_reqs,
+                num_tokens,
+                nd,
+                npf,
+                ndt,
+                npt,
+                clear_end,
+                dec,
+                pre,
+                clear,
+                -(-num_reqs // key.SEARCH_BLOCK),
+                groups,
+                buffers.capacity,
             ),
         )
 
-    def _write_group_table(self, tables: Sequence["torch.Tensor"], slots: Sequence["torch.Tensor"],
-                           buffers: "MetadataBuffers") -> None:
+    def _write_group_table(
+        self, tables: Sequence[torch.Tensor], slots: Sequence[torch.Tensor], buffers: MetadataBuffers
+    ) -> None:
         """The kernel reads group g's inputs through row g of ``buffers.group_inputs``; rewrite it only
         when the engine hands in other tensors (a copy to the device, never inside a steady state)."""
         rows = tuple((t.data_ptr(), s.data_ptr(), t.stride(0), t.shape[1]) for t, s in zip(tables, slots))
@@ -123,44 +164,85 @@ class TritonBackend(Backend):
             buffers.group_inputs[: len(rows)].copy_(torch.tensor(rows, dtype=torch.int64))
             self._group_table = rows
 
-    def compute(self, plan: BuildPlan, batch: "AttentionBatch", buffers: "MetadataBuffers") -> None:
-        self._launch(
-            plan.causal, buffers,
-            (batch.query_start_loc, batch.seq_lens, batch.block_table, batch.slot_mapping, plan.replay_start),
-            plan.num_reqs, plan.num_tokens, plan.num_decodes, plan.num_prefills, plan.num_decode_tokens,
-            plan.num_prefill_tokens, plan.decode_lens_clear_end, plan.spans if plan.images else None,
-        )
+    def compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
+        self._launch_plan(plan, batch, batch.block_table, batch.slot_mapping, buffers, 1)
 
-    def compute_groups(self, plan: BuildPlan, batch: "AttentionBatch", tables: Sequence["torch.Tensor"],
-                       slots: Sequence["torch.Tensor"], buffers: "MetadataBuffers") -> None:
+    def compute_groups(
+        self,
+        plan: BuildPlan,
+        batch: AttentionBatch,
+        tables: Sequence[torch.Tensor],
+        slots: Sequence[torch.Tensor],
+        buffers: MetadataBuffers,
+    ) -> None:
         """Every group in one launch (docs/semantics.md #group-builds)."""
         self._write_group_table(tables, slots, buffers)
+        self._launch_plan(plan, batch, tables[0], slots[0], buffers, len(tables))
+
+    def _launch_plan(
+        self,
+        plan: BuildPlan,
+        batch: AttentionBatch,
+        table: torch.Tensor,
+        slots: torch.Tensor,
+        buffers: MetadataBuffers,
+        groups: int,
+    ) -> None:
         self._launch(
-            plan.causal, buffers,
-            (batch.query_start_loc, batch.seq_lens, tables[0], slots[0], plan.replay_start),
-            plan.num_reqs, plan.num_tokens, plan.num_decodes, plan.num_prefills, plan.num_decode_tokens,
-            plan.num_prefill_tokens, plan.decode_lens_clear_end, plan.spans if plan.images else None,
-            groups=len(tables),
+            plan.causal,
+            buffers,
+            (batch.query_start_loc, batch.seq_lens, table, slots, plan.replay_start),
+            plan.num_reqs,
+            plan.num_tokens,
+            plan.num_decodes,
+            plan.num_prefills,
+            plan.num_decode_tokens,
+            plan.num_prefill_tokens,
+            plan.decode_lens_clear_end,
+            plan.spans if plan.images else None,
+            groups,
         )
 
-    def recompute_decode_rows(self, metadata: "SWAMetadata", buffers: "MetadataBuffers") -> None:
+    def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         # The build kernel with its decode programs only: token_to_req, is_valid and the rows.
         ndt = metadata.num_decode_tokens
         self._launch(
-            metadata.causal, buffers,
-            (metadata.query_start_loc, metadata.seq_lens, metadata.block_table, metadata.slot_mapping,
-             metadata.replay_start),
-            metadata.seq_lens.shape[0], ndt, metadata.num_decodes, 0, ndt, 0, ndt, None,
+            metadata.causal,
+            buffers,
+            (
+                metadata.query_start_loc,
+                metadata.seq_lens,
+                metadata.block_table,
+                metadata.slot_mapping,
+                metadata.replay_start,
+            ),
+            metadata.seq_lens.shape[0],
+            ndt,
+            metadata.num_decodes,
+            0,
+            ndt,
+            0,
+            ndt,
+            None,
         )
 
-    def recompute_groups(self, metadatas: Sequence["SWAMetadata"], buffers: "MetadataBuffers") -> None:
+    def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
         first = metadatas[0]
         ndt = first.num_decode_tokens
         self._write_group_table([m.block_table for m in metadatas], [m.slot_mapping for m in metadatas], buffers)
         self._launch(
-            first.causal, buffers,
+            first.causal,
+            buffers,
             (first.query_start_loc, first.seq_lens, first.block_table, first.slot_mapping, first.replay_start),
-            first.seq_lens.shape[0], ndt, first.num_decodes, 0, ndt, 0, ndt, None, groups=len(metadatas),
+            first.seq_lens.shape[0],
+            ndt,
+            first.num_decodes,
+            0,
+            ndt,
+            0,
+            ndt,
+            None,
+            groups=len(metadatas),
         )
 
     # -- warmup ----------------------------------------------------------------------------------
@@ -170,11 +252,11 @@ class TritonBackend(Backend):
         grouped = (False, True) if self.config.num_kv_groups > 1 else (False,)
         return [self.kernel_key(c, g) for g in grouped for c in causal]
 
-    def warmup(self, buffers: "MetadataBuffers", progress: Callable[[str], None] | None = None) -> int:
+    def warmup(self, buffers: MetadataBuffers, progress: Callable[[str], None] | None = None) -> int:
         """Launch every variant once on a one-token batch, into scratch outputs of the same dtypes
         (so live metadata views are never touched). Returns the number of variants."""
         dev = self.device
-        i32 = dict(dtype=torch.int32, device=dev)
+        i32: dict[str, Any] = dict(dtype=torch.int32, device=dev)
         cfg = self.config
         width = max(cfg.window_size, cfg.noncausal_index_width)
         # One decode request and one prefill request of one token each, every segment non-empty.
@@ -187,8 +269,7 @@ class TritonBackend(Backend):
         indptr, span = torch.tensor([0, 0, 1], **i32), torch.zeros(1, **i32)
         # A group table whose one row is this scratch batch's (grouped variants launch one group).
         table, slots = torch.zeros((2, 1), **i32), torch.tensor([0, 1], dtype=torch.int64, device=dev)
-        groups = torch.tensor([[table.data_ptr(), slots.data_ptr(), table.stride(0), 1]], dtype=torch.int64,
-                              device=dev)
+        groups = torch.tensor([[table.data_ptr(), slots.data_ptr(), table.stride(0), 1]], dtype=torch.int64, device=dev)
         count = 0
         for key in self.kernel_keys():
             if progress is not None:
@@ -196,9 +277,42 @@ class TritonBackend(Backend):
             self._launch_rows(
                 key,
                 4,
-                (dec_idx, dec_lens, pre_idx, pre_lens, t2r, valid, gather, left, right, record,
-                 qsl, seq, table, slots, replay, indptr, span, span, groups,
-                 table.stride(0), 1, 2, 2, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1),
+                (
+                    dec_idx,
+                    dec_lens,
+                    pre_idx,
+                    pre_lens,
+                    t2r,
+                    valid,
+                    gather,
+                    left,
+                    right,
+                    record,
+                    qsl,
+                    seq,
+                    table,
+                    slots,
+                    replay,
+                    indptr,
+                    span,
+                    span,
+                    groups,
+                    table.stride(0),
+                    1,
+                    2,
+                    2,
+                    1,
+                    1,
+                    1,
+                    1,
+                    2,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                ),
             )
             count += 1
         return count

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from .metadata import SWAMetadata
 
 
-
 def _guard_fail(name: str, t: object, want: torch.dtype, device_index: int, ndim: int) -> None:
     """Name the first broken rule of a guarded input (the slow path of ``guard_batch``)."""
     if not isinstance(t, torch.Tensor):
@@ -50,14 +49,14 @@ def _guarded(name: str, t: object, want: torch.dtype, device_index: int, ndim: i
     # dtype or another device would be read as garbage, so it is refused before any launch.
     # (Runs on every build: the common case is one comparison of a few cheap attributes.)
     try:
-        ok = t.dtype is want and t.get_device() == device_index and t.dim() == ndim  # type: ignore[union-attr]
+        ok = t.dtype is want and t.get_device() == device_index and t.dim() == ndim  # type: ignore[attr-defined]
     except AttributeError:
         ok = False
-    if not ok or (t.stride(-1) != 1 and t.shape[-1] > 1):  # type: ignore[union-attr]
+    if not ok or (t.stride(-1) != 1 and t.shape[-1] > 1):  # type: ignore[attr-defined]
         _guard_fail(name, t, want, device_index, ndim)
 
 
-def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, device_index: int) -> None:
+def guard_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_index: int) -> None:
     """Host-only, O(1) checks that keep every kernel launch inside its inputs and outputs; cheap
     enough for every build (docs/semantics.md #guarded-builds). Reads no device value.
 
@@ -74,8 +73,7 @@ def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, dev
         raise BatchDtypeError("num_tokens", f"num_tokens must be an int, got {num_tokens!r}")
     if num_tokens > capacity:
         raise BatchCapacityError(
-            "num_tokens", f"num_tokens={num_tokens} exceeds the builder's capacity "
-            f"(max_num_batched_tokens={capacity})"
+            "num_tokens", f"num_tokens={num_tokens} exceeds the builder's capacity (max_num_batched_tokens={capacity})"
         )
     if num_tokens < 1:
         raise BatchShapeError("num_tokens", f"num_tokens={num_tokens}: the batch is empty")
@@ -89,9 +87,7 @@ def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, dev
     if num_reqs < 1:
         raise BatchShapeError("query_start_loc_cpu", "query_start_loc_cpu has no request: the batch is empty")
     if num_reqs > config.max_num_seqs:
-        raise BatchCapacityError(
-            "seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}"
-        )
+        raise BatchCapacityError("seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}")
     if qsl.shape[0] != num_reqs + 1:
         raise BatchShapeError(
             "query_start_loc", f"query_start_loc has {qsl.shape[0]} entries; query_start_loc_cpu has {num_reqs + 1}"
@@ -99,8 +95,10 @@ def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, dev
     if seq_lens.shape[0] < num_reqs:
         raise BatchShapeError("seq_lens", f"seq_lens has {seq_lens.shape[0]} entries for {num_reqs} requests")
     if table.shape[0] < num_reqs or table.shape[1] < 1:
-        raise BatchShapeError("block_table", f"block_table {tuple(table.shape)} has too few rows or no page "
-                              f"column for {num_reqs} requests")
+        raise BatchShapeError(
+            "block_table",
+            f"block_table {tuple(table.shape)} has too few rows or no page column for {num_reqs} requests",
+        )
     if slots.shape[0] != num_tokens:
         raise BatchShapeError("slot_mapping", f"slot_mapping has {slots.shape[0]} entries; num_tokens is {num_tokens}")
     replay = batch.replay_start
@@ -114,11 +112,15 @@ def guard_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int, dev
         _guarded("image_spans.starts", spans.starts, torch.int32, device_index)
         _guarded("image_spans.ends", spans.ends, torch.int32, device_index)
         if spans.indptr.shape[0] < num_reqs + 1:
-            raise BatchShapeError("image_spans.indptr", f"image_spans.indptr has {spans.indptr.shape[0]} entries; "
-                                  f"expected num_reqs + 1 = {num_reqs + 1}")
+            raise BatchShapeError(
+                "image_spans.indptr",
+                f"image_spans.indptr has {spans.indptr.shape[0]} entries; expected num_reqs + 1 = {num_reqs + 1}",
+            )
         if spans.ends.shape[0] != spans.starts.shape[0]:
-            raise BatchShapeError("image_spans.ends", f"image_spans.ends has {spans.ends.shape[0]} entries but "
-                                  f"starts has {spans.starts.shape[0]}")
+            raise BatchShapeError(
+                "image_spans.ends",
+                f"image_spans.ends has {spans.ends.shape[0]} entries but starts has {spans.starts.shape[0]}",
+            )
 
 
 def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_index: int) -> None:
@@ -127,14 +129,18 @@ def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_ind
         _guarded(f"block_tables[{g}]", table, torch.int32, device_index, 2)
         _guarded(f"slot_mappings[{g}]", slot_mapping, torch.int64, device_index)
         if table.shape[0] < num_reqs or table.shape[1] < 1:
-            raise BatchShapeError(f"block_tables[{g}]", f"block_tables[{g}] {tuple(table.shape)} has too few rows or "
-                                  f"no page column for {num_reqs} requests")
+            raise BatchShapeError(
+                f"block_tables[{g}]",
+                f"block_tables[{g}] {tuple(table.shape)} has too few rows or no page column for {num_reqs} requests",
+            )
         if slot_mapping.shape[0] != num_tokens:
-            raise BatchShapeError(f"slot_mappings[{g}]", f"slot_mappings[{g}] has {slot_mapping.shape[0]} entries; "
-                                  f"num_tokens is {num_tokens}")
+            raise BatchShapeError(
+                f"slot_mappings[{g}]",
+                f"slot_mappings[{g}] has {slot_mapping.shape[0]} entries; num_tokens is {num_tokens}",
+            )
 
 
-def guard_update(metadata: "SWAMetadata", device_index: int) -> None:
+def guard_update(metadata: SWAMetadata, device_index: int) -> None:
     """The host guard of a draft-step update: the tensors it reads in place are still what the build
     guarded (an engine may have swapped one for another view)."""
     num_reqs = metadata.query_start_loc.shape[0] - 1
@@ -146,11 +152,14 @@ def guard_update(metadata: "SWAMetadata", device_index: int) -> None:
     if metadata.seq_lens.shape[0] < num_reqs or metadata.block_table.shape[0] < num_reqs:
         raise BatchShapeError("seq_lens", f"seq_lens / block_table have fewer rows than the {num_reqs} requests")
     if metadata.slot_mapping.shape[0] < metadata.num_decode_tokens:
-        raise BatchShapeError("slot_mapping", f"slot_mapping has {metadata.slot_mapping.shape[0]} entries for "
-                              f"{metadata.num_decode_tokens} decode tokens")
+        raise BatchShapeError(
+            "slot_mapping",
+            f"slot_mapping has {metadata.slot_mapping.shape[0]} entries for {metadata.num_decode_tokens} decode tokens",
+        )
     if metadata.replay_start.shape[0] < num_reqs:
-        raise BatchShapeError("replay_start", f"replay_start has {metadata.replay_start.shape[0]} entries for "
-                              f"{num_reqs} requests")
+        raise BatchShapeError(
+            "replay_start", f"replay_start has {metadata.replay_start.shape[0]} entries for {num_reqs} requests"
+        )
 
 
 def _tensor(name: str, t: object, dtype: torch.dtype, ndim: int, *, cpu: bool = False) -> torch.Tensor:
@@ -171,7 +180,7 @@ def _first(mask: torch.Tensor) -> int:
     return int(torch.nonzero(mask)[0, 0])
 
 
-def validate_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int | None = None) -> None:
+def validate_batch(batch: AttentionBatch, config: SWAConfig, capacity: int | None = None) -> None:
     cap = config.max_num_batched_tokens if capacity is None else capacity
     seq_lens = _tensor("seq_lens", batch.seq_lens, torch.int32, 1)
     qsl = _tensor("query_start_loc", batch.query_start_loc, torch.int32, 1)
@@ -209,7 +218,9 @@ def validate_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int |
     if num_tokens < 1:
         raise BatchShapeError("num_tokens", f"num_tokens={num_tokens}: the batch has no token rows")
     if num_tokens > cap:
-        raise BatchCapacityError("num_tokens", f"num_tokens={num_tokens} exceeds the builder's capacity (max_num_batched_tokens={cap})")
+        raise BatchCapacityError(
+            "num_tokens", f"num_tokens={num_tokens} exceeds the builder's capacity (max_num_batched_tokens={cap})"
+        )
     if slots.shape[0] != num_tokens:
         raise BatchShapeError("slot_mapping", f"slot_mapping has {slots.shape[0]} entries; num_tokens is {num_tokens}")
     mql = batch.max_query_len
@@ -224,8 +235,10 @@ def validate_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int |
     if not torch.equal(starts, dev_starts):
         i = _first(starts != dev_starts)
         raise BatchConsistencyError(
-            "query_start_loc", f"query_start_loc[{i}]={int(dev_starts[i])} differs from its host copy "
-            f"query_start_loc_cpu[{i}]={int(starts[i])}", i,
+            "query_start_loc",
+            f"query_start_loc[{i}]={int(dev_starts[i])} differs from its host copy "
+            f"query_start_loc_cpu[{i}]={int(starts[i])}",
+            i,
         )
     if int(starts[0]) != 0:
         raise BatchOrderError("query_start_loc", f"query_start_loc[0]={int(starts[0])}; it must start at 0", 0)
@@ -233,15 +246,22 @@ def validate_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int |
     if bool((query < 0).any()):
         i = _first(query < 0)
         raise BatchOrderError(
-            "query_start_loc", f"query_start_loc[{i + 1}]={int(starts[i + 1])} is smaller than "
-            f"query_start_loc[{i}]={int(starts[i])}: it must be non-decreasing", i + 1,
+            "query_start_loc",
+            f"query_start_loc[{i + 1}]={int(starts[i + 1])} is smaller than "
+            f"query_start_loc[{i}]={int(starts[i])}: it must be non-decreasing",
+            i + 1,
         )
     scheduled = int(starts[-1])
     if scheduled > num_tokens:
-        raise BatchRangeError("num_tokens", f"num_tokens={num_tokens} is smaller than the {scheduled} scheduled tokens (query_start_loc[-1])")
+        raise BatchRangeError(
+            "num_tokens",
+            f"num_tokens={num_tokens} is smaller than the {scheduled} scheduled tokens (query_start_loc[-1])",
+        )
     longest = int(query.max())
     if longest > mql:
-        raise BatchConsistencyError("max_query_len", f"max_query_len={mql} but request {int(torch.argmax(query))} has {longest} query tokens")
+        raise BatchConsistencyError(
+            "max_query_len", f"max_query_len={mql} but request {int(torch.argmax(query))} has {longest} query tokens"
+        )
 
     seq = seq_lens.cpu().to(torch.int64)
     if bool((seq < 0).any()):
@@ -250,10 +270,14 @@ def validate_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int |
     short = seq < query
     if bool(short.any()):
         r = _first(short)
-        raise BatchRangeError("seq_lens", f"seq_lens[{r}]={int(seq[r])} is shorter than its query length {int(query[r])}", r)
+        raise BatchRangeError(
+            "seq_lens", f"seq_lens[{r}]={int(seq[r])} is shorter than its query length {int(query[r])}", r
+        )
     if bool((seq > config.max_model_len).any()):
         r = _first(seq > config.max_model_len)
-        raise BatchCapacityError("seq_lens", f"seq_lens[{r}]={int(seq[r])} exceeds max_model_len={config.max_model_len}", r)
+        raise BatchCapacityError(
+            "seq_lens", f"seq_lens[{r}]={int(seq[r])} exceeds max_model_len={config.max_model_len}", r
+        )
 
     split = split_decodes_and_prefills(qsl_cpu, mql, num_tokens, config.decode_threshold)
     if seq_cpu is not None:
@@ -261,21 +285,36 @@ def validate_batch(batch: "AttentionBatch", config: "SWAConfig", capacity: int |
         under = host < seq
         if bool(under.any()):
             r = _first(under)
-            raise BatchConsistencyError("seq_lens_cpu", f"seq_lens_cpu[{r}]={int(host[r])} is below seq_lens[{r}]={int(seq[r])}; the host copy must be an upper bound", r)
+            raise BatchConsistencyError(
+                "seq_lens_cpu",
+                f"seq_lens_cpu[{r}]={int(host[r])} is below seq_lens[{r}]={int(seq[r])}; the host copy must be an upper bound",
+                r,
+            )
         nd = split.num_decodes
         if bool((host[nd:] != seq[nd:]).any()):
             r = nd + _first(host[nd:] != seq[nd:])
-            raise BatchConsistencyError("seq_lens_cpu", f"seq_lens_cpu[{r}]={int(host[r])} differs from seq_lens[{r}]={int(seq[r])}; prefill rows must be exact", r)
+            raise BatchConsistencyError(
+                "seq_lens_cpu",
+                f"seq_lens_cpu[{r}]={int(host[r])} differs from seq_lens[{r}]={int(seq[r])}; prefill rows must be exact",
+                r,
+            )
 
     if not batch.causal:
         if not config.is_dspark:
-            raise SpeculativeModeError("causal", f"causal=False is only legal with DSpark drafting; speculative_method={config.speculative_method!r}")
+            raise SpeculativeModeError(
+                "causal",
+                f"causal=False is only legal with DSpark drafting; speculative_method={config.speculative_method!r}",
+            )
         width = config.noncausal_index_width
         nd = split.num_decodes
         need = torch.minimum(seq[:nd], query[:nd] + config.window_size)
         if nd and bool((need > width).any()):
             r = _first(need > width)
-            raise SpeculativeModeError("seq_lens", f"seq_lens[{r}]={int(seq[r])}: its DSpark row needs {int(need[r])} entries, wider than the non-causal width {width}", r)
+            raise SpeculativeModeError(
+                "seq_lens",
+                f"seq_lens[{r}]={int(seq[r])}: its DSpark row needs {int(need[r])} entries, wider than the non-causal width {width}",
+                r,
+            )
 
     replay = _validate_replay(batch.replay_start, seq, query, device)
     _validate_spans(batch.image_spans, seq, query, device, config)
@@ -301,8 +340,10 @@ def _validate_replay(replay_start, seq, query, device) -> torch.Tensor | None:
     if bool((bound > prefix).any()):
         r = _first(bound > prefix)
         raise BatchRangeError(
-            "replay_start", f"replay_start[{r}]={int(bound[r])} is past the prefix seq_lens[{r}] - query_len = "
-            f"{int(prefix[r])}: it must lie in [0, {int(prefix[r])}] (a bound past a position would empty its window)", r,
+            "replay_start",
+            f"replay_start[{r}]={int(bound[r])} is past the prefix seq_lens[{r}] - query_len = "
+            f"{int(prefix[r])}: it must lie in [0, {int(prefix[r])}] (a bound past a position would empty its window)",
+            r,
         )
     return bound
 
@@ -320,41 +361,60 @@ def _validate_spans(spans, seq, query, device, config) -> None:
         if t.device != device:
             raise BatchDeviceError(name, f"{name} is on {t.device} but seq_lens is on {device}")
     if indptr.shape[0] < num_reqs + 1:
-        raise BatchShapeError("image_spans.indptr", f"image_spans.indptr has {indptr.shape[0]} entries; expected num_reqs + 1 = {num_reqs + 1}")
+        raise BatchShapeError(
+            "image_spans.indptr",
+            f"image_spans.indptr has {indptr.shape[0]} entries; expected num_reqs + 1 = {num_reqs + 1}",
+        )
     if starts_t.shape[0] != ends_t.shape[0]:
-        raise BatchShapeError("image_spans.ends", f"image_spans.ends has {ends_t.shape[0]} entries but starts has {starts_t.shape[0]}")
+        raise BatchShapeError(
+            "image_spans.ends", f"image_spans.ends has {ends_t.shape[0]} entries but starts has {starts_t.shape[0]}"
+        )
     ptr = indptr[: num_reqs + 1].cpu().to(torch.int64)
     if int(ptr[0]) != 0:
         raise BatchOrderError("image_spans.indptr", f"image_spans.indptr[0]={int(ptr[0])}; it must start at 0", 0)
     counts = ptr[1:] - ptr[:-1]
     if bool((counts < 0).any()):
         r = _first(counts < 0)
-        raise BatchOrderError("image_spans.indptr", f"image_spans.indptr[{r + 1}]={int(ptr[r + 1])} is smaller than image_spans.indptr[{r}]={int(ptr[r])}: it must be non-decreasing", r + 1)
+        raise BatchOrderError(
+            "image_spans.indptr",
+            f"image_spans.indptr[{r + 1}]={int(ptr[r + 1])} is smaller than image_spans.indptr[{r}]={int(ptr[r])}: it must be non-decreasing",
+            r + 1,
+        )
     n = int(ptr[-1])
     if n > starts_t.shape[0]:
-        raise BatchShapeError("image_spans.indptr", f"image_spans.indptr[{num_reqs}]={n} but there are {starts_t.shape[0]} spans")
+        raise BatchShapeError(
+            "image_spans.indptr", f"image_spans.indptr[{num_reqs}]={n} but there are {starts_t.shape[0]} spans"
+        )
     if n == 0:
         return
     starts, ends = starts_t[:n].cpu().to(torch.int64), ends_t[:n].cpu().to(torch.int64)
     req = torch.repeat_interleave(torch.arange(num_reqs), counts)
     if bool((starts > ends).any()):
         i = _first(starts > ends)
-        raise BatchRangeError("image_spans", f"image_spans[{int(req[i])}]: span {i} is inverted: start {int(starts[i])} > end {int(ends[i])}", int(req[i]))
+        raise BatchRangeError(
+            "image_spans",
+            f"image_spans[{int(req[i])}]: span {i} is inverted: start {int(starts[i])} > end {int(ends[i])}",
+            int(req[i]),
+        )
     lo, hi = (seq - query)[req], seq[req] - 1
     outside = (starts < lo) | (ends > hi)
     if bool(outside.any()):
         i = _first(outside)
         r = int(req[i])
         raise BatchRangeError(
-            "image_spans", f"image_spans[{r}]: span {i} [{int(starts[i])}, {int(ends[i])}] lies outside the request's new tokens "
-            f"[{int(lo[i])}, {int(hi[i])}] (seq_lens[{r}] - query_len .. seq_lens[{r}] - 1)", r,
+            "image_spans",
+            f"image_spans[{r}]: span {i} [{int(starts[i])}, {int(ends[i])}] lies outside the request's new tokens "
+            f"[{int(lo[i])}, {int(hi[i])}] (seq_lens[{r}] - query_len .. seq_lens[{r}] - 1)",
+            r,
         )
     m = config.max_image_tokens
     if m > 0 and bool((ends - starts + 1 > m).any()):
         i = _first(ends - starts + 1 > m)
         raise BatchRangeError(
-            "image_spans", f"image_spans[{int(req[i])}]: span {i} [{int(starts[i])}, {int(ends[i])}] holds "
-            f"{int(ends[i] - starts[i] + 1)} tokens; max_image_tokens is {m}", int(req[i]),
+            "image_spans",
+            f"image_spans[{int(req[i])}]: span {i} [{int(starts[i])}, {int(ends[i])}] holds "
+            f"{int(ends[i] - starts[i] + 1)} tokens; max_image_tokens is {m}",
+            int(req[i]),
         )
 
 
@@ -368,8 +428,10 @@ def _validate_pages(table, seq, query, starts, config, causal, replay=None) -> N
     if bool((needed > rows.shape[1]).any()):
         r = _first(needed > rows.shape[1])
         raise BatchCapacityError(
-            "block_table", f"block_table has {rows.shape[1]} pages per row but request {r} (seq_lens={int(seq[r])}, "
-            f"block_size={block}) needs {int(needed[r])}", r,
+            "block_table",
+            f"block_table has {rows.shape[1]} pages per row but request {r} (seq_lens={int(seq[r])}, "
+            f"block_size={block}) needs {int(needed[r])}",
+            r,
         )
     prefix = seq - query
     reach = config.window_size if not causal else config.window_size - 1
@@ -382,16 +444,26 @@ def _validate_pages(table, seq, query, starts, config, causal, replay=None) -> N
     bad = read & (rows < 0)
     if bool(bad.any()):
         r, p = (int(x) for x in torch.nonzero(bad)[0])
-        raise BatchRangeError("block_table", f"block_table[{r}, {p}]={int(rows[r, p])} is negative but the window reads page {p}", r)
+        raise BatchRangeError(
+            "block_table", f"block_table[{r}, {p}]={int(rows[r, p])} is negative but the window reads page {p}", r
+        )
     if config.num_kv_blocks is not None:
         bad = read & (rows >= config.num_kv_blocks)
         if bool(bad.any()):
             r, p = (int(x) for x in torch.nonzero(bad)[0])
-            raise BatchRangeError("block_table", f"block_table[{r}, {p}]={int(rows[r, p])} is past the cache's {config.num_kv_blocks} pages", r)
+            raise BatchRangeError(
+                "block_table",
+                f"block_table[{r}, {p}]={int(rows[r, p])} is past the cache's {config.num_kv_blocks} pages",
+                r,
+            )
     bad = read & (rows * block + block - 1 > INT32_LIMIT)
     if bool(bad.any()):
         r, p = (int(x) for x in torch.nonzero(bad)[0])
-        raise BatchRangeError("block_table", f"block_table[{r}, {p}]={int(rows[r, p])} x block_size {block} overflows the int32 slot ids", r)
+        raise BatchRangeError(
+            "block_table",
+            f"block_table[{r}, {p}]={int(rows[r, p])} x block_size {block} overflows the int32 slot ids",
+            r,
+        )
 
 
 def _validate_slots(slots, table, seq, starts, scheduled, config) -> None:
@@ -399,10 +471,16 @@ def _validate_slots(slots, table, seq, starts, scheduled, config) -> None:
     s = slots.cpu()
     if bool((s < -1).any()):
         t = _first(s < -1)
-        raise BatchRangeError("slot_mapping", f"slot_mapping[{t}]={int(s[t])}; a slot is >= 0, or -1 for a padding token", t)
+        raise BatchRangeError(
+            "slot_mapping", f"slot_mapping[{t}]={int(s[t])}; a slot is >= 0, or -1 for a padding token", t
+        )
     if bool((s[scheduled:] != -1).any()):
         t = scheduled + _first(s[scheduled:] != -1)
-        raise BatchConsistencyError("slot_mapping", f"slot_mapping[{t}]={int(s[t])} but row {t} is past the {scheduled} scheduled tokens; padding rows must be -1", t)
+        raise BatchConsistencyError(
+            "slot_mapping",
+            f"slot_mapping[{t}]={int(s[t])} but row {t} is past the {scheduled} scheduled tokens; padding rows must be -1",
+            t,
+        )
     if scheduled == 0:
         return
     num_reqs = seq.shape[0]
@@ -416,6 +494,8 @@ def _validate_slots(slots, table, seq, starts, scheduled, config) -> None:
     if bool(wrong.any()):
         t = _first(wrong)
         raise BatchConsistencyError(
-            "slot_mapping", f"slot_mapping[{t}]={int(real[t])} but block_table puts request {int(req[t])} "
-            f"position {int(pos[t])} in slot {int(expected[t])}", t,
+            "slot_mapping",
+            f"slot_mapping[{t}]={int(real[t])} but block_table puts request {int(req[t])} "
+            f"position {int(pos[t])} in slot {int(expected[t])}",
+            t,
         )

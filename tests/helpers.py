@@ -24,3 +24,17 @@ TRITON_BACKENDS = ("cuda", "sm12x", "rocm", "xpu")
 def make_builder(config: SWAConfig, backend: str, **kwargs) -> SWAMetadataBuilder:
     platform = PlatformInfo.from_assume(BACKEND_PLATFORMS[backend])
     return SWAMetadataBuilder(config, device="cpu", backend=backend, platform=platform, **kwargs)
+
+
+# On an NVIDIA GPU every Triton backend can run: the others are forced with a synthetic platform.
+GPU_FORCED = {
+    "cuda": None,
+    "sm12x": "vendor=cuda,capability=12.0",
+    "rocm": "vendor=rocm,arch=gfx942,capability=9.4",
+    "xpu": "vendor=xpu",
+}
+
+
+def gpu_builder(name: str, config: SWAConfig, **kwargs) -> SWAMetadataBuilder:
+    platform = PlatformInfo.from_assume(GPU_FORCED[name]) if GPU_FORCED[name] else None
+    return SWAMetadataBuilder(config, device="cuda", backend=name, platform=platform, **kwargs)

@@ -8,7 +8,8 @@ keeps building indices and lens; the scheduler slots stay None and ``swa-hal inf
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def scheduler_factory() -> tuple[Callable[[], Any] | None, str | None]:

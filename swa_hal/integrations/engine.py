@@ -9,7 +9,8 @@ engine already calls: ``build(common_prefix_len, common_attn_metadata, fast_buil
 from __future__ import annotations
 
 import enum
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -12,14 +12,14 @@ the inputs before every build, which is what the driver query would have caught.
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 import triton
 from triton.runtime.jit import JITFunction
 
 from ..jit import NUM_WARPS
-
 
 
 def _hooks_idle() -> bool:
@@ -47,20 +47,30 @@ class KernelLauncher:
         """Whether launches of ``key`` take the fast path (and so accept addresses for pointers)."""
         return key in self._compiled
 
-    def __call__(self, key: Any, grid: int, args: tuple[Any, ...]) -> None:
+    def __call__(self, key: Any, grid: int, args: Sequence[Any]) -> None:
         self.launches += 1
         entry = self._compiled.get(key)
         if entry is not None and _hooks_idle():
             kernel, constexprs, pointers = entry
             if self.raw_pointers:
-                args = list(args)
+                raw = list(args)
                 for i in pointers:
-                    arg = args[i]
+                    arg = raw[i]
                     if arg.__class__ is not int:
-                        args[i] = arg.data_ptr()
+                        raw[i] = arg.data_ptr()
+                args = raw
             kernel.run(
-                grid, 1, 1, self._current_stream(self._device_index), kernel.function, kernel.packed_metadata,
-                None, None, None, *args, *constexprs,
+                grid,
+                1,
+                1,
+                self._current_stream(self._device_index),
+                kernel.function,
+                kernel.packed_metadata,
+                None,
+                None,
+                None,
+                *args,
+                *constexprs,
             )
             return
         constexprs = key.constexprs()

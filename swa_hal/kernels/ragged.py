@@ -13,8 +13,16 @@ import triton.language as tl
 
 @triton.jit(do_not_specialize=["n_rows", "capacity"])
 def ragged_rows_kernel(
-    ragged_ptr, indptr_ptr, idx_ptr, lens_ptr, n_rows, capacity,
-    WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, CLAMP: tl.constexpr,
+    ragged_ptr,
+    indptr_ptr,
+    idx_ptr,
+    lens_ptr,
+    n_rows,
+    capacity,
+    WIDTH: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    CLAMP: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < n_rows

@@ -35,13 +35,31 @@ import triton.language as tl
 # tensors must not specialise on alignment: then one compile per constexpr key serves every
 # batch shape, which is what lets warmup() promise no compilation at run time.
 RUNTIME_INTS = [
-    "bt_stride", "max_pages", "num_reqs", "num_tokens", "num_decodes", "num_prefills",
-    "num_decode_tokens", "num_prefill_tokens", "decode_clear_end", "dec_progs", "pre_progs",
-    "clear_progs", "search_chunks", "num_groups", "group_rows",
+    "bt_stride",
+    "max_pages",
+    "num_reqs",
+    "num_tokens",
+    "num_decodes",
+    "num_prefills",
+    "num_decode_tokens",
+    "num_prefill_tokens",
+    "decode_clear_end",
+    "dec_progs",
+    "pre_progs",
+    "clear_progs",
+    "search_chunks",
+    "num_groups",
+    "group_rows",
 ]
 ENGINE_TENSORS = [
-    "qsl_ptr", "seq_lens_ptr", "block_table_ptr", "slot_mapping_ptr", "replay_ptr",
-    "span_indptr_ptr", "span_starts_ptr", "span_ends_ptr",
+    "qsl_ptr",
+    "seq_lens_ptr",
+    "block_table_ptr",
+    "slot_mapping_ptr",
+    "replay_ptr",
+    "span_indptr_ptr",
+    "span_starts_ptr",
+    "span_ends_ptr",
 ]
 
 # Triton kernels may only read module globals that are constexpr.
@@ -53,8 +71,16 @@ MAX_SPAN_SCAN = tl.constexpr(65536)
 
 
 @triton.jit
-def _owner_of(tok, row_ok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
-              CLAMP: tl.constexpr):
+def _owner_of(
+    tok,
+    row_ok,
+    qsl_ptr,
+    num_reqs,
+    search_chunks,
+    BLOCK_T: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
+    CLAMP: tl.constexpr,
+):
     """Request owning each token: the number of ends qsl[1..R] at or before it; R (past the
     scheduled tokens) maps to 0.
 
@@ -76,8 +102,9 @@ def _owner_of(tok, row_ok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constex
 
 
 @triton.jit
-def _search_owner(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
-                  CLAMP: tl.constexpr):
+def _search_owner(
+    tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constexpr, SEARCH_BLOCK: tl.constexpr, CLAMP: tl.constexpr
+):
     """The owner by counting request ends (any batch)."""
     # The owner is non-decreasing in the token, so when the first and last token of the block have
     # the same one (most prefill blocks) every token does: two scalar counts instead of a
@@ -109,8 +136,19 @@ def _search_owner(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T: tl.constexpr, 
 
 
 @triton.jit
-def _image_visibility(pos, req, row_ok, seq, prefix, span_indptr_ptr, span_starts_ptr, span_ends_ptr,
-                      BLOCK_T: tl.constexpr, MAX_IMAGE: tl.constexpr, GUARD: tl.constexpr):
+def _image_visibility(
+    pos,
+    req,
+    row_ok,
+    seq,
+    prefix,
+    span_indptr_ptr,
+    span_starts_ptr,
+    span_ends_ptr,
+    BLOCK_T: tl.constexpr,
+    MAX_IMAGE: tl.constexpr,
+    GUARD: tl.constexpr,
+):
     """Per row: (left, right) inside the last listed image span of its request holding pos, and
     (guarded) the first span of its request that breaks a rule, or NO_SPAN."""
     lo = tl.load(span_indptr_ptr + req, mask=row_ok, other=0)
@@ -159,15 +197,44 @@ def _record(violation_ptr, kind, req, value, rows):
 
 @triton.jit
 def _window_rows(
-    out_idx_ptr, out_lens_ptr, token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr, violation_ptr,
-    qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
-    span_indptr_ptr, span_starts_ptr, span_ends_ptr,
-    bt_stride, max_pages, num_reqs, num_tokens, search_chunks,
-    row0, n_rows, token_offset, first_group,
-    WINDOW: tl.constexpr, WIDTH: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
-    NONCAUSAL: tl.constexpr, IMAGES: tl.constexpr, CLEAR_IMAGES: tl.constexpr, MAX_IMAGE: tl.constexpr,
-    GUARD: tl.constexpr, BLOCK_LIMIT: tl.constexpr, ROW_PAGES: tl.constexpr, CLAMP: tl.constexpr,
+    out_idx_ptr,
+    out_lens_ptr,
+    token_to_req_ptr,
+    is_valid_ptr,
+    left_ptr,
+    right_ptr,
+    violation_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    slot_mapping_ptr,
+    replay_ptr,
+    span_indptr_ptr,
+    span_starts_ptr,
+    span_ends_ptr,
+    bt_stride,
+    max_pages,
+    num_reqs,
+    num_tokens,
+    search_chunks,
+    row0,
+    n_rows,
+    token_offset,
+    first_group,
+    WINDOW: tl.constexpr,
+    WIDTH: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
+    NONCAUSAL: tl.constexpr,
+    IMAGES: tl.constexpr,
+    CLEAR_IMAGES: tl.constexpr,
+    MAX_IMAGE: tl.constexpr,
+    GUARD: tl.constexpr,
+    BLOCK_LIMIT: tl.constexpr,
+    ROW_PAGES: tl.constexpr,
+    CLAMP: tl.constexpr,
 ):
     rows = row0 + tl.arange(0, BLOCK_T)
     row_ok = rows < n_rows
@@ -208,8 +275,19 @@ def _window_rows(
         pos = seq - end + tok  # P_r + (t - qsl[r])
         last = pos
         if IMAGES:
-            left, right, bad_span = _image_visibility(pos, req, row_ok, seq, prefix, span_indptr_ptr,
-                                                      span_starts_ptr, span_ends_ptr, BLOCK_T, MAX_IMAGE, GUARD)
+            left, right, bad_span = _image_visibility(
+                pos,
+                req,
+                row_ok,
+                seq,
+                prefix,
+                span_indptr_ptr,
+                span_starts_ptr,
+                span_ends_ptr,
+                BLOCK_T,
+                MAX_IMAGE,
+                GUARD,
+            )
             tl.store(left_ptr + tok_at, left, mask=shared)
             tl.store(right_ptr + tok_at, right, mask=shared)
             start = tl.maximum(pos - (WINDOW - 1) - tl.maximum(left - (WINDOW - 1), 0), 0)
@@ -294,21 +372,62 @@ def _window_rows(
 @triton.jit(do_not_specialize=RUNTIME_INTS, do_not_specialize_on_alignment=ENGINE_TENSORS)
 def swa_metadata_kernel(
     # outputs (the builder's fixed buffers; per-group ones stacked group after group)
-    decode_idx_ptr, decode_lens_ptr, prefill_idx_ptr, prefill_lens_ptr,
-    token_to_req_ptr, is_valid_ptr, gather_lens_ptr, left_ptr, right_ptr, violation_ptr,
+    decode_idx_ptr,
+    decode_lens_ptr,
+    prefill_idx_ptr,
+    prefill_lens_ptr,
+    token_to_req_ptr,
+    is_valid_ptr,
+    gather_lens_ptr,
+    left_ptr,
+    right_ptr,
+    violation_ptr,
     # inputs (engine tensors, or the builder's zero buffers when the batch has none)
-    qsl_ptr, seq_lens_ptr, block_table_ptr, slot_mapping_ptr, replay_ptr,
-    span_indptr_ptr, span_starts_ptr, span_ends_ptr, group_inputs_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    block_table_ptr,
+    slot_mapping_ptr,
+    replay_ptr,
+    span_indptr_ptr,
+    span_starts_ptr,
+    span_ends_ptr,
+    group_inputs_ptr,
     # host scalars
-    bt_stride, max_pages, num_reqs, num_tokens, num_decodes, num_prefills,
-    num_decode_tokens, num_prefill_tokens, decode_clear_end, dec_progs, pre_progs, clear_progs,
-    search_chunks, num_groups, group_rows,
+    bt_stride,
+    max_pages,
+    num_reqs,
+    num_tokens,
+    num_decodes,
+    num_prefills,
+    num_decode_tokens,
+    num_prefill_tokens,
+    decode_clear_end,
+    dec_progs,
+    pre_progs,
+    clear_progs,
+    search_chunks,
+    num_groups,
+    group_rows,
     # compile-time shape of the work
-    WINDOW: tl.constexpr, DECODE_WIDTH: tl.constexpr, PREFILL_WIDTH: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_TP: tl.constexpr, BLOCK_WP: tl.constexpr,
-    SEARCH_BLOCK: tl.constexpr, CLEAR_BLOCK: tl.constexpr, GATHER_BLOCK: tl.constexpr,
-    MAX_IMAGE: tl.constexpr, NONCAUSAL: tl.constexpr, GUARD: tl.constexpr, BLOCK_LIMIT: tl.constexpr,
-    GROUPED: tl.constexpr, DECODE_ROW_PAGES: tl.constexpr, PREFILL_ROW_PAGES: tl.constexpr, CLAMP: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DECODE_WIDTH: tl.constexpr,
+    PREFILL_WIDTH: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_TP: tl.constexpr,
+    BLOCK_WP: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
+    CLEAR_BLOCK: tl.constexpr,
+    GATHER_BLOCK: tl.constexpr,
+    MAX_IMAGE: tl.constexpr,
+    NONCAUSAL: tl.constexpr,
+    GUARD: tl.constexpr,
+    BLOCK_LIMIT: tl.constexpr,
+    GROUPED: tl.constexpr,
+    DECODE_ROW_PAGES: tl.constexpr,
+    PREFILL_ROW_PAGES: tl.constexpr,
+    CLAMP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     group_progs = dec_progs + pre_progs + clear_progs
@@ -337,24 +456,85 @@ def swa_metadata_kernel(
         first_group = g == 0
         if local < dec_progs:
             _window_rows(
-                dec_idx, dec_lens, token_to_req_ptr, valid_out, left_ptr, right_ptr, violation_ptr,
-                qsl_ptr, seq_lens_ptr, table, slots, replay_ptr,
-                span_indptr_ptr, span_starts_ptr, span_ends_ptr,
-                stride, pages, num_reqs, num_tokens, search_chunks,
-                local * BLOCK_T, num_decode_tokens, 0, first_group,
-                WINDOW, DECODE_WIDTH, BLOCK_SIZE, BLOCK_T, BLOCK_W, SEARCH_BLOCK,
-                NONCAUSAL, False, MAX_IMAGE > 0, MAX_IMAGE, GUARD, BLOCK_LIMIT, DECODE_ROW_PAGES, CLAMP,
+                dec_idx,
+                dec_lens,
+                token_to_req_ptr,
+                valid_out,
+                left_ptr,
+                right_ptr,
+                violation_ptr,
+                qsl_ptr,
+                seq_lens_ptr,
+                table,
+                slots,
+                replay_ptr,
+                span_indptr_ptr,
+                span_starts_ptr,
+                span_ends_ptr,
+                stride,
+                pages,
+                num_reqs,
+                num_tokens,
+                search_chunks,
+                local * BLOCK_T,
+                num_decode_tokens,
+                0,
+                first_group,
+                WINDOW,
+                DECODE_WIDTH,
+                BLOCK_SIZE,
+                BLOCK_T,
+                BLOCK_W,
+                SEARCH_BLOCK,
+                NONCAUSAL,
+                False,
+                MAX_IMAGE > 0,
+                MAX_IMAGE,
+                GUARD,
+                BLOCK_LIMIT,
+                DECODE_ROW_PAGES,
+                CLAMP,
             )
         elif local < dec_progs + pre_progs:
             _window_rows(
-                prefill_idx_ptr + rows_at * PREFILL_WIDTH, prefill_lens_ptr + rows_at, token_to_req_ptr, valid_out,
-                left_ptr, right_ptr, violation_ptr,
-                qsl_ptr, seq_lens_ptr, table, slots, replay_ptr,
-                span_indptr_ptr, span_starts_ptr, span_ends_ptr,
-                stride, pages, num_reqs, num_tokens, search_chunks,
-                (local - dec_progs) * BLOCK_TP, num_prefill_tokens, num_decode_tokens, first_group,
-                WINDOW, PREFILL_WIDTH, BLOCK_SIZE, BLOCK_TP, BLOCK_WP, SEARCH_BLOCK,
-                False, MAX_IMAGE > 0, False, MAX_IMAGE, GUARD, BLOCK_LIMIT, PREFILL_ROW_PAGES, CLAMP,
+                prefill_idx_ptr + rows_at * PREFILL_WIDTH,
+                prefill_lens_ptr + rows_at,
+                token_to_req_ptr,
+                valid_out,
+                left_ptr,
+                right_ptr,
+                violation_ptr,
+                qsl_ptr,
+                seq_lens_ptr,
+                table,
+                slots,
+                replay_ptr,
+                span_indptr_ptr,
+                span_starts_ptr,
+                span_ends_ptr,
+                stride,
+                pages,
+                num_reqs,
+                num_tokens,
+                search_chunks,
+                (local - dec_progs) * BLOCK_TP,
+                num_prefill_tokens,
+                num_decode_tokens,
+                first_group,
+                WINDOW,
+                PREFILL_WIDTH,
+                BLOCK_SIZE,
+                BLOCK_TP,
+                BLOCK_WP,
+                SEARCH_BLOCK,
+                False,
+                MAX_IMAGE > 0,
+                False,
+                MAX_IMAGE,
+                GUARD,
+                BLOCK_LIMIT,
+                PREFILL_ROW_PAGES,
+                CLAMP,
             )
         else:
             # Names differ from the gather branch's: Triton unifies same-named values across branches.

@@ -111,9 +111,17 @@ def random_batch(
     if config.max_image_tokens > 0 and rng.random() < spans:
         image_spans = random_spans(rng, seqs, queries, config.max_image_tokens)
     return synthesize_batch(
-        config, seqs, queries, rng=rng, padding_rows=padding_rows, invalid_tokens=invalid,
-        causal=causal, extra_pages=rng.choice((0, 0, 1, 3)) if extra_pages is None else extra_pages,
-        device=device, replay_start=replay_start, image_spans=image_spans,
+        config,
+        seqs,
+        queries,
+        rng=rng,
+        padding_rows=padding_rows,
+        invalid_tokens=invalid,
+        causal=causal,
+        extra_pages=rng.choice((0, 0, 1, 3)) if extra_pages is None else extra_pages,
+        device=device,
+        replay_start=replay_start,
+        image_spans=image_spans,
     )
 
 

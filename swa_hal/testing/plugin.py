@@ -89,8 +89,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # (a missing driver, a broken import) and falls back must turn the session red too.
     try:
         selection = select_backend()
-        device = torch.device("cuda") if selection.platform.vendor in ("cuda", "rocm") and torch.cuda.is_available() \
+        device = (
+            torch.device("cuda")
+            if selection.platform.vendor in ("cuda", "rocm") and torch.cuda.is_available()
             else torch.device("cpu")
+        )
         backend = selection.create(SWAConfig(), device)
         picked, detail = backend.name, selection.explain()
         if backend.fell_back_from:

@@ -17,20 +17,12 @@ from swa_hal.testing.batches import KINDS, random_batch
 from swa_hal.testing.compare import compare_with_reference
 from swa_hal.testing.graphs import check_graph_replay
 
-from helpers import CONFIGS, SCENARIOS
+from helpers import CONFIGS, GPU_FORCED, SCENARIOS, gpu_builder
 
-# On an NVIDIA GPU every Triton backend can run: the others are forced with a synthetic platform.
-FORCED = {
-    "cuda": None,
-    "sm12x": "vendor=cuda,capability=12.0",
-    "rocm": "vendor=rocm,arch=gfx942,capability=9.4",
-    "xpu": "vendor=xpu",
-}
+FORCED = GPU_FORCED
 
 
-def builder_for(name: str, config: SWAConfig) -> SWAMetadataBuilder:
-    platform = PlatformInfo.from_assume(FORCED[name]) if FORCED[name] else None
-    return SWAMetadataBuilder(config, device="cuda", backend=name, platform=platform)
+builder_for = gpu_builder
 
 
 def config_for(scenario_path):

@@ -21,12 +21,9 @@ from swa_hal.testing.batches import KINDS, random_batch
 
 pytestmark = pytest.mark.gpu
 
-FORCED = {
-    "cuda": None,
-    "sm12x": "vendor=cuda,capability=12.0",
-    "rocm": "vendor=rocm,arch=gfx942,capability=9.4",
-    "xpu": "vendor=xpu",
-}
+from helpers import GPU_FORCED, gpu_builder  # noqa: E402
+
+FORCED = GPU_FORCED
 CONFIGS = {
     "v4_vision_mtp": SWAConfig(window_size=128, block_size=64, compress_ratios=(0, 4, 128), max_model_len=65536,
                                max_num_batched_tokens=8192, max_num_seqs=256, num_speculative_tokens=1,
@@ -38,9 +35,7 @@ CONFIGS = {
 }
 
 
-def builder_for(name: str, config: SWAConfig, **kwargs) -> SWAMetadataBuilder:
-    platform = PlatformInfo.from_assume(FORCED[name]) if FORCED[name] else None
-    return SWAMetadataBuilder(config, device="cuda", backend=name, platform=platform, **kwargs)
+builder_for = gpu_builder
 
 
 def other_groups(config, batch, groups, rng):

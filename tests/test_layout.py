@@ -1,0 +1,75 @@
+"""The shape of the package: no import cycle, and the core depends on neither the backends nor the kit."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from helpers import ROOT
+
+PACKAGE = ROOT / "swa_hal"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """What a module imports when it is imported (module level, TYPE_CHECKING blocks excluded: function-level
+    imports are lazy on purpose)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            continue
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            prefix = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module or ""
+            for alias in node.names:
+                full = f"{prefix}.{alias.name}"
+                out.add(full if full in MODULES else prefix)
+    return {m for m in out if m in MODULES and m != name} | {m for m in out if not m.startswith("swa_hal")}
+
+
+def test_no_import_cycle():
+    graph = {name: {m for m in _imports(name) if m in MODULES} for name in MODULES}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        for dep in graph[name]:
+            assert dep not in path, "import cycle: " + " -> ".join(path[path.index(dep):] + [dep])
+            if dep not in done:
+                visit(dep, path + [dep])
+        done.add(name)
+
+    for name in graph:
+        visit(name, [name])
+
+
+def test_the_core_imports_no_backend_and_no_test_kit():
+    core = [n for n in MODULES if not n.startswith(("swa_hal.testing", "swa_hal.integrations"))]
+    for name in core:
+        deps = _imports(name)
+        assert not any(d.startswith("swa_hal_") for d in deps), f"{name} imports a backend package"
+        assert not any(d.startswith("swa_hal.testing") for d in deps), f"{name} imports the test kit"
+    assert "swa_hal.reference" not in _imports("swa_hal.metadata")
+    assert "swa_hal.validation" not in _imports("swa_hal.batch")
+    assert "swa_hal.batch" not in _imports("swa_hal.validation")
+
+
+def test_the_cli_never_imports_the_test_kit():
+    # Not even lazily: the command line checks builds with swa_hal.compare, which lives in the core.
+    for node in ast.walk(ast.parse(MODULES["swa_hal.cli"].read_text())):
+        if isinstance(node, ast.ImportFrom):
+            assert "testing" not in (node.module or ""), f"swa_hal/cli.py line {node.lineno} imports the kit"

@@ -135,6 +135,10 @@ class BuildPlan(NamedTuple):
     # Whether this build works out image visibility (#vision-spans), and the span CSR it reads.
     images: bool = False
     spans: ImageSpans | None = None
+    # The query length every request of the decode / prefill part is likely to have (the kernel's
+    # cheap owner guess, checked before use; docs/semantics.md #per-token-helpers): host values only.
+    decode_guess_len: int = 1
+    prefill_guess_len: int = 1
 
 
 class Backend:

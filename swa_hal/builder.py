@@ -222,6 +222,8 @@ class SWAMetadataBuilder:
         if batch.max_query_len <= self.decode_threshold:  # decode-only: no host data to read
             nd, npf, ndt, npt = num_reqs, 0, num_tokens, 0
             query = None
+            # The kernel guesses each token's request from a common query length (and checks it).
+            dec_guess, pre_guess = batch.max_query_len, 1
         else:
             # docs/semantics.md #split, inline (this runs on every mixed build): the first request
             # longer than the threshold starts the prefills.
@@ -234,6 +236,7 @@ class SWAMetadataBuilder:
                 npt = num_tokens - ndt
             else:  # max_query_len overstated the batch: all decodes
                 nd, npf, ndt, npt = num_reqs, 0, num_tokens, 0
+            dec_guess, pre_guess = int(query[0]), (int(query[nd]) if nd < num_reqs else 1)
         causal = batch.causal
         width = cfg.window_size if causal else self._noncausal_width(batch, nd)
         # Decode lens rows ever written, per group; a build zeroes [num_decode_tokens, that) (#fixed-buffers).
@@ -247,7 +250,22 @@ class SWAMetadataBuilder:
             replay = self._no_replay_view(num_reqs)
         spans = batch.image_spans
         images = bool(npt) and cfg.max_image_tokens > 0 and spans is not None and spans.starts.shape[0] > 0
-        plan = BuildPlan(num_reqs, num_tokens, nd, npf, ndt, npt, causal, width, clear_end, replay, images, spans)
+        plan = BuildPlan(
+            num_reqs,
+            num_tokens,
+            nd,
+            npf,
+            ndt,
+            npt,
+            causal,
+            width,
+            clear_end,
+            replay,
+            images,
+            spans,
+            dec_guess,
+            pre_guess,
+        )
         return plan, query
 
     def _metadata(self, batch: AttentionBatch, plan: BuildPlan, query: Any, group: int) -> SWAMetadata:

@@ -109,6 +109,7 @@ class TritonBackend(Backend):
         clear_end: int,
         spans: Any,
         groups: int = 1,
+        guess: tuple[int, int] = (1, 1),
     ) -> None:
         key = self.kernel_key(causal, groups > 1)
         dec = -(-ndt // key.BLOCK_T)
@@ -151,6 +152,7 @@ class TritonBackend(Backend):
                 -(-num_reqs // key.SEARCH_BLOCK),
                 groups,
                 buffers.capacity,
+                *guess,
             ),
         )
 
@@ -201,6 +203,7 @@ class TritonBackend(Backend):
             plan.decode_lens_clear_end,
             plan.spans if plan.images else None,
             groups,
+            (plan.decode_guess_len, plan.prefill_guess_len),
         )
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
@@ -216,7 +219,7 @@ class TritonBackend(Backend):
                 metadata.slot_mapping,
                 metadata.replay_start,
             ),
-            metadata.seq_lens.shape[0],
+            metadata.query_start_loc.shape[0] - 1,
             ndt,
             metadata.num_decodes,
             0,
@@ -224,6 +227,7 @@ class TritonBackend(Backend):
             0,
             ndt,
             None,
+            guess=(metadata.max_decode_query_len, 1),
         )
 
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
@@ -234,7 +238,7 @@ class TritonBackend(Backend):
             first.causal,
             buffers,
             (first.query_start_loc, first.seq_lens, first.block_table, first.slot_mapping, first.replay_start),
-            first.seq_lens.shape[0],
+            first.query_start_loc.shape[0] - 1,
             ndt,
             first.num_decodes,
             0,
@@ -243,6 +247,7 @@ class TritonBackend(Backend):
             ndt,
             None,
             groups=len(metadatas),
+            guess=(first.max_decode_query_len, 1),
         )
 
     # -- warmup ----------------------------------------------------------------------------------
@@ -306,6 +311,8 @@ class TritonBackend(Backend):
                     1,
                     1,
                     2,
+                    1,
+                    1,
                     1,
                     1,
                     1,

@@ -50,6 +50,8 @@ RUNTIME_INTS = [
     "search_chunks",
     "num_groups",
     "group_rows",
+    "decode_guess_len",
+    "prefill_guess_len",
 ]
 ENGINE_TENSORS = [
     "qsl_ptr",
@@ -75,30 +77,47 @@ def _owner_of(
     tok,
     row_ok,
     qsl_ptr,
+    seq_lens_ptr,
+    replay_ptr,
     num_reqs,
     search_chunks,
+    guess_req,
+    guess_tok,
+    guess_len,
     BLOCK_T: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
-    """Request owning each token: the number of ends qsl[1..R] at or before it; R (past the
-    scheduled tokens) maps to 0.
+    """Request owning each token (the number of ends qsl[1..R] at or before it; R, past the scheduled
+    tokens, maps to 0), with the request's start and end offsets, sequence length and replay bound.
 
-    Uniform batches (every request as long as the first: decode, MTP) take a shortcut: guess
-    t // query_len[0] and check it against the guess's own start and end (two loads the rows need
-    anyway); only a block with a wrong guess searches."""
-    first_len = tl.load(qsl_ptr + 1) - tl.load(qsl_ptr)
-    scheduled = tl.load(qsl_ptr + num_reqs)
-    guess = tl.minimum(tok // tl.maximum(first_len, 1), num_reqs - 1)
+    A batch whose requests of this segment are all ``guess_len`` long (decode, MTP, equal prefill
+    chunks) takes a shortcut: the owner of t is guess_req + (t - guess_tok) // guess_len, and its
+    offsets, length and bound are loaded with the check, in one round of loads; only a block with a
+    wrong guess searches, then loads."""
+    guess = tl.minimum(tl.maximum(guess_req + (tok - guess_tok) // tl.maximum(guess_len, 1), 0), num_reqs - 1)
     lo = tl.load(qsl_ptr + guess)
     hi = tl.load(qsl_ptr + guess + 1)
+    seq = tl.load(seq_lens_ptr + guess)
+    bound = tl.load(replay_ptr + guess)
+    scheduled = tl.load(qsl_ptr + num_reqs)
     padding = tok >= scheduled
     right = ~row_ok | padding | ((lo <= tok) & (tok < hi))
     if tl.min(right.to(tl.int32), axis=0) == 1:
+        # Rows past the scheduled tokens belong to request 0.
         owner = tl.where(padding, 0, guess)
+        begin = tl.where(padding, tl.load(qsl_ptr), lo)
+        end = tl.where(padding, tl.load(qsl_ptr + 1), hi)
+        seq = tl.where(padding, tl.load(seq_lens_ptr), seq)
+        bound = tl.where(padding, tl.load(replay_ptr), bound)
     else:
         owner = _search_owner(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T, SEARCH_BLOCK, CLAMP)
-    return owner
+        # owner is in [0, num_reqs): these addresses are in bounds even unmasked.
+        begin = tl.load(qsl_ptr + owner, mask=row_ok, other=0)
+        end = tl.load(qsl_ptr + owner + 1, mask=row_ok, other=0)
+        seq = tl.load(seq_lens_ptr + owner, mask=row_ok, other=0)
+        bound = tl.load(replay_ptr + owner, mask=row_ok, other=0)
+    return owner, begin, end, seq, bound
 
 
 @triton.jit
@@ -221,6 +240,8 @@ def _window_rows(
     n_rows,
     token_offset,
     first_group,
+    guess_req,
+    guess_len,
     WINDOW: tl.constexpr,
     WIDTH: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -245,7 +266,21 @@ def _window_rows(
         tok_at = tl.minimum(tok, num_tokens - 1)
         rows_at = tl.minimum(rows, n_rows - 1)
 
-    req = _owner_of(tok, row_ok, qsl_ptr, num_reqs, search_chunks, BLOCK_T, SEARCH_BLOCK, CLAMP)
+    req, begin, end, seq, bound = _owner_of(
+        tok,
+        row_ok,
+        qsl_ptr,
+        seq_lens_ptr,
+        replay_ptr,
+        num_reqs,
+        search_chunks,
+        guess_req,
+        token_offset,
+        guess_len,
+        BLOCK_T,
+        SEARCH_BLOCK,
+        CLAMP,
+    )
     slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
     valid = slot >= 0
     # Per-request outputs are shared by every KV-cache group: the first group writes them.
@@ -253,17 +288,10 @@ def _window_rows(
     tl.store(token_to_req_ptr + tok_at, req, mask=shared)
     tl.store(is_valid_ptr + tok_at, valid, mask=row_ok)
 
-    # req is in [0, num_reqs) by construction, so these addresses are in bounds even unmasked.
-    seq = tl.load(seq_lens_ptr + req, mask=row_ok, other=0)
-    end = tl.load(qsl_ptr + req + 1, mask=row_ok, other=0)
     kind = tl.zeros([BLOCK_T], dtype=tl.int32)
     value = tl.zeros([BLOCK_T], dtype=tl.int32)
     checked = row_ok & valid
-    if NONCAUSAL or GUARD:
-        begin = tl.load(qsl_ptr + req, mask=row_ok, other=0)
-        prefix = seq - (end - begin)
-    else:
-        prefix = seq  # unused
+    prefix = seq - (end - begin)
     if GUARD:
         kind, value = _flag(kind, value, checked & (end < begin), 1, end - begin)  # QUERY_ORDER
         kind, value = _flag(kind, value, checked & (prefix < 0), 2, seq)  # SEQ_SHORT
@@ -298,7 +326,6 @@ def _window_rows(
                 zero = tl.zeros([BLOCK_T], dtype=tl.int32)
                 tl.store(left_ptr + tok_at, zero, mask=shared)
                 tl.store(right_ptr + tok_at, zero, mask=shared)
-        bound = tl.load(replay_ptr + req, mask=row_ok, other=0)
         start = tl.maximum(start, bound)
         # Never negative: a replay bound past p leaves an empty row.
         lens = tl.maximum(last + 1 - start, 0)
@@ -408,6 +435,8 @@ def swa_metadata_kernel(
     search_chunks,
     num_groups,
     group_rows,
+    decode_guess_len,
+    prefill_guess_len,
     # compile-time shape of the work
     WINDOW: tl.constexpr,
     DECODE_WIDTH: tl.constexpr,
@@ -480,6 +509,8 @@ def swa_metadata_kernel(
                 num_decode_tokens,
                 0,
                 first_group,
+                0,
+                decode_guess_len,
                 WINDOW,
                 DECODE_WIDTH,
                 BLOCK_SIZE,
@@ -521,6 +552,8 @@ def swa_metadata_kernel(
                 num_prefill_tokens,
                 num_decode_tokens,
                 first_group,
+                num_decodes,
+                prefill_guess_len,
                 WINDOW,
                 PREFILL_WIDTH,
                 BLOCK_SIZE,

@@ -60,12 +60,14 @@ class MetadataBuffers:
         self.violation = torch.zeros(4, **i32)
         # DSpark rows are wider than W; allocated on first use (most configs never need them).
         self._noncausal_indices: torch.Tensor | None = None
-        self._root = self
+        # Group views point at the buffers they view (no reference to itself: a cycle would keep a dropped
+        # builder's device memory until the garbage collector runs).
+        self._root: MetadataBuffers | None = None
         self._group = 0
 
     @property
     def group_noncausal_indices(self) -> torch.Tensor:
-        root = self._root
+        root = self._root or self
         if root._noncausal_indices is None:
             width = self.config.noncausal_index_width
             root._noncausal_indices = torch.full(
@@ -91,6 +93,7 @@ class MetadataBuffers:
         if g == 0:
             return self
         view = copy.copy(self)
+        view._root = self
         view.is_valid = self.group_is_valid[g]
         view.decode_indices = self.group_decode_indices[g]
         view.decode_lens = self.group_decode_lens[g]

@@ -213,15 +213,19 @@ def image_visibility(
         out_right = torch.empty(num_rows, dtype=torch.int32, device=device)
     out_left.zero_()
     out_right.zero_()
-    num_spans = spans.starts.shape[0]
+    num_spans = min(spans.starts.shape[0], spans.ends.shape[0])
     if num_rows == 0 or num_spans == 0:
         return out_left, out_right
     req, seq, end, rows = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, None)
     pos = (seq - end + rows + token_offset).long()
-    num_reqs = spans.indptr.shape[0] - 1
-    counts = (spans.indptr[1:] - spans.indptr[:-1]).long()
-    span_req = torch.repeat_interleave(torch.arange(num_reqs, device=device), counts, output_size=num_spans)
-    starts, ends = spans.starts.long(), spans.ends.long()
+    ptr = spans.indptr.long()
+    num_reqs = ptr.shape[0] - 1
+    span_ids = torch.arange(num_spans, device=device)
+    # The request of span i: the number of CSR ends at or before it (spans past indptr[R] have none,
+    # which only a malformed CSR can have).
+    span_req = torch.searchsorted(ptr[1:].contiguous(), span_ids, right=True)
+    span_req = torch.where((span_ids >= ptr[0]) & (span_req < num_reqs), span_req, -1)
+    starts, ends = spans.starts[:num_spans].long(), spans.ends[:num_spans].long()
     inside = (req.long()[:, None] == span_req[None, :]) & (pos[:, None] >= starts) & (pos[:, None] <= ends)
     # The last listed span containing p: the highest span number among the matches.
     order = torch.arange(1, num_spans + 1, device=device)

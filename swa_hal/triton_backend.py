@@ -153,6 +153,7 @@ class TritonBackend(Backend):
                 groups,
                 buffers.capacity,
                 *guess,
+                0 if spans is None else spans.starts.shape[0],
             ),
         )
 
@@ -311,6 +312,7 @@ class TritonBackend(Backend):
                     1,
                     1,
                     2,
+                    1,
                     1,
                     1,
                     1,

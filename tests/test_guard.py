@@ -21,8 +21,17 @@ from swa_hal.testing.interpreter import address_strict
 from swa_hal.validation import validate_batch
 
 BACKENDS = list(BACKEND_PLATFORMS)
-CFG = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=32, max_num_seqs=6,
-                num_speculative_tokens=1, speculative_method="mtp", num_kv_blocks=16, max_image_tokens=4)
+CFG = SWAConfig(
+    window_size=4,
+    block_size=4,
+    max_model_len=64,
+    max_num_batched_tokens=32,
+    max_num_seqs=6,
+    num_speculative_tokens=1,
+    speculative_method="mtp",
+    num_kv_blocks=16,
+    max_image_tokens=4,
+)
 
 
 def base() -> AttentionBatch:
@@ -43,24 +52,49 @@ def spans(indptr, starts, ends) -> ImageSpans:
 
 # kind, the malformed batch, the error full validation raises (type, field)
 MALFORMED = [
-    ("block id past the cache", lambda b: dataclasses.replace(b, block_table=set_(b.block_table, (1, 1), 16)),
-     E.BatchRangeError, "block_table"),
-    ("negative block id", lambda b: dataclasses.replace(b, block_table=set_(b.block_table, (0, 1), -3)),
-     E.BatchRangeError, "block_table"),
-    ("seq_len shorter than its query", lambda b: dataclasses.replace(b, seq_lens=set_(b.seq_lens, 1, 3)),
-     E.BatchRangeError, "seq_lens"),
-    ("replay bound past the prefix",
-     lambda b: dataclasses.replace(b, replay_start=torch.tensor([0, 7], dtype=torch.int32)),
-     E.BatchRangeError, "replay_start"),
-    ("inverted image span", lambda b: dataclasses.replace(b, image_spans=spans([0, 0, 1], [7], [5])),
-     E.BatchRangeError, "image_spans"),
-    ("window past the block table", lambda b: dataclasses.replace(b, block_table=b.block_table[:, :2].contiguous()),
-     E.BatchCapacityError, "block_table"),
+    (
+        "block id past the cache",
+        lambda b: dataclasses.replace(b, block_table=set_(b.block_table, (1, 1), 16)),
+        E.BatchRangeError,
+        "block_table",
+    ),
+    (
+        "negative block id",
+        lambda b: dataclasses.replace(b, block_table=set_(b.block_table, (0, 1), -3)),
+        E.BatchRangeError,
+        "block_table",
+    ),
+    (
+        "seq_len shorter than its query",
+        lambda b: dataclasses.replace(b, seq_lens=set_(b.seq_lens, 1, 3)),
+        E.BatchRangeError,
+        "seq_lens",
+    ),
+    (
+        "replay bound past the prefix",
+        lambda b: dataclasses.replace(b, replay_start=torch.tensor([0, 7], dtype=torch.int32)),
+        E.BatchRangeError,
+        "replay_start",
+    ),
+    (
+        "inverted image span",
+        lambda b: dataclasses.replace(b, image_spans=spans([0, 0, 1], [7], [5])),
+        E.BatchRangeError,
+        "image_spans",
+    ),
+    (
+        "window past the block table",
+        lambda b: dataclasses.replace(b, block_table=b.block_table[:, :2].contiguous()),
+        E.BatchCapacityError,
+        "block_table",
+    ),
 ]
 
 
 def assert_inside_cache(md, config: SWAConfig) -> None:
-    slots = config.num_kv_blocks * config.block_size if config.num_kv_blocks else block_limit(config) * config.block_size
+    slots = (
+        config.num_kv_blocks * config.block_size if config.num_kv_blocks else block_limit(config) * config.block_size
+    )
     for name in ("decode_swa_indices", "prefill_swa_indices"):
         rows = getattr(md, name)
         if rows is None:
@@ -124,30 +158,73 @@ def test_guard_follows_the_environment(monkeypatch):
 # -- the O(1) host guard ----------------------------------------------------------------------------------
 
 HOST = [
-    ("strided seq_lens", lambda b: dataclasses.replace(b, seq_lens=torch.tensor([6, 0, 9, 0], dtype=torch.int32)[::2]),
-     E.BatchShapeError, r"^seq_lens must be contiguous"),
-    ("expanded query_start_loc", lambda b: dataclasses.replace(
-        b, query_start_loc=torch.tensor([0], dtype=torch.int32).expand(3)), E.BatchShapeError,
-     r"^query_start_loc must be contiguous"),
-    ("short seq_lens", lambda b: dataclasses.replace(b, seq_lens=b.seq_lens[:1]), E.BatchShapeError,
-     r"^seq_lens has 1 entries for 2 requests"),
-    ("short block table", lambda b: dataclasses.replace(b, block_table=b.block_table[:1]), E.BatchShapeError,
-     r"^block_table \(1, 3\) has too few rows"),
-    ("query_start_loc length", lambda b: dataclasses.replace(b, query_start_loc=b.query_start_loc[:2]),
-     E.BatchShapeError, r"^query_start_loc has 2 entries; query_start_loc_cpu has 3"),
-    ("slot_mapping length", lambda b: dataclasses.replace(b, slot_mapping=b.slot_mapping[:3]), E.BatchShapeError,
-     r"^slot_mapping has 3 entries; num_tokens is 6"),
-    ("column-strided block table", lambda b: dataclasses.replace(b, block_table=b.block_table.t().contiguous().t()),
-     E.BatchShapeError, r"^block_table must be contiguous"),
-    ("num_tokens not an int", lambda b: dataclasses.replace(b, num_tokens=6.0), E.BatchDtypeError,
-     r"^num_tokens must be an int"),
-    ("max_query_len out of range", lambda b: dataclasses.replace(b, max_query_len=10**6), E.BatchDtypeError,
-     r"^max_query_len must be an int in \[0, 32\]"),
+    (
+        "strided seq_lens",
+        lambda b: dataclasses.replace(b, seq_lens=torch.tensor([6, 0, 9, 0], dtype=torch.int32)[::2]),
+        E.BatchShapeError,
+        r"^seq_lens must be contiguous",
+    ),
+    (
+        "expanded query_start_loc",
+        lambda b: dataclasses.replace(b, query_start_loc=torch.tensor([0], dtype=torch.int32).expand(3)),
+        E.BatchShapeError,
+        r"^query_start_loc must be contiguous",
+    ),
+    (
+        "short seq_lens",
+        lambda b: dataclasses.replace(b, seq_lens=b.seq_lens[:1]),
+        E.BatchShapeError,
+        r"^seq_lens has 1 entries for 2 requests",
+    ),
+    (
+        "short block table",
+        lambda b: dataclasses.replace(b, block_table=b.block_table[:1]),
+        E.BatchShapeError,
+        r"^block_table \(1, 3\) has too few rows",
+    ),
+    (
+        "query_start_loc length",
+        lambda b: dataclasses.replace(b, query_start_loc=b.query_start_loc[:2]),
+        E.BatchShapeError,
+        r"^query_start_loc has 2 entries; query_start_loc_cpu has 3",
+    ),
+    (
+        "slot_mapping length",
+        lambda b: dataclasses.replace(b, slot_mapping=b.slot_mapping[:3]),
+        E.BatchShapeError,
+        r"^slot_mapping has 3 entries; num_tokens is 6",
+    ),
+    (
+        "column-strided block table",
+        lambda b: dataclasses.replace(b, block_table=b.block_table.t().contiguous().t()),
+        E.BatchShapeError,
+        r"^block_table must be contiguous",
+    ),
+    (
+        "num_tokens not an int",
+        lambda b: dataclasses.replace(b, num_tokens=6.0),
+        E.BatchDtypeError,
+        r"^num_tokens must be an int",
+    ),
+    (
+        "max_query_len out of range",
+        lambda b: dataclasses.replace(b, max_query_len=10**6),
+        E.BatchDtypeError,
+        r"^max_query_len must be an int in \[0, 32\]",
+    ),
     ("causal not a bool", lambda b: dataclasses.replace(b, causal=1), E.BatchDtypeError, r"^causal must be a bool"),
-    ("replay_start dtype", lambda b: dataclasses.replace(b, replay_start=torch.zeros(2, dtype=torch.int64)),
-     E.BatchDtypeError, r"^replay_start has dtype torch.int64"),
-    ("short span indptr", lambda b: dataclasses.replace(b, image_spans=spans([0, 0], [], [])), E.BatchShapeError,
-     r"^image_spans.indptr has 2 entries"),
+    (
+        "replay_start dtype",
+        lambda b: dataclasses.replace(b, replay_start=torch.zeros(2, dtype=torch.int64)),
+        E.BatchDtypeError,
+        r"^replay_start has dtype torch.int64",
+    ),
+    (
+        "short span indptr",
+        lambda b: dataclasses.replace(b, image_spans=spans([0, 0], [], [])),
+        E.BatchShapeError,
+        r"^image_spans.indptr has 2 entries",
+    ),
 ]
 
 
@@ -173,8 +250,9 @@ def test_more_prefills_than_token_rows_stay_inside_the_gather_buffer():
     # max_num_batched_tokens < max_num_seqs, and more prefills (short ones after the first long one,
     # zero-token ones too) than token rows: the gather-lens buffer holds one entry per admitted request.
     config = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=4, max_num_seqs=8)
-    batch = AttentionBatch.from_lists([4, 1, 1, 0, 0, 0], [2, 1, 1, 0, 0, 0], [[1], [2], [3], [4], [5], [6]],
-                                      block_size=4)
+    batch = AttentionBatch.from_lists(
+        [4, 1, 1, 0, 0, 0], [2, 1, 1, 0, 0, 0], [[1], [2], [3], [4], [5], [6]], block_size=4
+    )
     validate_batch(batch, config)
     for backend in BACKENDS:
         builder = make_builder(config, backend)
@@ -235,8 +313,17 @@ class _null:
 
 # -- fuzzing the default path ------------------------------------------------------------------------------
 
-FUZZ = SWAConfig(window_size=5, block_size=4, max_model_len=128, max_num_batched_tokens=48, max_num_seqs=6,
-                 num_speculative_tokens=1, speculative_method="mtp", num_kv_blocks=24, max_image_tokens=3)
+FUZZ = SWAConfig(
+    window_size=5,
+    block_size=4,
+    max_model_len=128,
+    max_num_batched_tokens=48,
+    max_num_seqs=6,
+    num_speculative_tokens=1,
+    speculative_method="mtp",
+    num_kv_blocks=24,
+    max_image_tokens=3,
+)
 EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40"))
 
 
@@ -259,16 +346,25 @@ def malformed_batches(draw):
     slots = [draw(st.integers(-1, 90)) for _ in range(num_tokens)]
     replay = [draw(st.integers(-2, 45)) for _ in range(num_reqs)] if draw(st.booleans()) else None
     n_spans = draw(st.integers(0, 3))
-    span_ptr = sorted(draw(st.lists(st.integers(0, n_spans), min_size=num_reqs + 1, max_size=num_reqs + 1)))
-    span_ptr[0] = 0
+    # A CSR that can point past its spans or run backwards (the kernels must read only spans that exist).
+    span_ptr = draw(st.lists(st.integers(0, n_spans + 3), min_size=num_reqs + 1, max_size=num_reqs + 1))
+    if draw(st.booleans()):
+        span_ptr = sorted(span_ptr)
+        span_ptr[0] = 0
     starts = [draw(st.integers(-1, 45)) for _ in range(n_spans)]
     ends = [draw(st.integers(-1, 45)) for _ in range(n_spans)]
     t32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
     qsl_t = t32(qsl)
     return AttentionBatch(
-        seq_lens=t32(seqs), query_start_loc=qsl_t, query_start_loc_cpu=qsl_t.clone(), seq_lens_cpu=t32(seqs),
-        block_table=t32(table), slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        max_query_len=draw(st.integers(0, 8)), num_tokens=num_tokens, causal=True,
+        seq_lens=t32(seqs),
+        query_start_loc=qsl_t,
+        query_start_loc_cpu=qsl_t.clone(),
+        seq_lens_cpu=t32(seqs),
+        block_table=t32(table),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        max_query_len=draw(st.integers(0, 8)),
+        num_tokens=num_tokens,
+        causal=True,
         replay_start=None if replay is None else t32(replay),
         image_spans=ImageSpans(t32(span_ptr), t32(starts), t32(ends)) if n_spans else None,
     )
@@ -277,13 +373,19 @@ def malformed_batches(draw):
 BUILDERS: dict[str, object] = {}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("SWA_HAL_FUZZ_RANDOM"),
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("SWA_HAL_FUZZ_RANDOM"),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(batch=malformed_batches(), backend=st.sampled_from(BACKENDS))
 def test_fuzz_malformed_batches_on_the_default_path(batch, backend):
     builder = BUILDERS.get(backend) or BUILDERS.setdefault(backend, make_builder(FUZZ, backend))
-    note(f"backend={backend} qsl={batch.query_start_loc.tolist()} seq={batch.seq_lens.tolist()} "
-         f"table={batch.block_table.tolist()} replay={batch.replay_start}")
+    note(
+        f"backend={backend} qsl={batch.query_start_loc.tolist()} seq={batch.seq_lens.tolist()} "
+        f"table={batch.block_table.tolist()} replay={batch.replay_start}"
+    )
     # Every lane in bounds on the clamping backend; every active lane on the others.
     with address_strict(active_only=backend != "sm12x"):
         try:
@@ -295,4 +397,3 @@ def test_fuzz_malformed_batches_on_the_default_path(batch, backend):
         builder.check()
     except E.BatchValidationError:
         pass
-

@@ -52,6 +52,7 @@ RUNTIME_INTS = [
     "group_rows",
     "decode_guess_len",
     "prefill_guess_len",
+    "num_spans",
 ]
 ENGINE_TENSORS = [
     "qsl_ptr",
@@ -164,6 +165,7 @@ def _image_visibility(
     span_indptr_ptr,
     span_starts_ptr,
     span_ends_ptr,
+    num_spans,
     BLOCK_T: tl.constexpr,
     MAX_IMAGE: tl.constexpr,
     GUARD: tl.constexpr,
@@ -178,6 +180,9 @@ def _image_visibility(
     # Rows are ordered by request, so the spans of this block are one contiguous range.
     first = tl.min(tl.where(row_ok, lo, NO_SPAN), axis=0)
     stop = tl.max(tl.where(row_ok, hi, 0), axis=0)
+    # Only spans that exist are read, whatever the CSR says (a malformed one is the guard's to report).
+    first = tl.maximum(first, 0)
+    stop = tl.minimum(stop, num_spans)
     if GUARD:
         stop = tl.minimum(stop, first + MAX_SPAN_SCAN)
     for i in range(first, stop):
@@ -242,6 +247,7 @@ def _window_rows(
     first_group,
     guess_req,
     guess_len,
+    num_spans,
     WINDOW: tl.constexpr,
     WIDTH: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -312,6 +318,7 @@ def _window_rows(
                 span_indptr_ptr,
                 span_starts_ptr,
                 span_ends_ptr,
+                num_spans,
                 BLOCK_T,
                 MAX_IMAGE,
                 GUARD,
@@ -437,6 +444,7 @@ def swa_metadata_kernel(
     group_rows,
     decode_guess_len,
     prefill_guess_len,
+    num_spans,
     # compile-time shape of the work
     WINDOW: tl.constexpr,
     DECODE_WIDTH: tl.constexpr,
@@ -511,6 +519,7 @@ def swa_metadata_kernel(
                 first_group,
                 0,
                 decode_guess_len,
+                num_spans,
                 WINDOW,
                 DECODE_WIDTH,
                 BLOCK_SIZE,
@@ -554,6 +563,7 @@ def swa_metadata_kernel(
                 first_group,
                 num_decodes,
                 prefill_guess_len,
+                num_spans,
                 WINDOW,
                 PREFILL_WIDTH,
                 BLOCK_SIZE,

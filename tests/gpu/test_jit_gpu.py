@@ -71,7 +71,7 @@ def _dummy_args(tokens, key):
                           dtype=torch.int64, device="cuda")
     return (dec, lens, pre, lens, t2r, valid, lens, lens, lens, record, qsl, seq, table, slots, replay,
             indptr, lens, lens, groups,
-            table.stride(0), table.shape[1], 1, tokens, 1, 0, tokens, 0, tokens, 1, 0, 0, 1, 1, tokens, 1, 1)
+            table.stride(0), table.shape[1], 1, tokens, 1, 0, tokens, 0, tokens, 1, 0, 0, 1, 1, tokens, 1, 1, 0)
 
 
 def test_fast_launch_path_equals_triton_launch_path(report):

@@ -30,6 +30,10 @@ from .selection import select_backend
 from .validation import guard_batch, guard_group_inputs, guard_update, validate_batch
 
 
+# Views of the fixed buffers are cached per build shape; past this many the cache starts over.
+MAX_CACHED_VIEWS = 1 << 16
+
+
 def debug_mode() -> bool:
     return env_flag("SWA_HAL_DEBUG")
 
@@ -194,15 +198,27 @@ class SWAMetadataBuilder:
     ) -> SWAMetadata:
         """Group g's metadata: group 0's, with group g's inputs, rows and per-build objects."""
         ndt, npt = plan.num_decode_tokens, plan.num_prefill_tokens
-        changes: dict[str, Any] = {"block_table": table, "slot_mapping": slot_mapping}
-        changes["token_to_req_indices"], changes["is_valid_token"] = self._token_views(plan.num_tokens, g)
-        changes["decode_swa_indices"], changes["decode_swa_lens"] = self._decode_views(ndt, plan.causal, g)
-        if npt:
-            changes["prefill_swa_indices"], changes["prefill_swa_lens"] = self._prefill_views(npt, g)
-        changes["tile_sched"] = self.backend.make_tile_schedulers(ndt)
-        md = first.with_changes(**changes)
+        md = first.with_changes(**self._group_views(g, plan.num_tokens, ndt, npt, plan.causal))
+        md.block_table = table
+        md.slot_mapping = slot_mapping
+        md.tile_sched = self.backend.make_tile_schedulers(ndt)
         md.extras = self.backend.extras(md, self._group_buffers[g])
         return md
+
+    def _group_views(self, g: int, num_tokens: int, ndt: int, npt: int, causal: bool) -> dict[str, Any]:
+        """Group g's views of its fixed buffers for a build of this shape, made once per shape."""
+        key = ("group", g, num_tokens, ndt, npt, causal)
+        views = self._views.get(key)
+        if views is None:
+            views = {}
+            views["token_to_req_indices"], views["is_valid_token"] = self._token_views(num_tokens, g)
+            views["decode_swa_indices"], views["decode_swa_lens"] = self._decode_views(ndt, causal, g)
+            if npt:
+                views["prefill_swa_indices"], views["prefill_swa_lens"] = self._prefill_views(npt, g)
+            if len(self._views) > MAX_CACHED_VIEWS:  # many shapes over a long run: start over
+                self._views.clear()
+            self._views[key] = views
+        return views
 
     def _check(self, batch: AttentionBatch, validate: bool | None) -> None:
         if validate if validate is not None else self.validate:

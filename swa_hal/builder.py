@@ -29,7 +29,6 @@ from .plugins import PluginRegistry
 from .selection import select_backend
 from .validation import guard_batch, guard_group_inputs, guard_update, validate_batch
 
-
 # Views of the fixed buffers are cached per build shape; past this many the cache starts over.
 MAX_CACHED_VIEWS = 1 << 16
 

@@ -59,6 +59,29 @@ def spans_to_csr(
     return indptr, starts, ends
 
 
+def ranges_in_step(
+    ranges: Mapping[int, Sequence[tuple[int, int]]],
+    query_start_loc_cpu: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    num_reqs: int,
+) -> dict[int, list[tuple[int, int]]]:
+    """The image ranges that overlap each request's new tokens this step. Engines list every image of a
+    request (prefilled by earlier chunks, or still to come); only those over this step's tokens reach
+    the rows (docs/semantics.md #vision-spans), and only those are legal in a batch. Host values only
+    (a host seq_lens upper bound is exact for prefill rows; decode rows lie past every image)."""
+    qsl = query_start_loc_cpu.tolist()
+    seqs = seq_lens_cpu.tolist()
+    out: dict[int, list[tuple[int, int]]] = {}
+    for r, spans in ranges.items():
+        if not 0 <= r < num_reqs or not spans:
+            continue
+        first, last = seqs[r] - (qsl[r + 1] - qsl[r]), seqs[r] - 1
+        kept = [(a, e) for a, e in spans if e >= first and a <= last]
+        if kept:
+            out[r] = kept
+    return out
+
+
 def _integral(field: str, value: object) -> int:
     """An integer given as an int or an integral number (3 or 3.0), never silently rounded (6.9)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

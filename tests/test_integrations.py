@@ -86,3 +86,22 @@ def test_parallel_drafting_threshold_drives_the_split():
     md = engine.build(0, common_metadata(batch))
     assert (md.num_decodes, md.num_prefills, md.num_decode_tokens, md.num_prefill_tokens) == (1, 2, 5, 11)
     assert md.max_decode_query_len == 5
+
+
+def test_engine_builder_keeps_only_the_images_of_this_step():
+    # Engines list every image of a request (earlier chunks', later ones'); only spans over this step's
+    # new tokens are spans of the batch (docs/semantics.md #vision-spans), so the guard sees no violation.
+    import dataclasses
+
+    from swa_hal import AttentionBatch
+
+    config = dataclasses.replace(CFG, num_speculative_tokens=0, speculative_method=None, max_image_tokens=4)
+    engine = EngineSWABuilder(config, "cpu", backend="torch")
+    # One decode, then a prefill of positions 8..15 (S = 16, q = 8).
+    batch = AttentionBatch.from_lists([5, 16], [1, 8], [[1, 2], [3, 4, 5, 6]], block_size=4)
+    ranges = {1: [(2, 5), (9, 12), (20, 23)], 0: [(0, 1)]}  # before, inside and after the step; a decode's
+    md = engine.build(0, common_metadata(batch, mm_req_doc_ranges=ranges))
+    want = AttentionBatch.from_lists([5, 16], [1, 8], [[1, 2], [3, 4, 5, 6]], block_size=4, image_spans={1: [(9, 12)]})
+    assert not compare_with_reference(config, want, md)
+    assert md.prefill_left_visible.tolist()[1:] == [0, 0, 1, 2, 3, 0, 0, 0]
+    engine.builder.check()  # nothing recorded

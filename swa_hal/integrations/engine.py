@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..batch import AttentionBatch, ImageSpans
+from ..batch import AttentionBatch, ImageSpans, ranges_in_step
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
 from ..errors import BatchShapeError
@@ -117,8 +117,17 @@ class EngineSWABuilder:
         spans = None
         ranges = getattr(common_attn_metadata, "mm_req_doc_ranges", None)
         if ranges and self.builder.config.max_image_tokens > 0 and any(ranges.values()):
-            num_reqs = common_attn_metadata.query_start_loc_cpu.shape[0] - 1
-            spans = self.builder.image_spans_from_ranges(ranges, num_reqs)
+            cm = common_attn_metadata
+            num_reqs = cm.query_start_loc_cpu.shape[0] - 1
+            seq_cpu = getattr(cm, "seq_lens_cpu_upper_bound", None)
+            if seq_cpu is None:
+                seq_cpu = getattr(cm, "seq_lens_cpu", None)
+            if seq_cpu is None:
+                seq_cpu = cm.seq_lens.cpu()  # only in steps with images, and only without a host copy
+            # Engines list every image of a request; only those over this step's tokens are spans here.
+            step = ranges_in_step(ranges, cm.query_start_loc_cpu, seq_cpu, num_reqs)
+            if step:
+                spans = self.builder.image_spans_from_ranges(step, num_reqs)
         batch = batch_from_common_metadata(common_attn_metadata, replay_start=replay_start, image_spans=spans)
         return self.builder.build(batch)
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from ..batch import AttentionBatch
+from ..batch import AttentionBatch, ranges_in_step
 from ..builder import SWAMetadataBuilder
 from ..config import SPECULATIVE_METHODS, SWAConfig
 from ..errors import ConfigError, SWAHalError
@@ -374,24 +374,10 @@ def _make_base(sparse_swa: Any) -> type:
             seq_lens: torch.Tensor,
             num_reqs: int,
         ) -> dict[int, list[tuple[int, int]]]:
-            """The image spans that overlap this step's new tokens. vLLM lists every image of a
-            request (``mm_req_doc_ranges``), those prefilled by earlier chunks and those still to
-            come; they cannot affect this step's rows (vLLM prefills an image within one chunk), and
-            swa_hal accepts only spans over the new tokens. Host values only (the seq_lens upper
-            bound is exact for prefill rows; decode rows lie past every image)."""
+            """The image spans over this step's new tokens (vLLM lists every image of a request)."""
             if seq_cpu is None:
                 seq_cpu = seq_lens.cpu()  # only in steps with images, and only without vLLM's host copy
-            qsl = qsl_cpu.tolist()
-            seqs = seq_cpu.tolist()
-            out: dict[int, list[tuple[int, int]]] = {}
-            for r, spans in ranges.items():
-                if not 0 <= r < num_reqs or not spans:
-                    continue
-                first, last = seqs[r] - (qsl[r + 1] - qsl[r]), seqs[r] - 1
-                kept = [(a, e) for a, e in spans if e >= first and a <= last]
-                if kept:
-                    out[r] = kept
-            return out
+            return ranges_in_step(ranges, qsl_cpu, seq_cpu, num_reqs)
 
         def build(
             self,

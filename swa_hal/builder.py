@@ -27,6 +27,7 @@ from .metadata import SWAMetadata
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .selection import select_backend
+from .split import split_decodes_and_prefills
 from .validation import guard_batch, guard_group_inputs, guard_update, validate_batch
 
 # Views of the fixed buffers are cached per build shape; past this many the cache starts over.
@@ -240,17 +241,11 @@ class SWAMetadataBuilder:
             # The kernel guesses each token's request from a common query length (and checks it).
             dec_guess, pre_guess = batch.max_query_len, 1
         else:
-            # docs/semantics.md #split, inline (this runs on every mixed build): the first request
-            # longer than the threshold starts the prefills.
             qsl_cpu = batch.query_start_loc_cpu.numpy()
             query = qsl_cpu[1:] - qsl_cpu[:-1]
-            longer = query > self.decode_threshold
-            first = int(longer.argmax())
-            if longer[first]:
-                nd, npf, ndt = first, num_reqs - first, int(qsl_cpu[first])
-                npt = num_tokens - ndt
-            else:  # max_query_len overstated the batch: all decodes
-                nd, npf, ndt, npt = num_reqs, 0, num_tokens, 0
+            nd, npf, ndt, npt = split_decodes_and_prefills(
+                qsl_cpu, batch.max_query_len, num_tokens, self.decode_threshold, query
+            )
             dec_guess, pre_guess = int(query[0]), (int(query[nd]) if nd < num_reqs else 1)
         causal = batch.causal
         width = cfg.window_size if causal else self._noncausal_width(batch, nd)

@@ -34,20 +34,29 @@ SHAPES = [  # (label, requests, query length, context range)
 
 def main() -> int:
     # The tile (elements per program) decides how many programs a build launches: time each shape
-    # under several tiles to choose the default.
-    for tile in os.environ.get("TILES", "2048,4096,8192").split(","):
+    # under several tiles to choose the defaults, decode rows (DECODE_TILES) and prefill rows (TILES)
+    # separately.
+    for tile in os.environ.get("DECODE_TILES", "512,1024,2048").split(","):
+        os.environ["SWA_HAL_DECODE_TILE_ELEMS"] = tile
+        print(f"decode tile {tile} elements per program", flush=True)
+        shapes(prefill=False)
+    os.environ.pop("SWA_HAL_DECODE_TILE_ELEMS")
+    for tile in os.environ.get("TILES", "1024,2048,4096").split(","):
         os.environ["SWA_HAL_TILE_ELEMS"] = tile
-        print(f"tile {tile} elements per program", flush=True)
-        shapes()
+        print(f"prefill tile {tile} elements per program", flush=True)
+        shapes(prefill=True)
+    os.environ.pop("SWA_HAL_TILE_ELEMS")
     return 0
 
 
-def shapes() -> int:
+def shapes(prefill: bool) -> int:
     dev = torch.device("cuda")
     config = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash_mtp.yaml")
     config = SWAConfig(**{**config.to_dict(), "max_num_seqs": 512, "compress_ratios": config.compress_ratios})
     rng = random.Random(0)
     for label, reqs, q, (lo, hi) in SHAPES:
+        if label.startswith("prefill") != prefill:
+            continue
         builder = SWAMetadataBuilder(config, device=dev)
         builder.warmup()
         batch = synthesize_batch(config, [rng.randint(lo, hi) for _ in range(reqs)], [q] * reqs, rng=rng, device=dev)
@@ -68,7 +77,8 @@ def shapes() -> int:
             times.append(start.elapsed_time(end) * 1e3 / 200)
         times.sort()
         key = builder.backend.kernel_key()
-        print(f"{label:<36} rows {batch.num_tokens:>6}  programs {-(-batch.num_tokens // key.BLOCK_T):>5}  "
+        block = key.BLOCK_TP if prefill else key.BLOCK_T
+        print(f"{label:<36} rows {batch.num_tokens:>6}  programs {-(-batch.num_tokens // block):>5}  "
               f"GPU {times[2]:6.2f} us/build (min {times[0]:.2f})  sm clock {sm_clock_mhz(dev)} MHz", flush=True)
     return 0
 

@@ -10,7 +10,7 @@ set -uo pipefail
 OUT=${OUT:-benchmarks/results/h200-local}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-STEPS=${STEPS:-install info tests host bench}
+STEPS=${STEPS:-install info tests host targets slotrows bench}
 SITE=${SITE:-$(mktemp -d)}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
@@ -37,6 +37,14 @@ for step in $STEPS; do
     multi)
       timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu tests/gpu/test_multi_gpu.py -p no:cacheprovider -q -rA \
         2>&1 | tee "$OUT/multi_gpu.log" | grep -E "RESULT|passed|failed|error|Error|SKIP" | tail -20
+      ;;
+    targets)
+      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_build.py --targets only --out "$OUT" 2>&1 | grep -v USDT \
+        | tee "$OUT/targets.log" | tail -30
+      ;;
+    slotrows)
+      # SGLang's own dsv4 ops are compared when importable (put them on PYTHONPATH).
+      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/sglang_rows.py 2>&1 | tee "$OUT/sglang_rows.txt" | tail -30
       ;;
     bench)
       timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30

@@ -23,6 +23,7 @@ from .hookspecs import hookimpl, hookspec
 from .metadata import SWAMetadata
 from .platform import PlatformInfo, probe_platform
 from .selection import Selection, select_backend
+from .slot_rows import SlotRows
 
 try:
     __version__ = _version("swa-hal")
@@ -48,6 +49,7 @@ __all__ = [
     "SWAMetadataBuilder",
     "ImageSpans",
     "Selection",
+    "SlotRows",
     "hookimpl",
     "hookspec",
     "probe_platform",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .config import LAYER_TYPES
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .config import SWAConfig
     from .metadata import SWAMetadata
     from .platform import PlatformInfo
+    from .slot_rows import SlotRows
 
 API_VERSION = 1
 SUPPORTED_API_VERSIONS = (1,)
@@ -191,9 +192,20 @@ class Backend:
         for g, metadata in enumerate(metadatas):
             self.recompute_decode_rows(metadata, buffers.group(g))
 
-    def make_tile_schedulers(self, num_decode_tokens: int) -> dict[str, Any]:
+    def compute_slot_rows(
+        self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int
+    ) -> None:
+        """Token-slot rows (docs/semantics.md #token-slot-rows) into ``out``/``lens``; guarded
+        (``self.guard``) rows that break a rule are emptied and recorded in ``record``. Default: the
+        vectorised torch build; backends with a kernel override it."""
+        from .slot_rows import build_slot_rows
+
+        build_slot_rows(rows, self.config.window_size, out, lens, record, guard=self.guard, limit=limit)
+
+    def make_tile_schedulers(self, num_decode_tokens: int) -> Mapping[str, Any]:
         """One fresh planner object per layer type the model has, None for the rest (the default:
-        None everywhere). Every key of LAYER_TYPES is present."""
+        None everywhere). Every key of LAYER_TYPES is present; ``schedulers.FreshSchedulers`` makes
+        the objects on first access."""
         return dict.fromkeys(LAYER_TYPES)
 
     def extras(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> tuple[Any, ...]:

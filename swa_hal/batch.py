@@ -130,6 +130,15 @@ class AttentionBatch:
     def device(self) -> torch.device:
         return self.seq_lens.device
 
+    def with_group(self, block_table: torch.Tensor, slot_mapping: torch.Tensor) -> AttentionBatch:
+        """This step with one KV-cache group's block table and slot mapping (docs/semantics.md
+        #group-builds): a shallow copy, without re-running the constructor (once per group build)."""
+        new = object.__new__(AttentionBatch)
+        new.__dict__.update(self.__dict__)
+        new.block_table = block_table
+        new.slot_mapping = slot_mapping
+        return new
+
     def to(self, device: str | torch.device) -> AttentionBatch:
         """The same batch with its device tensors on ``device`` (host copies stay on the CPU)."""
         return dataclasses.replace(

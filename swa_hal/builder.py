@@ -7,7 +7,6 @@ build never synchronises and can be captured in a CUDA graph (docs/semantics.md 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,10 +22,11 @@ from .config import SWAConfig
 from .envs import FALSE_WORDS, env_flag
 from .errors import BatchCapacityError, BatchDeviceError, BatchShapeError, ConcurrentBuildError, SpeculativeModeError
 from .guard import violation_error
-from .metadata import SWAMetadata
+from .metadata import DEFAULTS, SWAMetadata
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .selection import select_backend
+from .slot_rows import SlotRows, check_outputs, guard_slot_rows, slot_limit
 from .split import split_decodes_and_prefills
 from .validation import guard_batch, guard_group_inputs, guard_update, validate_batch
 
@@ -106,6 +106,7 @@ class SWAMetadataBuilder:
         self._lens_high_water = [0] * config.num_kv_groups
         self._views: dict[tuple[Any, ...], Any] = {}
         self._tails: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._slot_limit = slot_limit(config)
 
     # -- build -----------------------------------------------------------------------------------
 
@@ -170,15 +171,15 @@ class SWAMetadataBuilder:
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("build_groups"))
         try:
-            first = dataclasses.replace(batch, block_table=block_tables[0], slot_mapping=slot_mappings[0])
+            first = batch.with_group(block_tables[0], slot_mappings[0])
             if validate if validate is not None else self.validate:
                 for t, s in zip(block_tables, slot_mappings):
-                    self._check(dataclasses.replace(batch, block_table=t, slot_mapping=s), True)
+                    self._check(batch.with_group(t, s), True)
             else:
-                self._check(first, False)
+                self._check(first, False)  # group 0's tensors included
                 guard_group_inputs(
-                    block_tables,
-                    slot_mappings,
+                    block_tables[1:],
+                    slot_mappings[1:],
                     first.query_start_loc_cpu.shape[0] - 1,
                     first.num_tokens,
                     self._device_index,
@@ -190,6 +191,30 @@ class SWAMetadataBuilder:
                 for g in range(1, groups):
                     out.append(self._group_metadata(out[0], plan, g, block_tables[g], slot_mappings[g]))
                 return out
+        finally:
+            self._busy.release()
+
+    def build_slot_rows(
+        self, rows: SlotRows, *, out: torch.Tensor | None = None, lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token-slot rows (docs/semantics.md #token-slot-rows): the window rows of engines that
+        address their cache through ``req_to_token`` and a slot map (SGLang), one row per query token,
+        in one launch on the Triton backends, without a host sync. Returns ``(indices, lens)``
+        (int32 [n, width] and [n]): into ``out``/``lens`` when given, else into new tensors. Guarded
+        builds record violations for ``check()`` as ``build`` does."""
+        width = guard_slot_rows(rows, self.config.window_size, self.device)
+        n = rows.num_rows
+        if out is None:
+            out = torch.empty((n, width), dtype=torch.int32, device=self.device)
+        if lens is None:
+            lens = torch.empty(n, dtype=torch.int32, device=self.device)
+        check_outputs(out, lens, n, width, self.device)
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentBuildError(self._concurrent_message("build_slot_rows"))
+        try:
+            with on_device(self._device_index):
+                self.backend.compute_slot_rows(rows, out, lens, self.buffers.violation, self._slot_limit)
+            return out, lens
         finally:
             self._busy.release()
 
@@ -279,52 +304,74 @@ class SWAMetadataBuilder:
         return plan, query
 
     def _metadata(self, batch: AttentionBatch, plan: BuildPlan, query: Any, group: int) -> SWAMetadata:
-        cfg = self.config
-        nd, npf, ndt, npt = plan.num_decodes, plan.num_prefills, plan.num_decode_tokens, plan.num_prefill_tokens
-        num_tokens, causal = plan.num_tokens, plan.causal
-        t2r, valid = self._token_views(num_tokens, group)
-        dec_idx, dec_lens = self._decode_views(ndt, causal, group)
-        prefill: dict[str, Any] = {}
-        if npt:
-            prefill["prefill_swa_indices"], prefill["prefill_swa_lens"] = self._prefill_views(npt, group)
-            if plan.images:
-                prefill["prefill_left_visible"], prefill["prefill_right_visible"] = self._visibility_views(num_tokens)
+        nd, npf = plan.num_decodes, plan.num_prefills
+        max_decode_query_len = min(batch.max_query_len, self.decode_threshold)
+        key = (
+            "metadata",
+            group,
+            plan.num_tokens,
+            nd,
+            npf,
+            plan.num_decode_tokens,
+            plan.num_prefill_tokens,
+            plan.causal,
+            plan.images,
+            plan.decode_width,
+            max_decode_query_len,
+        )
+        base = self._views.get(key)
+        if base is None:
+            base = self._view(key, lambda: self._metadata_base(plan, group, max_decode_query_len))
+        fields = base.copy()
+        fields["seq_lens"] = batch.seq_lens
+        fields["query_start_loc"] = batch.query_start_loc
+        fields["query_start_loc_cpu"] = batch.query_start_loc_cpu
+        fields["block_table"] = batch.block_table
+        fields["slot_mapping"] = batch.slot_mapping
+        fields["replay_start"] = plan.replay_start
+        fields["tile_sched"] = self.backend.make_tile_schedulers(plan.num_decode_tokens)
         if npf:
             seq_cpu = batch.seq_lens_cpu
             if seq_cpu is None:
                 seq_cpu = batch.seq_lens.cpu()
-            prefill["prefill_gather_lens"] = self._gather_view(npf)
-            prefill["prefill_seq_lens"] = self._tail(batch.seq_lens, nd)
-            prefill["prefill_seq_lens_cpu"] = self._tail(seq_cpu, nd)
-            prefill["prefill_query_lens_cpu"] = torch.from_numpy(query[nd:])
-        md = SWAMetadata(
-            seq_lens=batch.seq_lens,
-            query_start_loc=batch.query_start_loc,
-            query_start_loc_cpu=batch.query_start_loc_cpu,
-            block_table=batch.block_table,
-            slot_mapping=batch.slot_mapping,
-            num_decodes=nd,
-            num_prefills=npf,
+            fields["prefill_seq_lens"] = self._tail(batch.seq_lens, nd)
+            fields["prefill_seq_lens_cpu"] = self._tail(seq_cpu, nd)
+            fields["prefill_query_lens_cpu"] = torch.from_numpy(query[nd:])
+        md = SWAMetadata.from_fields(fields)
+        md.extras = self.backend.extras(md, self._group_buffers[group])
+        return md
+
+    def _metadata_base(self, plan: BuildPlan, group: int, max_decode_query_len: int) -> dict[str, Any]:
+        """The fields of a build's metadata that follow from its shape alone (views of the fixed
+        buffers, sizes, static facts): made once per shape, copied by every build of that shape."""
+        cfg = self.config
+        ndt, npt = plan.num_decode_tokens, plan.num_prefill_tokens
+        fields = dict(DEFAULTS)
+        fields["token_to_req_indices"], fields["is_valid_token"] = self._token_views(plan.num_tokens, group)
+        fields["decode_swa_indices"], fields["decode_swa_lens"] = self._decode_views(ndt, plan.causal, group)
+        if npt:
+            fields["prefill_swa_indices"], fields["prefill_swa_lens"] = self._prefill_views(npt, group)
+            if plan.images:
+                fields["prefill_left_visible"], fields["prefill_right_visible"] = self._visibility_views(
+                    plan.num_tokens
+                )
+        if plan.num_prefills:
+            fields["prefill_gather_lens"] = self._gather_view(plan.num_prefills)
+        fields.update(
+            num_decodes=plan.num_decodes,
+            num_prefills=plan.num_prefills,
             num_decode_tokens=ndt,
             num_prefill_tokens=npt,
-            token_to_req_indices=t2r,
-            is_valid_token=valid,
-            decode_swa_indices=dec_idx,
-            decode_swa_lens=dec_lens,
             decode_swa_width=plan.decode_width,
-            causal=causal,
-            max_decode_query_len=min(batch.max_query_len, self.decode_threshold),
-            replay_start=plan.replay_start,
+            causal=plan.causal,
+            max_decode_query_len=max_decode_query_len,
             block_size=cfg.block_size,
             window_size=cfg.window_size,
             max_model_len=cfg.max_model_len,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
-            tile_sched=self.backend.make_tile_schedulers(ndt),
             backend=self.backend_name,
-            **prefill,
         )
-        md.extras = self.backend.extras(md, self._group_buffers[group])
-        return md
+        return fields
 
     def image_spans_from_ranges(self, ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int) -> ImageSpans:
         """Copy ``{request: [(start, end), ...]}`` (inclusive positions, the form engines keep) into
@@ -376,6 +423,8 @@ class SWAMetadataBuilder:
     def _view(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         views = self._views.get(key)
         if views is None:
+            if len(self._views) > MAX_CACHED_VIEWS:  # many shapes over a long run: start over
+                self._views.clear()
             views = self._views[key] = make()
         return views
 

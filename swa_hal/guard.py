@@ -39,6 +39,11 @@ class Violation(enum.IntEnum):
     PAGES = 5  # a window reads a page past the block table's width
     BLOCK = 6  # a window reads a block id outside [0, block_limit)
     ROW_WIDTH = 7  # a row needs more entries than its width (a DSpark block too long for its row)
+    # Token-slot rows (docs/semantics.md #token-slot-rows); "request" is then the row.
+    POOL = 8  # a row's pool index outside req_to_token's rows
+    POSITION = 9  # a row reads a position past req_to_token's width
+    TOKEN_SLOT = 10  # a token slot outside [-1, len(slot_map))
+    CACHE_SLOT = 11  # a cache slot outside [-1, slot_limit)
 
 
 def block_limit(config: SWAConfig) -> int:
@@ -92,6 +97,24 @@ def violation_error(record: list[int], config: SWAConfig) -> BatchValidationErro
             "decode_swa_indices",
             f"request {req}: its row needs {value} entries, wider than the row; refusing to truncate{where}",
             req,
+        )
+    if kind == Violation.POOL:
+        return BatchRangeError("pools", f"pools[{req}]={value} is not a row of req_to_token{where}", req)
+    if kind == Violation.POSITION:
+        return BatchCapacityError(
+            "req_to_token",
+            f"req_to_token: row {req}'s window reads position {value}, past the table's width{where}",
+            req,
+        )
+    if kind == Violation.TOKEN_SLOT:
+        return BatchRangeError(
+            "req_to_token",
+            f"req_to_token: row {req}'s window reads token slot {value}, outside [-1, len(slot_map)){where}",
+            req,
+        )
+    if kind == Violation.CACHE_SLOT:
+        return BatchRangeError(
+            "slot_map", f"slot_map: row {req}'s window reads cache slot {value}, outside the cache{where}", req
         )
     return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
 

@@ -21,19 +21,24 @@ GATHER_BLOCK = 256
 NUM_WARPS = 4
 # Elements of one program's [rows, width] tile. The interpreter pays per program, not per
 # element, so on the CPU a program takes a bigger tile (the logic is the same; tests cover both).
-GPU_TILE_ELEMS = 2048
+GPU_TILE_ELEMS = 4096
 CPU_TILE_ELEMS = 8192
+# Decode rows are latency-bound (a few programs, each a chain of dependent loads): smaller tiles
+# spread the same rows over more programs (docs/performance.md).
+GPU_DECODE_TILE_ELEMS = 512
 
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def tile_elems(device_type: str) -> int:
-    override = os.environ.get("SWA_HAL_TILE_ELEMS")
+def tile_elems(device_type: str, decode: bool = False) -> int:
+    override = os.environ.get("SWA_HAL_DECODE_TILE_ELEMS" if decode else "SWA_HAL_TILE_ELEMS")
     if override:
         return int(override)
-    return CPU_TILE_ELEMS if device_type == "cpu" else GPU_TILE_ELEMS
+    if device_type == "cpu":
+        return CPU_TILE_ELEMS
+    return GPU_DECODE_TILE_ELEMS if decode else GPU_TILE_ELEMS
 
 
 class _Key:
@@ -100,17 +105,17 @@ def row_pages(width: int, block_size: int) -> int:
     return (width + block_size - 2) // block_size + 1
 
 
-def _tile(width: int, device_type: str) -> tuple[int, int]:
+def _tile(width: int, device_type: str, decode: bool = False) -> tuple[int, int]:
     """(rows, padded width) of one program's tile for rows ``width`` wide."""
     block_w = next_pow2(max(width, 16))
-    return min(256, next_pow2(max(1, tile_elems(device_type) // block_w))), block_w
+    return min(256, next_pow2(max(1, tile_elems(device_type, decode) // block_w))), block_w
 
 
 def rows_key(
     config: SWAConfig, *, causal: bool, clamp: bool, device_type: str, guard: bool = False, grouped: bool = False
 ) -> RowsKey:
     width = config.window_size if causal else config.noncausal_index_width
-    block_t, block_w = _tile(width, device_type)
+    block_t, block_w = _tile(width, device_type, decode=True)
     block_tp, block_wp = _tile(config.prefill_index_width, device_type)
     return RowsKey(
         WINDOW=config.window_size,
@@ -152,6 +157,57 @@ def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str, guard: bool =
                 rows_key(config, causal=causal, clamp=clamp, device_type=device_type, guard=guard, grouped=grouped)
             )
     return keys
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class SlotRowsKey(_Key):
+    """The constexprs of ``slot_rows_kernel``, and the input dtypes its compilation is specialised on."""
+
+    WINDOW: int
+    WIDTH: int
+    BLOCK_N: int
+    HAS_FLOORS: bool
+    BLOCK_T: int
+    BLOCK_W: int
+    GUARD: bool
+    SLOT_LIMIT: int
+    CLAMP: bool
+    dtypes: tuple[str, ...] = ()
+
+    __hash__ = _Key.__hash__
+
+    def constexprs(self) -> dict[str, Any]:
+        out = super().constexprs()
+        del out["dtypes"]
+        return out
+
+
+def slot_rows_key(
+    window: int,
+    width: int,
+    block: int,
+    *,
+    has_floors: bool,
+    guard: bool,
+    slot_limit: int,
+    clamp: bool,
+    device_type: str,
+    dtypes: tuple[str, ...],
+) -> SlotRowsKey:
+    # Rows of one token each, two dependent gathers per entry: latency-bound like decode rows.
+    block_t, block_w = _tile(width, device_type, decode=True)
+    return SlotRowsKey(
+        WINDOW=window,
+        WIDTH=width,
+        BLOCK_N=block,
+        HAS_FLOORS=has_floors,
+        BLOCK_T=block_t,
+        BLOCK_W=block_w,
+        GUARD=guard,
+        SLOT_LIMIT=slot_limit,
+        CLAMP=clamp,
+        dtypes=dtypes,
+    )
 
 
 INDPTR_BLOCK = 1024

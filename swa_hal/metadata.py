@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import torch
@@ -111,7 +111,7 @@ class SWAMetadata:
     max_model_len: int
     max_num_batched_tokens: int
     # #layer-types-and-schedulers: every layer type -> a fresh planner object from the backend, or None
-    tile_sched: dict[str, Any]
+    tile_sched: Mapping[str, Any]
     backend: str
     # Backend-declared typed extras (see ``extra``).
     extras: tuple[Any, ...] = ()
@@ -122,6 +122,14 @@ class SWAMetadata:
         new = object.__new__(SWAMetadata)
         new.__dict__.update(self.__dict__)
         new.__dict__.update(changes)
+        return new
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> SWAMetadata:
+        """Metadata from a complete field dict (every field, defaults included; see ``DEFAULTS``),
+        without the keyword constructor: a build assembles most of it once per shape."""
+        new = object.__new__(cls)
+        new.__dict__.update(fields)
         return new
 
     def extra(self, kind: type[T]) -> T | None:
@@ -181,3 +189,9 @@ class SWAMetadata:
     @property
     def tile_sched_c2a(self) -> Any:
         return self.tile_sched.get("c2a")
+
+
+# Every defaulted field of SWAMetadata and its default (``from_fields`` callers start from these).
+DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(SWAMetadata) if f.default is not dataclasses.MISSING
+}

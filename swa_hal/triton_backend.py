@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .config import SWAConfig
     from .metadata import SWAMetadata
     from .platform import PlatformInfo
+    from .slot_rows import SlotRows
 
 
 def interpreter_on() -> bool:
@@ -42,10 +43,13 @@ class TritonBackend(Backend):
             )
         try:
             from .kernels.launcher import KernelLauncher
+            from .kernels.slot_rows import slot_rows_kernel
             from .kernels.swa_metadata import swa_metadata_kernel
         except ImportError as exc:
             raise BackendUnavailableError(f"backend {self.name!r} needs triton: {exc}") from exc
         self._launch_rows = KernelLauncher(swa_metadata_kernel, device)
+        self._launch_slot_rows = KernelLauncher(slot_rows_kernel, device)
+        self._slot_keys: dict[tuple[Any, ...], Any] = {}
         self.guard = False
         self._output_addresses: dict[Any, tuple[int, ...]] = {}
         self._fixed_inputs: dict[Any, tuple[int, ...]] = {}
@@ -162,7 +166,7 @@ class TritonBackend(Backend):
     ) -> None:
         """The kernel reads group g's inputs through row g of ``buffers.group_inputs``; rewrite it only
         when the engine hands in other tensors (a copy to the device, never inside a steady state)."""
-        rows = tuple((t.data_ptr(), s.data_ptr(), t.stride(0), t.shape[1]) for t, s in zip(tables, slots))
+        rows = tuple((t.data_ptr(), s.data_ptr(), t.stride()[0], t.shape[1]) for t, s in zip(tables, slots))
         if rows != self._group_table:
             buffers.group_inputs[: len(rows)].copy_(torch.tensor(rows, dtype=torch.int64))
             self._group_table = rows
@@ -249,6 +253,40 @@ class TritonBackend(Backend):
             None,
             groups=len(metadatas),
             guess=(first.max_decode_query_len, 1),
+        )
+
+    # -- token-slot rows ---------------------------------------------------------------------------
+
+    def compute_slot_rows(
+        self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int
+    ) -> None:
+        """One launch (docs/semantics.md #token-slot-rows, ``kernels/slot_rows.py``)."""
+        n = rows.num_rows
+        if n == 0:
+            return
+        floors = record if rows.floors is None else rows.floors
+        block_slots = record if rows.block_slots is None else rows.block_slots
+        rt, slot_map = rows.req_to_token, rows.slot_map
+        inputs = (rows.row_ends, rows.pools, floors, rt, slot_map, block_slots)
+        width = out.shape[1]
+        spec = (width, rows.block, rows.floors is not None, self.guard, limit, *(t.dtype for t in inputs))
+        key = self._slot_keys.get(spec)
+        if key is None:
+            key = self._slot_keys[spec] = jit.slot_rows_key(
+                self.config.window_size,
+                width,
+                rows.block,
+                has_floors=rows.floors is not None,
+                guard=self.guard,
+                slot_limit=limit,
+                clamp=self.CLAMP_ADDRESSES,
+                device_type=self.device.type,
+                dtypes=tuple(str(t.dtype) for t in inputs),
+            )
+        self._launch_slot_rows(
+            key,
+            -(-n // key.BLOCK_T),
+            (out, lens, record, *inputs, n, rt.stride(0), rt.shape[1], rt.shape[0], slot_map.shape[0]),
         )
 
     # -- warmup ----------------------------------------------------------------------------------

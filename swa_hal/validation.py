@@ -123,20 +123,37 @@ def guard_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_
             )
 
 
-def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_index: int) -> None:
-    """The host guard of a group build's per-group inputs (the shared ones went through guard_batch)."""
-    for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
-        _guarded(f"block_tables[{g}]", table, torch.int32, device_index, 2)
-        _guarded(f"slot_mappings[{g}]", slot_mapping, torch.int64, device_index)
-        if table.shape[0] < num_reqs or table.shape[1] < 1:
+def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_index: int, first: int = 1) -> None:
+    """The host guard of a group build's per-group inputs from group ``first`` on (the shared ones and
+    group 0's went through guard_batch). The common case reads each tensor's attributes once."""
+    i32, i64 = torch.int32, torch.int64
+    for g, (table, slot_mapping) in enumerate(zip(tables, slots), first):
+        try:
+            ts, ss = table.shape, slot_mapping.shape
+            ok = (
+                table.dtype is i32
+                and slot_mapping.dtype is i64
+                and table.get_device() == device_index
+                and slot_mapping.get_device() == device_index
+                and len(ts) == 2
+                and len(ss) == 1
+                and (ts[1] <= 1 or table.stride()[1] == 1)
+                and (ss[0] <= 1 or slot_mapping.stride()[0] == 1)
+            )
+        except AttributeError:
+            ok = False
+        if not ok:  # name the broken rule
+            _guarded(f"block_tables[{g}]", table, i32, device_index, 2)
+            _guarded(f"slot_mappings[{g}]", slot_mapping, i64, device_index)
+        if ts[0] < num_reqs or ts[1] < 1:
             raise BatchShapeError(
                 f"block_tables[{g}]",
-                f"block_tables[{g}] {tuple(table.shape)} has too few rows or no page column for {num_reqs} requests",
+                f"block_tables[{g}] {tuple(ts)} has too few rows or no page column for {num_reqs} requests",
             )
-        if slot_mapping.shape[0] != num_tokens:
+        if ss[0] != num_tokens:
             raise BatchShapeError(
                 f"slot_mappings[{g}]",
-                f"slot_mappings[{g}] has {slot_mapping.shape[0]} entries; num_tokens is {num_tokens}",
+                f"slot_mappings[{g}] has {ss[0]} entries; num_tokens is {num_tokens}",
             )
 
 

@@ -63,11 +63,13 @@ def test_max_decode_query_len_and_threshold():
 
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_gpu_tiling_in_the_interpreter(backend, monkeypatch):
-    """The GPU's tile size (2048 elements per program) on the CPU, so its program boundaries run too."""
+    """GPU-sized tiles on the CPU (2048 entries per prefill program, 512 per decode program), so their program boundaries run too."""
     monkeypatch.setenv("SWA_HAL_TILE_ELEMS", "2048")
+    monkeypatch.setenv("SWA_HAL_DECODE_TILE_ELEMS", "512")
     config = CONFORMANCE_CONFIGS["v4"]
     builder = make_builder(config, backend)
-    assert builder.backend.kernel_key().BLOCK_T == 16
+    key = builder.backend.kernel_key()
+    assert (key.BLOCK_T, key.BLOCK_TP) == (4, 16)
     rng = random.Random(backend)
     strict = address_strict() if backend == "sm12x" else _null()
     with strict:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from swa_hal.config import LAYER_TYPES
+from swa_hal.schedulers import FreshSchedulers
 from swa_hal.triton_backend import TritonBackend
 
 from .flashmla import scheduler_factory
@@ -24,13 +28,12 @@ class CudaBackend(TritonBackend):
         else:
             self._fresh_scheduler, self.scheduler_problem = scheduler_factory()
 
-    def make_tile_schedulers(self, num_decode_tokens: int) -> dict:
-        # A plan is valid only for the lens it was made from, so every build gets new objects.
-        out = dict.fromkeys(LAYER_TYPES)
+    def make_tile_schedulers(self, num_decode_tokens: int) -> Mapping[str, Any]:
+        # A plan is valid only for the lens it was made from, so every build gets new objects, made
+        # when a layer first asks for its type's (swa_hal/schedulers.py).
         if num_decode_tokens and self._fresh_scheduler is not None:
-            for layer_type in self._layer_types:
-                out[layer_type] = self._fresh_scheduler()
-        return out
+            return FreshSchedulers(self._fresh_scheduler, self._layer_types)
+        return dict.fromkeys(LAYER_TYPES)
 
     def status(self) -> dict[str, str]:
         out = super().status()

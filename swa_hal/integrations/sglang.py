@@ -8,31 +8,19 @@ swa_hal's auto-selected backend, and installs itself through SGLang's plugin fra
 ``swa_hal`` of the group ``sglang.srt.plugins`` (select it with ``SGLANG_PLUGINS=swa_hal``; turn it off
 with ``SWA_HAL_SGLANG=0``) registers three hooks with ``sglang.srt.plugins.hook_registry.HookRegistry``.
 
-The translation, all on the device (no host synchronisation, fixed input buffers):
-
-* SGLang hands its ops one row per query token: ``seq_lens_casual[i] = p_i + 1`` (p_i the row's
-  position), ``req_pool_indices_repeated[i]``, and optionally a per-row floor ``swa_replay_start[i]``.
-  Each row becomes a one-token request of an swa_hal decode batch, so every build is decode-only (no
-  host data, CUDA-graph safe) and per-row floors (late-layer tails, folded replay) are exact.
-* The block table is page-granular with B = 64: SGLang's two pools page in step (its allocator drives
-  the full and the SWA allocator with one ``seq_lens``; the pages' size is a multiple of 128), so the SWA
-  slot of position p is ``page * B + p % B`` and one lookup per 64 positions,
-  ``full_to_swa[req_to_token[pool, 64 * k]] // 64``, gives the table. Each row's positions are shifted
-  down by a multiple of 64 so that its table has only the few pages its window touches.
-* swa_hal's rows run oldest first; SGLang's causal rows run newest first (column k holds position
-  p - k). A gather reverses them within ``lens``. DSpark rows run oldest first in both.
-* DSpark ``valid_from`` (SGLang's per-pool-slot lower bound of the draft window) drops the context
-  entries below it: a shift of each row.
-
-SGLang keeps the returned tensors in its metadata (the main and the late-layer-tail metadata of one
-step live side by side), so the outputs are new tensors on every call, as SGLang's own ops return;
-everything before them lives in buffers allocated once.
+SGLang's inputs are exactly swa_hal's token-slot rows (docs/semantics.md #token-slot-rows): one row per
+query token given by its position (``seq_lens_casual - 1``), its request-pool row and its floor
+(``swa_replay_start``, or DSpark's per-request ``valid_from``), slots read through ``req_to_token``
+and ``full_to_swa_index_mapping``. So a call is one ``SWAMetadataBuilder.build_slot_rows``: one kernel
+launch on the Triton backends, newest first for causal rows, context then block for DSpark, no host
+synchronisation and no translation pass. SGLang keeps the returned tensors in its metadata (the main
+and the late-layer-tail metadata of one step live side by side), so they are new tensors on every
+call, as SGLang's own ops return.
 """
 
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import inspect
 import logging
 import sys
@@ -42,10 +30,10 @@ from typing import Any
 
 import torch
 
-from ..batch import AttentionBatch
 from ..builder import SWAMetadataBuilder
-from ..config import SWAConfig, dspark_index_width
+from ..config import SWAConfig
 from ..platform import PlatformInfo
+from ..slot_rows import SlotRows
 from ._common import InstallOnce, announce, auto_backend, enabled, require_version
 
 # A child of SGLang's plugin logger, so the line appears in SGLang's own log format.
@@ -59,10 +47,6 @@ PLUGIN_NAME = "swa_hal"
 # SGLang's constants (sglang/srt/layers/attention/deepseek_v4_backend.py).
 SGLANG_SWA_WINDOW = 128
 SGLANG_PAGE_INDEX_ALIGNED_SIZE = 64
-# swa_hal's page size for the translated block table: divides every SGLang DeepSeek-V4 page size.
-CHUNK = 64
-_CHUNK_SHIFT = CHUNK.bit_length() - 1
-DEFAULT_MAX_ROWS = 16384
 
 _OPS = "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels"
 _BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
@@ -72,75 +56,16 @@ TARGET_DSPARK = f"{_BACKEND}.DeepseekV4AttnBackend.get_dspark_swa_page_indices"
 TARGETS = (TARGET_CAUSAL, TARGET_CORE, TARGET_DSPARK)
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-class _Inputs:
-    """The fixed buffers of one builder: its input batch (up to ``rows`` one-row requests for causal
-    rows, up to ``rows`` tokens in blocks for DSpark) and the scratch of the translation."""
-
-    def __init__(self, rows: int, pages: int, width: int, device: torch.device):
-        def i32(*shape: int) -> torch.Tensor:
-            return torch.zeros(shape, dtype=torch.int32, device=device)
-
-        def i64(*shape: int) -> torch.Tensor:
-            return torch.zeros(shape, dtype=torch.int64, device=device)
-
-        def flag(*shape: int) -> torch.Tensor:
-            return torch.zeros(shape, dtype=torch.bool, device=device)
-
-        self.rows = rows
-        self.pages = pages
-        self.device = device
-        self.seq, self.table, self.slots, self.replay = i32(rows), i32(rows, pages), i64(rows), i32(rows)
-        self.pos, self.base, self.shift, self.last, self.cut = (i64(rows) for _ in range(5))
-        self.page, self.flat = i64(rows, pages), i64(rows, pages)
-        self.ok, self.ok2 = flag(rows), flag(rows)
-        self.k = torch.arange(pages, dtype=torch.int64, device=device)
-        # the second pass: column numbers, gather indices and the -1 mask of every output column
-        self.cols = torch.arange(width, dtype=torch.int64, device=device)
-        self.src, self.mask = i64(rows, width), flag(rows, width)
-        self._typed: dict[tuple[torch.dtype, int], torch.Tensor] = {}
-        self._qsl: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def typed(self, dtype: torch.dtype) -> torch.Tensor:
-        """A [rows, pages] scratch of ``dtype`` (req_to_token's slots in its own dtype)."""
-        buf = self._typed.get((dtype, 2))
-        if buf is None:
-            buf = self._typed[(dtype, 2)] = torch.zeros((self.rows, self.pages), dtype=dtype, device=self.device)
-        return buf
-
-    def typed1(self, dtype: torch.dtype) -> torch.Tensor:
-        """A [rows] scratch of ``dtype`` (valid_from's values in its own dtype)."""
-        buf = self._typed.get((dtype, 1))
-        if buf is None:
-            buf = self._typed[(dtype, 1)] = torch.zeros(self.rows, dtype=dtype, device=self.device)
-        return buf
-
-    def qsl(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """query_start_loc for requests of ``step`` tokens each: device and host copies, made once."""
-        got = self._qsl.get(step)
-        if got is None:
-            host = torch.arange(0, (self.rows // step + 1) * step, step, dtype=torch.int32)
-            got = self._qsl[step] = (host.to(self.device), host)
-        return got
-
-
-@dataclasses.dataclass
-class _Builder:
-    builder: SWAMetadataBuilder
-    inputs: _Inputs
-    width: int
+def _align(n: int, to: int) -> int:
+    return -(-n // to) * to
 
 
 class SGLangSWAIndices:
     """SGLang's DeepSeek-V4 SWA indices and lens, from swa_hal, for one device and window.
 
     ``backend``/``platform`` go to ``SWAMetadataBuilder`` (None: ``SWA_HAL_BACKEND`` or
-    auto-selection). ``max_rows``: the most query rows one call takes; a larger call makes a larger
-    builder (and keeps the old one alive, so a CUDA graph captured with it stays valid).
-    """
+    auto-selection). The builder is made on first use; it keeps no per-call state beyond the guard's
+    violation record (``check()``)."""
 
     def __init__(
         self,
@@ -149,104 +74,37 @@ class SGLangSWAIndices:
         *,
         backend: str | None = None,
         platform: PlatformInfo | None = None,
-        max_rows: int = DEFAULT_MAX_ROWS,
         validate: bool | None = None,
     ):
         self.window_size = int(window_size)
         self.device = torch.device(device)
         self.backend = backend
         self.platform = platform
-        self.max_rows = int(max_rows)
         self.validate = validate
-        self._builders: dict[tuple[int, int], _Builder] = {}
-        self._retired: list[_Builder] = []
+        self._builder: SWAMetadataBuilder | None = None
         self._lock = threading.Lock()
 
-    # -- builders ----------------------------------------------------------------------------------
-
-    def _builder(self, draft: int, rows: int) -> _Builder:
-        """The builder for causal rows (draft=0) or DSpark blocks of ``draft`` tokens."""
-        key = (draft, 0)
-        got = self._builders.get(key)
-        if got is not None and got.inputs.rows >= rows:
-            return got
-        with self._lock:
-            got = self._builders.get(key)
-            if got is not None and got.inputs.rows >= rows:
-                return got
-            cap = self.max_rows
-            while cap < rows:
-                cap *= 2
-            if got is not None:
-                log.warning(
-                    "swa_hal: %d SGLang rows exceed the builder's %d; allocating for %d", rows, got.inputs.rows, cap
-                )
-                self._retired.append(got)
-            w = self.window_size
-            if draft:
-                cfg = SWAConfig(
-                    window_size=w,
-                    block_size=CHUNK,
-                    max_model_len=w + draft + 2 * CHUNK,
-                    max_num_batched_tokens=cap,
-                    max_num_seqs=cap,
-                    num_speculative_tokens=draft,
-                    speculative_method="dspark",
-                )
-                pages = _ceil_div(w + draft - 1, CHUNK) + 1
-                width = dspark_index_width(w, draft)
-            else:
-                cfg = SWAConfig(
-                    window_size=w,
-                    block_size=CHUNK,
-                    max_model_len=w + 2 * CHUNK,
-                    max_num_batched_tokens=cap,
-                    max_num_seqs=cap,
-                )
-                pages = _ceil_div(w - 1, CHUNK) + 1
-                width = w
-            builder = SWAMetadataBuilder(
-                cfg, device=self.device, backend=self.backend, platform=self.platform, validate=self.validate
-            )
-            out_width = _ceil_div(width, SGLANG_PAGE_INDEX_ALIGNED_SIZE) * SGLANG_PAGE_INDEX_ALIGNED_SIZE
-            got = self._builders[key] = _Builder(
-                builder, _Inputs(cap, pages, max(width, out_width), builder.device), width
-            )
-            return got
+    @property
+    def builder(self) -> SWAMetadataBuilder:
+        got = self._builder
+        if got is None:
+            with self._lock:
+                got = self._builder
+                if got is None:
+                    w = self.window_size
+                    # Token-slot rows use the builder's window, guard and backend only: its own
+                    # buffers (for block-table builds) are kept minimal.
+                    cfg = SWAConfig(
+                        window_size=w, block_size=64, max_model_len=w + 64, max_num_batched_tokens=1, max_num_seqs=1
+                    )
+                    got = self._builder = SWAMetadataBuilder(
+                        cfg, device=self.device, backend=self.backend, platform=self.platform, validate=self.validate
+                    )
+        return got
 
     @property
     def backend_name(self) -> str:
-        return self._builder(0, 1).builder.backend_name
-
-    # -- the page table --------------------------------------------------------------------------
-
-    @staticmethod
-    def _fill_table(
-        inp: _Inputs,
-        n: int,
-        req_to_token: torch.Tensor,
-        full_to_swa: torch.Tensor,
-        pool: torch.Tensor,
-        base: torch.Tensor,
-        last_pos: torch.Tensor,
-    ) -> None:
-        """table[i, k] = full_to_swa[req_to_token[pool[i], 64 * min(base[i] + k, last_pos[i] // 64)]] // 64."""
-        page, flat, last_page = inp.page[:n], inp.flat[:n], inp.last[:n]
-        torch.bitwise_right_shift(last_pos, _CHUNK_SHIFT, out=last_page)
-        torch.add(base[:, None], inp.k[None, :], out=page)
-        torch.minimum(page, last_page[:, None], out=page)
-        # flat offsets into req_to_token: pool * stride + 64 * page
-        flat.copy_(pool[:, None]).mul_(req_to_token.stride(0)).add_(page, alpha=CHUNK)
-        rt = req_to_token if req_to_token.is_contiguous() else req_to_token.contiguous()
-        full = inp.typed(rt.dtype)[:n]
-        torch.take(rt, flat, out=full)  # the full-pool slot of each page's first position
-        # full_to_swa indexed as SGLang indexes it: -1 reads its trailing -1.
-        torch.remainder(full, full_to_swa.shape[0], out=page)
-        swa = inp.typed(full_to_swa.dtype)[:n]
-        torch.take(full_to_swa, page, out=swa)
-        torch.floor_divide(swa, CHUNK, out=inp.table[:n])
-
-    # -- causal rows -------------------------------------------------------------------------------
+        return self.builder.backend_name
 
     def causal(
         self,
@@ -262,74 +120,15 @@ class SGLangSWAIndices:
         first, -1 after) and the lens SGLang's backend pairs with it: ``min(p + 1, W)``, floored by
         ``swa_replay_start`` (per row) to ``p - floor + 1``. Rows with a negative position (draft-extend
         padding) get lens 0 where SGLang's own lens go negative."""
-        n = seq_lens_casual.shape[0]
-        w = self.window_size
-        width = _ceil_div(w, page_index_aligned_size) * page_index_aligned_size
-        dev = seq_lens_casual.device
-        out = torch.empty((n, width), dtype=torch.int32, device=dev)
-        lens_out = torch.empty(n, dtype=torch.int32, device=dev)
-        if n == 0:
-            return out, lens_out
-        b = self._builder(0, n)
-        inp = b.inputs
-        pos, base, shift, ok = inp.pos[:n], inp.base[:n], inp.shift[:n], inp.ok[:n]
-        torch.sub(seq_lens_casual, 1, out=pos)  # p
-        torch.ge(pos, 0, out=ok)
-        pos.clamp_min_(0)
-        # base: the first 64-position page of the window; the row is shifted down by 64 * base.
-        torch.sub(pos, w - 1, out=base)
-        base.clamp_min_(0)
-        torch.bitwise_right_shift(base, _CHUNK_SHIFT, out=base)
-        torch.mul(base, CHUNK, out=shift)
-        torch.sub(pos, shift, out=shift)  # now p - shift: the row's position in swa_hal's batch
-        seq = inp.seq[:n]
-        torch.add(shift, 1, out=seq)
-        replay = None
-        if swa_replay_start is not None:
-            floor = swa_replay_start[:n]
-            # A floor past p leaves an empty row (SGLang: lens 0, all -1): mark it invalid.
-            torch.le(floor, pos, out=inp.ok2[:n])
-            ok.logical_and_(inp.ok2[:n])
-            replay = inp.replay[:n]
-            torch.sub(floor, pos, out=replay)  # floor - p + (p - shift) = floor - shift
-            replay.add_(shift).clamp_min_(0)
-            torch.minimum(replay, seq, out=replay)
-            replay.clamp_max_(shift)  # never past the row's own position (invalid rows included)
-        slots = inp.slots[:n]
-        slots.copy_(ok).sub_(1)  # 0 for a valid row, -1 for an empty one
-        self._fill_table(inp, n, req_to_token, full_to_swa, req_pool_indices_repeated, base, pos)
-        qsl, qsl_cpu = inp.qsl(1)
-        batch = AttentionBatch(
-            seq_lens=seq,
-            query_start_loc=qsl[: n + 1],
-            query_start_loc_cpu=qsl_cpu[: n + 1],
-            seq_lens_cpu=None,
-            block_table=inp.table[:n],
-            slot_mapping=slots,
-            max_query_len=1,
-            num_tokens=n,
-            causal=True,
-            replay_start=replay,
+        rows = SlotRows(
+            row_ends=seq_lens_casual,
+            pools=req_pool_indices_repeated,
+            req_to_token=req_to_token,
+            slot_map=full_to_swa,
+            floors=swa_replay_start,
+            width=_align(self.window_size, page_index_aligned_size),
         )
-        md = b.builder.build(batch)
-        rows = md.decode_swa_indices.view(n, w)
-        lens = md.decode_swa_lens
-        lens_out.copy_(lens)
-        # newest first: column k holds entry lens - 1 - k
-        src, mask, cols = inp.src[:n, :w], inp.mask[:n, :w], inp.cols[:w]
-        torch.sub(lens[:, None], cols[None, :], out=src)
-        src.sub_(1).clamp_min_(0)
-        dst = out[:, :w]
-        if width == w:
-            torch.gather(rows, 1, src, out=dst)
-        else:
-            dst.copy_(torch.gather(rows, 1, src))
-            out[:, w:].fill_(-1)
-        torch.ge(cols[None, :], lens[:, None], out=mask)
-        dst.masked_fill_(mask, -1)
-        return out, lens_out
-
-    # -- DSpark rows -------------------------------------------------------------------------------
+        return self.builder.build_slot_rows(rows)
 
     def dspark(
         self,
@@ -345,94 +144,29 @@ class SGLangSWAIndices:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """What ``DeepseekV4AttnBackend.get_dspark_swa_page_indices`` returns (paged SWA pool): for each
         draft block of ``block_size`` rows, the context positions ``[prefix - ctx, prefix)`` ascending,
-        ``ctx = min(prefix, W)`` (and at most ``prefix - valid_from[pool]``), then the block's own slots;
-        width ``ceil_align(W + block_size, align)``; lens ``ctx + block_size``. The block's slots are read
-        from ``req_to_token`` at positions ``prefix..prefix + block_size - 1``: SGLang's ``out_loc`` for
-        a draft block is exactly those entries (its verify window gathers them from ``req_to_token``)."""
+        ``ctx = min(prefix, W)`` (and at most ``prefix - valid_from[pool]``), then the slots of the
+        block's own tokens (``out_loc``); width ``ceil_align(W + block_size, align)``; lens
+        ``ctx + block_size``."""
         n = seq_lens_casual.shape[0]
-        nb = int(block_size)
-        if nb < 1 or n % nb:
-            raise ValueError(f"DSpark draft block forward must be uniform: {n} rows, block_size {nb}")
-        w = self.window_size
-        width = _ceil_div(w + nb, page_index_aligned_size) * page_index_aligned_size
-        dev = seq_lens_casual.device
-        if n == 0:
-            return torch.empty((0, width), dtype=torch.int32, device=dev), torch.empty(0, dtype=torch.int32, device=dev)
-        bs = n // nb
-        b = self._builder(nb, n)
-        inp = b.inputs
-        pos, base, shift, last = inp.pos[:bs], inp.base[:bs], inp.shift[:bs], inp.cut[:bs]
-        first = seq_lens_casual[::nb]  # the first row of each block: prefix + 1
-        pool = req_pool_indices_repeated[::nb]
-        torch.sub(first, 1, out=pos)  # prefix P
-        torch.sub(pos, w, out=base)
-        base.clamp_min_(0)
-        torch.bitwise_right_shift(base, _CHUNK_SHIFT, out=base)
-        torch.mul(base, CHUNK, out=shift)
-        seq = inp.seq[:bs]
-        torch.sub(pos, shift, out=seq).add_(nb)  # S'' = P - shift + N
-        inp.slots[:n].zero_()
-        torch.add(pos, nb - 1, out=last)  # the block's last position
-        self._fill_table(inp, bs, req_to_token, full_to_swa, pool, base, last)
-        qsl, qsl_cpu = inp.qsl(nb)
-        batch = AttentionBatch(
-            seq_lens=seq,
-            query_start_loc=qsl[: bs + 1],
-            query_start_loc_cpu=qsl_cpu[: bs + 1],
-            seq_lens_cpu=None,
-            block_table=inp.table[:bs],
-            slot_mapping=inp.slots[:n],
-            max_query_len=nb,
-            num_tokens=n,
-            causal=False,
+        rows = SlotRows(
+            row_ends=seq_lens_casual,
+            pools=req_pool_indices_repeated,
+            req_to_token=req_to_token,
+            slot_map=full_to_swa,
+            floors=valid_from,
+            block=int(block_size),
+            block_slots=out_loc[:n],
+            width=_align(self.window_size + int(block_size), page_index_aligned_size),
         )
-        md = b.builder.build(batch)
-        rows = md.decode_swa_indices.view(n, b.width)
-        lens = md.decode_swa_lens
-        out = torch.empty((n, width), dtype=torch.int32, device=dev)
-        lens_out = torch.empty(n, dtype=torch.int32, device=dev)
-        if valid_from is None:
-            if width == b.width:
-                out.copy_(rows)
-            else:
-                out.fill_(-1)
-                out[:, : b.width].copy_(rows)
-            lens_out.copy_(lens)
-            return out, lens_out
-        # valid_from: the context keeps min(ctx, max(P - valid_from[pool], 0)) of its ctx = min(P, W)
-        # entries; the row drops its first ctx - keep.
-        ctx, keep = inp.base[:bs], inp.shift[:bs]
-        torch.clamp_max(pos, w, out=ctx)
-        vf = inp.typed1(valid_from.dtype)[:bs]
-        torch.index_select(valid_from, 0, pool, out=vf)
-        torch.sub(pos, vf, out=keep)
-        keep.clamp_min_(0)
-        torch.minimum(ctx, keep, out=keep)
-        torch.sub(ctx, keep, out=ctx)  # per block
-        cut = inp.cut[:n].view(bs, nb)
-        cut.copy_(ctx[:, None])
-        cut = cut.view(n)
-        src, mask, cols = inp.src[:n, :width], inp.mask[:n, :width], inp.cols[:width]
-        torch.add(cols[None, :], cut[:, None], out=src)
-        src.clamp_max_(b.width - 1)
-        if width == b.width:
-            torch.gather(rows, 1, src, out=out)
-        else:
-            out.copy_(torch.gather(rows, 1, src.clamp_max(b.width - 1)))
-        torch.sub(lens, cut, out=lens_out)
-        torch.ge(cols[None, :], lens_out[:, None], out=mask)
-        out.masked_fill_(mask, -1)
-        return out, lens_out
+        return self.builder.build_slot_rows(rows)
 
 
 # -- the adapters the hooks use ------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
 class _Settings:
     backend: str | None = None
     platform: PlatformInfo | None = None
-    max_rows: int = DEFAULT_MAX_ROWS
 
 
 _settings = _Settings()
@@ -440,13 +174,11 @@ _adapters: dict[tuple[int, str, int, int], SGLangSWAIndices] = {}
 _adapters_lock = threading.Lock()
 
 
-def configure(*, backend: str | None = None, platform: PlatformInfo | None = None, max_rows: int | None = None) -> None:
+def configure(*, backend: str | None = None, platform: PlatformInfo | None = None) -> None:
     """Settings for the adapters the hooks create from now on (tests force a backend this way;
     ``SWA_HAL_BACKEND`` does the same for a server). Forgets the adapters made so far."""
     _settings.backend = backend
     _settings.platform = platform
-    if max_rows is not None:
-        _settings.max_rows = int(max_rows)
     reset_adapters()
 
 
@@ -470,7 +202,6 @@ def adapter_for(device: torch.device, window_size: int = SGLANG_SWA_WINDOW) -> S
                     device,
                     backend=_settings.backend,
                     platform=_settings.platform,
-                    max_rows=_settings.max_rows,
                 )
     return got
 

@@ -346,16 +346,16 @@ def _window_rows(
     lens = tl.where(checked, tl.minimum(lens, WIDTH), 0)
 
     cols = tl.arange(0, BLOCK_W)
-    pos2 = start[:, None] + cols[None, :]
-    live = cols[None, :] < lens[:, None]
-    page = pos2 // BLOCK_SIZE
     row_table = block_table_ptr + req * bt_stride
     if ROW_PAGES <= 4:
-        # A row spans at most ROW_PAGES pages: load each page's block once per row and pick per entry,
-        # instead of one gather per entry; a guarded build checks each page's block once, too.
+        # A row spans at most ROW_PAGES pages: load each page's block once per row. Entry c (position
+        # start + c) on the row's page k is base_k + c with base_k = start + (block_k - page_k) *
+        # BLOCK_SIZE, and it is on page k from column k * BLOCK_SIZE - (start % BLOCK_SIZE) on: per
+        # entry a compare and a select per page past the first, and one add.
         first_page = start // BLOCK_SIZE
+        off = start - first_page * BLOCK_SIZE
         end_pos = start + lens  # exclusive
-        block = tl.zeros([BLOCK_T, BLOCK_W], dtype=tl.int32)
+        base = tl.zeros([BLOCK_T, BLOCK_W], dtype=tl.int32)
         for k in tl.static_range(ROW_PAGES):
             pk = first_page + k
             need = (lens > 0) & (pk * BLOCK_SIZE < end_pos)
@@ -370,13 +370,19 @@ def _window_rows(
                 # Every block id handed out lies in [0, BLOCK_LIMIT): inside the KV cache, and its
                 # slots inside int32 (block * BLOCK_SIZE cannot overflow).
                 kind, value = _flag(kind, value, need & ((bk < 0) | (bk >= BLOCK_LIMIT)), 6, bk)  # BLOCK
-            block = tl.where(page == first_page[:, None] + k, bk[:, None], block)
+            base_k = start + (bk - (first_page + k)) * BLOCK_SIZE
+            if k == 0:
+                base = tl.zeros([BLOCK_T, BLOCK_W], dtype=tl.int32) + base_k[:, None]
+            else:
+                base = tl.where(cols[None, :] >= (k * BLOCK_SIZE - off)[:, None], base_k[:, None], base)
     else:
-        read = live
+        pos2 = start[:, None] + cols[None, :]
+        read = cols[None, :] < lens[:, None]
+        page = pos2 // BLOCK_SIZE
         if GUARD:
             page_ok = (page >= 0) & (page < max_pages)
-            read = live & page_ok
-            off_table = live & ~page_ok
+            off_table = read & ~page_ok
+            read = read & page_ok
             first_off = tl.min(tl.where(off_table, cols[None, :], BLOCK_W), axis=1)
             page_at = tl.sum(tl.where(cols[None, :] == first_off[:, None], page, 0), axis=1)
             kind, value = _flag(kind, value, first_off < BLOCK_W, 5, page_at)  # PAGES
@@ -388,17 +394,20 @@ def _window_rows(
             first_bad = tl.min(tl.where(bad_block, cols[None, :], BLOCK_W), axis=1)
             block_at = tl.sum(tl.where(cols[None, :] == first_bad[:, None], block, 0), axis=1)
             kind, value = _flag(kind, value, first_bad < BLOCK_W, 6, block_at)  # BLOCK
-    idx = tl.where(live, block * BLOCK_SIZE + pos2 % BLOCK_SIZE, -1)
+        base = start[:, None] + (block - page) * BLOCK_SIZE
     if GUARD:
-        broken = kind > 0
-        lens = tl.where(broken, 0, lens)
-        idx = tl.where(broken[:, None], -1, idx)
+        # A broken row is handed out empty: zeroing its lens empties it entry by entry for free.
+        lens = tl.where(kind > 0, 0, lens)
         _record(violation_ptr, kind, req, value, rows)
+    idx = tl.where(cols[None, :] < lens[:, None], base + cols[None, :], -1)
 
     cols_at = cols
     if CLAMP:
         cols_at = tl.minimum(cols, WIDTH - 1)
-    store_ok = row_ok[:, None] & (cols[None, :] < WIDTH)
+    if WIDTH == BLOCK_W:
+        store_ok = row_ok[:, None]  # the same along a row: the compiler may store vectors
+    else:
+        store_ok = row_ok[:, None] & (cols[None, :] < WIDTH)
     tl.store(out_idx_ptr + rows_at[:, None] * WIDTH + cols_at[None, :], idx, mask=store_ok)
     tl.store(out_lens_ptr + rows_at, lens, mask=row_ok)
 

@@ -3,8 +3,9 @@
 - ``BackendConformance`` (``swa_hal.testing.conformance``): every topic of the conformance kit in one class.
 - ``BackendFixtures`` (``swa_hal.testing.fixtures``): the kit's overridable fixtures, and one mixin per
   topic: ``SelectionTests``, ``VectorTests``, ``RandomBatchTests``, ``DraftUpdateTests``,
-  ``AddressRuleTests``, ``GraphTests`` (modules ``selection``, ``vectors``, ``random_batches``,
-  ``draft_updates``, ``address_rules``, ``graphs``), so a backend takes the topics that apply.
+  ``AddressRuleTests``, ``GraphTests``, ``SlotRowTests`` (modules ``selection``, ``vectors``,
+  ``random_batches``, ``draft_updates``, ``address_rules``, ``graphs``, ``slot_rows``), so a backend takes
+  the topics that apply.
 - ``swa_hal.testing.plugin``: the opt-in pytest plugin (options and fixtures).
 - ``address_strict`` (``swa_hal.testing.interpreter``): the SM12x address rule on a CPU.
 - ``random_batch`` and ``compare_with_reference``: batches of every kind, and bit-exact comparison.
@@ -29,6 +30,8 @@ _EXPORTS = {
     "DraftUpdateTests": "draft_updates",
     "AddressRuleTests": "address_rules",
     "GraphTests": "graphs",
+    "SlotRowTests": "slot_rows",
+    "random_slot_rows": "slot_rows",
     "address_strict": "interpreter",
     "AddressViolation": "interpreter",
     "random_batch": "batches",

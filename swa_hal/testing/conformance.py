@@ -26,6 +26,7 @@ from .fixtures import CONFORMANCE_CONFIGS, PLATFORM_GRID, BackendFixtures, Targe
 from .graphs import GraphTests
 from .random_batches import RandomBatchTests
 from .selection import SelectionTests
+from .slot_rows import SlotRowTests
 from .vectors import VectorTests
 
 __all__ = [
@@ -38,12 +39,15 @@ __all__ = [
     "GraphTests",
     "RandomBatchTests",
     "SelectionTests",
+    "SlotRowTests",
     "Target",
     "VectorTests",
     "requires",
 ]
 
 
-class BackendConformance(SelectionTests, VectorTests, RandomBatchTests, DraftUpdateTests, AddressRuleTests, GraphTests):
+class BackendConformance(
+    SelectionTests, VectorTests, RandomBatchTests, DraftUpdateTests, AddressRuleTests, GraphTests, SlotRowTests
+):
     """Every topic of the kit. Set ``backend_name`` (or pass ``--swa-hal-backend``); optionally
     ``platform``, ``device``, ``batches_per_case``, ``opt_out``, ``configs`` (see ``BackendFixtures``)."""

@@ -1,0 +1,140 @@
+"""Token-slot rows in one launch (docs/semantics.md #token-slot-rows).
+
+Each program takes BLOCK_T rows. A row's position, pool row and floor come from the engine's per-row
+tensors (a DSpark row reads its block's first row), its window follows from them, and every entry
+is two dependent gathers: the token slot ``req_to_token[pool, q]`` (DSpark block entries read
+``block_slots``), then the cache slot ``slot_map[token slot]``. Consecutive columns read consecutive
+positions of one request, so the first gather is one contiguous run per row.
+
+Flags, as in ``swa_metadata.py``: GUARD checks the pool row, the positions, the token and cache slots,
+hands offending rows out empty and records the first violation; CLAMP keeps every lane's address
+inside its tensor (SM12x). Newest first (causal) or oldest first (DSpark) is BLOCK_N == 0 or not.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .swa_metadata import _flag, _record
+
+RUNTIME_INTS = ["n_rows", "rt_stride", "rt_width", "num_pools", "map_len"]
+ENGINE_TENSORS = ["ends_ptr", "pools_ptr", "floors_ptr", "rt_ptr", "map_ptr", "block_slots_ptr"]
+
+
+@triton.jit
+def _int32(v):
+    """A recorded value, saturated to int32 (the violation record's dtype)."""
+    return tl.minimum(tl.maximum(v, -2147483648), 2147483647).to(tl.int32)
+
+
+@triton.jit
+def _first_bad(bad, values, cols, BLOCK_W: tl.constexpr):
+    """Per row: whether any column is bad, and the value at the first bad column."""
+    first = tl.min(tl.where(bad, cols[None, :], BLOCK_W), axis=1)
+    at = tl.sum(tl.where(cols[None, :] == first[:, None], values, 0), axis=1)
+    return first < BLOCK_W, at
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS, do_not_specialize_on_alignment=ENGINE_TENSORS)
+def slot_rows_kernel(
+    out_ptr,
+    lens_ptr,
+    violation_ptr,
+    ends_ptr,
+    pools_ptr,
+    floors_ptr,
+    rt_ptr,
+    map_ptr,
+    block_slots_ptr,
+    n_rows,
+    rt_stride,
+    rt_width,
+    num_pools,
+    map_len,
+    WINDOW: tl.constexpr,
+    WIDTH: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_FLOORS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    GUARD: tl.constexpr,
+    SLOT_LIMIT: tl.constexpr,
+    CLAMP: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < n_rows
+    rows_at = rows
+    if CLAMP:
+        rows_at = tl.minimum(rows, n_rows - 1)
+    if BLOCK_N > 0:
+        head = rows_at - rows_at % BLOCK_N
+    else:
+        head = rows_at
+    p = tl.load(ends_ptr + head, mask=row_ok, other=0).to(tl.int32) - 1
+    pool = tl.load(pools_ptr + head, mask=row_ok, other=0).to(tl.int64)
+    pool_ok = (pool >= 0) & (pool < num_pools)
+    pool_at = pool
+    if CLAMP:
+        pool_at = tl.minimum(tl.maximum(pool, 0), num_pools - 1)
+    cols = tl.arange(0, BLOCK_W)
+    if BLOCK_N > 0:
+        ctx = tl.minimum(tl.maximum(p, 0), WINDOW)
+        if HAS_FLOORS:
+            # valid_from of the block's request; a pool row outside the table is the guard's to report.
+            floor = tl.load(floors_ptr + pool_at, mask=row_ok & pool_ok, other=0).to(tl.int32)
+            ctx = tl.minimum(ctx, tl.maximum(p - floor, 0))
+        row_lens = tl.where(p >= 0, ctx + BLOCK_N, 0)
+        q = (p - ctx)[:, None] + cols[None, :]
+        top = p - 1
+    else:
+        lo = tl.maximum(p - (WINDOW - 1), 0)
+        if HAS_FLOORS:
+            lo = tl.maximum(lo, tl.load(floors_ptr + rows_at, mask=row_ok, other=0).to(tl.int32))
+        row_lens = tl.maximum(p + 1 - lo, 0)
+        ctx = row_lens
+        q = p[:, None] - cols[None, :]
+        top = p
+    row_lens = tl.where(row_ok, row_lens, 0)
+    kind = tl.zeros([BLOCK_T], dtype=tl.int32)
+    value = tl.zeros([BLOCK_T], dtype=tl.int32)
+    if GUARD:
+        kind, value = _flag(kind, value, (row_lens > 0) & ~pool_ok, 8, _int32(pool))  # POOL
+        kind, value = _flag(kind, value, (ctx > 0) & (top >= rt_width), 9, top)  # POSITION
+    live = cols[None, :] < row_lens[:, None]
+    from_table = cols[None, :] < ctx[:, None]
+    read = live & from_table
+    if GUARD:
+        read = read & (kind == 0)[:, None]
+    q_at = q
+    if CLAMP:
+        q_at = tl.minimum(tl.maximum(q, 0), rt_width - 1)
+    token = tl.load(rt_ptr + pool_at[:, None] * rt_stride + q_at, mask=read, other=-1).to(tl.int64)
+    if BLOCK_N > 0:
+        own = live & ~from_table
+        at = head[:, None] + cols[None, :] - ctx[:, None]
+        if CLAMP:
+            at = tl.minimum(tl.maximum(at, 0), n_rows - 1)
+        token = tl.where(own, tl.load(block_slots_ptr + at, mask=own, other=-1).to(tl.int64), token)
+    if GUARD:
+        bad, what = _first_bad(live & ((token < -1) | (token >= map_len)), token, cols, BLOCK_W)
+        kind, value = _flag(kind, value, bad, 10, _int32(what))  # TOKEN_SLOT
+    has = live & (token >= 0) & (token < map_len)
+    token_at = token
+    if CLAMP:
+        token_at = tl.minimum(tl.maximum(token, 0), map_len - 1)
+    slot = tl.load(map_ptr + token_at, mask=has, other=-1).to(tl.int64)
+    if GUARD:
+        bad, what = _first_bad(has & ((slot < -1) | (slot >= SLOT_LIMIT)), slot, cols, BLOCK_W)
+        kind, value = _flag(kind, value, bad, 11, _int32(what))  # CACHE_SLOT
+        broken = kind > 0
+        row_lens = tl.where(broken, 0, row_lens)
+        slot = tl.where(broken[:, None], -1, slot)
+        _record(violation_ptr, kind, rows, value, rows)
+    idx = tl.where(live, slot, -1).to(tl.int32)
+    cols_at = cols
+    if CLAMP:
+        cols_at = tl.minimum(cols, WIDTH - 1)
+    store_ok = row_ok[:, None] & (cols[None, :] < WIDTH)
+    tl.store(out_ptr + rows_at.to(tl.int64)[:, None] * WIDTH + cols_at[None, :], idx, mask=store_ok)
+    tl.store(lens_ptr + rows_at, row_lens, mask=row_ok)

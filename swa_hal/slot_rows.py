@@ -1,0 +1,247 @@
+"""Token-slot rows (docs/semantics.md #token-slot-rows): window rows for engines that address their KV
+cache through a per-request token table instead of a block table.
+
+Such an engine (SGLang) keeps ``req_to_token[pool, q]``, the token slot of position q of the request in
+pool row ``pool``, and ``slot_map[s]``, the SWA cache slot of token slot s (-1: none). It asks for one
+row per query token, each given by its own position, pool row and floor, so no split, no
+``query_start_loc`` and no per-request host data are involved. Two layouts:
+
+* causal (``block == 0``): row i covers positions ``p_i, p_i - 1, ..., lo_i`` newest first,
+  ``lo_i = max(p_i - W + 1, 0, floors[i])``; lens ``max(p_i - lo_i + 1, 0)``.
+* DSpark (``block == N``): rows come in blocks of N; a block with prefix P (its first row's position)
+  and pool row r covers its context ``[P - ctx, P)`` ascending, ``ctx = min(P, W)`` (and at most
+  ``P - floors[r]``, the request's ``valid_from``), then the block's own N tokens (``block_slots``);
+  lens ``ctx + N``, the same row for the block's N rows.
+
+Entry values are ``slot_map[token slot]``; a token slot of -1 gives -1, as does every column at or
+past lens. This module holds the inputs, their O(1) host guard, and the vectorised torch build that
+every backend without a kernel of its own runs (the Triton backends launch
+``kernels/slot_rows.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from .config import INT32_LIMIT
+from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
+from .guard import Violation
+
+if TYPE_CHECKING:
+    from .config import SWAConfig
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotRows:
+    """One call's inputs (docs/semantics.md #token-slot-rows).
+
+    row_ends: [n] each row's position + 1 (SGLang's ``seq_lens_casual``).
+    pools: [n] each row's row of ``req_to_token``.
+    req_to_token: [pools, positions] token slots.
+    slot_map: [token slots] the cache slot of each token slot (-1: none).
+    floors: causal: [n] each row's lowest position, or None; DSpark: [pools] each request's lowest
+        position (``valid_from``), or None.
+    block: 0 for causal rows, else the DSpark block size N (n a multiple of N).
+    block_slots: DSpark: [n] the token slots of each block's own tokens, block after block.
+    width: the row width of the output (at least W causal, W + N DSpark); None: exactly that.
+    """
+
+    row_ends: torch.Tensor
+    pools: torch.Tensor
+    req_to_token: torch.Tensor
+    slot_map: torch.Tensor
+    floors: torch.Tensor | None = None
+    block: int = 0
+    block_slots: torch.Tensor | None = None
+    width: int | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_ends.shape[0]
+
+    def row_width(self, window: int) -> int:
+        need = window + self.block
+        return need if self.width is None else self.width
+
+
+def slot_limit(config: SWAConfig) -> int:
+    """Cache slots a row may hold lie in [-1, slot_limit): the SWA cache's slots when the config knows
+    its pages, else every slot that fits int32."""
+    if config.num_kv_blocks is not None:
+        return min(config.num_kv_blocks * config.block_size, INT32_LIMIT + 1)
+    return INT32_LIMIT + 1
+
+
+def _index_tensor(name: str, t: object, device: torch.device, ndim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise BatchDtypeError(name, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in INDEX_DTYPES:
+        raise BatchDtypeError(name, f"{name} has dtype {t.dtype}; expected torch.int32 or torch.int64")
+    if t.device != device:
+        raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device is {device}")
+    if t.dim() != ndim:
+        raise BatchShapeError(name, f"{name} has {t.dim()} dimensions {tuple(t.shape)}; expected {ndim}")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise BatchShapeError(name, f"{name} must have unit stride in its last dimension (stride {tuple(t.stride())})")
+    return t
+
+
+def guard_slot_rows(rows: SlotRows, window: int, device: torch.device) -> int:
+    """The O(1) host checks of a call (dtypes, devices, ranks, strides, lengths); returns the row
+    width. The checks that need the data are the guarded build's (docs/semantics.md #guarded-builds)."""
+    n = _index_tensor("row_ends", rows.row_ends, device, 1).shape[0]
+    pools = _index_tensor("pools", rows.pools, device, 1)
+    if pools.shape[0] != n:
+        raise BatchShapeError("pools", f"pools has {pools.shape[0]} rows; row_ends has {n}")
+    _index_tensor("req_to_token", rows.req_to_token, device, 2)
+    _index_tensor("slot_map", rows.slot_map, device, 1)
+    block = rows.block
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise BatchShapeError("block", f"block={block!r} must be 0 (causal rows) or the DSpark block size")
+    if rows.floors is not None:
+        floors = _index_tensor("floors", rows.floors, device, 1)
+        if block == 0 and floors.shape[0] < n:
+            raise BatchShapeError("floors", f"floors has {floors.shape[0]} rows; row_ends has {n}")
+        if block and floors.shape[0] < rows.req_to_token.shape[0]:
+            raise BatchShapeError(
+                "floors",
+                f"floors has {floors.shape[0]} entries; DSpark floors are per pool row "
+                f"(req_to_token has {rows.req_to_token.shape[0]})",
+            )
+    if block:
+        if n % block:
+            raise BatchShapeError("row_ends", f"row_ends has {n} rows, not a multiple of the DSpark block size {block}")
+        if rows.block_slots is None:
+            raise BatchShapeError("block_slots", "block_slots is required for DSpark rows (block > 0)")
+        slots = _index_tensor("block_slots", rows.block_slots, device, 1)
+        if slots.shape[0] < n:
+            raise BatchShapeError("block_slots", f"block_slots has {slots.shape[0]} entries; row_ends has {n} rows")
+    width = rows.row_width(window)
+    if isinstance(width, bool) or not isinstance(width, int) or width < window + block:
+        raise BatchCapacityError(
+            "width",
+            f"width={width!r} is narrower than a row can be ({window + block}: window {window} + block {block})",
+        )
+    return width
+
+
+def check_outputs(out: torch.Tensor, lens: torch.Tensor, n: int, width: int, device: torch.device) -> None:
+    """Caller-provided outputs: int32, on the device, [n, width] contiguous and [n]."""
+    for name, t, shape in (("out", out, (n, width)), ("lens", lens, (n,))):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise BatchDtypeError(name, f"{name} must be an int32 tensor")
+        if t.device != device:
+            raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device is {device}")
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            raise BatchShapeError(name, f"{name} must be contiguous with shape {shape}; got {tuple(t.shape)}")
+
+
+def _first_bad(bad: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: whether any column is bad, and the value at the first bad column."""
+    width = bad.shape[1]
+    cols = torch.arange(width, device=bad.device)
+    first = torch.where(bad, cols, width).amin(dim=1).clamp_max(width - 1)
+    return bad.any(dim=1), values.gather(1, first[:, None]).squeeze(1)
+
+
+def build_slot_rows(
+    rows: SlotRows,
+    window: int,
+    out: torch.Tensor,
+    lens: torch.Tensor,
+    record: torch.Tensor,
+    *,
+    guard: bool,
+    limit: int,
+) -> None:
+    """The torch build of token-slot rows into ``out``/``lens`` (no host sync). Guarded: a row that
+    breaks a rule is handed out empty and the first one is recorded in ``record`` (``guard.py``)."""
+    n = rows.num_rows
+    if n == 0:
+        return
+    dev = out.device
+    i64 = torch.int64
+    width = out.shape[1]
+    nb = rows.block
+    cols = torch.arange(width, device=dev)
+    rt = rows.req_to_token
+    num_pools, positions = rt.shape
+    ends = rows.row_ends.to(i64)
+    if nb:
+        head = torch.arange(n, device=dev) // nb * nb
+        p = ends[head] - 1  # the block's prefix P
+        pool = rows.pools.to(i64)[head]
+    else:
+        p = ends - 1
+        pool = rows.pools.to(i64)
+    pool_ok = (pool >= 0) & (pool < num_pools)
+    pool_at = pool.clamp(0, max(num_pools - 1, 0))
+    if nb:
+        ctx = p.clamp(0, window)
+        if rows.floors is not None:
+            floor = rows.floors.to(i64)[pool_at]
+            ctx = torch.minimum(ctx, (p - floor).clamp_min(0))
+        row_lens = torch.where(p >= 0, ctx + nb, 0)
+        q = (p - ctx)[:, None] + cols[None, :]
+        top = p - 1  # the highest context position read
+    else:
+        lo = (p - (window - 1)).clamp_min(0)
+        if rows.floors is not None:
+            lo = torch.maximum(lo, rows.floors[:n].to(i64))
+        row_lens = (p + 1 - lo).clamp_min(0)
+        ctx = row_lens
+        q = p[:, None] - cols[None, :]
+        top = p
+    live = cols[None, :] < row_lens[:, None]
+    from_table = cols[None, :] < ctx[:, None]
+    kind = torch.zeros(n, dtype=i64, device=dev)
+    value = torch.zeros(n, dtype=i64, device=dev)
+
+    def flag(cond: torch.Tensor, code: Violation, what: torch.Tensor) -> None:
+        new = (kind == 0) & cond
+        kind.masked_fill_(new, int(code))
+        torch.where(new, what, value, out=value)
+
+    if guard:
+        flag((row_lens > 0) & ~pool_ok, Violation.POOL, pool)
+        flag((ctx > 0) & (top >= positions), Violation.POSITION, top)
+    q_at = q.clamp(0, max(positions - 1, 0))
+    token = rt[pool_at[:, None], q_at].to(i64) if positions else torch.full_like(q, -1)
+    if nb:
+        assert rows.block_slots is not None
+        at = (head[:, None] + cols[None, :] - ctx[:, None]).clamp(0, n - 1)
+        token = torch.where(from_table, token, rows.block_slots.to(i64)[at])
+    token = torch.where(live, token, -1)
+    map_len = rows.slot_map.shape[0]
+    if guard:
+        bad, what = _first_bad(live & ((token < -1) | (token >= map_len)), token)
+        flag(bad, Violation.TOKEN_SLOT, what)
+    has = live & (token >= 0) & (token < map_len)
+    slot = rows.slot_map.to(i64)[token.clamp(0, max(map_len - 1, 0))] if map_len else torch.full_like(token, -1)
+    slot = torch.where(has, slot, -1)
+    if guard:
+        bad, what = _first_bad(has & ((slot < -1) | (slot >= limit)), slot)
+        flag(bad, Violation.CACHE_SLOT, what)
+        broken = kind > 0
+        row_lens = torch.where(broken, 0, row_lens)
+        slot = torch.where(broken[:, None], -1, slot)
+        first = torch.where(broken, torch.arange(n, device=dev), n).amin().clamp_max(n - 1)
+        any_broken = broken.any()
+        count = record[0] + any_broken.to(record.dtype)
+        new = torch.stack(
+            [
+                count,
+                kind[first].to(record.dtype),
+                first.to(record.dtype),
+                value[first].clamp(-INT32_LIMIT - 1, INT32_LIMIT).to(record.dtype),
+            ]
+        )
+        keep = torch.stack([count, record[1], record[2], record[3]])
+        record.copy_(torch.where(any_broken & (record[0] == 0), new, keep))
+    out.copy_(slot)
+    lens.copy_(row_lens)

@@ -1,0 +1,200 @@
+"""Conformance topic: token-slot rows (docs/semantics.md #token-slot-rows), the layout of engines that address
+their cache through ``req_to_token`` (SGLang). Every backend has them: its own kernel, or the torch build it
+inherits. Compared with the torch build (``swa_hal.slot_rows.build_slot_rows``) bit for bit on the worked
+vectors and random calls; a guarded call on garbage input hands out only -1 or slots of the cache."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from ..builder import SWAMetadataBuilder
+from ..config import SWAConfig
+from ..slot_rows import SlotRows, build_slot_rows, slot_limit
+from .fixtures import BackendFixtures, Target
+from .interpreter import address_strict
+
+WINDOWS = (8, 20, 128)
+
+
+def slot_rows_config(window: int, **kw: Any) -> SWAConfig:
+    """A config for token-slot rows: only the window (and the cache size, when given) matters."""
+    return SWAConfig(
+        window_size=window, block_size=64, max_model_len=4096, max_num_batched_tokens=16, max_num_seqs=16, **kw
+    )
+
+
+def random_slot_rows(rng: random.Random, window: int, row_dtype: torch.dtype = torch.int32) -> SlotRows:
+    """A random well-formed call: a request pool with some -1 token slots, causal rows (padding rows at
+    negative positions, floors below 0, inside the window and past the position) or DSpark blocks of 1-3
+    (with or without ``valid_from``), widths aligned to 1, 16 or 64, int32 and int64 inputs."""
+    pools, positions = rng.randint(1, 6), rng.randint(window + 10, 3 * window + 40)
+    perm = list(range(pools * positions))
+    rng.shuffle(perm)
+    req_to_token = [
+        [perm[r * positions + q] if rng.random() > 0.02 else -1 for q in range(positions)] for r in range(pools)
+    ]
+    slot_map = [rng.randrange(0, 5000) for _ in range(pools * positions)] + [-1]
+    block = rng.choice((0, 0, 1, 2, 3))
+    align = rng.choice((1, 16, 64))
+    width = -(-(window + block) // align) * align
+    floors = None
+    block_slots = None
+    if block:
+        ends, pool_of, block_slots = [], [], []
+        for _ in range(rng.randint(1, 9)):
+            pool = rng.randrange(pools)
+            prefix = rng.randint(0, positions - block)
+            ends += [prefix + 1 + j for j in range(block)]
+            pool_of += [pool] * block
+            block_slots += [rng.randrange(len(slot_map) - 1) for _ in range(block)]
+        if rng.random() < 0.6:
+            floors = [rng.choice((0, rng.randint(0, positions), positions + 5)) for _ in range(pools)]
+    else:
+        n = rng.randint(1, 40)
+        ends = [rng.choice((rng.randint(1, positions), rng.randint(-2, 3))) for _ in range(n)]
+        pool_of = [rng.randrange(pools) for _ in range(n)]
+        if rng.random() < 0.6:
+            floors = [rng.choice((0, rng.randint(0, positions), -3, max(e + 2, 0))) for e in ends]
+
+    def index(values: list[int] | list[list[int]], dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype or rng.choice((torch.int32, torch.int64)))
+
+    return SlotRows(
+        row_ends=index(ends, row_dtype),
+        pools=index(pool_of),
+        req_to_token=index(req_to_token),
+        slot_map=index(slot_map, torch.int64),
+        floors=None if floors is None else index(floors),
+        block=block,
+        block_slots=None if block_slots is None else index(block_slots, torch.int64),
+        width=width,
+    )
+
+
+def reference_slot_rows(rows: SlotRows, config: SWAConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch build's rows and lens on the CPU (guard on, nothing recorded for valid input)."""
+    cpu = SlotRows(
+        **{
+            f.name: getattr(rows, f.name).cpu()
+            if isinstance(getattr(rows, f.name), torch.Tensor)
+            else getattr(rows, f.name)
+            for f in dataclasses.fields(rows)
+        }
+    )
+    width = cpu.row_width(config.window_size)
+    out = torch.empty((cpu.num_rows, width), dtype=torch.int32)
+    lens = torch.empty(cpu.num_rows, dtype=torch.int32)
+    build_slot_rows(
+        cpu, config.window_size, out, lens, torch.zeros(4, dtype=torch.int32), guard=True, limit=slot_limit(config)
+    )
+    return out, lens
+
+
+def _on(rows: SlotRows, device: torch.device) -> SlotRows:
+    return SlotRows(
+        **{
+            f.name: getattr(rows, f.name).to(device)
+            if isinstance(getattr(rows, f.name), torch.Tensor)
+            else getattr(rows, f.name)
+            for f in dataclasses.fields(rows)
+        }
+    )
+
+
+class SlotRowTests(BackendFixtures):
+    """Token-slot rows: the worked vectors, random calls of every layout, guarded garbage."""
+
+    def _strict(self, target: Target, spec_kernels: str, clamps: bool) -> Any:
+        if target.device.type != "cpu" or spec_kernels != "triton":
+            return contextlib.nullcontext()
+        return address_strict(active_only=not clamps)
+
+    def test_slot_rows_worked_vectors(self, make_builder: Callable[..., SWAMetadataBuilder], target: Target) -> None:
+        dev = target.device
+        builder = make_builder(slot_rows_config(4))
+        rt = torch.tensor([[10 + q for q in range(8)], [30 + q for q in range(8)]], dtype=torch.int32, device=dev)
+        slot_map = torch.tensor([100 + s for s in range(40)] + [-1], dtype=torch.int64, device=dev)
+        causal = SlotRows(
+            row_ends=torch.tensor([6, 2, 0, 6], dtype=torch.int32, device=dev),
+            pools=torch.zeros(4, dtype=torch.int64, device=dev),
+            req_to_token=rt,
+            slot_map=slot_map,
+            floors=torch.tensor([0, 0, 0, 4], dtype=torch.int32, device=dev),
+            width=8,
+        )
+        out, lens = builder.build_slot_rows(causal)
+        assert lens.tolist() == [4, 2, 0, 2]
+        assert out.tolist() == [
+            [115, 114, 113, 112, -1, -1, -1, -1],
+            [111, 110, -1, -1, -1, -1, -1, -1],
+            [-1] * 8,
+            [115, 114, -1, -1, -1, -1, -1, -1],
+        ]
+        dspark = SlotRows(
+            row_ends=torch.tensor([6, 7, 3, 4], dtype=torch.int32, device=dev),
+            pools=torch.tensor([0, 0, 1, 1], dtype=torch.int64, device=dev),
+            req_to_token=rt,
+            slot_map=slot_map,
+            floors=torch.tensor([3, 0], dtype=torch.int64, device=dev),
+            block=2,
+            block_slots=torch.tensor([15, 16, 32, 33], dtype=torch.int64, device=dev),
+            width=8,
+        )
+        out, lens = builder.build_slot_rows(dspark)
+        assert lens.tolist() == [4, 4, 4, 4]
+        assert out.tolist() == [[113, 114, 115, 116, -1, -1, -1, -1]] * 2 + [[130, 131, 132, 133, -1, -1, -1, -1]] * 2
+
+    @pytest.mark.parametrize("window", WINDOWS)
+    def test_slot_rows_equal_the_reference(
+        self, name: str, spec: Any, make_builder: Callable[..., SWAMetadataBuilder], target: Target, window: int
+    ) -> None:
+        config = slot_rows_config(window)
+        builder = make_builder(config)
+        rng = random.Random(f"slot-rows-{name}-{window}")
+        with self._strict(target, spec.kernels, spec.clamps_addresses):
+            for k in range(3 * self.batches_per_case):
+                rows = random_slot_rows(rng, window, (torch.int32, torch.int64)[k % 2])
+                want_rows, want_lens = reference_slot_rows(rows, config)
+                out, lens = builder.build_slot_rows(_on(rows, target.device))
+                assert torch.equal(lens.cpu(), want_lens), (window, k)
+                assert torch.equal(out.cpu(), want_rows), (window, k)
+        builder.check()
+
+    def test_slot_rows_guarded_on_garbage(
+        self, name: str, spec: Any, make_builder: Callable[..., SWAMetadataBuilder], target: Target
+    ) -> None:
+        config = slot_rows_config(8, num_kv_blocks=50)
+        limit = slot_limit(config)
+        builder = make_builder(config)
+        gen = torch.Generator().manual_seed(0)
+        rng = random.Random(f"slot-garbage-{name}")
+        with self._strict(target, spec.kernels, spec.clamps_addresses):
+            for _ in range(4):
+                block = rng.choice((0, 2))
+                n = 2 * rng.randint(1, 10)
+
+                def ints(lo: int, hi: int, size: tuple[int, ...], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+                    return torch.randint(lo, hi, size, generator=gen, dtype=dtype).to(target.device)
+
+                rows = SlotRows(
+                    row_ends=ints(-5, 60, (n,), torch.int32),
+                    pools=ints(-2, 4, (n,)),
+                    req_to_token=ints(-3, 70, (3, 40), torch.int32),
+                    slot_map=ints(-3, 2 * limit, (64,)),
+                    floors=ints(-3, 50, (max(n, 3),), torch.int32),
+                    block=block,
+                    block_slots=ints(-3, 70, (n,)) if block else None,
+                    width=16,
+                )
+                out, lens = builder.build_slot_rows(rows)
+                assert bool(((out == -1) | ((out >= 0) & (out < limit))).all())
+                assert bool(((lens >= 0) & (lens <= 8 + block)).all())
+                with contextlib.suppress(ValueError):  # the recorded violation, raised by name
+                    builder.check()

@@ -1,0 +1,207 @@
+"""Token-slot rows (docs/semantics.md #token-slot-rows): every backend against a slow per-entry model on
+random inputs (torch, and the Triton backends through the interpreter, SM12x address-strict), the guard's
+rules by name, and the host checks. The worked vectors and guarded garbage are the conformance kit's
+(``swa_hal/testing/slot_rows.py``, run for every built-in backend by test_conformance_builtin.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+import torch
+from helpers import BACKEND_PLATFORMS, make_builder
+
+from swa_hal import SWAConfig
+from swa_hal.errors import BatchCapacityError, BatchDtypeError, BatchRangeError, BatchShapeError
+from swa_hal.slot_rows import SlotRows
+from swa_hal.testing import address_strict, random_slot_rows
+
+BACKENDS = tuple(BACKEND_PLATFORMS)
+
+
+def config(window: int, **kw) -> SWAConfig:
+    return SWAConfig(
+        window_size=window, block_size=64, max_model_len=4096, max_num_batched_tokens=16, max_num_seqs=16, **kw
+    )
+
+
+def strictness(backend: str):
+    if backend == "sm12x":
+        return address_strict()
+    if backend == "torch":
+        return contextlib.nullcontext()
+    return address_strict(active_only=True)
+
+
+def slow_rows(
+    ends: list[int],
+    pools: list[int],
+    req_to_token: list[list[int]],
+    slot_map: list[int],
+    window: int,
+    width: int,
+    floors: list[int] | None = None,
+    block: int = 0,
+    block_slots: list[int] | None = None,
+) -> tuple[list[list[int]], list[int]]:
+    """The rows written out entry by entry, straight from the definition."""
+
+    def cache_slot(token: int) -> int:
+        return -1 if token == -1 else slot_map[token]
+
+    rows, lens = [], []
+    for i, end in enumerate(ends):
+        if block:
+            head = i - i % block
+            prefix, pool = ends[head] - 1, pools[head]
+            if prefix < 0:
+                entries = []
+            else:
+                ctx = min(prefix, window)
+                if floors is not None:
+                    ctx = min(ctx, max(prefix - floors[pool], 0))
+                context = [req_to_token[pool][q] for q in range(prefix - ctx, prefix)]
+                assert block_slots is not None
+                entries = [cache_slot(t) for t in context + block_slots[head : head + block]]
+        else:
+            p = end - 1
+            lo = max(p - window + 1, 0, floors[i] if floors is not None else 0)
+            entries = [cache_slot(req_to_token[pools[i]][q]) for q in range(p, lo - 1, -1)]
+        rows.append(entries + [-1] * (width - len(entries)))
+        lens.append(len(entries))
+    return rows, lens
+
+
+def random_call(rng: random.Random, window: int, dtype_rows: torch.dtype):
+    """The kit's random call and the slow model's rows for it."""
+    rows = random_slot_rows(rng, window, dtype_rows)
+
+    def listed(t):
+        return None if t is None else t.tolist()
+
+    want = slow_rows(
+        rows.row_ends.tolist(),
+        rows.pools.tolist(),
+        rows.req_to_token.tolist(),
+        rows.slot_map.tolist(),
+        window,
+        rows.row_width(window),
+        listed(rows.floors),
+        rows.block,
+        listed(rows.block_slots),
+    )
+    return rows, want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_rows_equal_the_slow_model(backend):
+    rng = random.Random(f"slot-rows-{backend}")
+    with strictness(backend):
+        for window in (8, 20, 64, 128):
+            builder = make_builder(config(window), backend)
+            for k in range(6):
+                rows, (want_rows, want_lens) = random_call(rng, window, (torch.int32, torch.int64)[k % 2])
+                out, lens = builder.build_slot_rows(rows)
+                assert lens.tolist() == want_lens, (window, k)
+                assert out.tolist() == want_rows, (window, k)
+            builder.check()  # well-formed inputs: nothing recorded
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_into_caller_tensors(backend):
+    rng = random.Random(7)
+    rows, (want_rows, want_lens) = random_call(rng, 20, torch.int32)
+    n, width = rows.num_rows, rows.row_width(20)
+    out = torch.full((n, width), 7, dtype=torch.int32)
+    lens = torch.full((n,), 7, dtype=torch.int32)
+    got = make_builder(config(20), backend).build_slot_rows(rows, out=out, lens=lens)
+    assert got[0] is out and got[1] is lens
+    assert out.tolist() == want_rows and lens.tolist() == want_lens
+
+
+def _one_pool(window: int = 8):
+    rt = torch.arange(32, dtype=torch.int32)[None, :]
+    slot_map = torch.cat([torch.arange(1000, 1032), torch.tensor([-1])])
+    return rt, slot_map
+
+
+# One broken row among good ones: (what breaks it, the error type, a phrase of its message).
+BROKEN = {
+    "pool": (dict(pool=3), BatchRangeError, r"pools\[1\]=3 is not a row of req_to_token"),
+    "position": (dict(end=40), BatchCapacityError, r"row 1's window reads position 39, past the table's width"),
+    "token_slot": (dict(token=77), BatchRangeError, r"row 1's window reads token slot 77, outside \[-1, len"),
+    "cache_slot": (dict(slot=-5), BatchRangeError, r"row 1's window reads cache slot -5, outside the cache"),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rule", sorted(BROKEN))
+def test_guard_empties_the_broken_row_and_check_names_it(backend, rule):
+    change, error, message = BROKEN[rule]
+    rt, slot_map = _one_pool()
+    rt = rt.clone()
+    slot_map = slot_map.clone()
+    ends = torch.tensor([10, change.get("end", 12), 14], dtype=torch.int32)
+    pools = torch.tensor([0, change.get("pool", 0), 0], dtype=torch.int64)
+    if "token" in change:
+        rt[0, 11] = change["token"]  # read by row 1 only (rows 0 and 2 see positions <= 9 and >= 6 ...)
+        ends[2] = 11  # row 2 reads positions 3..10: not 11
+    if "slot" in change:
+        slot_map[11] = change["slot"]
+        ends[2] = 11
+    rows = SlotRows(row_ends=ends, pools=pools, req_to_token=rt, slot_map=slot_map, width=8)
+    builder = make_builder(config(8), backend)
+    with strictness(backend):
+        out, lens = builder.build_slot_rows(rows)
+    assert lens[1].item() == 0 and out[1].tolist() == [-1] * 8
+    assert lens[0].item() == 8 and lens[2].item() == 8
+    assert out[0].tolist() == [1009 - c for c in range(8)]
+    with pytest.raises(error, match=message):
+        builder.check()
+    builder.check()  # the record was cleared
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unguarded_rows_trust_the_input(backend):
+    rt, slot_map = _one_pool()
+    rows = SlotRows(
+        row_ends=torch.tensor([10], dtype=torch.int32),
+        pools=torch.tensor([0], dtype=torch.int64),
+        req_to_token=rt,
+        slot_map=torch.where(slot_map >= 0, -5, slot_map),
+        width=8,
+    )
+    builder = make_builder(config(8), backend, guard=False)
+    out, lens = builder.build_slot_rows(rows)
+    assert lens.tolist() == [8] and out[0].tolist() == [-5] * 8
+    builder.check()
+
+
+def test_host_checks_name_the_field():
+    builder = make_builder(config(8), "torch")
+    rt, slot_map = _one_pool()
+    good = dict(
+        row_ends=torch.tensor([3, 4], dtype=torch.int32),
+        pools=torch.tensor([0, 0], dtype=torch.int64),
+        req_to_token=rt,
+        slot_map=slot_map,
+    )
+    with pytest.raises(BatchDtypeError, match="row_ends has dtype torch.float32"):
+        builder.build_slot_rows(SlotRows(**{**good, "row_ends": torch.tensor([3.0, 4.0])}))
+    with pytest.raises(BatchShapeError, match="pools has 1 rows; row_ends has 2"):
+        builder.build_slot_rows(SlotRows(**{**good, "pools": torch.tensor([0])}))
+    with pytest.raises(BatchShapeError, match="not a multiple of the DSpark block size 3"):
+        builder.build_slot_rows(SlotRows(**good, block=3, block_slots=torch.zeros(2, dtype=torch.int64)))
+    with pytest.raises(BatchShapeError, match="block_slots is required"):
+        builder.build_slot_rows(SlotRows(**good, block=2))
+    with pytest.raises(BatchCapacityError, match="width=9 is narrower than a row can be \\(10"):
+        builder.build_slot_rows(SlotRows(**good, block=2, block_slots=torch.zeros(2, dtype=torch.int64), width=9))
+    with pytest.raises(BatchShapeError, match="req_to_token must have unit stride"):
+        builder.build_slot_rows(SlotRows(**{**good, "req_to_token": torch.zeros((2, 8), dtype=torch.int32)[:, ::2]}))
+    with pytest.raises(BatchShapeError, match="DSpark floors are per pool row"):
+        builder.build_slot_rows(
+            SlotRows(**good, block=2, block_slots=torch.zeros(2, dtype=torch.int64), floors=torch.zeros(0, dtype=torch.int64))
+        )
+    with pytest.raises(BatchShapeError, match=r"out must be contiguous with shape \(2, 8\)"):
+        builder.build_slot_rows(SlotRows(**good), out=torch.zeros((2, 9), dtype=torch.int32))

@@ -86,6 +86,20 @@ def main() -> int:
     out["mixed: _metadata"] = med(lambda: builder._metadata(mixed, plan, query, 0))
     type(launcher).__call__ = real_call
     out["mixed: backend.compute (the launch)"] = med(lambda: builder.backend.compute(plan, mixed, builder.buffers))
+    plan_d, _ = builder._plan(batch, 1)
+    out["decode: backend.compute (the launch)"] = med(lambda: builder.backend.compute(plan_d, batch, builder.buffers))
+    # The mixed step's launch alone, with its own arguments and other grid sizes: does the host pay for
+    # the grid? (Extra programs past the work find nothing to do; fewer leave rows unwritten, harmless here.)
+    captured: dict = {}
+
+    def record(self, key, grid, args):
+        captured.update(key=key, grid=grid, args=args)
+
+    type(launcher).__call__ = record
+    builder.backend.compute(plan, mixed, builder.buffers)
+    type(launcher).__call__ = real_call
+    for grid in (16, captured["grid"], 2048):
+        out[f"mixed: the launch alone, grid {grid}"] = med(lambda g=grid: launcher(captured["key"], g, captured["args"]))
     # Single pieces, to compare this host with others.
     from swa_hal.split import split_decodes_and_prefills
     from swa_hal.validation import guard_batch

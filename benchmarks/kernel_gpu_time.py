@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,6 +37,7 @@ def main() -> int:
     # The tile (elements per program) decides how many programs a build launches: time each shape
     # under several tiles to choose the defaults, decode rows (DECODE_TILES) and prefill rows (TILES)
     # separately.
+    graph_floor(torch.device("cuda"))
     for tile in os.environ.get("DECODE_TILES", "512,1024,2048").split(","):
         os.environ["SWA_HAL_DECODE_TILE_ELEMS"] = tile
         print(f"decode tile {tile} elements per program", flush=True)
@@ -49,6 +51,41 @@ def main() -> int:
     return 0
 
 
+@triton.jit
+def _empty(x_ptr):
+    pass
+
+
+def replay_us(fn, dev: torch.device) -> tuple[float, float]:
+    """``fn`` captured in a CUDA graph: GPU time per replay (median and min of 5 x 200 replays, CUDA
+    events), after keeping the GPU busy so its clock is up."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    warm_gpu(dev)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        for _ in range(200):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / 200)
+    times.sort()
+    return times[2], times[0]
+
+
+def graph_floor(dev: torch.device) -> None:
+    """GPU time per replay of a graph holding one empty kernel: the floor under every figure here."""
+    x = torch.zeros(1, device=dev)
+    for programs in (1, 64, 512):
+        med, low = replay_us(lambda n=programs: _empty[(n,)](x), dev)
+        print(f"{'empty kernel, ' + str(programs) + ' programs':<36} GPU {med:6.2f} us/replay (min {low:.2f})")
+
+
 def shapes(prefill: bool) -> int:
     dev = torch.device("cuda")
     config = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash_mtp.yaml")
@@ -60,26 +97,11 @@ def shapes(prefill: bool) -> int:
         builder = SWAMetadataBuilder(config, device=dev)
         builder.warmup()
         batch = synthesize_batch(config, [rng.randint(lo, hi) for _ in range(reqs)], [q] * reqs, rng=rng, device=dev)
-        builder.build(batch)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            builder.build(batch)
-        warm_gpu(dev)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(5):
-            start.record()
-            for _ in range(200):
-                graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / 200)
-        times.sort()
+        med, low = replay_us(lambda b=builder, x=batch: b.build(x), dev)
         key = builder.backend.kernel_key()
         block = key.BLOCK_TP if prefill else key.BLOCK_T
         print(f"{label:<36} rows {batch.num_tokens:>6}  programs {-(-batch.num_tokens // block):>5}  "
-              f"GPU {times[2]:6.2f} us/build (min {times[0]:.2f})  sm clock {sm_clock_mhz(dev)} MHz", flush=True)
+              f"GPU {med:6.2f} us/build (min {low:.2f})  sm clock {sm_clock_mhz(dev)} MHz", flush=True)
     return 0
 
 

@@ -175,11 +175,12 @@ class SWAMetadataBuilder:
             if validate if validate is not None else self.validate:
                 for t, s in zip(block_tables, slot_mappings):
                     self._check(batch.with_group(t, s), True)
+                self.buffers.group_rows = None
             else:
-                self._check(first, False)  # group 0's tensors included
-                guard_group_inputs(
-                    block_tables[1:],
-                    slot_mappings[1:],
+                self._check(first, False)
+                self.buffers.group_rows = guard_group_inputs(
+                    block_tables,
+                    slot_mappings,
                     first.query_start_loc_cpu.shape[0] - 1,
                     first.num_tokens,
                     self._device_index,
@@ -187,6 +188,7 @@ class SWAMetadataBuilder:
             with on_device(self._device_index):
                 plan, query = self._plan(first, groups)
                 self.backend.compute_groups(plan, first, list(block_tables), list(slot_mappings), self.buffers)
+                self.buffers.group_rows = None
                 out = [self._metadata(first, plan, query, 0)]
                 for g in range(1, groups):
                     out.append(self._group_metadata(out[0], plan, g, block_tables[g], slot_mappings[g]))
@@ -222,11 +224,14 @@ class SWAMetadataBuilder:
         self, first: SWAMetadata, plan: BuildPlan, g: int, table: torch.Tensor, slot_mapping: torch.Tensor
     ) -> SWAMetadata:
         """Group g's metadata: group 0's, with group g's inputs, rows and per-build objects."""
-        ndt, npt = plan.num_decode_tokens, plan.num_prefill_tokens
-        md = first.with_changes(**self._group_views(g, plan.num_tokens, ndt, npt, plan.causal))
-        md.block_table = table
-        md.slot_mapping = slot_mapping
-        md.tile_sched = self.backend.make_tile_schedulers(ndt)
+        fields = first.__dict__.copy()
+        fields.update(
+            self._group_views(g, plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal)
+        )
+        fields["block_table"] = table
+        fields["slot_mapping"] = slot_mapping
+        fields["tile_sched"] = self.backend.make_tile_schedulers(plan.num_decode_tokens)
+        md = SWAMetadata.from_fields(fields)
         md.extras = self.backend.extras(md, self._group_buffers[g])
         return md
 

@@ -190,11 +190,17 @@ def torch_guard(
             take = row_broken.any() & (kind[req] == 0) & ~broken.any()
             kind[req] = torch.where(take, rows.kind[at_row].to(i64), kind[req])
             value[req] = torch.where(take, rows.value[at_row].to(i64), value[req])
+    record_first(record, kind, value)
+    return broken
+
+
+def record_first(record: torch.Tensor, kind: torch.Tensor, value: torch.Tensor) -> None:
+    """Record the lowest item whose ``kind`` is set (a request, or a row), unless ``record`` already
+    holds a violation; count it either way. Vectorised, no host sync."""
+    n = kind.shape[0]
     flagged = kind > 0
-    # Record the lowest flagged request, unless a violation is already recorded (no host sync).
-    first = torch.where(flagged, torch.arange(num_reqs, device=device), num_reqs).amin()
+    at = torch.where(flagged, torch.arange(n, device=kind.device), n).amin().clamp_max(n - 1)
     any_flag = flagged.any()
-    at = first.clamp_max(num_reqs - 1)
     count = record[0] + any_flag.to(record.dtype)
     new = torch.stack(
         [
@@ -206,4 +212,3 @@ def torch_guard(
     )
     keep = torch.stack([count, record[1], record[2], record[3]])
     record.copy_(torch.where(any_flag & (record[0] == 0), new, keep))
-    return broken

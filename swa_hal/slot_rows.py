@@ -28,7 +28,7 @@ import torch
 
 from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
-from .guard import Violation
+from .guard import Violation, record_first
 
 if TYPE_CHECKING:
     from .config import SWAConfig
@@ -230,18 +230,6 @@ def build_slot_rows(
         broken = kind > 0
         row_lens = torch.where(broken, 0, row_lens)
         slot = torch.where(broken[:, None], -1, slot)
-        first = torch.where(broken, torch.arange(n, device=dev), n).amin().clamp_max(n - 1)
-        any_broken = broken.any()
-        count = record[0] + any_broken.to(record.dtype)
-        new = torch.stack(
-            [
-                count,
-                kind[first].to(record.dtype),
-                first.to(record.dtype),
-                value[first].clamp(-INT32_LIMIT - 1, INT32_LIMIT).to(record.dtype),
-            ]
-        )
-        keep = torch.stack([count, record[1], record[2], record[3]])
-        record.copy_(torch.where(any_broken & (record[0] == 0), new, keep))
+        record_first(record, kind, value)
     out.copy_(slot)
     lens.copy_(row_lens)

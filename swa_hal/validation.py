@@ -123,13 +123,17 @@ def guard_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_
             )
 
 
-def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_index: int, first: int = 1) -> None:
-    """The host guard of a group build's per-group inputs from group ``first`` on (the shared ones and
-    group 0's went through guard_batch). The common case reads each tensor's attributes once."""
+def guard_group_inputs(
+    tables, slots, num_reqs: int, num_tokens: int, device_index: int
+) -> tuple[tuple[int, int, int, int], ...]:
+    """The host guard of a group build's per-group inputs (the shared ones went through guard_batch).
+    Reads each tensor's attributes once, and returns what the group table needs of each group in the
+    same pass: (block table address, slot mapping address, table row stride, table width)."""
     i32, i64 = torch.int32, torch.int64
-    for g, (table, slot_mapping) in enumerate(zip(tables, slots), first):
+    rows = []
+    for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
         try:
-            ts, ss = table.shape, slot_mapping.shape
+            ts, tst, ss = table.shape, table.stride(), slot_mapping.shape
             ok = (
                 table.dtype is i32
                 and slot_mapping.dtype is i64
@@ -137,7 +141,7 @@ def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_ind
                 and slot_mapping.get_device() == device_index
                 and len(ts) == 2
                 and len(ss) == 1
-                and (ts[1] <= 1 or table.stride()[1] == 1)
+                and (ts[1] <= 1 or tst[1] == 1)
                 and (ss[0] <= 1 or slot_mapping.stride()[0] == 1)
             )
         except AttributeError:
@@ -155,6 +159,8 @@ def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_ind
                 f"slot_mappings[{g}]",
                 f"slot_mappings[{g}] has {ss[0]} entries; num_tokens is {num_tokens}",
             )
+        rows.append((table.data_ptr(), slot_mapping.data_ptr(), tst[0], ts[1]))
+    return tuple(rows)
 
 
 def guard_update(metadata: SWAMetadata, device_index: int) -> None:

@@ -6,11 +6,14 @@ rules by name, and the host checks. The worked vectors and guarded garbage are t
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 
 import pytest
 import torch
 from helpers import BACKEND_PLATFORMS, make_builder
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 
 from swa_hal import SWAConfig
 from swa_hal.errors import BatchCapacityError, BatchDtypeError, BatchRangeError, BatchShapeError
@@ -205,3 +208,63 @@ def test_host_checks_name_the_field():
         )
     with pytest.raises(BatchShapeError, match=r"out must be contiguous with shape \(2, 8\)"):
         builder.build_slot_rows(SlotRows(**good), out=torch.zeros((2, 9), dtype=torch.int32))
+
+
+# -- fuzzing the default path ------------------------------------------------------------------------------
+
+FUZZ_WINDOW = 6
+FUZZ_BLOCKS = 40  # the cache of the fuzz config: slots [0, 40 * 64)
+EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40"))
+
+
+@st.composite
+def malformed_slot_rows(draw):
+    """Calls that pass the host guard (shapes, dtypes) with garbage values: positions past the table and
+    below 0, pool rows outside it, token slots outside the map, cache slots outside the cache, floors
+    anywhere, DSpark blocks of 1-3."""
+    block = draw(st.sampled_from((0, 0, 1, 2, 3)))
+    n = draw(st.integers(1, 6)) * max(block, 1)
+    pools, positions = draw(st.integers(1, 3)), draw(st.integers(1, 20))
+    map_len = draw(st.integers(1, 40))
+    limit = FUZZ_BLOCKS * 64
+
+    def ints(lo, hi, size):
+        return draw(st.lists(st.integers(lo, hi), min_size=size, max_size=size))
+
+    return SlotRows(
+        row_ends=torch.tensor(ints(-4, positions + 4, n), dtype=torch.int32),
+        pools=torch.tensor(ints(-2, pools + 1, n), dtype=torch.int64),
+        req_to_token=torch.tensor([ints(-3, map_len + 3, positions) for _ in range(pools)], dtype=torch.int32),
+        slot_map=torch.tensor(ints(-3, limit + 50, map_len), dtype=torch.int64),
+        floors=torch.tensor(ints(-3, positions + 3, max(n, pools)), dtype=torch.int32) if draw(st.booleans()) else None,
+        block=block,
+        block_slots=torch.tensor(ints(-3, map_len + 3, n), dtype=torch.int64) if block else None,
+        width=FUZZ_WINDOW + block + draw(st.integers(0, 3)),
+    )
+
+
+SLOT_BUILDERS: dict[str, object] = {}
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("SWA_HAL_FUZZ_RANDOM"),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(rows=malformed_slot_rows(), backend=st.sampled_from(BACKENDS))
+def test_fuzz_malformed_slot_rows_on_the_default_path(rows, backend):
+    """Guarded (the default): whatever the values, every entry is -1 or a slot of the cache, lens stay in
+    [0, W + N] with -1 past them, and every lane stays inside its tensor (all lanes on SM12x)."""
+    builder = SLOT_BUILDERS.get(backend) or SLOT_BUILDERS.setdefault(
+        backend, make_builder(config(FUZZ_WINDOW, num_kv_blocks=FUZZ_BLOCKS), backend)
+    )
+    note(f"backend={backend} rows={rows}")
+    with strictness(backend):
+        out, lens = builder.build_slot_rows(rows)
+    assert bool(((out == -1) | ((out >= 0) & (out < FUZZ_BLOCKS * 64))).all())
+    assert bool(((lens >= 0) & (lens <= FUZZ_WINDOW + rows.block)).all())
+    past = torch.arange(out.shape[1])[None, :] >= lens[:, None]
+    assert bool((out[past] == -1).all())
+    with contextlib.suppress(BatchRangeError, BatchCapacityError):
+        builder.check()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .backend import BuildPlan
+from .backend import Backend, BuildPlan
 from .batch import AttentionBatch, ImageSpans, spans_to_csr
 from .buffers import MetadataBuffers
 from .config import SWAConfig
@@ -107,6 +107,8 @@ class SWAMetadataBuilder:
         self._views: dict[tuple[Any, ...], Any] = {}
         self._tails: dict[tuple[Any, ...], torch.Tensor] = {}
         self._slot_limit = slot_limit(config)
+        # Most backends declare no extras: then a build skips the call (metadata's default is ()).
+        self._has_extras = type(self.backend).extras is not Backend.extras
 
     # -- build -----------------------------------------------------------------------------------
 
@@ -190,8 +192,12 @@ class SWAMetadataBuilder:
                 self.backend.compute_groups(plan, first, list(block_tables), list(slot_mappings), self.buffers)
                 self.buffers.group_rows = None
                 out = [self._metadata(first, plan, query, 0)]
+                views = self._view(
+                    ("groups", groups, plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal),
+                    lambda: [self._group_views(g, plan) for g in range(groups)],
+                )
                 for g in range(1, groups):
-                    out.append(self._group_metadata(out[0], plan, g, block_tables[g], slot_mappings[g]))
+                    out.append(self._group_metadata(out[0], plan, g, views[g], block_tables[g], slot_mappings[g]))
                 return out
         finally:
             self._busy.release()
@@ -221,33 +227,33 @@ class SWAMetadataBuilder:
             self._busy.release()
 
     def _group_metadata(
-        self, first: SWAMetadata, plan: BuildPlan, g: int, table: torch.Tensor, slot_mapping: torch.Tensor
+        self,
+        first: SWAMetadata,
+        plan: BuildPlan,
+        g: int,
+        views: dict[str, Any],
+        table: torch.Tensor,
+        slot_mapping: torch.Tensor,
     ) -> SWAMetadata:
         """Group g's metadata: group 0's, with group g's inputs, rows and per-build objects."""
         fields = first.__dict__.copy()
-        fields.update(
-            self._group_views(g, plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal)
-        )
+        fields.update(views)
         fields["block_table"] = table
         fields["slot_mapping"] = slot_mapping
         fields["tile_sched"] = self.backend.make_tile_schedulers(plan.num_decode_tokens)
         md = SWAMetadata.from_fields(fields)
-        md.extras = self.backend.extras(md, self._group_buffers[g])
+        if self._has_extras:
+            md.extras = self.backend.extras(md, self._group_buffers[g])
         return md
 
-    def _group_views(self, g: int, num_tokens: int, ndt: int, npt: int, causal: bool) -> dict[str, Any]:
-        """Group g's views of its fixed buffers for a build of this shape, made once per shape."""
-        key = ("group", g, num_tokens, ndt, npt, causal)
-        views = self._views.get(key)
-        if views is None:
-            views = {}
-            views["token_to_req_indices"], views["is_valid_token"] = self._token_views(num_tokens, g)
-            views["decode_swa_indices"], views["decode_swa_lens"] = self._decode_views(ndt, causal, g)
-            if npt:
-                views["prefill_swa_indices"], views["prefill_swa_lens"] = self._prefill_views(npt, g)
-            if len(self._views) > MAX_CACHED_VIEWS:  # many shapes over a long run: start over
-                self._views.clear()
-            self._views[key] = views
+    def _group_views(self, g: int, plan: BuildPlan) -> dict[str, Any]:
+        """Group g's views of its fixed buffers for a build of this shape (made once per shape)."""
+        ndt, npt, causal = plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal
+        views: dict[str, Any] = {}
+        views["token_to_req_indices"], views["is_valid_token"] = self._token_views(plan.num_tokens, g)
+        views["decode_swa_indices"], views["decode_swa_lens"] = self._decode_views(ndt, causal, g)
+        if npt:
+            views["prefill_swa_indices"], views["prefill_swa_lens"] = self._prefill_views(npt, g)
         return views
 
     def _check(self, batch: AttentionBatch, validate: bool | None) -> None:
@@ -343,7 +349,8 @@ class SWAMetadataBuilder:
             fields["prefill_seq_lens_cpu"] = self._tail(seq_cpu, nd)
             fields["prefill_query_lens_cpu"] = torch.from_numpy(query[nd:])
         md = SWAMetadata.from_fields(fields)
-        md.extras = self.backend.extras(md, self._group_buffers[group])
+        if self._has_extras:
+            md.extras = self.backend.extras(md, self._group_buffers[group])
         return md
 
     def _metadata_base(self, plan: BuildPlan, group: int, max_decode_query_len: int) -> dict[str, Any]:

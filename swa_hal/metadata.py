@@ -126,10 +126,10 @@ class SWAMetadata:
 
     @classmethod
     def from_fields(cls, fields: dict[str, Any]) -> SWAMetadata:
-        """Metadata from a complete field dict (every field, defaults included; see ``DEFAULTS``),
-        without the keyword constructor: a build assembles most of it once per shape."""
+        """Metadata over a complete field dict (every field, defaults included; see ``DEFAULTS``), which
+        it takes as its own: no keyword constructor, no copy (a build assembles most of it once per shape)."""
         new = object.__new__(cls)
-        new.__dict__.update(fields)
+        new.__dict__ = fields
         return new
 
     def extra(self, kind: type[T]) -> T | None:

@@ -12,6 +12,7 @@ chooses) and raises the error full validation would have raised.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -150,10 +151,7 @@ def torch_guard(
     kind = torch.zeros(num_reqs, dtype=i64, device=device)
     value = torch.zeros(num_reqs, dtype=i64, device=device)
 
-    def flag(cond: torch.Tensor, code: Violation, what: torch.Tensor) -> None:
-        new = (kind == 0) & cond
-        kind.masked_fill_(new, int(code))
-        torch.where(new, what, value, out=value)
+    flag = functools.partial(flag_first, kind, value)
 
     flag(query < 0, Violation.QUERY_ORDER, query)
     flag(prefix < 0, Violation.SEQ_SHORT, seq)
@@ -192,6 +190,16 @@ def torch_guard(
             value[req] = torch.where(take, rows.value[at_row].to(i64), value[req])
     record_first(record, kind, value)
     return broken
+
+
+def flag_first(
+    kind: torch.Tensor, value: torch.Tensor, cond: torch.Tensor, code: Violation, what: torch.Tensor
+) -> None:
+    """Keep each item's first broken rule: where none is set yet and ``cond`` holds, (kind, value) take
+    (code, what). In place, vectorised."""
+    new = (kind == 0) & cond
+    kind.masked_fill_(new, int(code))
+    torch.where(new, what, value, out=value)
 
 
 def record_first(record: torch.Tensor, kind: torch.Tensor, value: torch.Tensor) -> None:

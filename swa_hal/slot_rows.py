@@ -22,13 +22,14 @@ every backend without a kernel of its own runs (the Triton backends launch
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 import torch
 
 from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
-from .guard import Violation, record_first
+from .guard import Violation, flag_first, record_first
 
 if TYPE_CHECKING:
     from .config import SWAConfig
@@ -202,10 +203,7 @@ def build_slot_rows(
     kind = torch.zeros(n, dtype=i64, device=dev)
     value = torch.zeros(n, dtype=i64, device=dev)
 
-    def flag(cond: torch.Tensor, code: Violation, what: torch.Tensor) -> None:
-        new = (kind == 0) & cond
-        kind.masked_fill_(new, int(code))
-        torch.where(new, what, value, out=value)
+    flag = functools.partial(flag_first, kind, value)
 
     if guard:
         flag((row_lens > 0) & ~pool_ok, Violation.POOL, pool)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from helpers import ROOT
@@ -73,3 +74,18 @@ def test_the_cli_never_imports_the_test_kit():
     for node in ast.walk(ast.parse(MODULES["swa_hal.cli"].read_text())):
         if isinstance(node, ast.ImportFrom):
             assert "testing" not in (node.module or ""), f"swa_hal/cli.py line {node.lineno} imports the kit"
+
+
+def test_every_cited_section_of_the_semantics_exists():
+    """Code, tests and docs cite docs/semantics.md by its level-2 headings' anchors; each cited one is there."""
+    headings = re.findall(r"^## (.+)$", (ROOT / "docs" / "semantics.md").read_text(), flags=re.M)
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+    cited = {}
+    for folder in ("swa_hal", "backends", "tests", "benchmarks", "docs", "examples"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md") and path.is_file():
+                for anchor in re.findall(r"semantics\.md ?#([a-z0-9-]+)", path.read_text()):
+                    cited.setdefault(anchor, path.relative_to(ROOT))
+    assert len(cited) > 10
+    missing = {a: str(p) for a, p in cited.items() if a not in anchors}
+    assert not missing, missing

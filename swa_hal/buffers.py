@@ -41,9 +41,6 @@ class MetadataBuffers:
         # A group build's inputs: per group the block table's and slot mapping's addresses, the
         # table's row stride and its width (written only when an engine hands in other tensors).
         self.group_inputs = torch.zeros((groups, 4), dtype=torch.int64, device=device)
-        # That table's rows for the group build in progress, as the builder's host guard read them
-        # (backends may reuse them instead of reading the tensors again); None outside a group build.
-        self.group_rows: tuple[tuple[int, int, int, int], ...] | None = None
         # Every request may be a prefill (short requests after the first long one are), so one
         # gather length per admitted request, not per token.
         self.gather_lens = torch.zeros(seqs, **i32)

@@ -177,10 +177,9 @@ class SWAMetadataBuilder:
             if validate if validate is not None else self.validate:
                 for t, s in zip(block_tables, slot_mappings):
                     self._check(batch.with_group(t, s), True)
-                self.buffers.group_rows = None
             else:
                 self._check(first, False)
-                self.buffers.group_rows = guard_group_inputs(
+                guard_group_inputs(
                     block_tables,
                     slot_mappings,
                     first.query_start_loc_cpu.shape[0] - 1,
@@ -190,7 +189,6 @@ class SWAMetadataBuilder:
             with on_device(self._device_index):
                 plan, query = self._plan(first, groups)
                 self.backend.compute_groups(plan, first, list(block_tables), list(slot_mappings), self.buffers)
-                self.buffers.group_rows = None
                 out = [self._metadata(first, plan, query, 0)]
                 views = self._view(
                     ("groups", groups, plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal),

@@ -65,6 +65,17 @@ class SlotRows:
     def num_rows(self) -> int:
         return self.row_ends.shape[0]
 
+    def to(self, device: str | torch.device) -> SlotRows:
+        """The same call with every tensor on ``device``."""
+        return dataclasses.replace(
+            self,
+            **{
+                f.name: getattr(self, f.name).to(device)
+                for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)
+            },
+        )
+
     def row_width(self, window: int) -> int:
         need = window + self.block
         return need if self.width is None else self.width

@@ -166,9 +166,7 @@ class TritonBackend(Backend):
     ) -> None:
         """The kernel reads group g's inputs through row g of ``buffers.group_inputs``; rewrite it only
         when the engine hands in other tensors (a copy to the device, never inside a steady state)."""
-        rows = buffers.group_rows
-        if rows is None or len(rows) != len(tables):
-            rows = tuple((t.data_ptr(), s.data_ptr(), t.stride()[0], t.shape[1]) for t, s in zip(tables, slots))
+        rows = tuple((t.data_ptr(), s.data_ptr(), t.stride()[0], t.shape[1]) for t, s in zip(tables, slots))
         if rows != self._group_table:
             buffers.group_inputs[: len(rows)].copy_(torch.tensor(rows, dtype=torch.int64))
             self._group_table = rows

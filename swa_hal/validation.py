@@ -123,14 +123,10 @@ def guard_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_
             )
 
 
-def guard_group_inputs(
-    tables, slots, num_reqs: int, num_tokens: int, device_index: int
-) -> tuple[tuple[int, int, int, int], ...]:
+def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_index: int) -> None:
     """The host guard of a group build's per-group inputs (the shared ones went through guard_batch).
-    Reads each tensor's attributes once, and returns what the group table needs of each group in the
-    same pass: (block table address, slot mapping address, table row stride, table width)."""
+    The common case reads each tensor's attributes once."""
     i32, i64 = torch.int32, torch.int64
-    rows = []
     for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
         try:
             ts, tst, ss = table.shape, table.stride(), slot_mapping.shape
@@ -159,8 +155,6 @@ def guard_group_inputs(
                 f"slot_mappings[{g}]",
                 f"slot_mappings[{g}] has {ss[0]} entries; num_tokens is {num_tokens}",
             )
-        rows.append((table.data_ptr(), slot_mapping.data_ptr(), tst[0], ts[1]))
-    return tuple(rows)
 
 
 def guard_update(metadata: SWAMetadata, device_index: int) -> None:

@@ -6,7 +6,6 @@ vectors and random calls; a guarded call on garbage input hands out only -1 or s
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -80,14 +79,7 @@ def random_slot_rows(rng: random.Random, window: int, row_dtype: torch.dtype = t
 
 def reference_slot_rows(rows: SlotRows, config: SWAConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch build's rows and lens on the CPU (guard on, nothing recorded for valid input)."""
-    cpu = SlotRows(
-        **{
-            f.name: getattr(rows, f.name).cpu()
-            if isinstance(getattr(rows, f.name), torch.Tensor)
-            else getattr(rows, f.name)
-            for f in dataclasses.fields(rows)
-        }
-    )
+    cpu = rows.to("cpu")
     width = cpu.row_width(config.window_size)
     out = torch.empty((cpu.num_rows, width), dtype=torch.int32)
     lens = torch.empty(cpu.num_rows, dtype=torch.int32)
@@ -95,17 +87,6 @@ def reference_slot_rows(rows: SlotRows, config: SWAConfig) -> tuple[torch.Tensor
         cpu, config.window_size, out, lens, torch.zeros(4, dtype=torch.int32), guard=True, limit=slot_limit(config)
     )
     return out, lens
-
-
-def _on(rows: SlotRows, device: torch.device) -> SlotRows:
-    return SlotRows(
-        **{
-            f.name: getattr(rows, f.name).to(device)
-            if isinstance(getattr(rows, f.name), torch.Tensor)
-            else getattr(rows, f.name)
-            for f in dataclasses.fields(rows)
-        }
-    )
 
 
 class SlotRowTests(BackendFixtures):
@@ -162,7 +143,7 @@ class SlotRowTests(BackendFixtures):
             for k in range(3 * self.batches_per_case):
                 rows = random_slot_rows(rng, window, (torch.int32, torch.int64)[k % 2])
                 want_rows, want_lens = reference_slot_rows(rows, config)
-                out, lens = builder.build_slot_rows(_on(rows, target.device))
+                out, lens = builder.build_slot_rows(rows.to(target.device))
                 assert torch.equal(lens.cpu(), want_lens), (window, k)
                 assert torch.equal(out.cpu(), want_rows), (window, k)
         builder.check()

@@ -26,14 +26,6 @@ def config(window: int) -> SWAConfig:
     return SWAConfig(window_size=window, block_size=64, max_model_len=4096, max_num_batched_tokens=16, max_num_seqs=16)
 
 
-def on_gpu(rows: SlotRows) -> SlotRows:
-    moved = {
-        f.name: getattr(rows, f.name).cuda() if isinstance(getattr(rows, f.name), torch.Tensor) else getattr(rows, f.name)
-        for f in dataclasses.fields(rows)
-    }
-    return SlotRows(**moved)
-
-
 def builders(window: int) -> dict[str, SWAMetadataBuilder]:
     out = {name: gpu_builder(name, config(window)) for name in GPU_FORCED}
     out["torch"] = SWAMetadataBuilder(config(window), device="cuda", backend="torch")
@@ -47,7 +39,7 @@ def test_random_calls_equal_the_slow_model(report):
         built = builders(window)
         for k in range(24):
             rows, (want_rows, want_lens) = random_call(rng, window, (torch.int32, torch.int64)[k % 2])
-            gpu_rows = on_gpu(rows)
+            gpu_rows = rows.to("cuda")
             for name, builder in built.items():
                 out, lens = builder.build_slot_rows(gpu_rows)
                 assert lens.tolist() == want_lens, (name, window, k)
@@ -123,7 +115,7 @@ def test_equal_to_sglangs_own_triton_ops(report):
         rows = dataclasses.replace(rows, req_to_token=rows.req_to_token.clamp_min(0))
         if rows.floors is not None and rows.block == 0:
             rows = dataclasses.replace(rows, floors=rows.floors.clamp_min(0))
-        rows = on_gpu(rows)
+        rows = rows.to("cuda")
         out, lens = builder.build_slot_rows(rows)
         if rows.block == 0:
             want = ops.BuildCausalSwaPageIndices.triton(

@@ -171,6 +171,33 @@ def count_launches(fn, device: torch.device) -> int:
     return sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)
 
 
+def kernel_us(fn, device: torch.device, builds: int = 200, per_build: int = 1) -> float:
+    """GPU time of the kernels of one ``fn()`` from the profiler's device timestamps (CUPTI): the median
+    over ``builds`` eager calls of the summed durations of its ``per_build`` kernels. Unlike a graph
+    replay timed with CUDA events, this leaves out the launch latency between kernels (a replay of a
+    graph holding one empty kernel takes about 2.5 us on an H200; ``kernel_gpu_time.py`` prints it)."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    for _ in range(20):
+        fn()
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(builds):
+            fn()
+            if i % 50 == 49:
+                sync(device)
+        sync(device)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+    )
+    if len(spans) < builds * per_build:
+        raise RuntimeError(f"the profiler saw {len(spans)} kernels for {builds} builds of {per_build}")
+    sums = [sum(end - start for start, end in spans[i : i + per_build]) for i in range(0, len(spans), per_build)]
+    return median_us([s * 1e-6 for s in sums])
+
+
 def check(config, batch, out) -> bool:
     ref = build_reference(config, batch)
     pairs = [(out["decode_indices"], ref.decode_indices), (out["decode_lens"], ref.decode_lens)]

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """GPU time of one build's kernel for batch shapes that separate the factors (token rows, requests,
-query length, context length): each build is captured in a CUDA graph and timed with CUDA events over
-back-to-back replays, after keeping the GPU busy so its clock is up."""
+query length, context length), two ways: each build captured in a CUDA graph and timed with CUDA
+events over back-to-back replays ("GPU", which includes the graph launch's own latency: the first
+lines time a graph of one empty kernel), and the kernel's duration from the profiler's device
+timestamps ("kernel"); after keeping the GPU busy so its clock is up."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_build import sm_clock_mhz, warm_gpu  # noqa: E402
+from bench_build import kernel_us, sm_clock_mhz, warm_gpu  # noqa: E402
 
 from swa_hal import SWAConfig, SWAMetadataBuilder  # noqa: E402
 from swa_hal.scenarios import synthesize_batch  # noqa: E402
@@ -38,12 +40,12 @@ def main() -> int:
     # under several tiles to choose the defaults, decode rows (DECODE_TILES) and prefill rows (TILES)
     # separately.
     graph_floor(torch.device("cuda"))
-    for tile in os.environ.get("DECODE_TILES", "512,1024,2048").split(","):
+    for tile in os.environ.get("DECODE_TILES", "256,512,1024").split(","):
         os.environ["SWA_HAL_DECODE_TILE_ELEMS"] = tile
         print(f"decode tile {tile} elements per program", flush=True)
         shapes(prefill=False)
     os.environ.pop("SWA_HAL_DECODE_TILE_ELEMS")
-    for tile in os.environ.get("TILES", "1024,2048,4096").split(","):
+    for tile in os.environ.get("TILES", "2048,4096").split(","):
         os.environ["SWA_HAL_TILE_ELEMS"] = tile
         print(f"prefill tile {tile} elements per program", flush=True)
         shapes(prefill=True)
@@ -83,7 +85,9 @@ def graph_floor(dev: torch.device) -> None:
     x = torch.zeros(1, device=dev)
     for programs in (1, 64, 512):
         med, low = replay_us(lambda n=programs: _empty[(n,)](x), dev)
-        print(f"{'empty kernel, ' + str(programs) + ' programs':<36} GPU {med:6.2f} us/replay (min {low:.2f})")
+        kernel = kernel_us(lambda n=programs: _empty[(n,)](x), dev)
+        print(f"{'empty kernel, ' + str(programs) + ' programs':<36} GPU {med:6.2f} us/replay (min {low:.2f})  "
+              f"kernel {kernel:5.2f} us")
 
 
 def shapes(prefill: bool) -> int:
@@ -98,10 +102,12 @@ def shapes(prefill: bool) -> int:
         builder.warmup()
         batch = synthesize_batch(config, [rng.randint(lo, hi) for _ in range(reqs)], [q] * reqs, rng=rng, device=dev)
         med, low = replay_us(lambda b=builder, x=batch: b.build(x), dev)
+        kernel = kernel_us(lambda b=builder, x=batch: b.build(x), dev)
         key = builder.backend.kernel_key()
         block = key.BLOCK_TP if prefill else key.BLOCK_T
         print(f"{label:<36} rows {batch.num_tokens:>6}  programs {-(-batch.num_tokens // block):>5}  "
-              f"GPU {med:6.2f} us/build (min {low:.2f})  sm clock {sm_clock_mhz(dev)} MHz", flush=True)
+              f"GPU {med:6.2f} us/build (min {low:.2f})  kernel {kernel:5.2f} us  sm clock {sm_clock_mhz(dev)} MHz",
+              flush=True)
     return 0
 
 

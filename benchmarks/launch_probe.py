@@ -41,14 +41,15 @@ def main():
     b.warmup()
     b.build(batch)
     launcher = b.backend._launch_rows
-    kernel, constexprs, pointers = next(iter(launcher._compiled.values()))
+    launch, head, constexprs, pointers = next(iter(launcher._compiled.values()))
+    kernel = next(iter(launcher.kernels.values()))
     md = kernel.metadata
     print("metadata:", {k: getattr(md, k, None) for k in ("num_warps", "shared", "global_scratch_size",
                                                           "profile_scratch_size", "launch_pdl", "launch_cooperative_grid")},
           "n_regs", kernel.n_regs, "n_spills", kernel.n_spills)
     captured = {}
 
-    def grab(self, key, grid, args):
+    def grab(self, key, grid, args, addresses=False):
         captured["key"], captured["grid"], captured["args"] = key, grid, args
 
     real = type(launcher).__call__
@@ -65,7 +66,8 @@ def main():
     res["knobs hook read"] = med(lambda: triton.knobs.runtime.launch_enter_hook)
     res["compiled run, prepared addresses"] = med(lambda: run(grid, 1, 1, stream, fn, pm, None, None, None, *ints, *constexprs))
     res["compiled run, tensors"] = med(lambda: run(grid, 1, 1, stream, fn, pm, None, None, None, *args, *constexprs))
-    res["launcher call"] = med(lambda: launcher(key, grid, args))
+    res["direct C launch, prepared addresses"] = med(lambda: launch(grid, 1, 1, stream, *head, *ints, *constexprs))
+    res["launcher call"] = med(lambda: launcher(key, grid, args, addresses=True))
     res["kernel.run attribute"] = med(lambda: kernel.run)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()

@@ -140,6 +140,9 @@ class BuildPlan(NamedTuple):
     # cheap owner guess, checked before use; docs/semantics.md #per-token-helpers): host values only.
     decode_guess_len: int = 1
     prefill_guess_len: int = 1
+    # A group build's rows of the kernel's group table (docs/semantics.md #group-builds), from its
+    # host guard; empty for a single build.
+    group_rows: tuple[tuple[int, int, int, int], ...] = ()
 
 
 class Backend:

@@ -6,10 +6,9 @@ build never synchronises and can be captured in a CUDA graph (docs/semantics.md 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,15 +19,15 @@ from .batch import AttentionBatch, ImageSpans, spans_to_csr
 from .buffers import MetadataBuffers
 from .config import SWAConfig
 from .envs import FALSE_WORDS, env_flag
-from .errors import BatchCapacityError, BatchDeviceError, BatchShapeError, ConcurrentBuildError, SpeculativeModeError
+from .errors import BatchCapacityError, BatchDeviceError, ConcurrentBuildError, SpeculativeModeError
+from .groups import MAX_SHAPES_PER_INPUT, GroupInputs, GroupRow, StackedViews, group_inputs
 from .guard import violation_error
 from .metadata import DEFAULTS, SWAMetadata
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .selection import select_backend
 from .slot_rows import SlotRows, check_outputs, guard_slot_rows, slot_limit
-from .split import split_decodes_and_prefills
-from .validation import guard_batch, guard_group_inputs, guard_update, validate_batch
+from .validation import guard_batch, guard_update, validate_batch
 
 # Views of the fixed buffers are cached per build shape; past this many the cache starts over.
 MAX_CACHED_VIEWS = 1 << 16
@@ -43,15 +42,28 @@ def guard_default() -> bool:
     return os.environ.get("SWA_HAL_GUARD", "1").strip().lower() not in FALSE_WORDS
 
 
-@contextlib.contextmanager
-def on_device(index: int) -> Iterator[None]:
+class OnDevice:
     """Make the builder's GPU current while it launches: kernels are loaded and launched on the
-    current device, which may be another GPU (another builder's, or another thread's default)."""
-    if index < 0 or torch.cuda.current_device() == index:
-        yield
-        return
-    with torch.cuda.device(index):
-        yield
+    current device, which may be another GPU (another builder's, or another thread's default).
+    A plain class rather than a generator context manager: it is entered on every build, and a
+    builder serves one build at a time, so one instance per builder is enough."""
+
+    __slots__ = ("index", "_switched")
+
+    def __init__(self, index: int):
+        self.index = index
+        self._switched: Any = None
+
+    def __enter__(self) -> None:
+        if self.index >= 0 and torch.cuda.current_device() != self.index:
+            self._switched = torch.cuda.device(self.index)
+            self._switched.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        switched = self._switched
+        if switched is not None:
+            self._switched = None
+            switched.__exit__(*exc)
 
 
 class SWAMetadataBuilder:
@@ -98,6 +110,7 @@ class SWAMetadataBuilder:
         self.guard = guard_default() if guard is None else bool(guard)
         self.backend.guard = self.guard
         self._device_index = -1 if device.type == "cpu" else (device.index or 0)
+        self._on_device = OnDevice(self._device_index)
         # Non-blocking: a second thread entering a build fails at once instead of waiting or
         # interleaving its writes into the same fixed buffers.
         self._busy = threading.Lock()
@@ -106,6 +119,9 @@ class SWAMetadataBuilder:
         self._lens_high_water = [0] * config.num_kv_groups
         self._views: dict[tuple[Any, ...], Any] = {}
         self._tails: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._host_arrays: dict[tuple[Any, ...], np.ndarray] = {}
+        self._no_replay: dict[int, torch.Tensor] = {}
+        self._stacks = StackedViews()
         self._slot_limit = slot_limit(config)
         # Most backends declare no extras: then a build skips the call (metadata's default is ()).
         self._has_extras = type(self.backend).extras is not Backend.extras
@@ -116,7 +132,7 @@ class SWAMetadataBuilder:
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("build"))
         try:
-            with on_device(self._device_index):
+            with self._on_device:
                 return self._build(batch, validate)
         finally:
             self._busy.release()
@@ -148,54 +164,63 @@ class SWAMetadataBuilder:
     def build_groups(
         self,
         batch: AttentionBatch,
-        block_tables: Sequence[torch.Tensor],
-        slot_mappings: Sequence[torch.Tensor],
+        block_tables: Sequence[torch.Tensor] | torch.Tensor,
+        slot_mappings: Sequence[torch.Tensor] | torch.Tensor,
         validate: bool | None = None,
     ) -> list[SWAMetadata]:
         """One build per SWA KV-cache group of a step (docs/semantics.md #group-builds), in one launch
         on the Triton backends: the groups share ``batch``'s seq_lens, query_start_loc, replay bounds
-        and image spans; group g has its own ``block_tables[g]`` and ``slot_mappings[g]``. Returns one
-        SWAMetadata per group, each a view of that group's fixed buffers (``batch.block_table`` and
-        ``batch.slot_mapping`` are not read). Needs ``SWAConfig.num_kv_groups >= len(block_tables)``."""
-        groups = len(block_tables)
-        if groups != len(slot_mappings) or groups < 1:
-            raise BatchShapeError(
-                "slot_mappings",
-                f"{len(slot_mappings)} slot mappings for {groups} block tables; "
-                f"a group build needs one of each per group, at least one group",
-            )
-        if groups > self.config.num_kv_groups:
-            raise BatchCapacityError(
-                "block_tables",
-                f"{groups} groups; the config's num_kv_groups is "
-                f"{self.config.num_kv_groups} (the builder keeps that many sets of buffers)",
-            )
+        and image spans; group g has its own ``block_tables[g]`` and ``slot_mappings[g]``, given as
+        lists of tensors or stacked (int32 [G, R', P] and int64 [G, T]; the cheaper form on the host).
+        Returns one SWAMetadata per group, each a view of that group's fixed buffers
+        (``batch.block_table`` and ``batch.slot_mapping`` are not read). Needs
+        ``SWAConfig.num_kv_groups >= G``."""
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("build_groups"))
         try:
-            first = batch.with_group(block_tables[0], slot_mappings[0])
+            num_reqs = batch.query_start_loc_cpu.shape[0] - 1
+            inputs = group_inputs(
+                block_tables,
+                slot_mappings,
+                num_reqs,
+                batch.num_tokens,
+                self._device_index,
+                self.config.num_kv_groups,
+                self._stacks,
+            )
+            tables, slots = inputs.tables, inputs.slots
+            groups = len(inputs.rows)
+            first = batch.with_group(tables[0], slots[0])
             if validate if validate is not None else self.validate:
-                for t, s in zip(block_tables, slot_mappings):
+                for t, s in zip(tables, slots):
                     self._check(batch.with_group(t, s), True)
             else:
                 self._check(first, False)
-                guard_group_inputs(
-                    block_tables,
-                    slot_mappings,
-                    first.query_start_loc_cpu.shape[0] - 1,
-                    first.num_tokens,
-                    self._device_index,
-                )
-            with on_device(self._device_index):
-                plan, query = self._plan(first, groups)
-                self.backend.compute_groups(plan, first, list(block_tables), list(slot_mappings), self.buffers)
-                out = [self._metadata(first, plan, query, 0)]
-                views = self._view(
-                    ("groups", groups, plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal),
-                    lambda: [self._group_views(g, plan) for g in range(groups)],
-                )
+            with self._on_device:
+                plan, query = self._plan(first, groups, inputs.rows)
+                self.backend.compute_groups(plan, first, tables, slots, self.buffers)
+                md = self._metadata(first, plan, query, 0)
+                out = [md]
+                # Group g's metadata: group 0's, with group g's views, inputs and planner objects.
+                own = self._group_fields(plan, groups, inputs)
+                listed = inputs.fields is None  # then own holds the views only
+                tables, slots = inputs.tables, inputs.slots
+                base = md.__dict__
+                make_schedulers, ndt = self.backend.make_tile_schedulers, plan.num_decode_tokens
+                extras = self.backend.extras if self._has_extras else None
+                new = object.__new__
                 for g in range(1, groups):
-                    out.append(self._group_metadata(out[0], plan, g, views[g], block_tables[g], slot_mappings[g]))
+                    fields = base.copy()
+                    fields.update(own[g])
+                    if listed:
+                        fields["block_table"] = tables[g]
+                        fields["slot_mapping"] = slots[g]
+                    fields["tile_sched"] = make_schedulers(ndt)
+                    md = new(SWAMetadata)
+                    md.__dict__ = fields  # SWAMetadata.from_fields, inlined: once per group per step
+                    if extras is not None:
+                        md.extras = extras(md, self._group_buffers[g])
+                    out.append(md)
                 return out
         finally:
             self._busy.release()
@@ -218,31 +243,31 @@ class SWAMetadataBuilder:
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("build_slot_rows"))
         try:
-            with on_device(self._device_index):
+            with self._on_device:
                 self.backend.compute_slot_rows(rows, out, lens, self.buffers.violation, self._slot_limit)
             return out, lens
         finally:
             self._busy.release()
 
-    def _group_metadata(
-        self,
-        first: SWAMetadata,
-        plan: BuildPlan,
-        g: int,
-        views: dict[str, Any],
-        table: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> SWAMetadata:
-        """Group g's metadata: group 0's, with group g's inputs, rows and per-build objects."""
-        fields = first.__dict__.copy()
-        fields.update(views)
-        fields["block_table"] = table
-        fields["slot_mapping"] = slot_mapping
-        fields["tile_sched"] = self.backend.make_tile_schedulers(plan.num_decode_tokens)
-        md = SWAMetadata.from_fields(fields)
-        if self._has_extras:
-            md.extras = self.backend.extras(md, self._group_buffers[g])
-        return md
+    def _group_fields(self, plan: BuildPlan, groups: int, inputs: GroupInputs) -> list[dict[str, Any]]:
+        """Each group's own metadata fields for a build of this shape: its views of its fixed buffers,
+        and for a stacked input its block table and slot mapping too (kept with the cached input, once
+        per shape). Listed inputs are new objects every step: the caller adds them."""
+        shape = ("groups", groups, plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal)
+        views = self._views.get(shape)
+        if views is None:
+            views = self._view(shape, lambda: [self._group_views(g, plan) for g in range(groups)])
+        kept = inputs.fields
+        if kept is None:
+            return views
+        found = kept.get(shape)
+        if found is None:
+            tables, slots = inputs.tables, inputs.slots
+            found = [{**views[g], "block_table": tables[g], "slot_mapping": slots[g]} for g in range(groups)]
+            if len(kept) >= MAX_SHAPES_PER_INPUT:
+                kept.clear()
+            kept[shape] = found
+        return found
 
     def _group_views(self, g: int, plan: BuildPlan) -> dict[str, Any]:
         """Group g's views of its fixed buffers for a build of this shape (made once per shape)."""
@@ -264,36 +289,49 @@ class SWAMetadataBuilder:
         else:
             guard_batch(batch, self.config, self.buffers.capacity, self._device_index)
 
-    def _plan(self, batch: AttentionBatch, groups: int) -> tuple[BuildPlan, Any]:
+    def _plan(self, batch: AttentionBatch, groups: int, group_rows: tuple[GroupRow, ...] = ()) -> tuple[BuildPlan, Any]:
         """The host side of a build: the split (docs/semantics.md #split) from host values only."""
-        cfg = self.config
         num_tokens = batch.num_tokens
-        num_reqs = batch.query_start_loc_cpu.shape[0] - 1
-        if batch.max_query_len <= self.decode_threshold:  # decode-only: no host data to read
-            nd, npf, ndt, npt = num_reqs, 0, num_tokens, 0
-            query = None
-            # The kernel guesses each token's request from a common query length (and checks it).
-            dec_guess, pre_guess = batch.max_query_len, 1
-        else:
-            qsl_cpu = batch.query_start_loc_cpu.numpy()
-            query = qsl_cpu[1:] - qsl_cpu[:-1]
-            nd, npf, ndt, npt = split_decodes_and_prefills(
-                qsl_cpu, batch.max_query_len, num_tokens, self.decode_threshold, query
-            )
-            dec_guess, pre_guess = int(query[0]), (int(query[nd]) if nd < num_reqs else 1)
+        qsl_cpu = batch.query_start_loc_cpu
+        num_reqs = qsl_cpu.shape[0] - 1
+        mql = batch.max_query_len
+        threshold = self.decode_threshold
+        nd, npf, ndt, npt = num_reqs, 0, num_tokens, 0
+        query = None
+        # The kernel guesses each token's request from a common query length (and checks it).
+        dec_guess, pre_guess = mql, 1
+        if mql > threshold:
+            # split_decodes_and_prefills, inlined (it runs on every mixed step): decodes are the
+            # requests before the first one longer than the threshold.
+            qsl = self._host_array(qsl_cpu)
+            query = qsl[1:] - qsl[:-1]
+            first = int((query > threshold).argmax())
+            dec_guess = int(query[0])
+            if query[first] > threshold:
+                nd, npf = first, num_reqs - first
+                ndt = int(qsl[first])
+                npt = num_tokens - ndt  # padding rows go with the prefills
+                pre_guess = int(query[first])
         causal = batch.causal
-        width = cfg.window_size if causal else self._noncausal_width(batch, nd)
+        width = self.config.window_size if causal else self._noncausal_width(batch, nd)
         # Decode lens rows ever written, per group; a build zeroes [num_decode_tokens, that) (#fixed-buffers).
         high = self._lens_high_water
-        clear_end = max(high[:groups])
-        for g in range(groups):
-            if ndt > high[g]:
-                high[g] = ndt
+        if groups == 1:
+            clear_end = high[0]
+            if ndt > clear_end:
+                high[0] = ndt
+        else:
+            clear_end = max(high[:groups])
+            for g in range(groups):
+                if ndt > high[g]:
+                    high[g] = ndt
         replay = batch.replay_start
         if replay is None:
-            replay = self._no_replay_view(num_reqs)
+            replay = self._no_replay.get(num_reqs)
+            if replay is None:
+                replay = self._no_replay_view(num_reqs)
         spans = batch.image_spans
-        images = bool(npt) and cfg.max_image_tokens > 0 and spans is not None and spans.starts.shape[0] > 0
+        images = spans is not None and npt > 0 and self.config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         plan = BuildPlan(
             num_reqs,
             num_tokens,
@@ -309,8 +347,21 @@ class SWAMetadataBuilder:
             spans,
             dec_guess,
             pre_guess,
+            group_rows,
         )
         return plan, query
+
+    def _host_array(self, t: torch.Tensor) -> np.ndarray:
+        """``t.numpy()``, reusing the array made for the same memory: engines hand in slices of a
+        persistent pinned buffer, and ``numpy()`` costs more host time than finding it. The cached
+        array keeps its tensor alive, so an equal address, length and dtype always mean the same memory."""
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype)
+        arr = self._host_arrays.get(key)
+        if arr is None:
+            if len(self._host_arrays) > 64:
+                self._host_arrays.clear()
+            arr = self._host_arrays[key] = t.numpy()
+        return arr
 
     def _metadata(self, batch: AttentionBatch, plan: BuildPlan, query: Any, group: int) -> SWAMetadata:
         nd, npf = plan.num_decodes, plan.num_prefills
@@ -468,7 +519,8 @@ class SWAMetadataBuilder:
         return view
 
     def _no_replay_view(self, n: int) -> torch.Tensor:
-        return self._view(("replay", n), lambda: self.buffers.no_replay_start[:n])
+        view = self._no_replay[n] = self.buffers.no_replay_start[:n]
+        return view
 
     def _visibility_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._view(("image", n), lambda: (self.buffers.left_visible[:n], self.buffers.right_visible[:n]))
@@ -498,7 +550,7 @@ class SWAMetadataBuilder:
             raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
         try:
             guard_update(metadata, self._device_index)
-            with on_device(self._device_index):
+            with self._on_device:
                 self.backend.recompute_decode_rows(metadata, self.buffers)
                 metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)
                 metadata.extras = self.backend.extras(metadata, self.buffers)
@@ -522,7 +574,7 @@ class SWAMetadataBuilder:
         try:
             for md in metadatas:
                 guard_update(md, self._device_index)
-            with on_device(self._device_index):
+            with self._on_device:
                 self.backend.recompute_groups(metadatas, self.buffers)
                 for g, md in enumerate(metadatas):
                     md.tile_sched = self.backend.make_tile_schedulers(md.num_decode_tokens)
@@ -535,5 +587,5 @@ class SWAMetadataBuilder:
     def warmup(self, progress: Callable[[str], None] | None = None) -> int:
         """Compile every kernel variant this config can launch (see ``jit.py``), so no build of any
         shape up to capacity compiles afterwards. Returns the number of variants prepared."""
-        with on_device(self._device_index):
+        with OnDevice(self._device_index):  # not under the build lock: its own instance
             return self.backend.warmup(self.buffers, progress)

@@ -32,6 +32,12 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def num_warps() -> int:
+    """Warps per program of every kernel; ``SWA_HAL_NUM_WARPS`` overrides it for tuning sweeps."""
+    override = os.environ.get("SWA_HAL_NUM_WARPS")
+    return int(override) if override else NUM_WARPS
+
+
 def tile_elems(device_type: str, decode: bool = False) -> int:
     override = os.environ.get("SWA_HAL_DECODE_TILE_ELEMS" if decode else "SWA_HAL_TILE_ELEMS")
     if override:

@@ -78,7 +78,7 @@ class TritonBackend(Backend):
     # -- builds ----------------------------------------------------------------------------------
 
     def _outputs(self, key: Any, buffers: MetadataBuffers, causal: bool) -> tuple[Any, ...]:
-        """The nine output buffers: as tensors until the key has compiled, then as cached addresses
+        """The ten output buffers: as tensors until the key has compiled, then as cached addresses
         (the buffers never move, so their addresses are read once)."""
         cache = self._output_addresses
         if key in cache:
@@ -95,7 +95,7 @@ class TritonBackend(Backend):
             buffers.right_visible,
             buffers.violation,
         )
-        if self._launch_rows.ready(key) and self._launch_rows.raw_pointers:
+        if self._launch_rows.ready(key):
             cache[key] = tuple(t.data_ptr() for t in outs)
         return outs
 
@@ -121,28 +121,47 @@ class TritonBackend(Backend):
         clear = -(-(clear_end - ndt) // jit.CLEAR_BLOCK) if clear_end > ndt else 0
         gather = -(-npf // jit.GATHER_BLOCK)
         qsl, seq_lens, table, slots, replay = inputs
-        outputs = self._outputs(key, buffers, causal)
-        # The builder's own inputs (no spans, the group table) never move: addresses once compiled.
-        fixed: tuple[Any, ...] | None = self._fixed_inputs.get(key) if spans is None else None
-        if fixed is None:
-            fixed = (buffers.no_span_indptr, buffers.span_starts, buffers.span_ends, buffers.group_inputs)
+        stride, pages = table.stride(0), table.shape[1]
+        outputs = self._output_addresses.get(key)
+        if outputs is None:  # not compiled yet: tensors through Triton's JIT
+            outputs = self._outputs(key, buffers, causal)
+            fixed: tuple[Any, ...] = (
+                buffers.no_span_indptr,
+                buffers.span_starts,
+                buffers.span_ends,
+                buffers.group_inputs,
+            )
             if spans is not None:
                 fixed = (spans.indptr, spans.starts, spans.ends, buffers.group_inputs)
-            elif key in self._output_addresses:
-                self._fixed_inputs[key] = fixed = tuple(t.data_ptr() for t in fixed)
+        else:
+            # Compiled: every pointer as an address. The builder's own inputs (no spans, the group
+            # table) never move, so their addresses are read once.
+            inputs = (qsl.data_ptr(), seq_lens.data_ptr(), table.data_ptr(), slots.data_ptr(), replay.data_ptr())
+            if spans is None:
+                fixed = self._fixed_inputs.get(key)  # type: ignore[assignment]
+                if fixed is None:
+                    fixed = self._fixed_inputs[key] = (
+                        buffers.no_span_indptr.data_ptr(),
+                        buffers.span_starts.data_ptr(),
+                        buffers.span_ends.data_ptr(),
+                        buffers.group_inputs.data_ptr(),
+                    )
+            else:
+                fixed = (
+                    spans.indptr.data_ptr(),
+                    spans.starts.data_ptr(),
+                    spans.ends.data_ptr(),
+                    buffers.group_inputs.data_ptr(),
+                )
         self._launch_rows(
             key,
             groups * (dec + pre + clear) + gather,
             (
                 *outputs,
-                qsl,
-                seq_lens,
-                table,
-                slots,
-                replay,
+                *inputs,
                 *fixed,
-                table.stride(0),
-                table.shape[1],
+                stride,
+                pages,
                 num_reqs,
                 num_tokens,
                 nd,
@@ -159,14 +178,13 @@ class TritonBackend(Backend):
                 *guess,
                 0 if spans is None else spans.starts.shape[0],
             ),
+            addresses=True,
         )
 
-    def _write_group_table(
-        self, tables: Sequence[torch.Tensor], slots: Sequence[torch.Tensor], buffers: MetadataBuffers
-    ) -> None:
-        """The kernel reads group g's inputs through row g of ``buffers.group_inputs``; rewrite it only
-        when the engine hands in other tensors (a copy to the device, never inside a steady state)."""
-        rows = tuple((t.data_ptr(), s.data_ptr(), t.stride()[0], t.shape[1]) for t, s in zip(tables, slots))
+    def _write_group_table(self, rows: tuple[tuple[int, int, int, int], ...], buffers: MetadataBuffers) -> None:
+        """The kernel reads group g's inputs through row g of ``buffers.group_inputs`` (address of the
+        block table and of the slot mapping, the table's row stride and width); rewrite it only when
+        the engine hands in other tensors (a copy to the device, never inside a steady state)."""
         if rows != self._group_table:
             buffers.group_inputs[: len(rows)].copy_(torch.tensor(rows, dtype=torch.int64))
             self._group_table = rows
@@ -183,7 +201,10 @@ class TritonBackend(Backend):
         buffers: MetadataBuffers,
     ) -> None:
         """Every group in one launch (docs/semantics.md #group-builds)."""
-        self._write_group_table(tables, slots, buffers)
+        rows = plan.group_rows or tuple(
+            (t.data_ptr(), s.data_ptr(), t.stride(0), t.shape[1]) for t, s in zip(tables, slots)
+        )
+        self._write_group_table(rows, buffers)
         self._launch_plan(plan, batch, tables[0], slots[0], buffers, len(tables))
 
     def _launch_plan(
@@ -238,7 +259,13 @@ class TritonBackend(Backend):
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
         first = metadatas[0]
         ndt = first.num_decode_tokens
-        self._write_group_table([m.block_table for m in metadatas], [m.slot_mapping for m in metadatas], buffers)
+        self._write_group_table(
+            tuple(
+                (m.block_table.data_ptr(), m.slot_mapping.data_ptr(), m.block_table.stride(0), m.block_table.shape[1])
+                for m in metadatas
+            ),
+            buffers,
+        )
         self._launch(
             first.causal,
             buffers,

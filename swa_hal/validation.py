@@ -44,7 +44,7 @@ def _guard_fail(name: str, t: object, want: torch.dtype, device_index: int, ndim
     raise BatchShapeError(name, f"{name} must be contiguous (stride {tuple(t.stride())})")
 
 
-def _guarded(name: str, t: object, want: torch.dtype, device_index: int, ndim: int = 1) -> None:
+def guarded_tensor(name: str, t: object, want: torch.dtype, device_index: int, ndim: int = 1) -> None:
     # Kernels read these with unit strides from raw addresses: a view with another stride, another
     # dtype or another device would be read as garbage, so it is refused before any launch.
     # (Runs on every build: the common case is one comparison of a few cheap attributes.)
@@ -64,10 +64,37 @@ def guard_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_
     launched with raw addresses, so a tensor on another device must be refused here.
     """
     seq_lens, qsl, table, slots = batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping
-    _guarded("seq_lens", seq_lens, torch.int32, device_index)
-    _guarded("query_start_loc", qsl, torch.int32, device_index)
-    _guarded("block_table", table, torch.int32, device_index, 2)
-    _guarded("slot_mapping", slots, torch.int64, device_index)
+    # The common case in one expression over attributes read once (this runs on every build);
+    # on any failure the per-tensor checks below name the broken rule.
+    i32 = torch.int32
+    try:
+        qs, ss, ts, ls = qsl.shape, seq_lens.shape, table.shape, slots.shape
+        ok = (
+            seq_lens.dtype is i32
+            and qsl.dtype is i32
+            and table.dtype is i32
+            and slots.dtype is torch.int64
+            and seq_lens.get_device() == device_index
+            and qsl.get_device() == device_index
+            and table.get_device() == device_index
+            and slots.get_device() == device_index
+            and len(qs) == 1
+            and len(ss) == 1
+            and len(ts) == 2
+            and len(ls) == 1
+            and qsl.is_contiguous()  # 1-D: unit stride, or at most one element
+            and seq_lens.is_contiguous()
+            and slots.is_contiguous()
+            and (ts[1] <= 1 or table.stride(1) == 1)
+        )
+    except AttributeError:
+        ok = False
+    if not ok:
+        guarded_tensor("seq_lens", seq_lens, i32, device_index)
+        guarded_tensor("query_start_loc", qsl, i32, device_index)
+        guarded_tensor("block_table", table, i32, device_index, 2)
+        guarded_tensor("slot_mapping", slots, torch.int64, device_index)
+        qs, ss, ts, ls = qsl.shape, seq_lens.shape, table.shape, slots.shape
     num_tokens = batch.num_tokens
     if num_tokens.__class__ is not int:
         raise BatchDtypeError("num_tokens", f"num_tokens must be an int, got {num_tokens!r}")
@@ -88,29 +115,29 @@ def guard_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_
         raise BatchShapeError("query_start_loc_cpu", "query_start_loc_cpu has no request: the batch is empty")
     if num_reqs > config.max_num_seqs:
         raise BatchCapacityError("seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}")
-    if qsl.shape[0] != num_reqs + 1:
+    if qs[0] != num_reqs + 1:
         raise BatchShapeError(
-            "query_start_loc", f"query_start_loc has {qsl.shape[0]} entries; query_start_loc_cpu has {num_reqs + 1}"
+            "query_start_loc", f"query_start_loc has {qs[0]} entries; query_start_loc_cpu has {num_reqs + 1}"
         )
-    if seq_lens.shape[0] < num_reqs:
-        raise BatchShapeError("seq_lens", f"seq_lens has {seq_lens.shape[0]} entries for {num_reqs} requests")
-    if table.shape[0] < num_reqs or table.shape[1] < 1:
+    if ss[0] < num_reqs:
+        raise BatchShapeError("seq_lens", f"seq_lens has {ss[0]} entries for {num_reqs} requests")
+    if ts[0] < num_reqs or ts[1] < 1:
         raise BatchShapeError(
             "block_table",
-            f"block_table {tuple(table.shape)} has too few rows or no page column for {num_reqs} requests",
+            f"block_table {tuple(ts)} has too few rows or no page column for {num_reqs} requests",
         )
-    if slots.shape[0] != num_tokens:
-        raise BatchShapeError("slot_mapping", f"slot_mapping has {slots.shape[0]} entries; num_tokens is {num_tokens}")
+    if ls[0] != num_tokens:
+        raise BatchShapeError("slot_mapping", f"slot_mapping has {ls[0]} entries; num_tokens is {num_tokens}")
     replay = batch.replay_start
     if replay is not None:
-        _guarded("replay_start", replay, torch.int32, device_index)
+        guarded_tensor("replay_start", replay, torch.int32, device_index)
         if replay.shape[0] < num_reqs:
             raise BatchShapeError("replay_start", f"replay_start has {replay.shape[0]} entries for {num_reqs} requests")
     spans = batch.image_spans
     if spans is not None:
-        _guarded("image_spans.indptr", spans.indptr, torch.int32, device_index)
-        _guarded("image_spans.starts", spans.starts, torch.int32, device_index)
-        _guarded("image_spans.ends", spans.ends, torch.int32, device_index)
+        guarded_tensor("image_spans.indptr", spans.indptr, torch.int32, device_index)
+        guarded_tensor("image_spans.starts", spans.starts, torch.int32, device_index)
+        guarded_tensor("image_spans.ends", spans.ends, torch.int32, device_index)
         if spans.indptr.shape[0] < num_reqs + 1:
             raise BatchShapeError(
                 "image_spans.indptr",
@@ -123,49 +150,15 @@ def guard_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_
             )
 
 
-def guard_group_inputs(tables, slots, num_reqs: int, num_tokens: int, device_index: int) -> None:
-    """The host guard of a group build's per-group inputs (the shared ones went through guard_batch).
-    The common case reads each tensor's attributes once."""
-    i32, i64 = torch.int32, torch.int64
-    for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
-        try:
-            ts, tst, ss = table.shape, table.stride(), slot_mapping.shape
-            ok = (
-                table.dtype is i32
-                and slot_mapping.dtype is i64
-                and table.get_device() == device_index
-                and slot_mapping.get_device() == device_index
-                and len(ts) == 2
-                and len(ss) == 1
-                and (ts[1] <= 1 or tst[1] == 1)
-                and (ss[0] <= 1 or slot_mapping.stride()[0] == 1)
-            )
-        except AttributeError:
-            ok = False
-        if not ok:  # name the broken rule
-            _guarded(f"block_tables[{g}]", table, i32, device_index, 2)
-            _guarded(f"slot_mappings[{g}]", slot_mapping, i64, device_index)
-        if ts[0] < num_reqs or ts[1] < 1:
-            raise BatchShapeError(
-                f"block_tables[{g}]",
-                f"block_tables[{g}] {tuple(ts)} has too few rows or no page column for {num_reqs} requests",
-            )
-        if ss[0] != num_tokens:
-            raise BatchShapeError(
-                f"slot_mappings[{g}]",
-                f"slot_mappings[{g}] has {ss[0]} entries; num_tokens is {num_tokens}",
-            )
-
-
 def guard_update(metadata: SWAMetadata, device_index: int) -> None:
     """The host guard of a draft-step update: the tensors it reads in place are still what the build
     guarded (an engine may have swapped one for another view)."""
     num_reqs = metadata.query_start_loc.shape[0] - 1
-    _guarded("seq_lens", metadata.seq_lens, torch.int32, device_index)
-    _guarded("query_start_loc", metadata.query_start_loc, torch.int32, device_index)
-    _guarded("block_table", metadata.block_table, torch.int32, device_index, 2)
-    _guarded("slot_mapping", metadata.slot_mapping, torch.int64, device_index)
-    _guarded("replay_start", metadata.replay_start, torch.int32, device_index)
+    guarded_tensor("seq_lens", metadata.seq_lens, torch.int32, device_index)
+    guarded_tensor("query_start_loc", metadata.query_start_loc, torch.int32, device_index)
+    guarded_tensor("block_table", metadata.block_table, torch.int32, device_index, 2)
+    guarded_tensor("slot_mapping", metadata.slot_mapping, torch.int64, device_index)
+    guarded_tensor("replay_start", metadata.replay_start, torch.int32, device_index)
     if metadata.seq_lens.shape[0] < num_reqs or metadata.block_table.shape[0] < num_reqs:
         raise BatchShapeError("seq_lens", f"seq_lens / block_table have fewer rows than the {num_reqs} requests")
     if metadata.slot_mapping.shape[0] < metadata.num_decode_tokens:

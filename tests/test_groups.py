@@ -94,7 +94,7 @@ def test_group_build_is_one_launch(backend, monkeypatch):
     tables, slots = group_inputs(config, batch, 3, random.Random(2))
     launches = []
     real = KernelLauncher.__call__
-    monkeypatch.setattr(KernelLauncher, "__call__", lambda self, *a: (launches.append(a[0]), real(self, *a))[1])
+    monkeypatch.setattr(KernelLauncher, "__call__", lambda self, *a, **k: (launches.append(a[0]), real(self, *a, **k))[1])
     builder.build_groups(batch, tables, slots)
     rows = [k for k in launches if type(k).__name__ == "RowsKey"]
     assert len(rows) == 1 and rows[0].GROUPED
@@ -110,6 +110,93 @@ def test_group_build_limits():
         builder.build_groups(batch, [batch.block_table] * 2, [batch.slot_mapping])
     with pytest.raises(E.BatchDtypeError, match=r"block_tables\[1\] has dtype torch.int64"):
         builder.build_groups(batch, [batch.block_table, batch.block_table.long()], [batch.slot_mapping] * 2)
+
+
+def stack(tables, slots, extra_rows: int = 3, extra_tokens: int = 5):
+    """The groups' tables and slot mappings in one persistent buffer each ([G, R + extra, P] padded with
+    -1, [G, T + extra]), as an engine that keeps them stacked holds them; returns the step's slices."""
+    groups, rows, width = len(tables), tables[0].shape[0], max(t.shape[1] for t in tables)
+    t3 = torch.full((groups, rows + extra_rows, width), -1, dtype=torch.int32)
+    s2 = torch.full((groups, slots[0].shape[0] + extra_tokens), -1, dtype=torch.int64)
+    for g in range(groups):
+        t3[g, :rows, : tables[g].shape[1]] = tables[g]
+        s2[g, : slots[g].shape[0]] = slots[g]
+    return t3, s2, t3[:, :rows], s2[:, : slots[0].shape[0]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_stacked_group_inputs_equal_listed_ones(config_name, backend):
+    """docs/semantics.md #group-builds: group inputs stacked in one tensor each build what the same
+    tables as lists build, and follow the buffers' contents from step to step."""
+    config = CONFIGS[config_name]
+    rng = random.Random(f"stacked-{config_name}-{backend}")
+    stacked_builder, listed_builder = make_builder(config, backend), make_builder(config, backend)
+    kinds = ["decode", "mtp", "mixed", "padded", "invalid"] + (["dspark"] if config.is_dspark else [])
+    for i, kind in enumerate(kinds):
+        batch = random_batch(config, rng, kind, extra_pages=2, spans=1.0)
+        groups = 1 + i % config.num_kv_groups
+        tables, slots = group_inputs(config, batch, groups, rng)
+        t3, s2, t_step, s_step = stack(tables, slots)
+        padded = [t_step[g] for g in range(groups)]  # the same tables, -1 past each one's own width
+        for step in range(2):
+            strict = address_strict(extra=[t3, s2]) if backend == "sm12x" else _null()
+            with strict:
+                stacked = stacked_builder.build_groups(batch, t_step, s_step)
+            listed = listed_builder.build_groups(batch, padded, slots)
+            assert len(stacked) == groups
+            for g, (a, b) in enumerate(zip(stacked, listed)):
+                assert torch.equal(a.block_table, padded[g]) and torch.equal(a.slot_mapping, slots[g])
+                group_batch = dataclasses.replace(batch, block_table=padded[g], slot_mapping=slots[g])
+                assert compare_with_reference(config, group_batch, a) == [], (kind, g, step)
+                for field in ("decode_swa_indices", "decode_swa_lens", "prefill_swa_indices", "prefill_swa_lens",
+                              "is_valid_token", "token_to_req_indices"):
+                    x, y = getattr(a, field), getattr(b, field)
+                    assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), (kind, g, field)
+            # The engine rewrites its buffers in place for the next step: the build reads the new pages.
+            t_step[:, :, :].copy_(torch.where(t_step >= 0, t_step.flip(0), t_step))
+            slots = [s_step[g].clone() for g in range(groups)]
+            padded = [t_step[g].clone() for g in range(groups)]
+
+
+def test_stacked_group_inputs_may_share_one_table():
+    """A stacked input with a group stride of 0 (``expand``): every group reads the same table."""
+    config = CONFIGS["w4b4_mtp"]
+    builder = make_builder(config, "cuda")
+    batch = random_batch(config, random.Random(5), "mixed")
+    t3 = batch.block_table.unsqueeze(0).expand(3, -1, -1)
+    s2 = batch.slot_mapping.unsqueeze(0).expand(3, -1)
+    mds = builder.build_groups(batch, t3, s2)
+    alone = make_builder(config, "cuda").build(batch)
+    for md in mds:
+        assert compare_with_reference(config, batch, md) == []
+        assert torch.equal(md.decode_swa_indices, alone.decode_swa_indices)
+
+
+def test_stacked_group_input_errors_name_the_field():
+    config = CONFIGS["w4b4_mtp"]
+    builder = make_builder(config, "torch")
+    batch = random_batch(config, random.Random(6), "decode")
+    tables, slots = group_inputs(config, batch, 2, random.Random(7))
+    _, _, t, s = stack(tables, slots)
+    with pytest.raises(E.BatchDtypeError, match="block_tables has dtype torch.int64"):
+        builder.build_groups(batch, t.long(), s)
+    with pytest.raises(E.BatchDtypeError, match="slot_mappings has dtype torch.int32"):
+        builder.build_groups(batch, t, s.int())
+    with pytest.raises(E.BatchShapeError, match="block_tables has 2 dimensions"):
+        builder.build_groups(batch, t[0], s)
+    with pytest.raises(E.BatchShapeError, match="3 slot mappings for 2 block tables"):
+        builder.build_groups(batch, t, torch.cat([s, s[:1]]))
+    with pytest.raises(E.BatchShapeError, match="slot_mappings has .* entries; num_tokens is"):
+        builder.build_groups(batch, t, s[:, :-1])
+    with pytest.raises(E.BatchShapeError, match="block_tables must be contiguous"):
+        builder.build_groups(batch, t[:, :, ::2] if t.shape[2] > 1 else t.repeat(1, 1, 2)[:, :, ::2], s)
+    with pytest.raises(E.BatchShapeError, match=r"block_tables \(2, 1, "):
+        builder.build_groups(batch, t[:, :1], s)
+    with pytest.raises(E.BatchCapacityError, match="4 groups; the config's num_kv_groups is 3"):
+        builder.build_groups(batch, t[:1].expand(4, -1, -1), s[:1].expand(4, -1))
+    with pytest.raises(E.BatchShapeError, match="must both be tensors"):
+        builder.build_groups(batch, t, list(s))
 
 
 class _null:

@@ -53,9 +53,9 @@ def test_every_key_a_build_launches_is_warmed(config_name, monkeypatch):
     used = set()
     real = KernelLauncher.__call__
 
-    def spy(self, key, grid, args):
+    def spy(self, key, grid, args, **kwargs):
         used.add(key)
-        return real(self, key, grid, args)
+        return real(self, key, grid, args, **kwargs)
 
     monkeypatch.setattr(KernelLauncher, "__call__", spy)
     for backend in ("cuda", "sm12x", "rocm"):

@@ -2,12 +2,14 @@
 
 The first launch of a compile key goes through Triton's JIT (binding, specialisation, cache
 lookup, compile on a miss) and we keep the compiled kernel it returns. Later launches of that key
-call the compiled kernel's launcher directly, with tensors replaced by their addresses: that skips
-the per-call argument binding and, for every pointer, a ``data_ptr()`` call and a driver query
-(``cuPointerGetAttribute``), which together are most of Triton's launch overhead. It is sound
-because nothing a launch passes can change the specialisation (runtime ints and engine tensors are
-declared unspecialised, our own buffers never move) and the builder checks dtypes and devices of
-the inputs before every build, which is what the driver query would have caught.
+call the compiled kernel's C launch function directly, with tensors replaced by their addresses:
+that skips the per-call argument binding, Triton's Python launcher wrapper (it makes a closure and
+asks two allocators for scratch space the kernel does not use) and, for every pointer, a
+``data_ptr()`` call and a driver query (``cuPointerGetAttribute``), which together are most of
+Triton's launch overhead. It is sound because nothing a launch passes can change the
+specialisation (runtime ints and engine tensors are declared unspecialised, our own buffers never
+move) and the builder checks dtypes and devices of the inputs before every build, which is what the
+driver query would have caught.
 """
 
 from __future__ import annotations
@@ -19,24 +21,49 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-from ..jit import NUM_WARPS
+from ..jit import num_warps
+
+# The leading arguments of the C launch function of the Triton versions we call it directly on:
+# grid (3), stream, function, cooperative grid, PDL, global and profile scratch, kernel metadata,
+# launch metadata, enter and exit hooks. Another layout (another Triton) takes the wrapper's path.
+_DIRECT_FORMAT = "iiiKKppOOOOOO"
+_RUNTIME = triton.knobs.runtime
 
 
 def _hooks_idle() -> bool:
     """No launch hooks are installed (profilers such as proton add some): the fast path may skip them.
     Triton 3.6 keeps an empty HookChain there rather than None."""
-    hook = triton.knobs.runtime.launch_enter_hook
+    hook = _RUNTIME.launch_enter_hook
     return hook is None or not getattr(hook, "calls", True)
+
+
+def _direct_launch(kernel: Any) -> Any:
+    """The C launch function and the arguments it takes before the kernel's own, when this Triton's
+    launcher can be called directly (a CUDA launcher whose kernel needs no scratch space); else None."""
+    launcher = kernel.run
+    try:
+        from triton.backends.nvidia import driver as nvidia
+    except ImportError:
+        return None
+    if (
+        type(launcher) is not getattr(nvidia, "CudaLauncher", None)
+        or getattr(nvidia, "_BASE_ARGS_FORMAT", None) != _DIRECT_FORMAT
+        or launcher.global_scratch_size
+        or launcher.profile_scratch_size
+    ):
+        return None
+    head = (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, kernel.packed_metadata, None, None, None)
+    return launcher.launch, head
 
 
 class KernelLauncher:
     def __init__(self, fn: Any, device: torch.device):
         self.fn = fn
         self.interpreted = not isinstance(fn, JITFunction)
-        self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...], tuple[int, ...]]] = {}
+        # key -> (launch function, its leading arguments, constexprs, positions of pointer arguments)
+        self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...], tuple[Any, ...], tuple[int, ...]]] = {}
+        self.kernels: dict[Hashable, Any] = {}  # the compiled kernels, for inspection (registers, spills)
         self.launches = 0
-        # Pass addresses instead of tensors on the fast path (see the module docstring).
-        self.raw_pointers = True
         if not self.interpreted:
             from triton.runtime.driver import driver
 
@@ -47,36 +74,37 @@ class KernelLauncher:
         """Whether launches of ``key`` take the fast path (and so accept addresses for pointers)."""
         return key in self._compiled
 
-    def __call__(self, key: Any, grid: int, args: Sequence[Any]) -> None:
+    def __call__(self, key: Any, grid: int, args: Sequence[Any], addresses: bool = False) -> None:
+        """Launch ``key`` on ``grid`` programs. Pointer arguments may be tensors or addresses;
+        ``addresses=True`` promises that once ``ready(key)`` every pointer is an address already."""
         self.launches += 1
         entry = self._compiled.get(key)
         if entry is not None and _hooks_idle():
-            kernel, constexprs, pointers = entry
-            if self.raw_pointers:
+            launch, head, constexprs, pointers = entry
+            if not addresses:
                 raw = list(args)
                 for i in pointers:
                     arg = raw[i]
                     if arg.__class__ is not int:
                         raw[i] = arg.data_ptr()
                 args = raw
-            kernel.run(
-                grid,
-                1,
-                1,
-                self._current_stream(self._device_index),
-                kernel.function,
-                kernel.packed_metadata,
-                None,
-                None,
-                None,
-                *args,
-                *constexprs,
-            )
+            launch(grid, 1, 1, self._current_stream(self._device_index), *head, *args, *constexprs)
             return
+        self._slow(key, grid, args)
+
+    def _slow(self, key: Any, grid: int, args: Sequence[Any]) -> None:
         constexprs = key.constexprs()
-        kernel = self.fn[(grid,)](*args, num_warps=NUM_WARPS, **constexprs)
+        kernel = self.fn[(grid,)](*args, num_warps=num_warps(), **constexprs)
         if not self.interpreted and kernel is not None:
             if hasattr(kernel, "result"):
                 kernel = kernel.result()
             pointers = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-            self._compiled[key] = (kernel, tuple(constexprs.values()), pointers)
+            self.kernels[key] = kernel
+            direct = _direct_launch(kernel)
+            if direct is None:
+                # Through Triton's own launcher wrapper (its leading arguments differ).
+                head: tuple[Any, ...] = (kernel.function, kernel.packed_metadata, None, None, None)
+                self._compiled[key] = (kernel.run, head, tuple(constexprs.values()), pointers)
+            else:
+                launch, head = direct
+                self._compiled[key] = (launch, (kernel.function, *head), tuple(constexprs.values()), pointers)

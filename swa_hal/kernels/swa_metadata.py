@@ -102,15 +102,21 @@ def _owner_of(
     seq = tl.load(seq_lens_ptr + guess)
     bound = tl.load(replay_ptr + guess)
     scheduled = tl.load(qsl_ptr + num_reqs)
+    # Request 0's, for rows past the scheduled tokens: in the same round of loads (a load after the
+    # block-wide check below would be a round of its own).
+    begin0 = tl.load(qsl_ptr)
+    end0 = tl.load(qsl_ptr + 1)
+    seq0 = tl.load(seq_lens_ptr)
+    bound0 = tl.load(replay_ptr)
     padding = tok >= scheduled
     right = ~row_ok | padding | ((lo <= tok) & (tok < hi))
     if tl.min(right.to(tl.int32), axis=0) == 1:
         # Rows past the scheduled tokens belong to request 0.
         owner = tl.where(padding, 0, guess)
-        begin = tl.where(padding, tl.load(qsl_ptr), lo)
-        end = tl.where(padding, tl.load(qsl_ptr + 1), hi)
-        seq = tl.where(padding, tl.load(seq_lens_ptr), seq)
-        bound = tl.where(padding, tl.load(replay_ptr), bound)
+        begin = tl.where(padding, begin0, lo)
+        end = tl.where(padding, end0, hi)
+        seq = tl.where(padding, seq0, seq)
+        bound = tl.where(padding, bound0, bound)
     else:
         owner = _search_owner(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T, SEARCH_BLOCK, CLAMP)
         # owner is in [0, num_reqs): these addresses are in bounds even unmasked.
@@ -220,6 +226,37 @@ def _record(violation_ptr, kind, req, value, rows):
 
 
 @triton.jit
+def _page_block(
+    row_table,
+    pk,
+    lens,
+    end_pos,
+    max_pages,
+    kind,
+    value,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_LIMIT: tl.constexpr,
+    GUARD: tl.constexpr,
+    CLAMP: tl.constexpr,
+):
+    """The block of each row's page ``pk`` (0 where the row does not reach it), with the guard's checks
+    of the page (rule 5) and of the block id (rule 6)."""
+    need = (lens > 0) & (pk * BLOCK_SIZE < end_pos)
+    if GUARD:
+        in_table = (pk >= 0) & (pk < max_pages)
+        kind, value = _flag(kind, value, need & ~in_table, 5, pk)  # PAGES
+        need = need & in_table
+    if CLAMP:
+        pk = tl.minimum(tl.maximum(pk, 0), max_pages - 1)
+    bk = tl.load(row_table + pk, mask=need, other=0)
+    if GUARD:
+        # Every block id handed out lies in [0, BLOCK_LIMIT): inside the KV cache, and its slots
+        # inside int32 (block * BLOCK_SIZE cannot overflow).
+        kind, value = _flag(kind, value, need & ((bk < 0) | (bk >= BLOCK_LIMIT)), 6, bk)  # BLOCK
+    return bk, kind, value
+
+
+@triton.jit
 def _window_rows(
     out_idx_ptr,
     out_lens_ptr,
@@ -272,6 +309,8 @@ def _window_rows(
         tok_at = tl.minimum(tok, num_tokens - 1)
         rows_at = tl.minimum(rows, n_rows - 1)
 
+    # Issued before the owner check: a load after a block-wide reduction waits for it.
+    slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
     req, begin, end, seq, bound = _owner_of(
         tok,
         row_ok,
@@ -287,7 +326,6 @@ def _window_rows(
         SEARCH_BLOCK,
         CLAMP,
     )
-    slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
     valid = slot >= 0
     # Per-request outputs are shared by every KV-cache group: the first group writes them.
     shared = row_ok & first_group
@@ -351,30 +389,38 @@ def _window_rows(
         # A row spans at most ROW_PAGES pages: load each page's block once per row. Entry c (position
         # start + c) on the row's page k is base_k + c with base_k = start + (block_k - page_k) *
         # BLOCK_SIZE, and it is on page k from column k * BLOCK_SIZE - (start % BLOCK_SIZE) on: per
-        # entry a compare and a select per page past the first, and one add.
+        # entry a compare and a select per page past the first, and one add. Every page's block is
+        # loaded before any of them is used: spreading a per-row value over the tile's columns is a
+        # layout conversion through shared memory with a barrier, and a load issued after one waits
+        # for it, so interleaving them would make the pages dependent rounds of loads.
         first_page = start // BLOCK_SIZE
         off = start - first_page * BLOCK_SIZE
         end_pos = start + lens  # exclusive
-        base = tl.zeros([BLOCK_T, BLOCK_W], dtype=tl.int32)
-        for k in tl.static_range(ROW_PAGES):
-            pk = first_page + k
-            need = (lens > 0) & (pk * BLOCK_SIZE < end_pos)
-            if GUARD:
-                in_table = (pk >= 0) & (pk < max_pages)
-                kind, value = _flag(kind, value, need & ~in_table, 5, pk)  # PAGES
-                need = need & in_table
-            if CLAMP:
-                pk = tl.minimum(tl.maximum(pk, 0), max_pages - 1)
-            bk = tl.load(row_table + pk, mask=need, other=0)
-            if GUARD:
-                # Every block id handed out lies in [0, BLOCK_LIMIT): inside the KV cache, and its
-                # slots inside int32 (block * BLOCK_SIZE cannot overflow).
-                kind, value = _flag(kind, value, need & ((bk < 0) | (bk >= BLOCK_LIMIT)), 6, bk)  # BLOCK
-            base_k = start + (bk - (first_page + k)) * BLOCK_SIZE
-            if k == 0:
-                base = tl.zeros([BLOCK_T, BLOCK_W], dtype=tl.int32) + base_k[:, None]
-            else:
-                base = tl.where(cols[None, :] >= (k * BLOCK_SIZE - off)[:, None], base_k[:, None], base)
+        bk0, kind, value = _page_block(
+            row_table, first_page, lens, end_pos, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
+        )
+        if ROW_PAGES > 1:
+            bk1, kind, value = _page_block(
+                row_table, first_page + 1, lens, end_pos, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
+            )
+        if ROW_PAGES > 2:
+            bk2, kind, value = _page_block(
+                row_table, first_page + 2, lens, end_pos, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
+            )
+        if ROW_PAGES > 3:
+            bk3, kind, value = _page_block(
+                row_table, first_page + 3, lens, end_pos, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
+            )
+        # base_k = off + (block_k - k) * BLOCK_SIZE; entry c is on page k from column k * BLOCK_SIZE - off.
+        # (Each per-row value spread over the columns is one conversion: off is spread once for all pages.)
+        off_t = off[:, None]
+        base = tl.zeros([BLOCK_T, BLOCK_W], dtype=tl.int32) + (off + bk0 * BLOCK_SIZE)[:, None]
+        if ROW_PAGES > 1:
+            base = tl.where(cols[None, :] >= BLOCK_SIZE - off_t, (off + (bk1 - 1) * BLOCK_SIZE)[:, None], base)
+        if ROW_PAGES > 2:
+            base = tl.where(cols[None, :] >= 2 * BLOCK_SIZE - off_t, (off + (bk2 - 2) * BLOCK_SIZE)[:, None], base)
+        if ROW_PAGES > 3:
+            base = tl.where(cols[None, :] >= 3 * BLOCK_SIZE - off_t, (off + (bk3 - 3) * BLOCK_SIZE)[:, None], base)
     else:
         pos2 = start[:, None] + cols[None, :]
         read = cols[None, :] < lens[:, None]
@@ -398,7 +444,6 @@ def _window_rows(
     if GUARD:
         # A broken row is handed out empty: zeroing its lens empties it entry by entry for free.
         lens = tl.where(kind > 0, 0, lens)
-        _record(violation_ptr, kind, req, value, rows)
     idx = tl.where(cols[None, :] < lens[:, None], base + cols[None, :], -1)
 
     cols_at = cols
@@ -410,6 +455,9 @@ def _window_rows(
         store_ok = row_ok[:, None] & (cols[None, :] < WIDTH)
     tl.store(out_idx_ptr + rows_at[:, None] * WIDTH + cols_at[None, :], idx, mask=store_ok)
     tl.store(out_lens_ptr + rows_at, lens, mask=row_ok)
+    if GUARD:
+        # After the stores: its block-wide reduction would otherwise hold them back.
+        _record(violation_ptr, kind, req, value, rows)
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS, do_not_specialize_on_alignment=ENGINE_TENSORS)

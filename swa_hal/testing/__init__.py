@@ -30,6 +30,7 @@ _EXPORTS = {
     "DraftUpdateTests": "draft_updates",
     "AddressRuleTests": "address_rules",
     "GraphTests": "graphs",
+    "GroupBuildTests": "groups",
     "SlotRowTests": "slot_rows",
     "random_slot_rows": "slot_rows",
     "address_strict": "interpreter",

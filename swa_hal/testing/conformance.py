@@ -24,6 +24,7 @@ from .address_rules import AddressRuleTests
 from .draft_updates import DraftUpdateTests
 from .fixtures import CONFORMANCE_CONFIGS, PLATFORM_GRID, BackendFixtures, Target, requires
 from .graphs import GraphTests
+from .groups import GroupBuildTests
 from .random_batches import RandomBatchTests
 from .selection import SelectionTests
 from .slot_rows import SlotRowTests
@@ -37,6 +38,7 @@ __all__ = [
     "BackendFixtures",
     "DraftUpdateTests",
     "GraphTests",
+    "GroupBuildTests",
     "RandomBatchTests",
     "SelectionTests",
     "SlotRowTests",
@@ -47,7 +49,14 @@ __all__ = [
 
 
 class BackendConformance(
-    SelectionTests, VectorTests, RandomBatchTests, DraftUpdateTests, AddressRuleTests, GraphTests, SlotRowTests
+    SelectionTests,
+    VectorTests,
+    RandomBatchTests,
+    GroupBuildTests,
+    DraftUpdateTests,
+    AddressRuleTests,
+    GraphTests,
+    SlotRowTests,
 ):
     """Every topic of the kit. Set ``backend_name`` (or pass ``--swa-hal-backend``); optionally
     ``platform``, ``device``, ``batches_per_case``, ``opt_out``, ``configs`` (see ``BackendFixtures``)."""

@@ -50,6 +50,15 @@ def other_groups(config, batch, groups, rng):
     return tables, slots
 
 
+def stacked(tables, slots):
+    """The groups' tables (padded with -1 to one width) and slot mappings stacked: [G, R, P], [G, T]."""
+    width = max(t.shape[1] for t in tables)
+    t3 = torch.full((len(tables), tables[0].shape[0], width), -1, dtype=torch.int32, device="cuda")
+    for g, t in enumerate(tables):
+        t3[g, :, : t.shape[1]] = t
+    return t3, torch.stack(slots)
+
+
 @pytest.mark.parametrize("name", list(FORCED))
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 def test_random_batches_with_replay_spans_and_groups(name, config_name, report):
@@ -67,7 +76,13 @@ def test_random_batches_with_replay_spans_and_groups(name, config_name, report):
         checked += 1
         groups = 1 + i % config.num_kv_groups
         tables, slots = other_groups(config, batch, groups, rng)
-        for g, gmd in enumerate(builder.build_groups(batch, tables, slots)):
+        if i % 2:  # every other step the groups come stacked in one tensor each
+            t3, slots = stacked(tables, slots)
+            mds = builder.build_groups(batch, t3, slots)
+            tables = list(t3.unbind(0))
+        else:
+            mds = builder.build_groups(batch, tables, slots)
+        for g, gmd in enumerate(mds):
             gb = dataclasses.replace(batch, block_table=tables[g], slot_mapping=slots[g])
             assert compare_with_reference(config, gb, gmd) == [], (kind, i, g)
             grouped += 1
@@ -99,8 +114,9 @@ def test_graph_replay_with_replay_start_changed_in_place(name, report):
     report(f"{name}: a captured decode build replayed 6 times with replay_start changed in place, bit-exact")
 
 
+@pytest.mark.parametrize("form", ["listed", "stacked"])
 @pytest.mark.parametrize("name", ["cuda", "sm12x"])
-def test_group_build_captured_in_a_graph(name, report):
+def test_group_build_captured_in_a_graph(name, form, report):
     config = CONFIGS["v41"]
     builder = builder_for(name, config)
     builder.warmup()
@@ -109,6 +125,9 @@ def test_group_build_captured_in_a_graph(name, report):
     seqs = [rng.randint(10, 20000) for _ in range(reqs)]
     batch = synthesize_batch(config, seqs, [1] * reqs, rng=rng, extra_pages=1, device="cuda")
     tables, slots = other_groups(config, batch, 8, rng)
+    if form == "stacked":
+        t3, slots = stacked(tables, slots)
+        tables = t3
     mds = builder.build_groups(batch, tables, slots)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -122,7 +141,7 @@ def test_group_build_captured_in_a_graph(name, report):
         for g, md in enumerate(mds):
             gb = dataclasses.replace(batch, block_table=tables[g], slot_mapping=slots[g])
             assert compare_with_reference(config, gb, md) == [], (step, g)
-    report(f"{name}: 8-group build of 256 decodes replayed from one graph 4 times, every group bit-exact")
+    report(f"{name}: 8-group build of 256 decodes ({form}) replayed from one graph 4 times, every group bit-exact")
 
 
 def test_no_host_sync_on_the_default_path(report):

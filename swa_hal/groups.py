@@ -1,0 +1,171 @@
+"""A group build's per-group inputs (docs/semantics.md #group-builds): each KV-cache group's block table
+and slot mapping, handed in as two lists of tensors or stacked in one tensor each, checked on the host
+and described as the rows of the kernel's group table.
+
+The stacked form is the cheap one: its host checks look at two tensors whatever the number of
+groups, and its per-group views and table rows are made once per buffer (an engine keeps its group
+tables in persistent buffers, so a step finds them cached).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from .errors import BatchCapacityError, BatchShapeError
+from .validation import guarded_tensor
+
+# Address of group g's block table, address of its slot mapping, the table's row stride and width
+# (in elements): one row of the group table the kernel reads.
+GroupRow = tuple[int, int, int, int]
+
+
+class GroupInputs(NamedTuple):
+    tables: Sequence[torch.Tensor]
+    slots: Sequence[torch.Tensor]
+    rows: tuple[GroupRow, ...]
+    # Each group's own metadata fields per build shape, kept with cached stacked inputs (the builder
+    # fills it); None for listed inputs, which are new objects every step.
+    fields: dict[Any, list[dict[str, Any]]] | None
+
+
+# Build shapes whose per-group fields a cached stacked input keeps; past this many they start over.
+MAX_SHAPES_PER_INPUT = 64
+
+
+class StackedViews:
+    """Stacked inputs seen before, by address, shape and strides: each group's views and table rows. The
+    views keep the memory alive, so an equal key always means the same memory. An engine hands in a
+    slice of its buffers per step (``[:, :num_reqs]``, ``[:, :num_tokens]``), so tables and slot
+    mappings are kept apart (their lengths vary independently) and each pair's rows once more; past
+    ``limit`` entries a cache starts over."""
+
+    def __init__(self, limit: int = 1024):
+        self.limit = limit
+        self.tables: dict[Any, tuple[tuple[torch.Tensor, ...], tuple[int, ...]]] = {}
+        self.slots: dict[Any, tuple[tuple[torch.Tensor, ...], tuple[int, ...]]] = {}
+        self.pairs: dict[Any, GroupInputs] = {}
+
+    def views(self, cache: dict, key: Any, stacked: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+        """Each group's view of ``stacked`` and its address."""
+        found = cache.get(key)
+        if found is None:
+            if len(cache) >= self.limit:
+                cache.clear()
+            step = stacked.stride(0) * stacked.element_size()
+            found = cache[key] = (stacked.unbind(0), tuple(key[0] + g * step for g in range(stacked.shape[0])))
+        return found
+
+
+def group_inputs(
+    block_tables: Sequence[torch.Tensor] | torch.Tensor,
+    slot_mappings: Sequence[torch.Tensor] | torch.Tensor,
+    num_reqs: int,
+    num_tokens: int,
+    device_index: int,
+    max_groups: int,
+    stacks: StackedViews,
+) -> GroupInputs:
+    """Check a group build's per-group inputs (the shared ones go through ``guard_batch``) and describe
+    them. ``block_tables``: a list of int32 [R', P_g] tensors, or one int32 [G, R', P] tensor;
+    ``slot_mappings``: a list of int64 [T] tensors, or one int64 [G, T] tensor. Host facts only."""
+    if isinstance(block_tables, torch.Tensor) or isinstance(slot_mappings, torch.Tensor):
+        found = _stacked(block_tables, slot_mappings, num_reqs, num_tokens, device_index, stacks)
+    else:
+        _count(len(block_tables), len(slot_mappings))
+        found = _listed(block_tables, slot_mappings, num_reqs, num_tokens, device_index)
+    if len(found.rows) > max_groups:
+        raise BatchCapacityError(
+            "block_tables",
+            f"{len(found.rows)} groups; the config's num_kv_groups is {max_groups} "
+            f"(the builder keeps that many sets of buffers)",
+        )
+    return found
+
+
+def _count(tables: int, slots: int) -> None:
+    if tables != slots or tables < 1:
+        raise BatchShapeError(
+            "slot_mappings",
+            f"{slots} slot mappings for {tables} block tables; "
+            f"a group build needs one of each per group, at least one group",
+        )
+
+
+def _listed(
+    tables: Sequence[Any], slots: Sequence[Any], num_reqs: int, num_tokens: int, device_index: int
+) -> GroupInputs:
+    i32, i64 = torch.int32, torch.int64
+    rows = []
+    for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
+        # The common case reads each tensor's attributes once.
+        try:
+            ts, tst, ss = table.shape, table.stride(), slot_mapping.shape
+            ok = (
+                table.dtype is i32
+                and slot_mapping.dtype is i64
+                and table.get_device() == device_index
+                and slot_mapping.get_device() == device_index
+                and len(ts) == 2
+                and len(ss) == 1
+                and (ts[1] <= 1 or tst[1] == 1)
+                and slot_mapping.is_contiguous()  # 1-D: unit stride, or at most one element
+            )
+        except AttributeError:
+            ok = False
+        if not ok:  # name the broken rule
+            guarded_tensor(f"block_tables[{g}]", table, i32, device_index, 2)
+            guarded_tensor(f"slot_mappings[{g}]", slot_mapping, i64, device_index)
+        _shapes(f"block_tables[{g}]", ts, f"slot_mappings[{g}]", ss[0], num_reqs, num_tokens)
+        rows.append((table.data_ptr(), slot_mapping.data_ptr(), tst[0], ts[1]))
+    return GroupInputs(tables, slots, tuple(rows), None)
+
+
+def _stacked(
+    tables: Any, slots: Any, num_reqs: int, num_tokens: int, device_index: int, stacks: StackedViews
+) -> GroupInputs:
+    i32, i64 = torch.int32, torch.int64
+    if not isinstance(tables, torch.Tensor) or not isinstance(slots, torch.Tensor):
+        raise BatchShapeError(
+            "slot_mappings",
+            "stacked group inputs: block_tables [G, R, P] and slot_mappings [G, T] must both be tensors",
+        )
+    ts, tst, ss, sst = tables.shape, tables.stride(), slots.shape, slots.stride()
+    ok = (
+        tables.dtype is i32
+        and slots.dtype is i64
+        and tables.get_device() == device_index
+        and slots.get_device() == device_index
+        and len(ts) == 3
+        and len(ss) == 2
+        and (ts[2] <= 1 or tst[2] == 1)
+        and (ss[1] <= 1 or sst[1] == 1)
+    )
+    if not ok:  # name the broken rule
+        guarded_tensor("block_tables", tables, i32, device_index, 3)
+        guarded_tensor("slot_mappings", slots, i64, device_index, 2)
+    _count(ts[0], ss[0])
+    _shapes("block_tables", ts, "slot_mappings", ss[1], num_reqs, num_tokens)
+    tkey, skey = (tables.data_ptr(), ts, tst), (slots.data_ptr(), ss, sst)
+    found = stacks.pairs.get((tkey, skey))
+    if found is None:
+        table_views, table_addresses = stacks.views(stacks.tables, tkey, tables)
+        slot_views, slot_addresses = stacks.views(stacks.slots, skey, slots)
+        rows = tuple((t, s, tst[1], ts[2]) for t, s in zip(table_addresses, slot_addresses))
+        if len(stacks.pairs) >= stacks.limit:
+            stacks.pairs.clear()
+        found = stacks.pairs[(tkey, skey)] = GroupInputs(table_views, slot_views, rows, {})
+    return found
+
+
+def _shapes(table_name: str, ts: Sequence[int], slots_name: str, n_slots: int, num_reqs: int, num_tokens: int) -> None:
+    """A group's table has a row per request and a page column; its slot mapping an entry per token.
+    (``ts``: the table's shape, the stacked one's [G, R', P] or a listed one's [R', P].)"""
+    if ts[-2] < num_reqs or ts[-1] < 1:
+        raise BatchShapeError(
+            table_name, f"{table_name} {tuple(ts)} has too few rows or no page column for {num_reqs} requests"
+        )
+    if n_slots != num_tokens:
+        raise BatchShapeError(slots_name, f"{slots_name} has {n_slots} entries; num_tokens is {num_tokens}")

@@ -204,7 +204,6 @@ class SWAMetadataBuilder:
                 # Group g's metadata: group 0's, with group g's views, inputs and planner objects.
                 own = self._group_fields(plan, groups, inputs)
                 listed = inputs.fields is None  # then own holds the views only
-                tables, slots = inputs.tables, inputs.slots
                 base = md.__dict__
                 make_schedulers, ndt = self.backend.make_tile_schedulers, plan.num_decode_tokens
                 extras = self.backend.extras if self._has_extras else None

@@ -88,3 +88,31 @@ def test_fast_launch_path_equals_triton_launch_path(report):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     assert not compare_with_reference(config, batch, md)
     report("cached launcher and Triton's launch path wrote identical outputs")
+
+
+def test_launch_hooks_are_called_and_builds_stay_exact(report):
+    """With a profiler's launch hooks installed (proton installs some), compiled launches go through the
+    compiled kernel's own runner, which calls them, and still hand it addresses."""
+    import triton
+
+    config = SWAConfig.from_yaml(CONFIGS / "deepseek_v4_flash.yaml")
+    builder = SWAMetadataBuilder(config, device="cuda")
+    builder.warmup()
+    rng = random.Random(4)
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"])
+
+    chain = triton.knobs.runtime.launch_enter_hook
+    chain.add(hook)
+    try:
+        for kind in ("decode", "mixed", "prefill"):
+            batch = random_batch(config, rng, kind, device="cuda")
+            md = builder.build(batch)
+            torch.cuda.synchronize()
+            assert not compare_with_reference(config, batch, md), kind
+    finally:
+        chain.remove(hook)
+    assert seen.count("swa_metadata_kernel") == 3, seen
+    report(f"with a launch hook installed: 3 builds bit-exact, the hook saw {len(seen)} launches")

@@ -8,15 +8,15 @@ import random
 
 import pytest
 import torch
-
 from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder
+
 from swa_hal import SWAConfig
 from swa_hal import errors as E
 from swa_hal.compare import compare_with_reference
 from swa_hal.kernels.launcher import KernelLauncher
 from swa_hal.ragged import RaggedDecodeRows
-from swa_hal.scenarios import synthesize_batch
 from swa_hal.testing.batches import random_batch
+from swa_hal.testing.groups import other_groups as group_inputs
 from swa_hal.testing.interpreter import address_strict
 
 BACKENDS = list(BACKEND_PLATFORMS)
@@ -28,21 +28,6 @@ CONFIGS = {
     "w7b3_dspark": SWAConfig(window_size=7, block_size=3, max_model_len=300, max_num_batched_tokens=96,
                              max_num_seqs=10, num_speculative_tokens=5, speculative_method="dspark", num_kv_groups=2),
 }
-
-
-def group_inputs(config: SWAConfig, batch, groups: int, rng: random.Random):
-    """Each group's own block table (other pages, another width) and the slot mapping that follows it."""
-    tables, slots = [batch.block_table], [batch.slot_mapping]
-    seqs = batch.seq_lens_cpu.tolist()
-    queries = (batch.query_start_loc_cpu[1:] - batch.query_start_loc_cpu[:-1]).tolist()
-    for _ in range(groups - 1):
-        other = synthesize_batch(config, seqs, queries, rng=rng, padding_rows=batch.num_tokens - sum(queries),
-                                 extra_pages=rng.choice((1, 2)))  # room for the draft steps
-        # Keep the invalid tokens of the step: validity is the slot mapping's, group by group.
-        s = torch.where(batch.slot_mapping >= 0, other.slot_mapping, -1)
-        tables.append(other.block_table)
-        slots.append(s)
-    return tables, slots
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

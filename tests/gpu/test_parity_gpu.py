@@ -12,12 +12,12 @@ import threading
 import pytest
 import torch
 
-from swa_hal import AttentionBatch, PlatformInfo, SWAConfig, SWAMetadataBuilder
+from swa_hal import SWAConfig
 from swa_hal import errors as E
 from swa_hal.compare import compare_with_reference
-from swa_hal.reference import build_reference
 from swa_hal.scenarios import synthesize_batch
 from swa_hal.testing.batches import KINDS, random_batch
+from swa_hal.testing.groups import other_groups, stacked
 
 pytestmark = pytest.mark.gpu
 
@@ -36,27 +36,6 @@ CONFIGS = {
 
 
 builder_for = gpu_builder
-
-
-def other_groups(config, batch, groups, rng):
-    tables, slots = [batch.block_table], [batch.slot_mapping]
-    seqs = batch.seq_lens_cpu.tolist()
-    queries = (batch.query_start_loc_cpu[1:] - batch.query_start_loc_cpu[:-1]).tolist()
-    for _ in range(groups - 1):
-        other = synthesize_batch(config, seqs, queries, rng=rng, padding_rows=batch.num_tokens - sum(queries),
-                                 extra_pages=1, device="cuda")
-        tables.append(other.block_table)
-        slots.append(torch.where(batch.slot_mapping >= 0, other.slot_mapping, -1))
-    return tables, slots
-
-
-def stacked(tables, slots):
-    """The groups' tables (padded with -1 to one width) and slot mappings stacked: [G, R, P], [G, T]."""
-    width = max(t.shape[1] for t in tables)
-    t3 = torch.full((len(tables), tables[0].shape[0], width), -1, dtype=torch.int32, device="cuda")
-    for g, t in enumerate(tables):
-        t3[g, :, : t.shape[1]] = t
-    return t3, torch.stack(slots)
 
 
 @pytest.mark.parametrize("name", list(FORCED))

@@ -27,6 +27,7 @@ from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .selection import select_backend
 from .slot_rows import SlotRows, check_outputs, guard_slot_rows, slot_limit
+from .split import split_decodes_and_prefills
 from .validation import guard_batch, guard_update, validate_batch
 
 # Views of the fixed buffers are cached per build shape; past this many the cache starts over.
@@ -118,9 +119,7 @@ class SWAMetadataBuilder:
         self._group_buffers = [self.buffers.group(g) for g in range(config.num_kv_groups)]
         self._lens_high_water = [0] * config.num_kv_groups
         self._views: dict[tuple[Any, ...], Any] = {}
-        self._tails: dict[tuple[Any, ...], torch.Tensor] = {}
-        self._host_arrays: dict[tuple[Any, ...], np.ndarray] = {}
-        self._no_replay: dict[int, torch.Tensor] = {}
+        self._derived: dict[tuple[Any, ...], Any] = {}
         self._stacks = StackedViews()
         self._slot_limit = slot_limit(config)
         # Most backends declare no extras: then a build skips the call (metadata's default is ()).
@@ -300,17 +299,10 @@ class SWAMetadataBuilder:
         # The kernel guesses each token's request from a common query length (and checks it).
         dec_guess, pre_guess = mql, 1
         if mql > threshold:
-            # split_decodes_and_prefills, inlined (it runs on every mixed step): decodes are the
-            # requests before the first one longer than the threshold.
             qsl = self._host_array(qsl_cpu)
             query = qsl[1:] - qsl[:-1]
-            first = int((query > threshold).argmax())
-            dec_guess = int(query[0])
-            if query[first] > threshold:
-                nd, npf = first, num_reqs - first
-                ndt = int(qsl[first])
-                npt = num_tokens - ndt  # padding rows go with the prefills
-                pre_guess = int(query[first])
+            nd, npf, ndt, npt = split_decodes_and_prefills(qsl, mql, num_tokens, threshold, query)
+            dec_guess, pre_guess = int(query[0]), (int(query[nd]) if nd < num_reqs else 1)
         causal = batch.causal
         width = self.config.window_size if causal else self._noncausal_width(batch, nd)
         # Decode lens rows ever written, per group; a build zeroes [num_decode_tokens, that) (#fixed-buffers).
@@ -326,7 +318,7 @@ class SWAMetadataBuilder:
                     high[g] = ndt
         replay = batch.replay_start
         if replay is None:
-            replay = self._no_replay.get(num_reqs)
+            replay = self._views.get(("replay", num_reqs))
             if replay is None:
                 replay = self._no_replay_view(num_reqs)
         spans = batch.image_spans
@@ -351,16 +343,10 @@ class SWAMetadataBuilder:
         return plan, query
 
     def _host_array(self, t: torch.Tensor) -> np.ndarray:
-        """``t.numpy()``, reusing the array made for the same memory: engines hand in slices of a
-        persistent pinned buffer, and ``numpy()`` costs more host time than finding it. The cached
-        array keeps its tensor alive, so an equal address, length and dtype always mean the same memory."""
-        key = (t.data_ptr(), t.shape, t.stride(), t.dtype)
-        arr = self._host_arrays.get(key)
-        if arr is None:
-            if len(self._host_arrays) > 64:
-                self._host_arrays.clear()
-            arr = self._host_arrays[key] = t.numpy()
-        return arr
+        """``t.numpy()``, reused for the same memory (see ``_remember``)."""
+        key = ("numpy", t.data_ptr(), t.shape, t.stride(), t.dtype)
+        arr = self._derived.get(key)
+        return arr if arr is not None else self._remember(key, t.numpy())
 
     def _metadata(self, batch: AttentionBatch, plan: BuildPlan, query: Any, group: int) -> SWAMetadata:
         nd, npf = plan.num_decodes, plan.num_prefills
@@ -504,22 +490,25 @@ class SWAMetadataBuilder:
         return self._view(("gather", n), lambda: self.buffers.gather_lens[:n])
 
     def _tail(self, t: torch.Tensor, start: int) -> torch.Tensor:
-        """``t[start:]``, reusing the view made for the same storage, length and start: engines hand in
-        slices of persistent buffers, and making a view costs more host time than finding it. The
-        cached view keeps its storage alive, so an equal address always means the same memory."""
+        """``t[start:]``, reused for the same storage, length and start (see ``_remember``)."""
         if not start:
             return t
         key = ("tail", t.data_ptr(), t.shape[0], t.device, start)
-        view = self._tails.get(key)
-        if view is None:
-            if len(self._tails) > 64:
-                self._tails.clear()
-            view = self._tails[key] = t[start:]
-        return view
+        view = self._derived.get(key)
+        return view if view is not None else self._remember(key, t[start:])
+
+    def _remember(self, key: tuple[Any, ...], derived: Any) -> Any:
+        """Keep a view or array made from an engine tensor for the next build with the same key (its
+        address and layout): engines hand in slices of persistent buffers, and making a view costs more
+        host time than finding it. The kept object holds its memory alive, so an equal address always
+        means the same memory. Past 64 entries the cache starts over."""
+        if len(self._derived) > 64:
+            self._derived.clear()
+        self._derived[key] = derived
+        return derived
 
     def _no_replay_view(self, n: int) -> torch.Tensor:
-        view = self._no_replay[n] = self.buffers.no_replay_start[:n]
-        return view
+        return self._view(("replay", n), lambda: self.buffers.no_replay_start[:n])
 
     def _visibility_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._view(("image", n), lambda: (self.buffers.left_visible[:n], self.buffers.right_visible[:n]))

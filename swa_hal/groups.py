@@ -100,7 +100,7 @@ def _listed(
     i32, i64 = torch.int32, torch.int64
     rows = []
     for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
-        # The common case reads each tensor's attributes once.
+        # Inline rather than a helper shared with _stacked: this runs once per group per step.
         try:
             ts, tst, ss = table.shape, table.stride(), slot_mapping.shape
             ok = (
@@ -126,12 +126,12 @@ def _listed(
 def _stacked(
     tables: Any, slots: Any, num_reqs: int, num_tokens: int, device_index: int, stacks: StackedViews
 ) -> GroupInputs:
-    i32, i64 = torch.int32, torch.int64
     if not isinstance(tables, torch.Tensor) or not isinstance(slots, torch.Tensor):
         raise BatchShapeError(
             "slot_mappings",
             "stacked group inputs: block_tables [G, R, P] and slot_mappings [G, T] must both be tensors",
         )
+    i32, i64 = torch.int32, torch.int64
     ts, tst, ss, sst = tables.shape, tables.stride(), slots.shape, slots.stride()
     ok = (
         tables.dtype is i32
@@ -158,6 +158,11 @@ def _stacked(
             stacks.pairs.clear()
         found = stacks.pairs[(tkey, skey)] = GroupInputs(table_views, slot_views, rows, {})
     return found
+
+
+def group_rows(tables: Sequence[torch.Tensor], slots: Sequence[torch.Tensor]) -> tuple[GroupRow, ...]:
+    """The group table's rows for these (already checked) tensors."""
+    return tuple((t.data_ptr(), s.data_ptr(), t.stride(0), t.shape[1]) for t, s in zip(tables, slots))
 
 
 def _shapes(table_name: str, ts: Sequence[int], slots_name: str, n_slots: int, num_reqs: int, num_tokens: int) -> None:

@@ -15,6 +15,7 @@ from . import jit
 from .backend import Backend, BuildPlan
 from .envs import env_flag
 from .errors import BackendUnavailableError
+from .groups import group_rows
 
 if TYPE_CHECKING:
     from .batch import AttentionBatch
@@ -201,10 +202,7 @@ class TritonBackend(Backend):
         buffers: MetadataBuffers,
     ) -> None:
         """Every group in one launch (docs/semantics.md #group-builds)."""
-        rows = plan.group_rows or tuple(
-            (t.data_ptr(), s.data_ptr(), t.stride(0), t.shape[1]) for t, s in zip(tables, slots)
-        )
-        self._write_group_table(rows, buffers)
+        self._write_group_table(plan.group_rows or group_rows(tables, slots), buffers)
         self._launch_plan(plan, batch, tables[0], slots[0], buffers, len(tables))
 
     def _launch_plan(
@@ -260,11 +258,7 @@ class TritonBackend(Backend):
         first = metadatas[0]
         ndt = first.num_decode_tokens
         self._write_group_table(
-            tuple(
-                (m.block_table.data_ptr(), m.slot_mapping.data_ptr(), m.block_table.stride(0), m.block_table.shape[1])
-                for m in metadatas
-            ),
-            buffers,
+            group_rows([m.block_table for m in metadatas], [m.slot_mapping for m in metadatas]), buffers
         )
         self._launch(
             first.causal,

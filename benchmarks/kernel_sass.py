@@ -3,10 +3,12 @@
 print what decides its speed: registers, layout conversions (each a shared-memory round trip with a barrier),
 global loads and stores (vector or scalar) and the SASS instruction mix.
 
-    python3 benchmarks/kernel_sass.py [--no-guard] [--config configs/deepseek_v4_flash.yaml] [--out DIR]
+    python3 benchmarks/kernel_sass.py [--no-guard] [--config configs/deepseek_v4_flash.yaml] [--out DIR] [--kernel FILE]
 
-``--out`` also writes the TTGIR, PTX and SASS there. Pointers Triton would specialise on 16-byte alignment
-(every buffer of the builder's, not the engine's tensors) are declared so, as a real launch compiles them.
+``--out`` also writes the TTGIR, PTX and SASS there; ``--kernel`` compiles another version of
+``kernels/swa_metadata.py`` (same signature) instead, as ``kernel_sweep.py``'s ``KERNELS=`` times one.
+Pointers Triton would specialise on 16-byte alignment (every buffer of the builder's, not the engine's
+tensors) are declared so, as a real launch compiles them.
 """
 
 from __future__ import annotations
@@ -45,14 +47,21 @@ def main() -> int:
     parser.add_argument("--config", default=str(ROOT / "configs" / "deepseek_v4_flash.yaml"))
     parser.add_argument("--no-guard", action="store_true")
     parser.add_argument("--out")
+    parser.add_argument("--kernel", help="another version of swa_hal/kernels/swa_metadata.py to compile")
     args = parser.parse_args()
+    kernel_fn = swa_metadata_kernel
+    if args.kernel:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from kernel_sweep import variant_kernel
+
+        kernel_fn = variant_kernel(args.kernel)
     key = jit.rows_key(SWAConfig.from_yaml(args.config), causal=True, clamp=False, device_type="cuda",
                        guard=not args.no_guard)
     constexprs = key.constexprs()
-    names = swa_metadata_kernel.arg_names
+    names = kernel_fn.arg_names
     signature = {n: POINTERS.get(n, "constexpr" if n in constexprs else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in POINTERS and n not in ENGINE_TENSORS}
-    kernel = triton.compile(ASTSource(swa_metadata_kernel, signature, constexprs=constexprs, attrs=attrs),
+    kernel = triton.compile(ASTSource(kernel_fn, signature, constexprs=constexprs, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": jit.num_warps()})
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     out = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "swa_hal_sass"

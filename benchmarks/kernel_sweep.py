@@ -17,6 +17,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def variant_kernel(source: str):
+    """The ``swa_metadata_kernel`` of another version of ``kernels/swa_metadata.py``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("swa_metadata_variant", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.swa_metadata_kernel
+
+
 def one() -> None:
     import torch
 
@@ -29,14 +39,9 @@ def one() -> None:
 
     source = os.environ.get("_SWEEP_KERNEL")
     if source:
-        import importlib.util
-
         import swa_hal.kernels.swa_metadata as current
 
-        spec = importlib.util.spec_from_file_location("swa_metadata_variant", source)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        current.swa_metadata_kernel = module.swa_metadata_kernel
+        current.swa_metadata_kernel = variant_kernel(source)
 
     dev = torch.device("cuda")
     config = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml")

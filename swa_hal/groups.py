@@ -98,9 +98,10 @@ def _listed(
     tables: Sequence[Any], slots: Sequence[Any], num_reqs: int, num_tokens: int, device_index: int
 ) -> GroupInputs:
     i32, i64 = torch.int32, torch.int64
-    rows = []
-    for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
-        # Inline rather than a helper shared with _stacked: this runs once per group per step.
+    rows: list[GroupRow] = []
+    for table, slot_mapping in zip(tables, slots):
+        # Inline rather than a helper shared with _stacked: this runs once per group per step, and
+        # every rule (shapes included) is one expression, so a good group costs one branch.
         try:
             ts, tst, ss = table.shape, table.stride(), slot_mapping.shape
             ok = (
@@ -110,17 +111,25 @@ def _listed(
                 and slot_mapping.get_device() == device_index
                 and len(ts) == 2
                 and len(ss) == 1
-                and (ts[1] <= 1 or tst[1] == 1)
+                and ts[0] >= num_reqs
+                and ss[0] == num_tokens
+                and (ts[1] == 1 or (ts[1] > 1 and tst[1] == 1))
                 and slot_mapping.is_contiguous()  # 1-D: unit stride, or at most one element
             )
         except AttributeError:
             ok = False
-        if not ok:  # name the broken rule
-            guarded_tensor(f"block_tables[{g}]", table, i32, device_index, 2)
-            guarded_tensor(f"slot_mappings[{g}]", slot_mapping, i64, device_index)
-        _shapes(f"block_tables[{g}]", ts, f"slot_mappings[{g}]", ss[0], num_reqs, num_tokens)
+        if not ok:
+            _refuse_listed(len(rows), table, slot_mapping, num_reqs, num_tokens, device_index)
         rows.append((table.data_ptr(), slot_mapping.data_ptr(), tst[0], ts[1]))
     return GroupInputs(tables, slots, tuple(rows), None)
+
+
+def _refuse_listed(g: int, table: Any, slot_mapping: Any, num_reqs: int, num_tokens: int, device_index: int) -> None:
+    """Raise the error naming the first rule group g's listed inputs break."""
+    guarded_tensor(f"block_tables[{g}]", table, torch.int32, device_index, 2)
+    guarded_tensor(f"slot_mappings[{g}]", slot_mapping, torch.int64, device_index)
+    _shapes(f"block_tables[{g}]", table.shape, f"slot_mappings[{g}]", slot_mapping.shape[0], num_reqs, num_tokens)
+    raise AssertionError(f"group {g}: inputs refused by the fast check but by no rule")  # pragma: no cover
 
 
 def _stacked(

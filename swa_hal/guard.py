@@ -61,7 +61,7 @@ def violation_error(record: list[int], config: SWAConfig) -> BatchValidationErro
     count, kind, req, value = record
     if count == 0:
         return None
-    where = f" (found by a guarded build; {count} block(s) of rows were emptied)"
+    where = " (found by a guarded build, which handed the offending rows out empty)"
     if kind == Violation.QUERY_ORDER:
         return BatchOrderError(
             "query_start_loc",

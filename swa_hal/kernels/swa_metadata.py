@@ -87,6 +87,7 @@ def _owner_of(
     guess_len,
     BLOCK_T: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr,
+    EAGER_PADDING: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
     """Request owning each token (the number of ends qsl[1..R] at or before it; R, past the scheduled
@@ -95,28 +96,40 @@ def _owner_of(
     A batch whose requests of this segment are all ``guess_len`` long (decode, MTP, equal prefill
     chunks) takes a shortcut: the owner of t is guess_req + (t - guess_tok) // guess_len, and its
     offsets, length and bound are loaded with the check, in one round of loads; only a block with a
-    wrong guess searches, then loads."""
+    wrong guess searches, then loads.
+
+    Rows past the scheduled tokens (padding) take request 0's values. EAGER_PADDING loads those with the
+    check (decode programs: few, latency-bound, and a padded decode batch is the common CUDA-graph
+    case). Otherwise a padding row fails the check (the guess is at most the last request, which ends
+    at the scheduled end) and its block searches, which maps it to request 0: prefill programs are
+    many and issue-bound, and five loads and selects per row cost about 0.2 us over 16k rows."""
     guess = tl.minimum(tl.maximum(guess_req + (tok - guess_tok) // tl.maximum(guess_len, 1), 0), num_reqs - 1)
     lo = tl.load(qsl_ptr + guess)
     hi = tl.load(qsl_ptr + guess + 1)
     seq = tl.load(seq_lens_ptr + guess)
     bound = tl.load(replay_ptr + guess)
-    scheduled = tl.load(qsl_ptr + num_reqs)
-    # Request 0's, for rows past the scheduled tokens: in the same round of loads (a load after the
-    # block-wide check below would be a round of its own).
-    begin0 = tl.load(qsl_ptr)
-    end0 = tl.load(qsl_ptr + 1)
-    seq0 = tl.load(seq_lens_ptr)
-    bound0 = tl.load(replay_ptr)
-    padding = tok >= scheduled
-    right = ~row_ok | padding | ((lo <= tok) & (tok < hi))
+    right = ~row_ok | ((lo <= tok) & (tok < hi))
+    if EAGER_PADDING:
+        # Request 0's, for rows past the scheduled tokens: in the same round of loads (a load after
+        # the block-wide check below would be a round of its own).
+        scheduled = tl.load(qsl_ptr + num_reqs)
+        begin0 = tl.load(qsl_ptr)
+        end0 = tl.load(qsl_ptr + 1)
+        seq0 = tl.load(seq_lens_ptr)
+        bound0 = tl.load(replay_ptr)
+        padding = tok >= scheduled
+        right = right | padding
     if tl.min(right.to(tl.int32), axis=0) == 1:
-        # Rows past the scheduled tokens belong to request 0.
-        owner = tl.where(padding, 0, guess)
-        begin = tl.where(padding, begin0, lo)
-        end = tl.where(padding, end0, hi)
-        seq = tl.where(padding, seq0, seq)
-        bound = tl.where(padding, bound0, bound)
+        owner = guess
+        begin = lo
+        end = hi
+        if EAGER_PADDING:
+            # Rows past the scheduled tokens belong to request 0.
+            owner = tl.where(padding, 0, guess)
+            begin = tl.where(padding, begin0, lo)
+            end = tl.where(padding, end0, hi)
+            seq = tl.where(padding, seq0, seq)
+            bound = tl.where(padding, bound0, bound)
     else:
         owner = _search_owner(tok, qsl_ptr, num_reqs, search_chunks, BLOCK_T, SEARCH_BLOCK, CLAMP)
         # owner is in [0, num_reqs): these addresses are in bounds even unmasked.
@@ -213,16 +226,17 @@ def _flag(kind, value, cond, code: tl.constexpr, what):
 
 @triton.jit
 def _record(violation_ptr, kind, req, value, rows):
-    """Record the first broken row of this block, unless an earlier block already recorded one."""
+    """Record a broken row unless a violation is recorded already: each broken row counts itself with
+    an atomic add, and the one that finds the count at 0 writes its kind, request and value. No
+    block-wide reduction: a block without a broken row pays one compare, its atomics masked off (a
+    reduction kept four values live past the stores and cost 0.2-0.35 us a build)."""
     broken = kind > 0
-    if tl.max(broken.to(tl.int32), axis=0) > 0:
-        first = tl.min(tl.where(broken, rows, NO_REQUEST), axis=0)
-        pick = rows == first
-        old = tl.atomic_add(violation_ptr, 1)
-        if old == 0:
-            tl.store(violation_ptr + 1, tl.sum(tl.where(pick, kind, 0), axis=0))
-            tl.store(violation_ptr + 2, tl.sum(tl.where(pick, req, 0), axis=0))
-            tl.store(violation_ptr + 3, tl.sum(tl.where(pick, value, 0), axis=0))
+    at = violation_ptr + rows * 0
+    old = tl.atomic_add(at, 1, mask=broken, sem="relaxed")
+    first = broken & (old == 0)
+    tl.store(at + 1, kind, mask=first)
+    tl.store(at + 2, req, mask=first)
+    tl.store(at + 3, value, mask=first)
 
 
 @triton.jit
@@ -298,6 +312,7 @@ def _window_rows(
     GUARD: tl.constexpr,
     BLOCK_LIMIT: tl.constexpr,
     ROW_PAGES: tl.constexpr,
+    EAGER_PADDING: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
     rows = row0 + tl.arange(0, BLOCK_T)
@@ -324,6 +339,7 @@ def _window_rows(
         guess_len,
         BLOCK_T,
         SEARCH_BLOCK,
+        EAGER_PADDING,
         CLAMP,
     )
     valid = slot >= 0
@@ -590,6 +606,7 @@ def swa_metadata_kernel(
                 GUARD,
                 BLOCK_LIMIT,
                 DECODE_ROW_PAGES,
+                True,
                 CLAMP,
             )
         elif local < dec_progs + pre_progs:
@@ -634,6 +651,7 @@ def swa_metadata_kernel(
                 GUARD,
                 BLOCK_LIMIT,
                 PREFILL_ROW_PAGES,
+                False,
                 CLAMP,
             )
         else:

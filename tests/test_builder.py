@@ -78,6 +78,30 @@ def test_gpu_tiling_in_the_interpreter(backend, monkeypatch):
             assert not compare_with_reference(config, batch, builder.build(batch))
 
 
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("queries", [[1] * 6, [3, 20, 17]], ids=["decodes", "prefills"])
+def test_padding_rows_fill_whole_programs(backend, queries, monkeypatch):
+    """Rows past the scheduled tokens map to request 0 (docs/semantics.md #per-token-helpers): decode programs
+    load its values with their owner check, prefill programs leave padding rows to the owner search.
+    With GPU tiles, 42 padding rows fill whole programs of either kind."""
+    from swa_hal.scenarios import synthesize_batch
+
+    monkeypatch.setenv("SWA_HAL_TILE_ELEMS", "2048")
+    monkeypatch.setenv("SWA_HAL_DECODE_TILE_ELEMS", "512")
+    config = CONFORMANCE_CONFIGS["v4"]
+    builder = make_builder(config, backend)
+    rng = random.Random(7)
+    batch = synthesize_batch(config, [rng.randint(40, 900) for _ in queries], queries, rng=rng, padding_rows=42)
+    assert batch.num_tokens == sum(queries) + 42
+    strict = address_strict() if backend == "sm12x" else _null()
+    with strict:
+        md = builder.build(batch)
+    assert not compare_with_reference(config, batch, md)
+    pad = torch.arange(sum(queries), batch.num_tokens)
+    assert bool((md.token_to_req_indices[pad] == 0).all())
+    builder.check()  # a valid batch: nothing recorded
+
+
 def test_validation_default_follows_debug_mode(monkeypatch):
     bad = AttentionBatch.from_lists([3], [2], [[0]], block_size=4)
     bad.seq_lens.fill_(1)

@@ -129,6 +129,24 @@ def test_guarded_build_empties_the_rows_and_check_raises_what_validation_raises(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_several_broken_rows_record_one_of_them(backend):
+    """Two rules broken by two requests in one build: both requests' rows are emptied, the record holds one
+    of the two violations (which one is not specified: the kernels' rows record with per-row atomics), and
+    one check() raises it and clears the record."""
+    b = base()
+    bad = dataclasses.replace(b, block_table=set_(b.block_table, (0, 1), 16), seq_lens=set_(b.seq_lens, 1, 3))
+    builder = make_builder(CFG, backend)
+    md = builder.build(bad, validate=False)
+    assert md.decode_swa_lens.tolist() == [0] and md.prefill_swa_lens.tolist() == [0] * 5
+    assert builder.buffers.violation[0].item() > 0
+    with pytest.raises(E.BatchRangeError) as checked:
+        builder.check()
+    assert checked.value.field in ("block_table", "seq_lens")
+    assert builder.buffers.violation.tolist() == [0, 0, 0, 0]
+    builder.check()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_block_id_that_would_overflow_int32_slots_is_caught_without_num_kv_blocks(backend):
     config = dataclasses.replace(CFG, num_kv_blocks=None)
     bad = dataclasses.replace(base(), block_table=set_(base().block_table, (0, 1), 2**29))

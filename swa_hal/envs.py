@@ -1,11 +1,20 @@
-"""Reading environment switches, one way everywhere.
+"""Every environment variable swa_hal reads, in one place: its name, kind, default and meaning.
 
-``SWA_HAL_STRICT``, ``SWA_HAL_DEBUG`` and ``TRITON_INTERPRET`` are on when set to one of
-``TRUE_WORDS`` (any case, surrounding spaces ignored) and off otherwise.
+Variables are read when asked (never cached at import), so a test or an engine that sets one before
+building sees it. Kinds:
+
+* ``flag``: on when set to a true word (``TRUE_WORDS``, any case, spaces ignored), off otherwise;
+* ``switch``: on unless set to a false word (``FALSE_WORDS``); any other word than a true or false
+  one is an error, so a typo never silently flips a behaviour;
+* ``int``: an integer, or unset;
+* ``text``: a string, or unset; ``list``: comma-separated names.
+
+``swa-hal info --env`` prints the table with the values this process sees.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 
@@ -13,7 +22,81 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
 
+@dataclasses.dataclass(frozen=True)
+class EnvVar:
+    name: str
+    kind: str  # flag | switch | int | text | list
+    meaning: str
+    default: str = ""
+
+
+VARIABLES: dict[str, EnvVar] = {
+    v.name: v
+    for v in (
+        EnvVar("SWA_HAL_BACKEND", "text", "the backend to use when the builder names none (an explicit request)"),
+        EnvVar("SWA_HAL_STRICT", "flag", "a plugin that fails to load, or a backend fallback, is an error"),
+        EnvVar("SWA_HAL_PLUGINS", "list", "load only these plugin distributions or entry points"),
+        EnvVar("SWA_HAL_DISABLE_PLUGINS", "list", "skip these plugin distributions or entry points"),
+        EnvVar("SWA_HAL_DEBUG", "flag", "full (syncing) validation of every build"),
+        EnvVar("SWA_HAL_GUARD", "switch", "guarded builds (docs/semantics.md #guarded-builds)", "1"),
+        EnvVar("SWA_HAL_CACHE", "switch", "the host-side caches of views and arrays (swa_hal/cache.py)", "1"),
+        EnvVar("SWA_HAL_VLLM", "switch", "the vLLM plugin replaces vLLM's DeepSeek-V4 SWA builders", "1"),
+        EnvVar("SWA_HAL_SGLANG", "switch", "the SGLang plugin replaces SGLang's DeepSeek-V4 SWA rows", "1"),
+        EnvVar("SWA_HAL_NUM_WARPS", "int", "warps per program of every kernel (tuning sweeps)", "4"),
+        EnvVar("SWA_HAL_TILE_ELEMS", "int", "elements of a prefill program's tile (tuning sweeps)"),
+        EnvVar("SWA_HAL_DECODE_TILE_ELEMS", "int", "elements of a decode program's tile (tuning sweeps)"),
+        EnvVar("TRITON_INTERPRET", "flag", "run Triton kernels in the interpreter (Triton backends on a CPU)"),
+    )
+}
+
+
+def _raw(name: str, env: Mapping[str, str] | None) -> str:
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not a variable swa_hal reads (see swa_hal.envs.VARIABLES)")
+    return (os.environ if env is None else env).get(name, "").strip()
+
+
 def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether the variable ``name`` of ``env`` (default: the process environment) is set to a true word."""
-    value = (os.environ if env is None else env).get(name, "")
-    return value.strip().lower() in TRUE_WORDS
+    """Whether the flag ``name`` of ``env`` (default: the process environment) is set to a true word."""
+    return _raw(name, env).lower() in TRUE_WORDS
+
+
+def env_switch(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the switch ``name`` is on: unset, empty or a true word; a false word turns it off."""
+    raw = _raw(name, env)
+    word = raw.lower()
+    if word == "" or word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name}={raw!r}: use one of {', '.join(TRUE_WORDS)} or {', '.join(FALSE_WORDS)}")
+
+
+def env_int(name: str, env: Mapping[str, str] | None = None) -> int | None:
+    """The integer ``name`` is set to, or None when unset."""
+    raw = _raw(name, env)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: must be an integer") from None
+
+
+def env_text(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The string ``name`` is set to (stripped), or None when unset or empty."""
+    return _raw(name, env) or None
+
+
+def env_list(name: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """The comma-separated names ``name`` lists (empty when unset)."""
+    return [part.strip() for part in _raw(name, env).split(",") if part.strip()]
+
+
+def describe(env: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+    """Every variable with its kind, default, meaning and the value this process sees."""
+    env = os.environ if env is None else env
+    return [
+        {"name": v.name, "kind": v.kind, "default": v.default, "value": env.get(v.name, ""), "meaning": v.meaning}
+        for v in VARIABLES.values()
+    ]

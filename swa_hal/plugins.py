@@ -30,7 +30,7 @@ import pluggy
 
 from . import hookspecs
 from .backend import Availability, BackendSpec
-from .envs import env_flag
+from .envs import env_flag, env_list
 from .errors import PluginError
 from .platform import PlatformInfo
 
@@ -82,10 +82,8 @@ def _normalize(dist: str | None) -> str | None:
 
 
 def _env_list(env: Mapping[str, str], key: str) -> list[str] | None:
-    raw = env.get(key)
-    if raw is None or not raw.strip():
-        return None
-    return [item.strip() for item in raw.split(",") if item.strip()]
+    """The names an env list holds, or None when it is unset (an empty list still filters)."""
+    return env_list(key, env) if env.get(key, "").strip() else None
 
 
 def _error(exc: BaseException) -> str:

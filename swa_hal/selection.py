@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .backend import Availability, BackendSpec
-from .envs import env_flag
+from .envs import env_flag, env_text
 from .errors import BackendNotFoundError, BackendUnavailableError
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry, PluginWarning, get_registry
@@ -165,8 +165,8 @@ def select_backend(
     platform = platform if platform is not None else probe_platform(device)
     env = os.environ if env is None else env
     how = "argument"
-    if name is None and env.get("SWA_HAL_BACKEND", "").strip():
-        name, how = env["SWA_HAL_BACKEND"].strip(), "SWA_HAL_BACKEND"
+    if name is None and env_text("SWA_HAL_BACKEND", env):
+        name, how = env_text("SWA_HAL_BACKEND", env), "SWA_HAL_BACKEND"
     candidates = build_candidates(registry, platform)
     by_name = {c.name: c for c in candidates}
     auto = auto_order(candidates)

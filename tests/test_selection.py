@@ -137,7 +137,29 @@ def test_env_flag_reads_true_words_only():
     from swa_hal.envs import env_flag
 
     for value in ("1", "true", " YES ", "On"):
-        assert env_flag("X", {"X": value})
+        assert env_flag("SWA_HAL_DEBUG", {"SWA_HAL_DEBUG": value})
     for value in ("", "0", "false", "no", "off", "2"):
-        assert not env_flag("X", {"X": value})
-    assert not env_flag("X", {})
+        assert not env_flag("SWA_HAL_DEBUG", {"SWA_HAL_DEBUG": value})
+    assert not env_flag("SWA_HAL_DEBUG", {})
+
+
+def test_every_variable_read_is_listed_in_envs():
+    """swa_hal/envs.py lists every variable the package reads: reading another is a programming error, and
+    no module reads the environment for a SWA_HAL_ name by itself."""
+    import pathlib
+    import re
+
+    from swa_hal import envs
+
+    with pytest.raises(KeyError, match="X is not a variable swa_hal reads"):
+        envs.env_flag("X", {"X": "1"})
+    with pytest.raises(ValueError, match="SWA_HAL_GUARD='maybe'"):
+        envs.env_switch("SWA_HAL_GUARD", {"SWA_HAL_GUARD": "maybe"})
+    root = pathlib.Path(envs.__file__).parent
+    named = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        named |= set(re.findall(r"SWA_HAL_[A-Z_]+[A-Z]", text))
+        if path.name != "envs.py":
+            assert not re.search(r"environ(\.get)?\(?\[?[\"']SWA_HAL_", text), path
+    assert named <= set(envs.VARIABLES), named - set(envs.VARIABLES)

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from ..envs import FALSE_WORDS, TRUE_WORDS
+from ..envs import env_switch
 
 T = TypeVar("T")
 
@@ -36,18 +36,8 @@ class EngineVersionError(RuntimeError):
 def enabled(switch: str, env: Mapping[str, str] | None = None) -> bool:
     """An integration is on unless its switch (``SWA_HAL_SGLANG``, ``SWA_HAL_VLLM``) is set to a false
     word (0, false, no, off; any case). Any other value than a true or false word is an error, so a
-    typo never silently flips the engine's attention metadata."""
-    import os
-
-    raw = (os.environ if env is None else env).get(switch)
-    if raw is None or raw.strip() == "":
-        return True
-    word = raw.strip().lower()
-    if word in FALSE_WORDS:
-        return False
-    if word in TRUE_WORDS:
-        return True
-    raise ValueError(f"{switch}={raw!r}: use one of {', '.join(TRUE_WORDS)} or {', '.join(FALSE_WORDS)}")
+    typo never silently flips the engine's attention metadata (``swa_hal.envs``)."""
+    return env_switch(switch, env)
 
 
 def installed_version(distribution: str) -> str | None:

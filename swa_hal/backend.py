@@ -141,8 +141,27 @@ class BuildPlan(NamedTuple):
     decode_guess_len: int = 1
     prefill_guess_len: int = 1
     # A group build's rows of the kernel's group table (docs/semantics.md #group-builds), from its
-    # host guard; empty for a single build.
+    # host preflight; empty for a single build.
     group_rows: tuple[tuple[int, int, int, int], ...] = ()
+
+
+def update_plan(metadata: SWAMetadata) -> BuildPlan:
+    """The plan of a draft-step update (docs/semantics.md #draft-updates): the decode part of the build
+    that made ``metadata``, recomputed from its (advanced) seq_lens and replay bounds."""
+    ndt = metadata.num_decode_tokens
+    return BuildPlan(
+        num_reqs=metadata.query_start_loc.shape[0] - 1,
+        num_tokens=ndt,
+        num_decodes=metadata.num_decodes,
+        num_prefills=0,
+        num_decode_tokens=ndt,
+        num_prefill_tokens=0,
+        causal=metadata.causal,
+        decode_width=metadata.decode_swa_width,
+        decode_lens_clear_end=ndt,
+        replay_start=metadata.replay_start,
+        decode_guess_len=metadata.max_decode_query_len,
+    )
 
 
 class Backend:

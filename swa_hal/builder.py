@@ -6,7 +6,6 @@ build never synchronises and can be captured in a CUDA graph (docs/semantics.md 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,21 +16,20 @@ import torch
 from .backend import Backend, BuildPlan
 from .batch import AttentionBatch, ImageSpans, spans_to_csr
 from .buffers import MetadataBuffers
+from .cache import HostCache, tensor_key
 from .config import SWAConfig
-from .envs import FALSE_WORDS, env_flag
+from .envs import env_flag, env_switch
 from .errors import BatchCapacityError, BatchDeviceError, ConcurrentBuildError, SpeculativeModeError
-from .groups import MAX_SHAPES_PER_INPUT, GroupInputs, GroupRow, StackedViews, group_inputs
+from .groups import GroupRow, group_inputs
 from .guard import violation_error
-from .metadata import DEFAULTS, SWAMetadata
+from .metadata import SWAMetadata, shape_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
+from .preflight import preflight_batch, preflight_update
 from .selection import select_backend
-from .slot_rows import SlotRows, check_outputs, guard_slot_rows, slot_limit
+from .slot_rows import SlotRows, check_outputs, preflight_slot_rows, slot_limit
 from .split import split_decodes_and_prefills
-from .validation import guard_batch, guard_update, validate_batch
-
-# Views of the fixed buffers are cached per build shape; past this many the cache starts over.
-MAX_CACHED_VIEWS = 1 << 16
+from .validation import validate_batch
 
 
 def debug_mode() -> bool:
@@ -40,7 +38,7 @@ def debug_mode() -> bool:
 
 def guard_default() -> bool:
     """Guarded builds unless ``SWA_HAL_GUARD`` is set to a false word."""
-    return os.environ.get("SWA_HAL_GUARD", "1").strip().lower() not in FALSE_WORDS
+    return env_switch("SWA_HAL_GUARD")
 
 
 class OnDevice:
@@ -73,7 +71,7 @@ class SWAMetadataBuilder:
     backend: a backend name, or None for ``SWA_HAL_BACKEND`` / auto-selection.
     platform: replaces the probe (tests, ``--assume``).
     validate: run the full, syncing validation on every build; default: ``SWA_HAL_DEBUG=1``.
-        The O(1) host guard (dtypes, devices, lengths, strides, capacity) always runs.
+        The O(1) host preflight (dtypes, devices, lengths, strides, capacity) always runs.
     guard: guarded builds (docs/semantics.md #guarded-builds): the build itself checks what needs the
         data, hands offending rows out empty and records the first violation for ``check()``;
         default on, ``SWA_HAL_GUARD=0`` turns it off.
@@ -118,9 +116,9 @@ class SWAMetadataBuilder:
         self.decode_threshold = config.decode_threshold
         self._group_buffers = [self.buffers.group(g) for g in range(config.num_kv_groups)]
         self._lens_high_water = [0] * config.num_kv_groups
-        self._views: dict[tuple[Any, ...], Any] = {}
-        self._derived: dict[tuple[Any, ...], Any] = {}
-        self._stacks = StackedViews()
+        # Views of the fixed buffers by build shape, and objects derived from engine tensors by their
+        # identity (swa_hal/cache.py): what a build would otherwise make again every step.
+        self._cache = HostCache()
         self._slot_limit = slot_limit(config)
         # Most backends declare no extras: then a build skips the call (metadata's default is ()).
         self._has_extras = type(self.backend).extras is not Backend.extras
@@ -158,7 +156,7 @@ class SWAMetadataBuilder:
         self._check(batch, validate)
         plan, query = self._plan(batch, 1)
         self.backend.compute(plan, batch, self.buffers)
-        return self._metadata(batch, plan, query, 0)
+        return self._metadatas(batch, plan, query, (batch.block_table,), (batch.slot_mapping,))[0]
 
     def build_groups(
         self,
@@ -185,10 +183,9 @@ class SWAMetadataBuilder:
                 batch.num_tokens,
                 self._device_index,
                 self.config.num_kv_groups,
-                self._stacks,
+                self._cache,
             )
             tables, slots = inputs.tables, inputs.slots
-            groups = len(inputs.rows)
             first = batch.with_group(tables[0], slots[0])
             if validate if validate is not None else self.validate:
                 for t, s in zip(tables, slots):
@@ -196,30 +193,9 @@ class SWAMetadataBuilder:
             else:
                 self._check(first, False)
             with self._on_device:
-                plan, query = self._plan(first, groups, inputs.rows)
+                plan, query = self._plan(first, len(tables), inputs.rows)
                 self.backend.compute_groups(plan, first, tables, slots, self.buffers)
-                md = self._metadata(first, plan, query, 0)
-                out = [md]
-                # Group g's metadata: group 0's, with group g's views, inputs and planner objects.
-                own = self._group_fields(plan, groups, inputs)
-                listed = inputs.fields is None  # then own holds the views only
-                base = md.__dict__
-                make_schedulers, ndt = self.backend.make_tile_schedulers, plan.num_decode_tokens
-                extras = self.backend.extras if self._has_extras else None
-                new = object.__new__
-                for g in range(1, groups):
-                    fields = base.copy()
-                    fields.update(own[g])
-                    if listed:
-                        fields["block_table"] = tables[g]
-                        fields["slot_mapping"] = slots[g]
-                    fields["tile_sched"] = make_schedulers(ndt)
-                    md = new(SWAMetadata)
-                    md.__dict__ = fields  # SWAMetadata.from_fields, inlined: once per group per step
-                    if extras is not None:
-                        md.extras = extras(md, self._group_buffers[g])
-                    out.append(md)
-                return out
+                return self._metadatas(first, plan, query, tables, slots)
         finally:
             self._busy.release()
 
@@ -231,7 +207,7 @@ class SWAMetadataBuilder:
         in one launch on the Triton backends, without a host sync. Returns ``(indices, lens)``
         (int32 [n, width] and [n]): into ``out``/``lens`` when given, else into new tensors. Guarded
         builds record violations for ``check()`` as ``build`` does."""
-        width = guard_slot_rows(rows, self.config.window_size, self.device)
+        width = preflight_slot_rows(rows, self.config.window_size, self.device)
         n = rows.num_rows
         if out is None:
             out = torch.empty((n, width), dtype=torch.int32, device=self.device)
@@ -247,36 +223,6 @@ class SWAMetadataBuilder:
         finally:
             self._busy.release()
 
-    def _group_fields(self, plan: BuildPlan, groups: int, inputs: GroupInputs) -> list[dict[str, Any]]:
-        """Each group's own metadata fields for a build of this shape: its views of its fixed buffers,
-        and for a stacked input its block table and slot mapping too (kept with the cached input, once
-        per shape). Listed inputs are new objects every step: the caller adds them."""
-        shape = ("groups", groups, plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal)
-        views = self._views.get(shape)
-        if views is None:
-            views = self._view(shape, lambda: [self._group_views(g, plan) for g in range(groups)])
-        kept = inputs.fields
-        if kept is None:
-            return views
-        found = kept.get(shape)
-        if found is None:
-            tables, slots = inputs.tables, inputs.slots
-            found = [{**views[g], "block_table": tables[g], "slot_mapping": slots[g]} for g in range(groups)]
-            if len(kept) >= MAX_SHAPES_PER_INPUT:
-                kept.clear()
-            kept[shape] = found
-        return found
-
-    def _group_views(self, g: int, plan: BuildPlan) -> dict[str, Any]:
-        """Group g's views of its fixed buffers for a build of this shape (made once per shape)."""
-        ndt, npt, causal = plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal
-        views: dict[str, Any] = {}
-        views["token_to_req_indices"], views["is_valid_token"] = self._token_views(plan.num_tokens, g)
-        views["decode_swa_indices"], views["decode_swa_lens"] = self._decode_views(ndt, causal, g)
-        if npt:
-            views["prefill_swa_indices"], views["prefill_swa_lens"] = self._prefill_views(npt, g)
-        return views
-
     def _check(self, batch: AttentionBatch, validate: bool | None) -> None:
         if validate if validate is not None else self.validate:
             validate_batch(batch, self.config, self.buffers.capacity)
@@ -285,7 +231,7 @@ class SWAMetadataBuilder:
                     "seq_lens", f"seq_lens is on {batch.seq_lens.device}; the builder is on {self.device}"
                 )
         else:
-            guard_batch(batch, self.config, self.buffers.capacity, self._device_index)
+            preflight_batch(batch, self.config, self.buffers.capacity, self._device_index)
 
     def _plan(self, batch: AttentionBatch, groups: int, group_rows: tuple[GroupRow, ...] = ()) -> tuple[BuildPlan, Any]:
         """The host side of a build: the split (docs/semantics.md #split) from host values only."""
@@ -318,9 +264,9 @@ class SWAMetadataBuilder:
                     high[g] = ndt
         replay = batch.replay_start
         if replay is None:
-            replay = self._views.get(("replay", num_reqs))
+            replay = self._cache.get(("replay", num_reqs))
             if replay is None:
-                replay = self._no_replay_view(num_reqs)
+                replay = self._cache.keep(("replay", num_reqs), self.buffers.no_replay_start[:num_reqs])
         spans = batch.image_spans
         images = spans is not None and npt > 0 and self.config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         plan = BuildPlan(
@@ -343,81 +289,104 @@ class SWAMetadataBuilder:
         return plan, query
 
     def _host_array(self, t: torch.Tensor) -> np.ndarray:
-        """``t.numpy()``, reused for the same memory (see ``_remember``)."""
-        key = ("numpy", t.data_ptr(), t.shape, t.stride(), t.dtype)
-        arr = self._derived.get(key)
-        return arr if arr is not None else self._remember(key, t.numpy())
+        """``t.numpy()``, reused for the same memory seen the same way (swa_hal/cache.py)."""
+        key = ("numpy", tensor_key(t))
+        arr = self._cache.get(key)
+        return arr if arr is not None else self._cache.keep(key, t.numpy())
 
-    def _metadata(self, batch: AttentionBatch, plan: BuildPlan, query: Any, group: int) -> SWAMetadata:
+    def _metadatas(
+        self,
+        batch: AttentionBatch,
+        plan: BuildPlan,
+        query: Any,
+        tables: Sequence[torch.Tensor],
+        slots: Sequence[torch.Tensor],
+    ) -> list[SWAMetadata]:
+        """One SWAMetadata per KV-cache group (one for a plain build): group g's shape fields (its views
+        of its fixed buffers, sizes, static facts; made once per build shape), the step's tensors and
+        group g's block table and slot mapping, fresh planner objects and the backend's extras."""
         nd, npf = plan.num_decodes, plan.num_prefills
         max_decode_query_len = min(batch.max_query_len, self.decode_threshold)
-        key = (
-            "metadata",
-            group,
-            plan.num_tokens,
-            nd,
-            npf,
-            plan.num_decode_tokens,
-            plan.num_prefill_tokens,
-            plan.causal,
-            plan.images,
-            plan.decode_width,
-            max_decode_query_len,
-        )
-        base = self._views.get(key)
-        if base is None:
-            base = self._view(key, lambda: self._metadata_base(plan, group, max_decode_query_len))
-        fields = base.copy()
-        fields["seq_lens"] = batch.seq_lens
-        fields["query_start_loc"] = batch.query_start_loc
-        fields["query_start_loc_cpu"] = batch.query_start_loc_cpu
-        fields["block_table"] = batch.block_table
-        fields["slot_mapping"] = batch.slot_mapping
-        fields["replay_start"] = plan.replay_start
-        fields["tile_sched"] = self.backend.make_tile_schedulers(plan.num_decode_tokens)
+        prefill_seq_lens = prefill_seq_lens_cpu = prefill_query_lens_cpu = None
         if npf:
             seq_cpu = batch.seq_lens_cpu
             if seq_cpu is None:
                 seq_cpu = batch.seq_lens.cpu()
-            fields["prefill_seq_lens"] = self._tail(batch.seq_lens, nd)
-            fields["prefill_seq_lens_cpu"] = self._tail(seq_cpu, nd)
-            fields["prefill_query_lens_cpu"] = torch.from_numpy(query[nd:])
-        md = SWAMetadata.from_fields(fields)
-        if self._has_extras:
-            md.extras = self.backend.extras(md, self._group_buffers[group])
-        return md
+            prefill_seq_lens = self._tail(batch.seq_lens, nd)
+            prefill_seq_lens_cpu = self._tail(seq_cpu, nd)
+            prefill_query_lens_cpu = torch.from_numpy(query[nd:])
+        make_schedulers, ndt = self.backend.make_tile_schedulers, plan.num_decode_tokens
+        extras = self.backend.extras if self._has_extras else None
+        out = []
+        for g in range(len(tables)):
+            key = (
+                "metadata",
+                g,
+                plan.num_tokens,
+                nd,
+                npf,
+                ndt,
+                plan.num_prefill_tokens,
+                plan.causal,
+                plan.images,
+                plan.decode_width,
+                max_decode_query_len,
+            )
+            shape = self._cache.get(key)
+            if shape is None:
+                shape = self._cache.keep(key, self._shape(plan, g, max_decode_query_len))
+            md = SWAMetadata.for_step(
+                shape,
+                seq_lens=batch.seq_lens,
+                query_start_loc=batch.query_start_loc,
+                query_start_loc_cpu=batch.query_start_loc_cpu,
+                block_table=tables[g],
+                slot_mapping=slots[g],
+                replay_start=plan.replay_start,
+                tile_sched=make_schedulers(ndt),
+                prefill_seq_lens=prefill_seq_lens,
+                prefill_seq_lens_cpu=prefill_seq_lens_cpu,
+                prefill_query_lens_cpu=prefill_query_lens_cpu,
+            )
+            if extras is not None:
+                md.extras = extras(md, self._group_buffers[g])
+            out.append(md)
+        return out
 
-    def _metadata_base(self, plan: BuildPlan, group: int, max_decode_query_len: int) -> dict[str, Any]:
-        """The fields of a build's metadata that follow from its shape alone (views of the fixed
-        buffers, sizes, static facts): made once per shape, copied by every build of that shape."""
+    def _shape(self, plan: BuildPlan, group: int, max_decode_query_len: int) -> dict[str, Any]:
+        """The fields of group ``group``'s metadata that follow from the build's shape alone (views of
+        the fixed buffers, sizes, static facts)."""
         cfg = self.config
-        ndt, npt = plan.num_decode_tokens, plan.num_prefill_tokens
-        fields = dict(DEFAULTS)
-        fields["token_to_req_indices"], fields["is_valid_token"] = self._token_views(plan.num_tokens, group)
-        fields["decode_swa_indices"], fields["decode_swa_lens"] = self._decode_views(ndt, plan.causal, group)
+        ndt, npt, causal = plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal
+        b = self._group_buffers[group]
+        fields: dict[str, Any] = {}
         if npt:
-            fields["prefill_swa_indices"], fields["prefill_swa_lens"] = self._prefill_views(npt, group)
+            fields["prefill_swa_indices"] = b.prefill_indices[:npt]
+            fields["prefill_swa_lens"] = b.prefill_lens[:npt]
             if plan.images:
-                fields["prefill_left_visible"], fields["prefill_right_visible"] = self._visibility_views(
-                    plan.num_tokens
-                )
+                fields["prefill_left_visible"] = self.buffers.left_visible[: plan.num_tokens]
+                fields["prefill_right_visible"] = self.buffers.right_visible[: plan.num_tokens]
         if plan.num_prefills:
-            fields["prefill_gather_lens"] = self._gather_view(plan.num_prefills)
-        fields.update(
+            fields["prefill_gather_lens"] = self.buffers.gather_lens[: plan.num_prefills]
+        return shape_fields(
+            token_to_req_indices=b.token_to_req[: plan.num_tokens],
+            is_valid_token=b.is_valid[: plan.num_tokens],
+            decode_swa_indices=b.decode_rows(causal)[:ndt],
+            decode_swa_lens=b.decode_lens[:ndt],
             num_decodes=plan.num_decodes,
             num_prefills=plan.num_prefills,
             num_decode_tokens=ndt,
             num_prefill_tokens=npt,
             decode_swa_width=plan.decode_width,
-            causal=plan.causal,
+            causal=causal,
             max_decode_query_len=max_decode_query_len,
             block_size=cfg.block_size,
             window_size=cfg.window_size,
             max_model_len=cfg.max_model_len,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             backend=self.backend_name,
+            **fields,
         )
-        return fields
 
     def image_spans_from_ranges(self, ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int) -> ImageSpans:
         """Copy ``{request: [(start, end), ...]}`` (inclusive positions, the form engines keep) into
@@ -465,53 +434,13 @@ class SWAMetadataBuilder:
                 )
         return width
 
-    # Views of the fixed buffers, made once per size: slicing a tensor costs host time per build.
-    def _view(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-        views = self._views.get(key)
-        if views is None:
-            if len(self._views) > MAX_CACHED_VIEWS:  # many shapes over a long run: start over
-                self._views.clear()
-            views = self._views[key] = make()
-        return views
-
-    def _token_views(self, n: int, g: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        b = self._group_buffers[g]
-        return self._view(("tok", n, g), lambda: (b.token_to_req[:n], b.is_valid[:n]))
-
-    def _decode_views(self, n: int, causal: bool, g: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        b = self._group_buffers[g]
-        return self._view(("dec", n, causal, g), lambda: (b.decode_rows(causal)[:n], b.decode_lens[:n]))
-
-    def _prefill_views(self, n: int, g: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        b = self._group_buffers[g]
-        return self._view(("pre", n, g), lambda: (b.prefill_indices[:n], b.prefill_lens[:n]))
-
-    def _gather_view(self, n: int) -> torch.Tensor:
-        return self._view(("gather", n), lambda: self.buffers.gather_lens[:n])
-
     def _tail(self, t: torch.Tensor, start: int) -> torch.Tensor:
-        """``t[start:]``, reused for the same storage, length and start (see ``_remember``)."""
+        """``t[start:]``, reused for the same memory seen the same way (swa_hal/cache.py)."""
         if not start:
             return t
-        key = ("tail", t.data_ptr(), t.shape[0], t.device, start)
-        view = self._derived.get(key)
-        return view if view is not None else self._remember(key, t[start:])
-
-    def _remember(self, key: tuple[Any, ...], derived: Any) -> Any:
-        """Keep a view or array made from an engine tensor for the next build with the same key (its
-        address and layout): engines hand in slices of persistent buffers, and making a view costs more
-        host time than finding it. The kept object holds its memory alive, so an equal address always
-        means the same memory. Past 64 entries the cache starts over."""
-        if len(self._derived) > 64:
-            self._derived.clear()
-        self._derived[key] = derived
-        return derived
-
-    def _no_replay_view(self, n: int) -> torch.Tensor:
-        return self._view(("replay", n), lambda: self.buffers.no_replay_start[:n])
-
-    def _visibility_views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._view(("image", n), lambda: (self.buffers.left_visible[:n], self.buffers.right_visible[:n]))
+        key = ("tail", tensor_key(t), start)
+        view = self._cache.get(key)
+        return view if view is not None else self._cache.keep(key, t[start:])
 
     # -- speculative decoding --------------------------------------------------------------------
 
@@ -537,7 +466,7 @@ class SWAMetadataBuilder:
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
         try:
-            guard_update(metadata, self._device_index)
+            preflight_update(metadata, self._device_index)
             with self._on_device:
                 self.backend.recompute_decode_rows(metadata, self.buffers)
                 metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)
@@ -561,7 +490,7 @@ class SWAMetadataBuilder:
             raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
         try:
             for md in metadatas:
-                guard_update(md, self._device_index)
+                preflight_update(md, self._device_index)
             with self._on_device:
                 self.backend.recompute_groups(metadatas, self.buffers)
                 for g, md in enumerate(metadatas):
@@ -573,7 +502,7 @@ class SWAMetadataBuilder:
     # -- warmup ----------------------------------------------------------------------------------
 
     def warmup(self, progress: Callable[[str], None] | None = None) -> int:
-        """Compile every kernel variant this config can launch (see ``jit.py``), so no build of any
+        """Compile every kernel variant this config can launch (see ``kernels/launch.py``), so no build of any
         shape up to capacity compiles afterwards. Returns the number of variants prepared."""
         with OnDevice(self._device_index):  # not under the build lock: its own instance
             return self.backend.warmup(self.buffers, progress)

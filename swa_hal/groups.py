@@ -3,8 +3,8 @@ and slot mapping, handed in as two lists of tensors or stacked in one tensor eac
 and described as the rows of the kernel's group table.
 
 The stacked form is the cheap one: its host checks look at two tensors whatever the number of
-groups, and its per-group views and table rows are made once per buffer (an engine keeps its group
-tables in persistent buffers, so a step finds them cached).
+groups, and its per-group views and table rows are made once per buffer and kept in the builder's
+cache (swa_hal/cache.py; an engine keeps its group tables in persistent buffers, so a step finds them).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .cache import HostCache, tensor_key
 from .errors import BatchCapacityError, BatchShapeError
-from .validation import guarded_tensor
+from .preflight import preflight_tensor
 
 # Address of group g's block table, address of its slot mapping, the table's row stride and width
 # (in elements): one row of the group table the kernel reads.
@@ -26,37 +27,6 @@ class GroupInputs(NamedTuple):
     tables: Sequence[torch.Tensor]
     slots: Sequence[torch.Tensor]
     rows: tuple[GroupRow, ...]
-    # Each group's own metadata fields per build shape, kept with cached stacked inputs (the builder
-    # fills it); None for listed inputs, which are new objects every step.
-    fields: dict[Any, list[dict[str, Any]]] | None
-
-
-# Build shapes whose per-group fields a cached stacked input keeps; past this many they start over.
-MAX_SHAPES_PER_INPUT = 64
-
-
-class StackedViews:
-    """Stacked inputs seen before, by address, shape and strides: each group's views and table rows. The
-    views keep the memory alive, so an equal key always means the same memory. An engine hands in a
-    slice of its buffers per step (``[:, :num_reqs]``, ``[:, :num_tokens]``), so tables and slot
-    mappings are kept apart (their lengths vary independently) and each pair's rows once more; past
-    ``limit`` entries a cache starts over."""
-
-    def __init__(self, limit: int = 1024):
-        self.limit = limit
-        self.tables: dict[Any, tuple[tuple[torch.Tensor, ...], tuple[int, ...]]] = {}
-        self.slots: dict[Any, tuple[tuple[torch.Tensor, ...], tuple[int, ...]]] = {}
-        self.pairs: dict[Any, GroupInputs] = {}
-
-    def views(self, cache: dict, key: Any, stacked: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
-        """Each group's view of ``stacked`` and its address."""
-        found = cache.get(key)
-        if found is None:
-            if len(cache) >= self.limit:
-                cache.clear()
-            step = stacked.stride(0) * stacked.element_size()
-            found = cache[key] = (stacked.unbind(0), tuple(key[0] + g * step for g in range(stacked.shape[0])))
-        return found
 
 
 def group_inputs(
@@ -66,13 +36,13 @@ def group_inputs(
     num_tokens: int,
     device_index: int,
     max_groups: int,
-    stacks: StackedViews,
+    cache: HostCache,
 ) -> GroupInputs:
-    """Check a group build's per-group inputs (the shared ones go through ``guard_batch``) and describe
+    """Check a group build's per-group inputs (the shared ones go through ``preflight_batch``) and describe
     them. ``block_tables``: a list of int32 [R', P_g] tensors, or one int32 [G, R', P] tensor;
     ``slot_mappings``: a list of int64 [T] tensors, or one int64 [G, T] tensor. Host facts only."""
     if isinstance(block_tables, torch.Tensor) or isinstance(slot_mappings, torch.Tensor):
-        found = _stacked(block_tables, slot_mappings, num_reqs, num_tokens, device_index, stacks)
+        found = _stacked(block_tables, slot_mappings, num_reqs, num_tokens, device_index, cache)
     else:
         _count(len(block_tables), len(slot_mappings))
         found = _listed(block_tables, slot_mappings, num_reqs, num_tokens, device_index)
@@ -121,19 +91,19 @@ def _listed(
         if not ok:
             _refuse_listed(len(rows), table, slot_mapping, num_reqs, num_tokens, device_index)
         rows.append((table.data_ptr(), slot_mapping.data_ptr(), tst[0], ts[1]))
-    return GroupInputs(tables, slots, tuple(rows), None)
+    return GroupInputs(tables, slots, tuple(rows))
 
 
 def _refuse_listed(g: int, table: Any, slot_mapping: Any, num_reqs: int, num_tokens: int, device_index: int) -> None:
     """Raise the error naming the first rule group g's listed inputs break."""
-    guarded_tensor(f"block_tables[{g}]", table, torch.int32, device_index, 2)
-    guarded_tensor(f"slot_mappings[{g}]", slot_mapping, torch.int64, device_index)
+    preflight_tensor(f"block_tables[{g}]", table, torch.int32, device_index, 2)
+    preflight_tensor(f"slot_mappings[{g}]", slot_mapping, torch.int64, device_index)
     _shapes(f"block_tables[{g}]", table.shape, f"slot_mappings[{g}]", slot_mapping.shape[0], num_reqs, num_tokens)
     raise AssertionError(f"group {g}: inputs refused by the fast check but by no rule")  # pragma: no cover
 
 
 def _stacked(
-    tables: Any, slots: Any, num_reqs: int, num_tokens: int, device_index: int, stacks: StackedViews
+    tables: Any, slots: Any, num_reqs: int, num_tokens: int, device_index: int, cache: HostCache
 ) -> GroupInputs:
     if not isinstance(tables, torch.Tensor) or not isinstance(slots, torch.Tensor):
         raise BatchShapeError(
@@ -153,19 +123,31 @@ def _stacked(
         and (ss[1] <= 1 or sst[1] == 1)
     )
     if not ok:  # name the broken rule
-        guarded_tensor("block_tables", tables, i32, device_index, 3)
-        guarded_tensor("slot_mappings", slots, i64, device_index, 2)
+        preflight_tensor("block_tables", tables, i32, device_index, 3)
+        preflight_tensor("slot_mappings", slots, i64, device_index, 2)
     _count(ts[0], ss[0])
     _shapes("block_tables", ts, "slot_mappings", ss[1], num_reqs, num_tokens)
-    tkey, skey = (tables.data_ptr(), ts, tst), (slots.data_ptr(), ss, sst)
-    found = stacks.pairs.get((tkey, skey))
+    # An engine hands in a slice of its buffers per step ([:, :num_reqs], [:, :num_tokens]): tables and
+    # slot mappings are kept apart (their lengths vary independently), each pair's rows once more.
+    tkey, skey = tensor_key(tables), tensor_key(slots)
+    found = cache.get(("group pair", tkey, skey))
     if found is None:
-        table_views, table_addresses = stacks.views(stacks.tables, tkey, tables)
-        slot_views, slot_addresses = stacks.views(stacks.slots, skey, slots)
+        table_views, table_addresses = _unbound(cache, tkey, tables)
+        slot_views, slot_addresses = _unbound(cache, skey, slots)
         rows = tuple((t, s, tst[1], ts[2]) for t, s in zip(table_addresses, slot_addresses))
-        if len(stacks.pairs) >= stacks.limit:
-            stacks.pairs.clear()
-        found = stacks.pairs[(tkey, skey)] = GroupInputs(table_views, slot_views, rows, {})
+        found = cache.keep(("group pair", tkey, skey), GroupInputs(table_views, slot_views, rows))
+    return found
+
+
+def _unbound(cache: HostCache, key: Any, stacked: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+    """Each group's view of ``stacked`` and its address (kept: the views hold the memory alive)."""
+    found = cache.get(("group views", key))
+    if found is None:
+        step = stacked.stride(0) * stacked.element_size()
+        address = stacked.data_ptr()
+        found = cache.keep(
+            ("group views", key), (stacked.unbind(0), tuple(address + g * step for g in range(stacked.shape[0])))
+        )
     return found
 
 

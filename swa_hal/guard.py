@@ -1,7 +1,7 @@
 """Guarded builds (docs/semantics.md #guarded-builds): checks that need the data, done by the build itself.
 
 In guard mode the build (the Triton kernel, or the vectorised torch code below) also checks what the
-host guard cannot see without a sync: query_start_loc non-decreasing, seq_len >= query_len, replay
+host preflight cannot see without a sync: query_start_loc non-decreasing, seq_len >= query_len, replay
 and span bounds, every block id a window reads inside ``[0, block_limit)`` and inside the block
 table's width. A row that breaks a rule is handed out empty (lens 0, all -1), so no index points
 outside the KV cache, and the first violation found is recorded in a small device buffer:

@@ -116,20 +116,40 @@ class SWAMetadata:
     # Backend-declared typed extras (see ``extra``).
     extras: tuple[Any, ...] = ()
 
-    def with_changes(self, **changes: Any) -> SWAMetadata:
-        """A copy with some fields replaced, without re-running the constructor (group builds make
-        one per KV-cache group on every step)."""
-        new = object.__new__(SWAMetadata)
-        new.__dict__.update(self.__dict__)
-        new.__dict__.update(changes)
-        return new
-
     @classmethod
-    def from_fields(cls, fields: dict[str, Any]) -> SWAMetadata:
-        """Metadata over a complete field dict (every field, defaults included; see ``DEFAULTS``), which
-        it takes as its own: no keyword constructor, no copy (a build assembles most of it once per shape)."""
+    def for_step(
+        cls,
+        shape: Mapping[str, Any],
+        *,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        query_start_loc_cpu: torch.Tensor,
+        block_table: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        replay_start: torch.Tensor,
+        tile_sched: Mapping[str, Any],
+        prefill_seq_lens: torch.Tensor | None = None,
+        prefill_seq_lens_cpu: torch.Tensor | None = None,
+        prefill_query_lens_cpu: torch.Tensor | None = None,
+    ) -> SWAMetadata:
+        """The metadata of one step: ``shape`` (from ``shape_fields``, made once per build shape and
+        KV-cache group) holds every field that follows from the shape; the step brings the rest. The
+        builder's constructor, once per group per step: it skips the keyword constructor's per-field
+        work, which the shape has done once."""
         new = object.__new__(cls)
-        new.__dict__ = fields
+        new.__dict__ = {
+            **shape,
+            "seq_lens": seq_lens,
+            "query_start_loc": query_start_loc,
+            "query_start_loc_cpu": query_start_loc_cpu,
+            "block_table": block_table,
+            "slot_mapping": slot_mapping,
+            "replay_start": replay_start,
+            "tile_sched": tile_sched,
+            "prefill_seq_lens": prefill_seq_lens,
+            "prefill_seq_lens_cpu": prefill_seq_lens_cpu,
+            "prefill_query_lens_cpu": prefill_query_lens_cpu,
+        }
         return new
 
     def extra(self, kind: type[T]) -> T | None:
@@ -191,7 +211,33 @@ class SWAMetadata:
         return self.tile_sched.get("c2a")
 
 
-# Every defaulted field of SWAMetadata and its default (``from_fields`` callers start from these).
-DEFAULTS: dict[str, Any] = {
+# The fields a step brings (``SWAMetadata.for_step``); every other field follows from the build's shape.
+STEP_FIELDS = frozenset(
+    (
+        "seq_lens",
+        "query_start_loc",
+        "query_start_loc_cpu",
+        "block_table",
+        "slot_mapping",
+        "replay_start",
+        "tile_sched",
+        "prefill_seq_lens",
+        "prefill_seq_lens_cpu",
+        "prefill_query_lens_cpu",
+    )
+)
+_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(SWAMetadata) if f.default is not dataclasses.MISSING
 }
+_SHAPE_FIELDS = frozenset(f.name for f in dataclasses.fields(SWAMetadata)) - STEP_FIELDS
+
+
+def shape_fields(**fields: Any) -> dict[str, Any]:
+    """The fields of a build shape's metadata (views of the fixed buffers, sizes, static facts): every
+    field but ``STEP_FIELDS``, the defaulted ones optional. Checked once, when a shape is first built."""
+    out = {name: value for name, value in _DEFAULTS.items() if name in _SHAPE_FIELDS}
+    out.update(fields)
+    if out.keys() != _SHAPE_FIELDS:
+        missing, extra = sorted(_SHAPE_FIELDS - out.keys()), sorted(out.keys() - _SHAPE_FIELDS)
+        raise TypeError(f"shape_fields: missing {missing}, unexpected {extra}")
+    return out

@@ -6,11 +6,12 @@ that wants it owns a ``RaggedRows`` and hands its buffers out as the typed extra
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import jit
+from .kernels.launch import cdiv
+from .kernels.ragged_launch import IndptrArgs, RaggedArgs, indptr_key, ragged_keys
 
 if TYPE_CHECKING:
     from .config import SWAConfig
@@ -33,21 +34,21 @@ class RaggedDecodeRows:
 
 class RaggedRows:
     def __init__(self, config: SWAConfig, device: torch.device, *, clamp: bool):
-        from .kernels.launcher import KernelLauncher
-        from .kernels.ragged import ragged_indptr_kernel, ragged_rows_kernel
+        from .kernels.ragged_launch import IndptrLaunch, RaggedLaunch
 
         cap = config.max_num_batched_tokens
         width = max(config.window_size, config.noncausal_index_width)
         self.flat = torch.full((cap * width,), -1, dtype=torch.int32, device=device)
         self.indptr = torch.zeros(cap + 1, dtype=torch.int32, device=device)
-        kind = device.type
-        self._scan = KernelLauncher(ragged_indptr_kernel, device)
-        self._scatter = KernelLauncher(ragged_rows_kernel, device)
-        self.key_indptr = jit.IndptrKey(BLOCK=jit.INDPTR_BLOCK, CLAMP=clamp)
-        self.key_causal = jit.ragged_key(config, causal=True, clamp=clamp, device_type=kind)
-        self.key_dspark = (
-            jit.ragged_key(config, causal=False, clamp=clamp, device_type=kind) if config.is_dspark else None
-        )
+        self._scan = IndptrLaunch(device)
+        self._scatter = RaggedLaunch(device)
+        # The buffers' own pointer arguments: addresses on a GPU (they never move), tensors in the interpreter.
+        self._flat_arg: Any = self.flat if self._scan.interpreted else self.flat.data_ptr()
+        self._indptr_arg: Any = self.indptr if self._scan.interpreted else self.indptr.data_ptr()
+        self.key_indptr = indptr_key(clamp=clamp)
+        keys = ragged_keys(config, clamp=clamp, device_type=device.type)
+        self.key_causal = keys[0]
+        self.key_dspark = keys[1] if len(keys) > 1 else None
 
     def fill(self, metadata: SWAMetadata) -> RaggedDecodeRows:
         """Refresh indptr and the flat entries from the metadata's decode rows (two launches,
@@ -57,23 +58,23 @@ class RaggedRows:
         if ndt == 0:
             return out
         lens = metadata.decode_swa_lens
-        self._scan(self.key_indptr, 1, (self.indptr, lens, ndt))
+        self._scan(self.key_indptr, 1, IndptrArgs(indptr_ptr=self._indptr_arg, lens_ptr=lens, n_rows=ndt))
         key = self.key_causal if metadata.causal or self.key_dspark is None else self.key_dspark
-        self._scatter(
-            key,
-            -(-ndt // key.BLOCK_T),
-            (self.flat, self.indptr, metadata.decode_swa_indices, lens, ndt, self.flat.shape[0]),
+        args = RaggedArgs(
+            ragged_ptr=self._flat_arg,
+            indptr_ptr=self._indptr_arg,
+            idx_ptr=metadata.decode_swa_indices,
+            lens_ptr=lens,
+            n_rows=ndt,
+            capacity=self.flat.shape[0],
         )
+        self._scatter(key, cdiv(ndt, key.BLOCK_T), args)
         return out
 
     def warmup(self) -> int:
+        """Compile both kernels' variants (Triton's warmup API; nothing is launched)."""
         keys = [k for k in (self.key_causal, self.key_dspark) if k is not None]
-        dev = self.flat.device
-        lens = torch.zeros(1, dtype=torch.int32, device=dev)
-        indptr = torch.zeros(2, dtype=torch.int32, device=dev)
-        self._scan(self.key_indptr, 1, (indptr, lens, 1))
+        self._scan.compile(self.key_indptr)
         for key in keys:
-            rows = torch.full((1, 1, key.WIDTH), -1, dtype=torch.int32, device=dev)
-            out = torch.empty(key.WIDTH, dtype=torch.int32, device=dev)
-            self._scatter(key, 1, (out, indptr, rows, lens, 1, out.shape[0]))
+            self._scatter.compile(key)
         return 1 + len(keys)

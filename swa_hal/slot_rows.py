@@ -14,7 +14,7 @@ row per query token, each given by its own position, pool row and floor, so no s
   lens ``ctx + N``, the same row for the block's N rows.
 
 Entry values are ``slot_map[token slot]``; a token slot of -1 gives -1, as does every column at or
-past lens. This module holds the inputs, their O(1) host guard, and the vectorised torch build that
+past lens. This module holds the inputs, their O(1) host preflight, and the vectorised torch build that
 every backend without a kernel of its own runs (the Triton backends launch
 ``kernels/slot_rows.py``).
 """
@@ -103,7 +103,7 @@ def _index_tensor(name: str, t: object, device: torch.device, ndim: int) -> torc
     return t
 
 
-def guard_slot_rows(rows: SlotRows, window: int, device: torch.device) -> int:
+def preflight_slot_rows(rows: SlotRows, window: int, device: torch.device) -> int:
     """The O(1) host checks of a call (dtypes, devices, ranks, strides, lengths); returns the row
     width. The checks that need the data are the guarded build's (docs/semantics.md #guarded-builds)."""
     n = _index_tensor("row_ends", rows.row_ends, device, 1).shape[0]

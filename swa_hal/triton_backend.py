@@ -7,18 +7,20 @@ scheduler hook, and post-passes; the kernel source is shared (``kernels/swa_meta
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
-from . import jit
-from .backend import Backend, BuildPlan
+from .backend import Backend, BuildPlan, update_plan
 from .envs import env_flag
 from .errors import BackendUnavailableError
 from .groups import group_rows
+from .kernels.launch import cdiv
+from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsKey, rows_key, rows_keys
+from .kernels.slot_rows_launch import SlotRowsArgs, SlotRowsKey, slot_rows_key
 
 if TYPE_CHECKING:
-    from .batch import AttentionBatch
+    from .batch import AttentionBatch, ImageSpans
     from .buffers import MetadataBuffers
     from .config import SWAConfig
     from .metadata import SWAMetadata
@@ -28,6 +30,47 @@ if TYPE_CHECKING:
 
 def interpreter_on() -> bool:
     return env_flag("TRITON_INTERPRET")
+
+
+class _OwnedRows(NamedTuple):
+    """The rows kernel's pointer arguments that are the builder's own buffers (or, for the spans, its
+    zero buffers for batches without spans): addresses on a GPU, tensors in the interpreter. The
+    buffers never move, so these are read once, when the backend is given its buffers."""
+
+    decode_idx_ptr: Any
+    decode_lens_ptr: Any
+    prefill_idx_ptr: Any
+    prefill_lens_ptr: Any
+    token_to_req_ptr: Any
+    is_valid_ptr: Any
+    gather_lens_ptr: Any
+    left_ptr: Any
+    right_ptr: Any
+    violation_ptr: Any
+    span_indptr_ptr: Any
+    span_starts_ptr: Any
+    span_ends_ptr: Any
+    group_inputs_ptr: Any
+
+
+def _owned_rows(buffers: MetadataBuffers, causal: bool, addresses: bool) -> _OwnedRows:
+    tensors = _OwnedRows(
+        decode_idx_ptr=buffers.decode_indices if causal else buffers.noncausal_indices,
+        decode_lens_ptr=buffers.decode_lens,
+        prefill_idx_ptr=buffers.prefill_indices,
+        prefill_lens_ptr=buffers.prefill_lens,
+        token_to_req_ptr=buffers.token_to_req,
+        is_valid_ptr=buffers.is_valid,
+        gather_lens_ptr=buffers.gather_lens,
+        left_ptr=buffers.left_visible,
+        right_ptr=buffers.right_visible,
+        violation_ptr=buffers.violation,
+        span_indptr_ptr=buffers.no_span_indptr,
+        span_starts_ptr=buffers.span_starts,
+        span_ends_ptr=buffers.span_ends,
+        group_inputs_ptr=buffers.group_inputs,
+    )
+    return _OwnedRows(*(t.data_ptr() for t in tensors)) if addresses else tensors
 
 
 class TritonBackend(Backend):
@@ -43,30 +86,38 @@ class TritonBackend(Backend):
                 f"set TRITON_INTERPRET=1 before triton is imported"
             )
         try:
-            from .kernels.launcher import KernelLauncher
-            from .kernels.slot_rows import slot_rows_kernel
-            from .kernels.swa_metadata import swa_metadata_kernel
+            from .kernels.rows_launch import RowsLaunch
+            from .kernels.slot_rows_launch import SlotRowsLaunch
+
+            self._rows = RowsLaunch(device)
+            self._slot_rows = SlotRowsLaunch(device)
         except ImportError as exc:
             raise BackendUnavailableError(f"backend {self.name!r} needs triton: {exc}") from exc
-        self._launch_rows = KernelLauncher(swa_metadata_kernel, device)
-        self._launch_slot_rows = KernelLauncher(slot_rows_kernel, device)
-        self._slot_keys: dict[tuple[Any, ...], Any] = {}
         self.guard = False
-        self._output_addresses: dict[Any, tuple[int, ...]] = {}
-        self._fixed_inputs: dict[Any, tuple[int, ...]] = {}
-        self._keys: dict[tuple[bool, bool, bool], Any] = {}
+        self._keys: dict[tuple[bool, bool, bool], RowsKey] = {}
+        self._slot_keys: dict[tuple[Any, ...], SlotRowsKey] = {}
+        self._buffers: MetadataBuffers | None = None
+        self._owned: dict[bool, _OwnedRows] = {}
         # The group table last written to the device (docs/semantics.md #group-builds): engines keep
         # their per-group block tables and slot mappings in persistent buffers, so it rarely changes.
         self._group_table: tuple[tuple[int, ...], ...] = ()
 
     supports_group_launch: ClassVar[bool] = True
 
-    def kernel_key(self, causal: bool = True, grouped: bool = False) -> Any:
+    def allocate(self, buffers: MetadataBuffers) -> None:
+        """Read the builder's buffers once: the rows kernel's own pointer arguments, per row kind.
+        (Subclasses that allocate more call this first.)"""
+        self._buffers = buffers
+        addresses = not self._rows.interpreted
+        kinds = (True, False) if self.config.is_dspark else (True,)
+        self._owned = {causal: _owned_rows(buffers, causal, addresses) for causal in kinds}
+
+    def kernel_key(self, causal: bool = True, grouped: bool = False) -> RowsKey:
         """The compile key of a build: causal or DSpark rows, guarded or not (``self.guard``), one
         group or several."""
         key = self._keys.get((causal, self.guard, grouped))
         if key is None:
-            key = self._keys[(causal, self.guard, grouped)] = jit.rows_key(
+            key = self._keys[(causal, self.guard, grouped)] = rows_key(
                 self.config,
                 causal=causal,
                 clamp=self.CLAMP_ADDRESSES,
@@ -78,109 +129,77 @@ class TritonBackend(Backend):
 
     # -- builds ----------------------------------------------------------------------------------
 
-    def _outputs(self, key: Any, buffers: MetadataBuffers, causal: bool) -> tuple[Any, ...]:
-        """The ten output buffers: as tensors until the key has compiled, then as cached addresses
-        (the buffers never move, so their addresses are read once)."""
-        cache = self._output_addresses
-        if key in cache:
-            return cache[key]
-        outs = (
-            buffers.decode_indices if causal else buffers.noncausal_indices,
-            buffers.decode_lens,
-            buffers.prefill_indices,
-            buffers.prefill_lens,
-            buffers.token_to_req,
-            buffers.is_valid,
-            buffers.gather_lens,
-            buffers.left_visible,
-            buffers.right_visible,
-            buffers.violation,
+    def rows_args(
+        self,
+        key: RowsKey,
+        plan: BuildPlan,
+        inputs: AttentionBatch | SWAMetadata,
+        table: torch.Tensor,
+        slots: torch.Tensor,
+        buffers: MetadataBuffers,
+        groups: int,
+    ) -> RowsArgs:
+        """The one mapping of a build onto the rows kernel's arguments: the plan's sizes, the step's
+        tensors (``inputs``: the batch, or for a draft-step update the metadata), group 0's block table
+        and slot mapping (a group build reads the others through the group table) and the builder's
+        buffers."""
+        owned = self._owned.get(plan.causal) if buffers is self._buffers else None
+        if owned is None:  # buffers this backend was not given (a caller's own): read them now
+            owned = _owned_rows(buffers, plan.causal, not self._rows.interpreted)
+        spans: ImageSpans | None = plan.spans if plan.images else None
+        ndt, npt, clear_end = plan.num_decode_tokens, plan.num_prefill_tokens, plan.decode_lens_clear_end
+        return RowsArgs(
+            decode_idx_ptr=owned.decode_idx_ptr,
+            decode_lens_ptr=owned.decode_lens_ptr,
+            prefill_idx_ptr=owned.prefill_idx_ptr,
+            prefill_lens_ptr=owned.prefill_lens_ptr,
+            token_to_req_ptr=owned.token_to_req_ptr,
+            is_valid_ptr=owned.is_valid_ptr,
+            gather_lens_ptr=owned.gather_lens_ptr,
+            left_ptr=owned.left_ptr,
+            right_ptr=owned.right_ptr,
+            violation_ptr=owned.violation_ptr,
+            qsl_ptr=inputs.query_start_loc,
+            seq_lens_ptr=inputs.seq_lens,
+            block_table_ptr=table,
+            slot_mapping_ptr=slots,
+            replay_ptr=plan.replay_start,
+            span_indptr_ptr=owned.span_indptr_ptr if spans is None else spans.indptr,
+            span_starts_ptr=owned.span_starts_ptr if spans is None else spans.starts,
+            span_ends_ptr=owned.span_ends_ptr if spans is None else spans.ends,
+            group_inputs_ptr=owned.group_inputs_ptr,
+            bt_stride=table.stride(0),
+            max_pages=table.shape[1],
+            num_reqs=plan.num_reqs,
+            num_tokens=plan.num_tokens,
+            num_decodes=plan.num_decodes,
+            num_prefills=plan.num_prefills,
+            num_decode_tokens=ndt,
+            num_prefill_tokens=npt,
+            decode_clear_end=clear_end,
+            dec_progs=cdiv(ndt, key.BLOCK_T),
+            pre_progs=cdiv(npt, key.BLOCK_TP),
+            clear_progs=cdiv(clear_end - ndt, CLEAR_BLOCK) if clear_end > ndt else 0,
+            search_chunks=cdiv(plan.num_reqs, key.SEARCH_BLOCK),
+            num_groups=groups,
+            group_rows=buffers.capacity,
+            decode_guess_len=plan.decode_guess_len,
+            prefill_guess_len=plan.prefill_guess_len,
+            num_spans=0 if spans is None else spans.starts.shape[0],
         )
-        if self._launch_rows.ready(key):
-            cache[key] = tuple(t.data_ptr() for t in outs)
-        return outs
 
     def _launch(
         self,
-        causal: bool,
+        plan: BuildPlan,
+        inputs: AttentionBatch | SWAMetadata,
+        table: torch.Tensor,
+        slots: torch.Tensor,
         buffers: MetadataBuffers,
-        inputs: tuple[Any, ...],
-        num_reqs: int,
-        num_tokens: int,
-        nd: int,
-        npf: int,
-        ndt: int,
-        npt: int,
-        clear_end: int,
-        spans: Any,
         groups: int = 1,
-        guess: tuple[int, int] = (1, 1),
     ) -> None:
-        key = self.kernel_key(causal, groups > 1)
-        dec = -(-ndt // key.BLOCK_T)
-        pre = -(-npt // key.BLOCK_TP)
-        clear = -(-(clear_end - ndt) // jit.CLEAR_BLOCK) if clear_end > ndt else 0
-        gather = -(-npf // jit.GATHER_BLOCK)
-        qsl, seq_lens, table, slots, replay = inputs
-        stride, pages = table.stride(0), table.shape[1]
-        outputs = self._output_addresses.get(key)
-        if outputs is None:  # not compiled yet: tensors through Triton's JIT
-            outputs = self._outputs(key, buffers, causal)
-            fixed: tuple[Any, ...] = (
-                buffers.no_span_indptr,
-                buffers.span_starts,
-                buffers.span_ends,
-                buffers.group_inputs,
-            )
-            if spans is not None:
-                fixed = (spans.indptr, spans.starts, spans.ends, buffers.group_inputs)
-        else:
-            # Compiled: every pointer as an address. The builder's own inputs (no spans, the group
-            # table) never move, so their addresses are read once.
-            inputs = (qsl.data_ptr(), seq_lens.data_ptr(), table.data_ptr(), slots.data_ptr(), replay.data_ptr())
-            if spans is None:
-                fixed = self._fixed_inputs.get(key)  # type: ignore[assignment]
-                if fixed is None:
-                    fixed = self._fixed_inputs[key] = (
-                        buffers.no_span_indptr.data_ptr(),
-                        buffers.span_starts.data_ptr(),
-                        buffers.span_ends.data_ptr(),
-                        buffers.group_inputs.data_ptr(),
-                    )
-            else:
-                fixed = (
-                    spans.indptr.data_ptr(),
-                    spans.starts.data_ptr(),
-                    spans.ends.data_ptr(),
-                    buffers.group_inputs.data_ptr(),
-                )
-        self._launch_rows(
-            key,
-            groups * (dec + pre + clear) + gather,
-            (
-                *outputs,
-                *inputs,
-                *fixed,
-                stride,
-                pages,
-                num_reqs,
-                num_tokens,
-                nd,
-                npf,
-                ndt,
-                npt,
-                clear_end,
-                dec,
-                pre,
-                clear,
-                -(-num_reqs // key.SEARCH_BLOCK),
-                groups,
-                buffers.capacity,
-                *guess,
-                0 if spans is None else spans.starts.shape[0],
-            ),
-            addresses=True,
-        )
+        key = self.kernel_key(plan.causal, groups > 1)
+        args = self.rows_args(key, plan, inputs, table, slots, buffers, groups)
+        self._rows(key, args.programs(), args)
 
     def _write_group_table(self, rows: tuple[tuple[int, int, int, int], ...], buffers: MetadataBuffers) -> None:
         """The kernel reads group g's inputs through row g of ``buffers.group_inputs`` (address of the
@@ -191,7 +210,7 @@ class TritonBackend(Backend):
             self._group_table = rows
 
     def compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
-        self._launch_plan(plan, batch, batch.block_table, batch.slot_mapping, buffers, 1)
+        self._launch(plan, batch, batch.block_table, batch.slot_mapping, buffers)
 
     def compute_groups(
         self,
@@ -203,78 +222,18 @@ class TritonBackend(Backend):
     ) -> None:
         """Every group in one launch (docs/semantics.md #group-builds)."""
         self._write_group_table(plan.group_rows or group_rows(tables, slots), buffers)
-        self._launch_plan(plan, batch, tables[0], slots[0], buffers, len(tables))
-
-    def _launch_plan(
-        self,
-        plan: BuildPlan,
-        batch: AttentionBatch,
-        table: torch.Tensor,
-        slots: torch.Tensor,
-        buffers: MetadataBuffers,
-        groups: int,
-    ) -> None:
-        self._launch(
-            plan.causal,
-            buffers,
-            (batch.query_start_loc, batch.seq_lens, table, slots, plan.replay_start),
-            plan.num_reqs,
-            plan.num_tokens,
-            plan.num_decodes,
-            plan.num_prefills,
-            plan.num_decode_tokens,
-            plan.num_prefill_tokens,
-            plan.decode_lens_clear_end,
-            plan.spans if plan.images else None,
-            groups,
-            (plan.decode_guess_len, plan.prefill_guess_len),
-        )
+        self._launch(plan, batch, tables[0], slots[0], buffers, len(tables))
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         # The build kernel with its decode programs only: token_to_req, is_valid and the rows.
-        ndt = metadata.num_decode_tokens
-        self._launch(
-            metadata.causal,
-            buffers,
-            (
-                metadata.query_start_loc,
-                metadata.seq_lens,
-                metadata.block_table,
-                metadata.slot_mapping,
-                metadata.replay_start,
-            ),
-            metadata.query_start_loc.shape[0] - 1,
-            ndt,
-            metadata.num_decodes,
-            0,
-            ndt,
-            0,
-            ndt,
-            None,
-            guess=(metadata.max_decode_query_len, 1),
-        )
+        self._launch(update_plan(metadata), metadata, metadata.block_table, metadata.slot_mapping, buffers)
 
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
         first = metadatas[0]
-        ndt = first.num_decode_tokens
         self._write_group_table(
             group_rows([m.block_table for m in metadatas], [m.slot_mapping for m in metadatas]), buffers
         )
-        self._launch(
-            first.causal,
-            buffers,
-            (first.query_start_loc, first.seq_lens, first.block_table, first.slot_mapping, first.replay_start),
-            first.query_start_loc.shape[0] - 1,
-            ndt,
-            first.num_decodes,
-            0,
-            ndt,
-            0,
-            ndt,
-            None,
-            groups=len(metadatas),
-            guess=(first.max_decode_query_len, 1),
-        )
+        self._launch(update_plan(first), first, first.block_table, first.slot_mapping, buffers, len(metadatas))
 
     # -- token-slot rows ---------------------------------------------------------------------------
 
@@ -285,15 +244,16 @@ class TritonBackend(Backend):
         n = rows.num_rows
         if n == 0:
             return
+        # Absent optional inputs read the record buffer instead (never, with their flag off).
         floors = record if rows.floors is None else rows.floors
         block_slots = record if rows.block_slots is None else rows.block_slots
         rt, slot_map = rows.req_to_token, rows.slot_map
-        inputs = (rows.row_ends, rows.pools, floors, rt, slot_map, block_slots)
+        dtypes = (rows.row_ends.dtype, rows.pools.dtype, floors.dtype, rt.dtype, slot_map.dtype, block_slots.dtype)
         width = out.shape[1]
-        spec = (width, rows.block, rows.floors is not None, self.guard, limit, *(t.dtype for t in inputs))
+        spec = (width, rows.block, rows.floors is not None, self.guard, limit, dtypes)
         key = self._slot_keys.get(spec)
         if key is None:
-            key = self._slot_keys[spec] = jit.slot_rows_key(
+            key = self._slot_keys[spec] = slot_rows_key(
                 self.config.window_size,
                 width,
                 rows.block,
@@ -302,92 +262,45 @@ class TritonBackend(Backend):
                 slot_limit=limit,
                 clamp=self.CLAMP_ADDRESSES,
                 device_type=self.device.type,
-                dtypes=tuple(str(t.dtype) for t in inputs),
+                dtypes=dtypes,
             )
-        self._launch_slot_rows(
-            key,
-            -(-n // key.BLOCK_T),
-            (out, lens, record, *inputs, n, rt.stride(0), rt.shape[1], rt.shape[0], slot_map.shape[0]),
+        args = SlotRowsArgs(
+            out_ptr=out,
+            lens_ptr=lens,
+            violation_ptr=record,
+            ends_ptr=rows.row_ends,
+            pools_ptr=rows.pools,
+            floors_ptr=floors,
+            rt_ptr=rt,
+            map_ptr=slot_map,
+            block_slots_ptr=block_slots,
+            n_rows=n,
+            rt_stride=rt.stride(0),
+            rt_width=rt.shape[1],
+            num_pools=rt.shape[0],
+            map_len=slot_map.shape[0],
         )
+        self._slot_rows(key, self._slot_rows.programs(key, args), args)
 
     # -- warmup ----------------------------------------------------------------------------------
 
-    def kernel_keys(self) -> list[Any]:
-        causal = (True, False) if self.config.is_dspark else (True,)
-        grouped = (False, True) if self.config.num_kv_groups > 1 else (False,)
-        return [self.kernel_key(c, g) for g in grouped for c in causal]
+    def kernel_keys(self) -> list[RowsKey]:
+        """Every rows variant this builder can launch, guarded or not as the builder is."""
+        return rows_keys(self.config, clamp=self.CLAMP_ADDRESSES, device_type=self.device.type, guard=self.guard)
 
     def warmup(self, buffers: MetadataBuffers, progress: Callable[[str], None] | None = None) -> int:
-        """Launch every variant once on a one-token batch, into scratch outputs of the same dtypes
-        (so live metadata views are never touched). Returns the number of variants."""
-        dev = self.device
-        i32: dict[str, Any] = dict(dtype=torch.int32, device=dev)
-        cfg = self.config
-        width = max(cfg.window_size, cfg.noncausal_index_width)
-        # One decode request and one prefill request of one token each, every segment non-empty.
-        dec_idx = torch.empty((1, 1, width), **i32)
-        pre_idx = torch.empty((1, 1, cfg.prefill_index_width), **i32)
-        dec_lens, pre_lens, gather = torch.zeros(2, **i32), torch.zeros(1, **i32), torch.zeros(1, **i32)
-        t2r, valid = torch.zeros(2, **i32), torch.zeros(2, dtype=torch.bool, device=dev)
-        left, right, record = torch.zeros(2, **i32), torch.zeros(2, **i32), torch.zeros(4, **i32)
-        qsl, seq, replay = torch.tensor([0, 1, 2], **i32), torch.tensor([1, 1], **i32), torch.zeros(2, **i32)
-        indptr, span = torch.tensor([0, 0, 1], **i32), torch.zeros(1, **i32)
-        # A group table whose one row is this scratch batch's (grouped variants launch one group).
-        table, slots = torch.zeros((2, 1), **i32), torch.tensor([0, 1], dtype=torch.int64, device=dev)
-        groups = torch.tensor([[table.data_ptr(), slots.data_ptr(), table.stride(0), 1]], dtype=torch.int64, device=dev)
-        count = 0
-        for key in self.kernel_keys():
+        """Compile every rows variant through Triton's warmup API (nothing is launched, no buffer is
+        touched). Returns the number of variants."""
+        keys = self.kernel_keys()
+        for key in keys:
             if progress is not None:
                 progress(f"{self.name}: swa_metadata_kernel {key}")
-            self._launch_rows(
-                key,
-                4,
-                (
-                    dec_idx,
-                    dec_lens,
-                    pre_idx,
-                    pre_lens,
-                    t2r,
-                    valid,
-                    gather,
-                    left,
-                    right,
-                    record,
-                    qsl,
-                    seq,
-                    table,
-                    slots,
-                    replay,
-                    indptr,
-                    span,
-                    span,
-                    groups,
-                    table.stride(0),
-                    1,
-                    2,
-                    2,
-                    1,
-                    1,
-                    1,
-                    1,
-                    2,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                ),
-            )
-            count += 1
-        return count
+            self._rows.compile(key)
+        return len(keys)
 
     def status(self) -> dict[str, str]:
         return {
             "kernel": "swa_metadata_kernel (one launch per build)",
             "clamped addresses": "yes" if self.CLAMP_ADDRESSES else "no",
-            "mode": "Triton interpreter (CPU)" if self._launch_rows.interpreted else "compiled",
+            "mode": "Triton interpreter (CPU)" if self._rows.interpreted else "compiled",
         }

@@ -152,9 +152,9 @@ class _null:
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_owner_search_over_several_chunks(backend, monkeypatch):
     """More requests than one search step compares: the multi-step path of the owner search."""
-    from swa_hal import jit
+    from swa_hal.kernels import rows_launch
 
-    monkeypatch.setattr(jit, "MAX_SEARCH_BLOCK", 16)
+    monkeypatch.setattr(rows_launch, "MAX_SEARCH_BLOCK", 16)
     config = CONFORMANCE_CONFIGS["w12b8_parallel"]  # up to 16 requests
     wide = SWAConfig(**{**config.to_dict(), "max_num_seqs": 60, "compress_ratios": config.compress_ratios})
     builder = make_builder(wide, backend)

@@ -13,7 +13,7 @@ from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder
 from swa_hal import SWAConfig
 from swa_hal import errors as E
 from swa_hal.compare import compare_with_reference
-from swa_hal.kernels.launcher import KernelLauncher
+from swa_hal.kernels.launch import TritonLaunch
 from swa_hal.ragged import RaggedDecodeRows
 from swa_hal.testing.batches import random_batch
 from swa_hal.testing.groups import other_groups as group_inputs
@@ -78,8 +78,8 @@ def test_group_build_is_one_launch(backend, monkeypatch):
     batch = random_batch(config, random.Random(1), "mixed")
     tables, slots = group_inputs(config, batch, 3, random.Random(2))
     launches = []
-    real = KernelLauncher.__call__
-    monkeypatch.setattr(KernelLauncher, "__call__", lambda self, *a, **k: (launches.append(a[0]), real(self, *a, **k))[1])
+    real = TritonLaunch.__call__
+    monkeypatch.setattr(TritonLaunch, "__call__", lambda self, *a, **k: (launches.append(a[0]), real(self, *a, **k))[1])
     builder.build_groups(batch, tables, slots)
     rows = [k for k in launches if type(k).__name__ == "RowsKey"]
     assert len(rows) == 1 and rows[0].GROUPED

@@ -173,7 +173,7 @@ def test_guard_follows_the_environment(monkeypatch):
     assert make_builder(CFG, "torch").guard is True
 
 
-# -- the O(1) host guard ----------------------------------------------------------------------------------
+# -- the O(1) host preflight ----------------------------------------------------------------------------------
 
 HOST = [
     (
@@ -347,7 +347,7 @@ EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40"))
 
 @st.composite
 def malformed_batches(draw):
-    """Structurally plausible batches (they pass the host guard) with malformed values: decreasing
+    """Structurally plausible batches (they pass the host preflight) with malformed values: decreasing
     offsets, short sequences, out-of-range block ids, bad replay bounds and spans."""
     num_reqs = draw(st.integers(1, 5))
     queries = draw(st.lists(st.integers(0, 7), min_size=num_reqs, max_size=num_reqs))

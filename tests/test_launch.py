@@ -1,4 +1,5 @@
-"""Compile keys: every launch a build makes uses a key that warmup() prepares, and nothing a build
+"""Launch contracts (swa_hal/kernels/launch.py): each kernel's compile key and argument record are its
+signature in order, every launch a build makes uses a key that warmup() prepares, and nothing a build
 passes can specialise the kernel (so warmed kernels are all a builder ever needs; the GPU suite
 counts real compilations in tests/gpu/test_jit_gpu.py)."""
 
@@ -11,9 +12,8 @@ import random
 import pytest
 
 from helpers import make_builder
-from swa_hal import jit
-from swa_hal.kernels import ragged, swa_metadata
-from swa_hal.kernels.launcher import KernelLauncher
+from swa_hal.kernels import ragged, ragged_launch, rows_launch, slot_rows, slot_rows_launch, swa_metadata
+from swa_hal.kernels.launch import TritonLaunch
 from swa_hal.testing import CONFORMANCE_CONFIGS, KINDS, random_batch
 
 
@@ -27,42 +27,69 @@ def option(kernel, name):
     return value if value is not None else getattr(kernel, "kwargs", {}).get(name, [])
 
 
-@pytest.mark.parametrize("kernel, key_type", [(swa_metadata.swa_metadata_kernel, jit.RowsKey),
-                                              (ragged.ragged_rows_kernel, jit.RaggedKey),
-                                              (ragged.ragged_indptr_kernel, jit.IndptrKey)])
-def test_key_fields_are_the_kernel_constexprs_in_order(kernel, key_type):
-    constexprs = [n for n, p in params(kernel).items() if "constexpr" in str(p.annotation)]
-    assert [f.name for f in dataclasses.fields(key_type)] == constexprs
-    # The fast launcher appends constexpr values after the runtime args: they must come last.
+CONTRACTS = [
+    (swa_metadata.swa_metadata_kernel, rows_launch.RowsKey, rows_launch.RowsLaunch),
+    (slot_rows.slot_rows_kernel, slot_rows_launch.SlotRowsKey, slot_rows_launch.SlotRowsLaunch),
+    (ragged.ragged_rows_kernel, ragged_launch.RaggedKey, ragged_launch.RaggedLaunch),
+    (ragged.ragged_indptr_kernel, ragged_launch.IndptrKey, ragged_launch.IndptrLaunch),
+]
+
+
+@pytest.mark.parametrize("kernel, key_type, launch", CONTRACTS)
+def test_key_and_record_are_the_kernel_signature_in_order(kernel, key_type, launch):
     names = list(params(kernel))
+    constexprs = [n for n, p in params(kernel).items() if "constexpr" in str(p.annotation)]
+    assert [f.name for f in dataclasses.fields(key_type) if f.name != "dtypes"] == constexprs
+    # The fast launch appends constexpr values after the runtime args: they must come last.
     assert names[-len(constexprs):] == constexprs
+    # The record is every other parameter, in order; its pointer fields are the kernel's *_ptr ones.
+    assert list(launch.Args._fields) == names[: -len(constexprs)]
+    assert sorted(launch.POINTERS) == sorted(n for n in launch.Args._fields if n.endswith("_ptr"))
+    assert set(launch.ENGINE) <= set(launch.POINTERS)
 
 
-def test_runtime_ints_never_specialise_and_engine_tensors_never_assume_alignment():
-    kernel = swa_metadata.swa_metadata_kernel
-    runtime = [n for n, p in params(kernel).items() if "constexpr" not in str(p.annotation) and not n.endswith("_ptr")]
+@pytest.mark.parametrize("kernel, key_type, launch", CONTRACTS)
+def test_runtime_ints_never_specialise_and_engine_tensors_never_assume_alignment(kernel, key_type, launch):
+    runtime = [n for n in launch.Args._fields if n not in launch.POINTERS]
     assert sorted(option(kernel, "do_not_specialize")) == sorted(runtime)
-    inputs = ["qsl_ptr", "seq_lens_ptr", "block_table_ptr", "slot_mapping_ptr", "replay_ptr",
-              "span_indptr_ptr", "span_starts_ptr", "span_ends_ptr"]
-    assert sorted(option(kernel, "do_not_specialize_on_alignment")) == sorted(inputs)
+    assert sorted(option(kernel, "do_not_specialize_on_alignment")) == sorted(launch.ENGINE)
+    if launch is rows_launch.RowsLaunch:
+        inputs = ["qsl_ptr", "seq_lens_ptr", "block_table_ptr", "slot_mapping_ptr", "replay_ptr",
+                  "span_indptr_ptr", "span_starts_ptr", "span_ends_ptr"]
+        assert sorted(launch.ENGINE) == sorted(inputs)
+
+
+def test_contracts_import_without_triton():
+    """Compile keys and records are plain Python: a tool (or a CI job without Triton) can list them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "from swa_hal.kernels import rows_launch, slot_rows_launch, ragged_launch\n"
+            "from swa_hal.testing import CONFORMANCE_CONFIGS\n"
+            "print(len(rows_launch.rows_keys(CONFORMANCE_CONFIGS['v4_dspark'], clamp=True, device_type='cuda')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "2"
 
 
 @pytest.mark.parametrize("config_name", ["w4b4_mtp", "v4", "w7b3_dspark"])
 def test_every_key_a_build_launches_is_warmed(config_name, monkeypatch):
     config = CONFORMANCE_CONFIGS[config_name]
     used = set()
-    real = KernelLauncher.__call__
+    real = TritonLaunch.__call__
 
     def spy(self, key, grid, args, **kwargs):
         used.add(key)
         return real(self, key, grid, args, **kwargs)
 
-    monkeypatch.setattr(KernelLauncher, "__call__", spy)
+    monkeypatch.setattr(TritonLaunch, "__call__", spy)
     for backend in ("cuda", "sm12x", "rocm"):
         builder = make_builder(config, backend)
         builder.warmup()
-        warmed = set(used)
-        used.clear()
+        launches = [builder.backend._rows, *(launch for r in getattr(builder.backend, "_ragged", ())
+                                             for launch in (r._scan, r._scatter))]
+        warmed = set().union(*(launch.prepared for launch in launches))
+        assert not used, "warmup() compiles through Triton's warmup API: it launches nothing"
         rng = random.Random(f"{backend}-{config_name}")
         for kind in KINDS:
             if kind == "dspark" and not config.is_dspark:
@@ -77,14 +104,14 @@ def test_every_key_a_build_launches_is_warmed(config_name, monkeypatch):
 
 def test_keys_depend_on_the_config_only():
     config = CONFORMANCE_CONFIGS["v4"]
-    a = jit.rows_keys(config, clamp=False, device_type="cuda")
-    b = jit.rows_keys(dataclasses.replace(config, max_num_batched_tokens=64, max_model_len=999), clamp=False,
+    a = rows_launch.rows_keys(config, clamp=False, device_type="cuda")
+    b = rows_launch.rows_keys(dataclasses.replace(config, max_num_batched_tokens=64, max_model_len=999), clamp=False,
                       device_type="cuda")
     assert a == b and len(a) == 1  # one causal variant serves builds and draft-step updates
     # The owner search compares up to max_num_seqs requests per step (capped at 512).
-    few = jit.rows_key(dataclasses.replace(config, max_num_seqs=3), causal=True, clamp=False,
+    few = rows_launch.rows_key(dataclasses.replace(config, max_num_seqs=3), causal=True, clamp=False,
                        device_type="cuda")
-    many = jit.rows_key(dataclasses.replace(config, max_num_seqs=5000), causal=True, clamp=False,
+    many = rows_launch.rows_key(dataclasses.replace(config, max_num_seqs=5000), causal=True, clamp=False,
                         device_type="cuda")
     assert (few.SEARCH_BLOCK, many.SEARCH_BLOCK) == (16, 512)
-    assert len(jit.rows_keys(CONFORMANCE_CONFIGS["v4_dspark"], clamp=True, device_type="cuda")) == 2
+    assert len(rows_launch.rows_keys(CONFORMANCE_CONFIGS["v4_dspark"], clamp=True, device_type="cuda")) == 2

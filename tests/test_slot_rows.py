@@ -219,7 +219,7 @@ EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40"))
 
 @st.composite
 def malformed_slot_rows(draw):
-    """Calls that pass the host guard (shapes, dtypes) with garbage values: positions past the table and
+    """Calls that pass the host preflight (shapes, dtypes) with garbage values: positions past the table and
     below 0, pool rows outside it, token slots outside the map, cache slots outside the cache, floors
     anywhere, DSpark blocks of 1-3."""
     block = draw(st.sampled_from((0, 0, 1, 2, 3)))

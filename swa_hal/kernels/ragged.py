@@ -10,8 +10,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .ragged_launch import IndptrLaunch, RaggedLaunch
 
-@triton.jit(do_not_specialize=["n_rows", "capacity"])
+
+@triton.jit(do_not_specialize=["n_rows", "capacity"], do_not_specialize_on_alignment=list(RaggedLaunch.ENGINE))
 def ragged_rows_kernel(
     ragged_ptr,
     indptr_ptr,
@@ -43,7 +45,7 @@ def ragged_rows_kernel(
     tl.store(ragged_ptr + dest, values, mask=live)
 
 
-@triton.jit(do_not_specialize=["n_rows"])
+@triton.jit(do_not_specialize=["n_rows"], do_not_specialize_on_alignment=list(IndptrLaunch.ENGINE))
 def ragged_indptr_kernel(indptr_ptr, lens_ptr, n_rows, BLOCK: tl.constexpr, CLAMP: tl.constexpr):
     """indptr[0] = 0, indptr[t + 1] = lens[0] + ... + lens[t]; one program walks the rows."""
     carry = tl.sum(tl.zeros([BLOCK], dtype=tl.int32), axis=0)

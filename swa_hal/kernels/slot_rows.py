@@ -16,10 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .slot_rows_launch import SLOT_ROWS_ENGINE, SLOT_ROWS_INTS
 from .swa_metadata import _flag, _record
-
-RUNTIME_INTS = ["n_rows", "rt_stride", "rt_width", "num_pools", "map_len"]
-ENGINE_TENSORS = ["ends_ptr", "pools_ptr", "floors_ptr", "rt_ptr", "map_ptr", "block_slots_ptr"]
 
 
 @triton.jit
@@ -36,7 +34,7 @@ def _first_bad(bad, values, cols, BLOCK_W: tl.constexpr):
     return first < BLOCK_W, at
 
 
-@triton.jit(do_not_specialize=RUNTIME_INTS, do_not_specialize_on_alignment=ENGINE_TENSORS)
+@triton.jit(do_not_specialize=SLOT_ROWS_INTS, do_not_specialize_on_alignment=list(SLOT_ROWS_ENGINE))
 def slot_rows_kernel(
     out_ptr,
     lens_ptr,

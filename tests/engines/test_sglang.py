@@ -364,9 +364,9 @@ def test_one_launch_per_call_same_builder_new_outputs(loaded):
     a = integ.adapter_for(torch.device("cpu"))
     first = _through_swa_hal(case)
     builder = a.builder
-    launches = builder.backend._launch_slot_rows.launches
+    launches = builder.backend._slot_rows.launches
     second = _through_swa_hal(case)
     assert a.builder is builder
-    assert builder.backend._launch_slot_rows.launches == launches + 1
+    assert builder.backend._slot_rows.launches == launches + 1
     assert first.swa_page_indices.data_ptr() != second.swa_page_indices.data_ptr()
     assert torch.equal(first.swa_page_indices, second.swa_page_indices)

@@ -1,5 +1,5 @@
-"""On the GPU: after warmup() no build of any shape compiles, and the fast launch path
-gives the same bytes as Triton's own launch path."""
+"""On the GPU: after warmup() no build of any shape compiles, and the compiled launch gives the same
+bytes as Triton's own launch path."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder
+from swa_hal.kernels.rows_launch import RowsArgs
 from swa_hal.kernels.swa_metadata import swa_metadata_kernel
+from swa_hal.triton_backend import _owned_rows
 from swa_hal.testing.batches import KINDS, random_batch
 from swa_hal.testing.compare import compare_with_reference
 
@@ -43,11 +45,10 @@ def test_no_compilation_after_warmup(name, assume, report):
                 builder.update_draft_decode_metadata(md)
             assert not compare_with_reference(config, batch, md) or not md.causal
             shapes += 1
-    # Triton's own launch path (not our cached launcher) with odd sizes must hit the cache too.
+    # Triton's own launch path (not the compiled launch) with odd sizes must hit the cache too.
     for key in builder.backend.kernel_keys():
         for tokens in (1, 3, 17, 1000):
-            args = list(_dummy_args(tokens, key))
-            swa_metadata_kernel[(4,)](*args, num_warps=4, **key.constexprs())
+            swa_metadata_kernel[(4,)](*_dummy_args(tokens, key), num_warps=4, **key.constexprs())
     torch.cuda.synchronize()
     assert compiled_variants() == after_warmup, "a build compiled a new kernel variant after warmup()"
     report(f"{name}: warmup prepared {variants} variants; {shapes} builds of random shapes (+ draft updates, "
@@ -56,38 +57,49 @@ def test_no_compilation_after_warmup(name, assume, report):
 
 def _dummy_args(tokens, key):
     i32 = dict(dtype=torch.int32, device="cuda")
-    width = key.DECODE_WIDTH
-    dec = torch.empty((tokens, 1, width), **i32)
     lens = torch.zeros(tokens + 1, **i32)
-    t2r = torch.zeros(tokens, **i32)
-    valid = torch.zeros(tokens, dtype=torch.bool, device="cuda")
-    pre = torch.empty((tokens, 1, key.PREFILL_WIDTH), **i32)
-    qsl = torch.tensor([0, tokens], **i32)
-    seq = torch.tensor([tokens], **i32)
     table = torch.arange(0, tokens + 7, **i32)[None, :]
     slots = torch.arange(tokens, dtype=torch.int64, device="cuda")
-    replay, record, indptr = torch.zeros(1, **i32), torch.zeros(4, **i32), torch.zeros(2, **i32)
     groups = torch.tensor([[table.data_ptr(), slots.data_ptr(), table.stride(0), table.shape[1]]],
                           dtype=torch.int64, device="cuda")
-    return (dec, lens, pre, lens, t2r, valid, lens, lens, lens, record, qsl, seq, table, slots, replay,
-            indptr, lens, lens, groups,
-            table.stride(0), table.shape[1], 1, tokens, 1, 0, tokens, 0, tokens, 1, 0, 0, 1, 1, tokens, 1, 1, 0)
+    return RowsArgs(
+        decode_idx_ptr=torch.empty((tokens, 1, key.DECODE_WIDTH), **i32), decode_lens_ptr=lens,
+        prefill_idx_ptr=torch.empty((tokens, 1, key.PREFILL_WIDTH), **i32), prefill_lens_ptr=lens,
+        token_to_req_ptr=torch.zeros(tokens, **i32), is_valid_ptr=torch.zeros(tokens, dtype=torch.bool, device="cuda"),
+        gather_lens_ptr=lens, left_ptr=lens, right_ptr=lens, violation_ptr=torch.zeros(4, **i32),
+        qsl_ptr=torch.tensor([0, tokens], **i32), seq_lens_ptr=torch.tensor([tokens], **i32), block_table_ptr=table,
+        slot_mapping_ptr=slots, replay_ptr=torch.zeros(1, **i32), span_indptr_ptr=torch.zeros(2, **i32),
+        span_starts_ptr=lens, span_ends_ptr=lens, group_inputs_ptr=groups,
+        bt_stride=table.stride(0), max_pages=table.shape[1], num_reqs=1, num_tokens=tokens, num_decodes=1,
+        num_prefills=0, num_decode_tokens=tokens, num_prefill_tokens=0, decode_clear_end=tokens, dec_progs=1,
+        pre_progs=0, clear_progs=0, search_chunks=1, num_groups=1, group_rows=tokens, decode_guess_len=1,
+        prefill_guess_len=1, num_spans=0,
+    )
 
 
-def test_fast_launch_path_equals_triton_launch_path(report):
+def test_compiled_launch_equals_triton_launch_path(report):
+    """The compiled launch (the C launch function with addresses) writes what Triton's own launch path
+    writes for the same record, with the builder's buffers given as tensors."""
     config = SWAConfig.from_yaml(CONFIGS / "deepseek_v4_flash.yaml")
     builder = SWAMetadataBuilder(config, device="cuda")
     rng = random.Random(3)
     batch = random_batch(config, rng, "mixed", device="cuda")
-    md = builder.build(batch)  # first build: Triton's launch path (compiles)
+    md = builder.build(batch)  # the compiled launch
+    torch.cuda.synchronize()
     first = [t.clone() for t in (md.decode_swa_indices, md.decode_swa_lens, md.prefill_swa_indices, md.prefill_swa_lens)]
+    assert not compare_with_reference(config, batch, md)
     for t in (builder.buffers.decode_indices, builder.buffers.prefill_indices):
         t.fill_(-5)
-    md = builder.build(batch)  # second build: the cached launcher
+    backend = builder.backend
+    plan, _ = builder._plan(batch, 1)
+    key = backend.kernel_key(plan.causal)
+    args = backend.rows_args(key, plan, batch, batch.block_table, batch.slot_mapping, builder.buffers, 1)
+    tensors = args._replace(**_owned_rows(builder.buffers, plan.causal, addresses=False)._asdict())
+    swa_metadata_kernel[(args.programs(),)](*tensors, num_warps=4, **key.constexprs())
+    torch.cuda.synchronize()
     second = [md.decode_swa_indices, md.decode_swa_lens, md.prefill_swa_indices, md.prefill_swa_lens]
     assert all(torch.equal(a, b) for a, b in zip(first, second))
-    assert not compare_with_reference(config, batch, md)
-    report("cached launcher and Triton's launch path wrote identical outputs")
+    report("the compiled launch and Triton's launch path wrote identical outputs")
 
 
 def test_launch_hooks_are_called_and_builds_stay_exact(report):

@@ -1,0 +1,191 @@
+"""What every Triton kernel's launch object shares: compile keys, argument records, compile, launch.
+
+Each kernel has one launch object beside it (``rows_launch.py``, ``slot_rows_launch.py``,
+``ragged_launch.py``) that owns its launch contract:
+
+* its compile key (a frozen dataclass of the kernel's constexprs, in signature order) and the keys a
+  config needs, so ``warmup()`` can compile every variant a builder will ever launch;
+* its argument record: a NamedTuple of the kernel's other parameters, in signature order (a test
+  holds both against the kernel's signature), with each pointer field's dtype (``POINTERS``) and
+  the pointer fields that are engine tensors (``ENGINE``: an address read at every launch, never
+  specialised on alignment). The other pointer fields are the builder's fixed buffers, whose
+  addresses the backend reads once;
+* compilation through Triton's own warmup API (no scratch launch: pointer arguments are given as
+  dtypes), and a launch that takes one record.
+
+A compiled launch calls the compiled kernel's C launch function directly with addresses: that skips
+Triton's per-call argument binding, its Python launcher wrapper (which makes a closure and asks two
+allocators for scratch space the kernels do not use) and, per pointer, a ``data_ptr()`` call and a
+driver query. It is sound because nothing a launch passes can change the specialisation (runtime ints
+and engine tensors are declared unspecialised) and the builder's host checks refuse tensors of
+another dtype or device before every launch (what the driver query would have caught).
+
+Nothing here imports Triton at module level: the keys and records are importable without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from typing import Any, ClassVar
+
+import torch
+
+from .. import envs
+
+NUM_WARPS = 4
+# The leading arguments of the C launch function of the Triton versions we call it directly on:
+# grid (3), stream, function, cooperative grid, PDL, global and profile scratch, kernel metadata,
+# launch metadata, enter and exit hooks. Another layout (another Triton) takes the wrapper's path.
+_DIRECT_FORMAT = "iiiKKppOOOOOO"
+
+
+def num_warps() -> int:
+    """Warps per program of every kernel; ``SWA_HAL_NUM_WARPS`` overrides it for tuning sweeps."""
+    return envs.env_int("SWA_HAL_NUM_WARPS") or NUM_WARPS
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class CompileKey:
+    """Base of compile keys (frozen dataclasses of a kernel's constexprs, in signature order). Keys are
+    looked up on every launch: the hash is computed once."""
+
+    _hash: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))  # type: ignore[call-overload]
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def constexprs(self) -> dict[str, Any]:
+        """The kernel's constexpr arguments, by name, in signature order."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def pointer_dtypes(self) -> dict[str, torch.dtype]:
+        """Dtypes of pointer fields that depend on the key (default: none; see ``POINTERS``)."""
+        return {}
+
+
+def _hooks_idle(runtime: Any) -> bool:
+    """No launch hooks are installed (profilers such as proton add some): the fast path may skip them.
+    Triton 3.6 keeps an empty HookChain there rather than None."""
+    hook = runtime.launch_enter_hook
+    return hook is None or not getattr(hook, "calls", True)
+
+
+def _direct_launch(kernel: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """The C launch function and the arguments it takes before the kernel's own, when this Triton's
+    launcher can be called directly (a CUDA launcher whose kernel needs no scratch space); else None."""
+    launcher = kernel.run  # loads the kernel onto the current device
+    try:
+        from triton.backends.nvidia import driver as nvidia
+    except ImportError:
+        return None
+    if (
+        type(launcher) is not getattr(nvidia, "CudaLauncher", None)
+        or getattr(nvidia, "_BASE_ARGS_FORMAT", None) != _DIRECT_FORMAT
+        or launcher.global_scratch_size
+        or launcher.profile_scratch_size
+    ):
+        return None
+    head = (
+        kernel.function,
+        launcher.launch_cooperative_grid,
+        launcher.launch_pdl,
+        None,
+        None,
+        kernel.packed_metadata,
+        None,
+        None,
+        None,
+    )
+    return launcher.launch, head
+
+
+class TritonLaunch:
+    """One Triton kernel's launch contract (see the module docstring). Subclasses set ``KERNEL`` (the
+    ``module:attribute`` of the ``@triton.jit`` function, imported when the object is made), ``Args``
+    (the record type), ``POINTERS`` (each pointer field's dtype) and ``ENGINE`` (the pointer fields
+    that are engine tensors)."""
+
+    KERNEL: ClassVar[str]
+    Args: ClassVar[Any]
+    POINTERS: ClassVar[dict[str, torch.dtype]]
+    ENGINE: ClassVar[tuple[str, ...]]
+
+    def __init__(self, device: torch.device):
+        import importlib
+
+        import triton
+        from triton.runtime.jit import JITFunction
+
+        module, _, attr = self.KERNEL.partition(":")
+        self.fn = getattr(importlib.import_module(module), attr)
+        self.interpreted = not isinstance(self.fn, JITFunction)
+        fields = self.Args._fields
+        self._engine_at = tuple(fields.index(name) for name in self.ENGINE)
+        # key -> (launch function, its leading arguments, constexpr values)
+        self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...], tuple[Any, ...]]] = {}
+        self.kernels: dict[Hashable, Any] = {}  # the compiled kernels, for inspection (registers, spills)
+        self.prepared: set[Hashable] = set()  # keys compiled (or, in the interpreter, seen by warmup)
+        self.launches = 0
+        self._runtime = triton.knobs.runtime
+        if not self.interpreted:
+            from triton.runtime.driver import driver
+
+            self._current_stream = driver.active.get_current_stream
+            self._device_index = device.index if device.index is not None else torch.cuda.current_device()
+
+    # -- compile ---------------------------------------------------------------------------------
+
+    def compile(self, key: CompileKey) -> None:
+        """Compile ``key`` now through Triton's warmup API (pointer arguments given as their dtypes),
+        on the current device. In the interpreter there is nothing to compile."""
+        self.prepared.add(key)
+        if self.interpreted or key in self._compiled:
+            return
+        dtypes = {**self.POINTERS, **key.pointer_dtypes()}
+        mock = [dtypes.get(name, 1) for name in self.Args._fields]
+        constexprs = key.constexprs()
+        kernel = self.fn.warmup(*mock, grid=(1,), num_warps=num_warps(), **constexprs)
+        if hasattr(kernel, "result"):
+            kernel = kernel.result()
+        self.kernels[key] = kernel
+        direct = _direct_launch(kernel)
+        if direct is None:
+            # Through Triton's own launcher wrapper (its leading arguments differ).
+            head: tuple[Any, ...] = (kernel.function, kernel.packed_metadata, None, None, None)
+            self._compiled[key] = (kernel.run, head, tuple(constexprs.values()))
+        else:
+            self._compiled[key] = (*direct, tuple(constexprs.values()))
+
+    # -- launch ----------------------------------------------------------------------------------
+
+    def __call__(self, key: CompileKey, grid: int, args: tuple[Any, ...]) -> None:
+        """Launch ``key`` on ``grid`` programs with the record ``args``. Compiled: engine pointer fields
+        holding tensors are turned into addresses here; the other pointer fields (the builder's
+        buffers) are addresses already. Interpreted: every pointer field is a tensor."""
+        self.launches += 1
+        if self.interpreted:
+            self.fn[(grid,)](*args, num_warps=num_warps(), **key.constexprs())
+            return
+        entry = self._compiled.get(key)
+        if entry is None:
+            self.compile(key)
+            entry = self._compiled[key]
+        launch, head, constexprs = entry
+        values = list(args)
+        for i in self._engine_at:
+            value = values[i]
+            if value.__class__ is not int:
+                values[i] = value.data_ptr()
+        stream = self._current_stream(self._device_index)
+        if _hooks_idle(self._runtime):
+            launch(grid, 1, 1, stream, *head, *values, *constexprs)
+        else:
+            # A profiler's launch hooks are installed: the compiled kernel's own runner calls them.
+            self.kernels[key][(grid, 1, 1)](*values, *constexprs, stream=stream)

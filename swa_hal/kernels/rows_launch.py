@@ -1,0 +1,186 @@
+"""The launch contract of ``swa_metadata_kernel`` (``swa_metadata.py``): its compile key, the keys a
+config needs, its argument record, and the launch object (docs/semantics.md #per-token-helpers,
+#causal-rows, #dspark-rows, #prefill-metadata, #group-builds). Importable without Triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from ..guard import block_limit
+from .launch import CompileKey, TritonLaunch, cdiv
+from .tiles import next_pow2, tile
+
+if TYPE_CHECKING:
+    from ..config import SWAConfig
+
+# Requests compared per step of the owner search: the whole batch in one step up to 512 requests.
+MAX_SEARCH_BLOCK = 512
+CLEAR_BLOCK = 1024
+GATHER_BLOCK = 256
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class RowsKey(CompileKey):
+    """The constexprs of ``swa_metadata_kernel``, in signature order."""
+
+    WINDOW: int
+    DECODE_WIDTH: int
+    PREFILL_WIDTH: int
+    BLOCK_SIZE: int
+    BLOCK_T: int
+    BLOCK_W: int
+    BLOCK_TP: int
+    BLOCK_WP: int
+    SEARCH_BLOCK: int
+    CLEAR_BLOCK: int
+    GATHER_BLOCK: int
+    MAX_IMAGE: int
+    NONCAUSAL: bool
+    GUARD: bool
+    BLOCK_LIMIT: int
+    GROUPED: bool
+    DECODE_ROW_PAGES: int
+    PREFILL_ROW_PAGES: int
+    CLAMP: bool
+
+    __hash__ = CompileKey.__hash__
+
+
+class RowsArgs(NamedTuple):
+    """The runtime arguments of ``swa_metadata_kernel``, in signature order. Pointer fields hold a
+    tensor or its address (see ``ROWS_ENGINE``); the rest are host ints."""
+
+    # outputs: the builder's fixed buffers (per-group ones stacked group after group)
+    decode_idx_ptr: Any
+    decode_lens_ptr: Any
+    prefill_idx_ptr: Any
+    prefill_lens_ptr: Any
+    token_to_req_ptr: Any
+    is_valid_ptr: Any
+    gather_lens_ptr: Any
+    left_ptr: Any
+    right_ptr: Any
+    violation_ptr: Any
+    # inputs: engine tensors, or the builder's zero buffers when the batch has none
+    qsl_ptr: Any
+    seq_lens_ptr: Any
+    block_table_ptr: Any
+    slot_mapping_ptr: Any
+    replay_ptr: Any
+    span_indptr_ptr: Any
+    span_starts_ptr: Any
+    span_ends_ptr: Any
+    group_inputs_ptr: Any
+    # host scalars
+    bt_stride: int
+    max_pages: int
+    num_reqs: int
+    num_tokens: int
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+    decode_clear_end: int
+    dec_progs: int
+    pre_progs: int
+    clear_progs: int
+    search_chunks: int
+    num_groups: int
+    group_rows: int
+    decode_guess_len: int
+    prefill_guess_len: int
+    num_spans: int
+
+    def programs(self) -> int:
+        """The grid: per group its decode, prefill and lens-clearing programs, then the gather programs."""
+        return self.num_groups * (self.dec_progs + self.pre_progs + self.clear_progs) + cdiv(
+            self.num_prefills, GATHER_BLOCK
+        )
+
+
+_I32, _I64 = torch.int32, torch.int64
+# Every pointer field and its dtype (what compilation is specialised on).
+ROWS_POINTERS: dict[str, torch.dtype] = {
+    **dict.fromkeys(RowsArgs._fields[:19], _I32),
+    "is_valid_ptr": torch.bool,
+    "slot_mapping_ptr": _I64,
+    "group_inputs_ptr": _I64,
+}
+# Pointer fields that are engine tensors (or span buffers the batch brings): their addresses are read at
+# every launch and compilation never assumes their alignment. The other pointer fields are the
+# builder's own buffers, which never move.
+ROWS_ENGINE = (
+    "qsl_ptr",
+    "seq_lens_ptr",
+    "block_table_ptr",
+    "slot_mapping_ptr",
+    "replay_ptr",
+    "span_indptr_ptr",
+    "span_starts_ptr",
+    "span_ends_ptr",
+)
+# Runtime ints: never specialised (value 1, multiples of 16), so one compile per key serves every shape.
+ROWS_INTS = [name for name in RowsArgs._fields if name not in ROWS_POINTERS]
+
+
+def search_block(config: SWAConfig) -> int:
+    return min(MAX_SEARCH_BLOCK, next_pow2(max(16, config.max_num_seqs)))
+
+
+def row_pages(width: int, block_size: int) -> int:
+    """The most pages ``width`` consecutive positions can touch: up to 4, the kernel loads each page's
+    block once per row instead of once per entry."""
+    return (width + block_size - 2) // block_size + 1
+
+
+def rows_key(
+    config: SWAConfig, *, causal: bool, clamp: bool, device_type: str, guard: bool = False, grouped: bool = False
+) -> RowsKey:
+    width = config.window_size if causal else config.noncausal_index_width
+    block_t, block_w = tile(width, device_type, decode=True)
+    block_tp, block_wp = tile(config.prefill_index_width, device_type)
+    return RowsKey(
+        WINDOW=config.window_size,
+        DECODE_WIDTH=width,
+        PREFILL_WIDTH=config.prefill_index_width,
+        BLOCK_SIZE=config.block_size,
+        BLOCK_T=block_t,
+        BLOCK_W=block_w,
+        BLOCK_TP=block_tp,
+        BLOCK_WP=block_wp,
+        SEARCH_BLOCK=search_block(config),
+        CLEAR_BLOCK=CLEAR_BLOCK,
+        GATHER_BLOCK=GATHER_BLOCK,
+        MAX_IMAGE=config.max_image_tokens,
+        NONCAUSAL=not causal,
+        GUARD=guard,
+        BLOCK_LIMIT=block_limit(config),
+        GROUPED=grouped,
+        DECODE_ROW_PAGES=row_pages(width, config.block_size),
+        PREFILL_ROW_PAGES=row_pages(config.prefill_index_width, config.block_size),
+        CLAMP=clamp,
+    )
+
+
+def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str, guard: bool = False) -> list[RowsKey]:
+    """Every variant a builder with this config can launch: the causal build (draft-step updates
+    launch it too, with decode programs only), the DSpark build when DSpark is configured, and both
+    again as group builds when the config has more than one KV-cache group."""
+    return [
+        rows_key(config, causal=causal, clamp=clamp, device_type=device_type, guard=guard, grouped=grouped)
+        for grouped in ((False, True) if config.num_kv_groups > 1 else (False,))
+        for causal in ((True, False) if config.is_dspark else (True,))
+    ]
+
+
+class RowsLaunch(TritonLaunch):
+    """``swa_metadata_kernel``: one launch per build, group build or draft-step update."""
+
+    KERNEL = "swa_hal.kernels.swa_metadata:swa_metadata_kernel"
+    Args = RowsArgs
+    POINTERS = ROWS_POINTERS
+    ENGINE = ROWS_ENGINE

@@ -1,0 +1,162 @@
+"""Preflight: the O(1) host checks every build, update and token-slot build runs before its launch.
+
+They read host facts only (dtypes, devices, dimensions, strides, sizes, capacity), never a device
+value, so they cost a few attribute reads and never synchronise. They keep every kernel launch inside
+its inputs and outputs; the rules that need the data are checked by full validation
+(``validation.py``, on request) or by the build itself when it is guarded (``guard.py``,
+docs/semantics.md #guarded-builds).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
+
+if TYPE_CHECKING:
+    from .batch import AttentionBatch
+    from .config import SWAConfig
+    from .metadata import SWAMetadata
+
+
+def _refuse(name: str, t: object, want: torch.dtype, device_index: int, ndim: int) -> None:
+    """Name the first broken rule of a preflight-checked input (the slow path of ``preflight_batch``)."""
+    if not isinstance(t, torch.Tensor):
+        raise BatchDtypeError(name, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != want:
+        raise BatchDtypeError(name, f"{name} has dtype {t.dtype}; expected {want}")
+    if t.get_device() != device_index:
+        raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device index is {device_index}")
+    if t.dim() != ndim:
+        raise BatchShapeError(name, f"{name} has {t.dim()} dimensions {tuple(t.shape)}; expected {ndim}")
+    raise BatchShapeError(name, f"{name} must be contiguous (stride {tuple(t.stride())})")
+
+
+def preflight_tensor(name: str, t: object, want: torch.dtype, device_index: int, ndim: int = 1) -> None:
+    # Kernels read these with unit strides from raw addresses: a view with another stride, another
+    # dtype or another device would be read as garbage, so it is refused before any launch.
+    # (Runs on every build: the common case is one comparison of a few cheap attributes.)
+    try:
+        ok = t.dtype is want and t.get_device() == device_index and t.dim() == ndim  # type: ignore[attr-defined]
+    except AttributeError:
+        ok = False
+    if not ok or (t.stride(-1) != 1 and t.shape[-1] > 1):  # type: ignore[attr-defined]
+        _refuse(name, t, want, device_index, ndim)
+
+
+def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_index: int) -> None:
+    """Host-only, O(1) checks that keep every kernel launch inside its inputs and outputs; cheap
+    enough for every build (docs/semantics.md #guarded-builds). Reads no device value.
+
+    ``device_index`` is the builder's ``tensor.get_device()`` value (-1 for the CPU): kernels are
+    launched with raw addresses, so a tensor on another device must be refused here.
+    """
+    seq_lens, qsl, table, slots = batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping
+    # The common case in one expression over attributes read once (this runs on every build);
+    # on any failure the per-tensor checks below name the broken rule.
+    i32 = torch.int32
+    try:
+        qs, ss, ts, ls = qsl.shape, seq_lens.shape, table.shape, slots.shape
+        ok = (
+            seq_lens.dtype is i32
+            and qsl.dtype is i32
+            and table.dtype is i32
+            and slots.dtype is torch.int64
+            and seq_lens.get_device() == device_index
+            and qsl.get_device() == device_index
+            and table.get_device() == device_index
+            and slots.get_device() == device_index
+            and len(qs) == 1
+            and len(ss) == 1
+            and len(ts) == 2
+            and len(ls) == 1
+            and qsl.is_contiguous()  # 1-D: unit stride, or at most one element
+            and seq_lens.is_contiguous()
+            and slots.is_contiguous()
+            and (ts[1] <= 1 or table.stride(1) == 1)
+        )
+    except AttributeError:
+        ok = False
+    if not ok:
+        preflight_tensor("seq_lens", seq_lens, i32, device_index)
+        preflight_tensor("query_start_loc", qsl, i32, device_index)
+        preflight_tensor("block_table", table, i32, device_index, 2)
+        preflight_tensor("slot_mapping", slots, torch.int64, device_index)
+        qs, ss, ts, ls = qsl.shape, seq_lens.shape, table.shape, slots.shape
+    num_tokens = batch.num_tokens
+    if num_tokens.__class__ is not int:
+        raise BatchDtypeError("num_tokens", f"num_tokens must be an int, got {num_tokens!r}")
+    if num_tokens > capacity:
+        raise BatchCapacityError(
+            "num_tokens", f"num_tokens={num_tokens} exceeds the builder's capacity (max_num_batched_tokens={capacity})"
+        )
+    if num_tokens < 1:
+        raise BatchShapeError("num_tokens", f"num_tokens={num_tokens}: the batch is empty")
+    mql = batch.max_query_len
+    if mql.__class__ is not int or mql < 0 or mql > capacity:
+        raise BatchDtypeError("max_query_len", f"max_query_len must be an int in [0, {capacity}], got {mql!r}")
+    if batch.causal.__class__ is not bool:
+        raise BatchDtypeError("causal", f"causal must be a bool, got {batch.causal!r}")
+    qsl_cpu = batch.query_start_loc_cpu
+    num_reqs = qsl_cpu.shape[0] - 1
+    if num_reqs < 1:
+        raise BatchShapeError("query_start_loc_cpu", "query_start_loc_cpu has no request: the batch is empty")
+    if num_reqs > config.max_num_seqs:
+        raise BatchCapacityError("seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}")
+    if qs[0] != num_reqs + 1:
+        raise BatchShapeError(
+            "query_start_loc", f"query_start_loc has {qs[0]} entries; query_start_loc_cpu has {num_reqs + 1}"
+        )
+    if ss[0] < num_reqs:
+        raise BatchShapeError("seq_lens", f"seq_lens has {ss[0]} entries for {num_reqs} requests")
+    if ts[0] < num_reqs or ts[1] < 1:
+        raise BatchShapeError(
+            "block_table",
+            f"block_table {tuple(ts)} has too few rows or no page column for {num_reqs} requests",
+        )
+    if ls[0] != num_tokens:
+        raise BatchShapeError("slot_mapping", f"slot_mapping has {ls[0]} entries; num_tokens is {num_tokens}")
+    replay = batch.replay_start
+    if replay is not None:
+        preflight_tensor("replay_start", replay, torch.int32, device_index)
+        if replay.shape[0] < num_reqs:
+            raise BatchShapeError("replay_start", f"replay_start has {replay.shape[0]} entries for {num_reqs} requests")
+    spans = batch.image_spans
+    if spans is not None:
+        preflight_tensor("image_spans.indptr", spans.indptr, torch.int32, device_index)
+        preflight_tensor("image_spans.starts", spans.starts, torch.int32, device_index)
+        preflight_tensor("image_spans.ends", spans.ends, torch.int32, device_index)
+        if spans.indptr.shape[0] < num_reqs + 1:
+            raise BatchShapeError(
+                "image_spans.indptr",
+                f"image_spans.indptr has {spans.indptr.shape[0]} entries; expected num_reqs + 1 = {num_reqs + 1}",
+            )
+        if spans.ends.shape[0] != spans.starts.shape[0]:
+            raise BatchShapeError(
+                "image_spans.ends",
+                f"image_spans.ends has {spans.ends.shape[0]} entries but starts has {spans.starts.shape[0]}",
+            )
+
+
+def preflight_update(metadata: SWAMetadata, device_index: int) -> None:
+    """The preflight of a draft-step update: the tensors it reads in place are still what the build
+    checked (an engine may have swapped one for another view)."""
+    num_reqs = metadata.query_start_loc.shape[0] - 1
+    preflight_tensor("seq_lens", metadata.seq_lens, torch.int32, device_index)
+    preflight_tensor("query_start_loc", metadata.query_start_loc, torch.int32, device_index)
+    preflight_tensor("block_table", metadata.block_table, torch.int32, device_index, 2)
+    preflight_tensor("slot_mapping", metadata.slot_mapping, torch.int64, device_index)
+    preflight_tensor("replay_start", metadata.replay_start, torch.int32, device_index)
+    if metadata.seq_lens.shape[0] < num_reqs or metadata.block_table.shape[0] < num_reqs:
+        raise BatchShapeError("seq_lens", f"seq_lens / block_table have fewer rows than the {num_reqs} requests")
+    if metadata.slot_mapping.shape[0] < metadata.num_decode_tokens:
+        raise BatchShapeError(
+            "slot_mapping",
+            f"slot_mapping has {metadata.slot_mapping.shape[0]} entries for {metadata.num_decode_tokens} decode tokens",
+        )
+    if metadata.replay_start.shape[0] < num_reqs:
+        raise BatchShapeError(
+            "replay_start", f"replay_start has {metadata.replay_start.shape[0]} entries for {num_reqs} requests"
+        )

@@ -7,7 +7,7 @@
 #     --platform manylinux_2_28_x86_64 -d .whl tokenspeed-flashmla==1.0.0.post20260429
 # Outputs land in $OUT (default benchmarks/out/h200, which git ignores; OUT=benchmarks/results/h200 replaces
 # the recorded figures, benchmarks/results/README.md says which file each step writes).
-# STEPS="info bench" runs only some steps.
+# STEPS="info bench" runs only some steps; TARGET_ARGS="--reps 5", BENCH_ARGS and PYTEST_ARGS pass options on.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out/h200}
 mkdir -p "$OUT"
@@ -42,7 +42,7 @@ for step in $STEPS; do
         2>&1 | tee "$OUT/multi_gpu.log" | grep -E "RESULT|passed|failed|error|Error|SKIP" | tail -20
       ;;
     targets)
-      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_build.py --targets only --out "$OUT" 2>&1 | grep -v USDT \
+      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_build.py --targets only --out "$OUT" ${TARGET_ARGS:-} 2>&1 | grep -v USDT \
         | tee "$OUT/targets.log" | tail -30
       ;;
     slotrows)

@@ -35,8 +35,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check swa_hal backends examples
 	$(BIN)/mypy swa_hal backends examples
 
+# The benchmark writes its table, JSON and chart to $(RESULTS), untracked by default; `make bench
+# RESULTS=benchmarks/results` replaces the recorded figures (benchmarks/results/README.md lists them).
+RESULTS ?= benchmarks/out
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_build.py
+	$(BIN)/python benchmarks/bench_build.py --out $(RESULTS)
 
 # swa_hal inside vLLM 0.33.0 (tests/engines/test_vllm.py), in its own environment: the CPU torch above,
 # vLLM's wheel without its dependencies (they pin a CUDA torch 2.14), and the pure-Python part of the

@@ -12,7 +12,9 @@ sequence on a GPU, a straightforward vectorized PyTorch build on the CPU) it pri
   launches     GPU kernels (and memsets/copies) per build, from torch.profiler; on the CPU, aten ops
 
 with the baseline/swa_hal ratios and the performance targets, checks every runner's output against the
-reference, and writes JSON and a PNG chart to benchmarks/results/. ``make bench`` runs it.
+reference, and writes a table, JSON and a PNG chart to ``--out`` (default benchmarks/out/, which git ignores;
+benchmarks/results/ holds the figures docs/performance.md reads). On a GPU it first measures the targets
+(targets.py) unless ``--targets no``. ``make bench`` runs it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import datetime
 import json
 import os
 import platform as host_platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import count_launches, e2e_us, host_us, median_us, run_info, sm_clock_mhz, sync, warm_gpu  # noqa: E402
 from seed_baseline import NaiveTorchBuilder, SeedSequenceBuilder  # noqa: E402
 
 from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder  # noqa: E402
@@ -54,62 +56,6 @@ GPU_TARGETS = {
     "long_prefill": {"host": 40, "e2e": 50, "launches": 1},
 }
 CPU_TARGETS = {"decode_only": {"host": 250}, "long_prefill": {"host": 15000}}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def warm_gpu(device: torch.device, seconds: float = 0.3) -> None:
-    """Keep the GPU busy for a moment before a timed section: an idle H200 sits at a low SM clock
-    (345 MHz was read here) and latency-bound kernels would be timed at that clock."""
-    if device.type != "cuda":
-        return
-    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(8):
-            a @ a
-        sync(device)
-
-
-def sm_clock_mhz(device: torch.device) -> int | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-        return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-    except Exception:  # noqa: BLE001 - the clock is informative only
-        return None
-
-
-def median_us(samples: list[float]) -> float:
-    return statistics.median(samples) * 1e6
-
-
-def time_host(fn, iters: int, device: torch.device) -> float:
-    samples = []
-    for i in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-        if device.type == "cuda" and i % 50 == 49:
-            sync(device)  # keep the queue short; outside the timed region
-    sync(device)
-    return median_us(samples)
-
-
-def time_e2e(fn, iters: int, device: torch.device) -> float:
-    samples = []
-    for _ in range(iters):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        samples.append(time.perf_counter() - t0)
-    return median_us(samples)
 
 
 def time_graph(fn, device: torch.device, replays: int = 200) -> tuple[float, float] | None:
@@ -156,48 +102,6 @@ def time_validation(builder, batch, device: torch.device, pairs: int = 40) -> fl
     return median_us(diffs)
 
 
-def count_launches(fn, device: torch.device) -> int:
-    from torch.profiler import DeviceType, ProfilerActivity, profile
-
-    fn()
-    sync(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        fn()
-        sync(device)
-    events = prof.events()
-    if device.type == "cuda":
-        return sum(1 for e in events if e.device_type == DeviceType.CUDA)
-    return sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)
-
-
-def kernel_us(fn, device: torch.device, builds: int = 200, per_build: int = 1) -> float:
-    """GPU time of the kernels of one ``fn()`` from the profiler's device timestamps (CUPTI): the median
-    over ``builds`` eager calls of the summed durations of its ``per_build`` kernels. Unlike a graph
-    replay timed with CUDA events, this leaves out the launch latency between kernels (a replay of a
-    graph holding one empty kernel takes about 2.5 us on an H200; ``kernel_gpu_time.py`` prints it)."""
-    from torch.profiler import DeviceType, ProfilerActivity, profile
-
-    for _ in range(20):
-        fn()
-    sync(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for i in range(builds):
-            fn()
-            if i % 50 == 49:
-                sync(device)
-        sync(device)
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
-    )
-    if len(spans) < builds * per_build:
-        raise RuntimeError(f"the profiler saw {len(spans)} kernels for {builds} builds of {per_build}")
-    sums = [sum(end - start for start, end in spans[i : i + per_build]) for i in range(0, len(spans), per_build)]
-    return median_us([s * 1e-6 for s in sums])
-
-
 def check(config, batch, out) -> bool:
     ref = build_reference(config, batch)
     pairs = [(out["decode_indices"], ref.decode_indices), (out["decode_lens"], ref.decode_lens)]
@@ -237,7 +141,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--iters", type=int, default=1000)
     parser.add_argument("--backends", nargs="*", help="default: the auto-selected one (plus sm12x on a CUDA GPU)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"),
+                        help="folder of the result files (default: benchmarks/out, untracked)")
     parser.add_argument("--tag", default=None, help="name of the result files (default: the device)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--targets", choices=("yes", "no", "only"), default="yes",
@@ -257,12 +162,14 @@ def main(argv=None) -> int:
 
         print(f"targets: {args.reps} interleaved repetitions, medians of {args.iters}", flush=True)
         target_rows, target_lines = run_targets(args.iters, args.reps, warm=lambda: warm_gpu(device))
-        header = (f"device: {device_name}; torch {torch.__version__}; "
+        header = (f"device: {device_name}; {run_info()}; "
                   f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {args.reps} interleaved "
-                  f"repetitions, each the median of {args.iters} builds (GPU: of 200 graph replays)")
+                  f"repetitions, each the median of {args.iters} builds (GPU: of 200 graph replays); "
+                  f"builds guarded except the *_guard_off rows")
         print("\n".join([header, *target_lines]))
         (out_dir / f"targets_{tag}.txt").write_text("\n".join([header, *target_lines]) + "\n")
-        (out_dir / f"targets_{tag}.json").write_text(json.dumps({"device": device_name, "rows": target_rows}, indent=2))
+        (out_dir / f"targets_{tag}.json").write_text(
+            json.dumps({"device": device_name, "torch_threads": torch.get_num_threads(), "rows": target_rows}, indent=2))
         if args.targets == "only":
             return 0
     rows = []
@@ -276,17 +183,18 @@ def main(argv=None) -> int:
             correct = check(config, batch, to_dict(call()))
             for _ in range(20):
                 call()
-            row = {"scenario": scenario_name, "tokens": batch.num_tokens, "runner": runner, "correct": correct}
+            row = {"scenario": scenario_name, "tokens": batch.num_tokens, "runner": runner, "correct": correct,
+                   "guarded": None if builder is None else builder.guard}
             warm_gpu(device)
             row["sm_clock_mhz"] = sm_clock_mhz(device)
-            row["host_us"] = time_host(call, args.iters, device)
+            row["host_us"] = host_us(call, args.iters, device)
             warm_gpu(device)
-            row["e2e_us"] = time_e2e(call, args.iters, device)
+            row["e2e_us"] = e2e_us(call, args.iters, device)
             warm_gpu(device)
             graph = time_graph(call, device) if scenario_name in GRAPH_SCENARIOS else None
             row["graph_us"], row["graph_wall_us"] = graph if graph else (None, None)
             row["launches"] = count_launches(call, device)
-            row["host_us_repeat"] = time_host(call, args.iters, device)  # the spread between two runs
+            row["host_us_repeat"] = host_us(call, args.iters, device)  # the spread between two runs
             if builder is not None:  # what full validation (validate=True) adds to a build
                 row["validate_us"] = time_validation(builder, batch, device)
             rows.append(row)
@@ -298,8 +206,9 @@ def main(argv=None) -> int:
 
     targets = GPU_TARGETS if device.type == "cuda" else CPU_TARGETS
     baseline_name = "seed sequence" if device.type == "cuda" else "naive torch"
-    lines = [f"device: {device_name}; torch {torch.__version__}; python {sys.version.split()[0]}; "
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; medians of {args.iters}",
+    guard = guard_label(rows)
+    lines = [f"device: {device_name}; {run_info()}; "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; medians of {args.iters}; {guard}",
              f"{'scenario':<13} {'runner':<16} {'host us':>9} {'(repeat)':>9} {'e2e us':>9} {'graph ev/wall':>13} "
              f"{'launches':>8} {'host x':>7} {'e2e x':>7} {'valid. us':>9}  targets"]
     verdicts = []
@@ -322,12 +231,14 @@ def main(argv=None) -> int:
                      f"{row['e2e_us']:9.1f} {graph:>13} {row['launches']:>8} {host_x:7.2f} {e2e_x:7.2f} {valid:>9}  "
                      f"{' '.join(notes)}")
     print("\n".join(lines))
-    result = {"device": device_name, "torch": torch.__version__, "host": host_platform.node(),
-              "iters": args.iters, "rows": rows, "targets": verdicts, "table": lines}
+    result = {"device": device_name, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+              "host": host_platform.node(), "iters": args.iters, "guard": guard, "rows": rows, "targets": verdicts,
+              "table": lines}
     (out_dir / f"bench_{tag}.json").write_text(json.dumps(result, indent=2))
     (out_dir / f"bench_{tag}.txt").write_text("\n".join(lines) + "\n")
     if not args.no_plot:
-        plot(rows, out_dir / f"bench_{tag}.png", device_name)
+        plot(rows, out_dir / f"bench_{tag}.png",
+             f"{device_name}, {torch.get_num_threads()} torch threads, medians of {args.iters} builds; {guard}")
     return 0 if all(r["correct"] for r in rows) else 1
 
 
@@ -336,7 +247,22 @@ def _primary(rows, row) -> str:
     return next(r["runner"] for r in rows if r["scenario"] == row["scenario"] and r["runner"].startswith("swa_hal"))
 
 
-def plot(rows, path: Path, device_name: str) -> None:
+def guard_label(rows) -> str:
+    """Whether swa_hal's builds in ``rows`` were guarded (docs/semantics.md #guarded-builds)."""
+    guards = {r["guarded"] for r in rows if r.get("guarded") is not None}
+    if guards == {True}:
+        return "swa_hal builds guarded"
+    if guards == {False}:
+        return "swa_hal builds unguarded (SWA_HAL_GUARD=0)"
+    return "swa_hal builds guarded and unguarded"
+
+
+def _bar_label(value: float) -> str:
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def plot(rows, path: Path, subtitle: str) -> None:
+    """Host and end-to-end medians per scenario, one bar per runner, each bar labelled with its value."""
     try:
         import matplotlib
 
@@ -347,16 +273,22 @@ def plot(rows, path: Path, device_name: str) -> None:
         return
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     runners = list(dict.fromkeys(r["runner"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     width = 0.8 / len(runners)
-    for ax, metric, title in ((axes[0], "host_us", "host us per build"), (axes[1], "e2e_us", "end-to-end us per build")):
+    for ax, metric, title in ((axes[0], "host_us", "host time per build (no synchronisation)"),
+                              (axes[1], "e2e_us", "end-to-end time per build (synchronised)")):
         for i, runner in enumerate(runners):
             values = [next((r[metric] for r in rows if r["scenario"] == s and r["runner"] == runner), 0) for s in scenarios]
-            ax.bar([x + i * width for x in range(len(scenarios))], values, width, label=runner)
+            bars = ax.bar([x + i * width for x in range(len(scenarios))], values, width, label=runner)
+            ax.bar_label(bars, labels=[_bar_label(v) if v else "" for v in values], fontsize=7, padding=2)
         ax.set_xticks([x + width * (len(runners) - 1) / 2 for x in range(len(scenarios))], scenarios, rotation=15)
         ax.set_yscale("log")
-        ax.set_title(f"{title} ({device_name})", fontsize=9)
+        ax.margins(y=0.15)
+        ax.set_xlabel("scenario (configs/batches/)")
+        ax.set_ylabel("median us per build, log scale")
+        ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
+    fig.suptitle(subtitle, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"chart: {path}")

@@ -115,7 +115,8 @@ def main() -> int:
     import platform
 
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    print(f"host: {model}; {os.cpu_count()} cpus; load {os.getloadavg()}; python {platform.python_version()}")
+    print(f"host: {model}; {os.cpu_count()} cpus; load {os.getloadavg()}; python {platform.python_version()}; "
+          f"torch threads {torch.get_num_threads()}")
     width = max(len(k) for k in out)
     for key, value in out.items():
         print(f"{key:<{width}}  {value:8.2f} us")

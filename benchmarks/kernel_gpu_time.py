@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_build import kernel_us, sm_clock_mhz, warm_gpu  # noqa: E402
+from common import kernel_us, run_info, sm_clock_mhz, warm_gpu  # noqa: E402
 
 from swa_hal import SWAConfig, SWAMetadataBuilder  # noqa: E402
 from swa_hal.scenarios import synthesize_batch  # noqa: E402
@@ -39,6 +39,7 @@ def main() -> int:
     # The tile (elements per program) decides how many programs a build launches: time each shape
     # under several tiles to choose the defaults, decode rows (DECODE_TILES) and prefill rows (TILES)
     # separately.
+    print(f"device: {torch.cuda.get_device_name()}; {run_info()}", flush=True)
     graph_floor(torch.device("cuda"))
     for tile in os.environ.get("DECODE_TILES", "256,512,1024").split(","):
         os.environ["SWA_HAL_DECODE_TILE_ELEMS"] = tile

@@ -32,7 +32,7 @@ def one() -> None:
 
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_build import kernel_us, warm_gpu
+    from common import kernel_us, warm_gpu
 
     from swa_hal import SWAConfig, SWAMetadataBuilder
     from swa_hal.scenarios import synthesize_batch

@@ -44,6 +44,7 @@ def main():
     launch, head, constexprs, pointers = next(iter(launcher._compiled.values()))
     kernel = next(iter(launcher.kernels.values()))
     md = kernel.metadata
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; torch threads {torch.get_num_threads()}")
     print("metadata:", {k: getattr(md, k, None) for k in ("num_warps", "shared", "global_scratch_size",
                                                           "profile_scratch_size", "launch_pdl", "launch_cooperative_grid")},
           "n_regs", kernel.n_regs, "n_spills", kernel.n_spills)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import warm_gpu  # noqa: E402
+from common import run_info, warm_gpu  # noqa: E402
 from kernel_gpu_time import replay_us  # noqa: E402
 
 from swa_hal import SWAConfig, SWAMetadataBuilder  # noqa: E402
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     dev = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name()}; {run_info()}")
     config = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash_mtp.yaml")
     wide = SWAConfig(**{**config.to_dict(), "max_num_seqs": 512, "compress_ratios": config.compress_ratios})
     scenario = Scenario.from_yaml(ROOT / "configs" / "batches" / "mtp_decode.yaml").make_batch(config, dev)

@@ -5,9 +5,11 @@
 # (tokenspeed-flashmla, cp312, torch 2.11):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl tokenspeed-flashmla==1.0.0.post20260429
-# Outputs land in $OUT (default benchmarks/results/h200-local).
+# Outputs land in $OUT (default benchmarks/out/h200, which git ignores; OUT=benchmarks/results/h200 replaces
+# the recorded figures, benchmarks/results/README.md says which file each step writes).
+# STEPS="info bench" runs only some steps; TARGET_ARGS="--reps 5", BENCH_ARGS and PYTEST_ARGS pass options on.
 set -uo pipefail
-OUT=${OUT:-benchmarks/results/h200-local}
+OUT=${OUT:-benchmarks/out/h200}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 STEPS=${STEPS:-install info tests host targets slotrows bench}
@@ -31,15 +33,16 @@ for step in $STEPS; do
         ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "RESULT|passed|failed|error|Error" | tail -60
       ;;
     host)
-      { timeout 120 python3 benchmarks/host_overhead.py; timeout 60 python3 benchmarks/launch_probe.py;
-        timeout 120 python3 benchmarks/kernel_gpu_time.py; } 2>&1 | tee "$OUT/host_overhead.txt"
+      timeout 120 python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/host_overhead.txt"
+      timeout 60 python3 benchmarks/launch_probe.py 2>&1 | tee "$OUT/launch_probe.txt"
+      timeout 120 python3 benchmarks/kernel_gpu_time.py 2>&1 | tee "$OUT/kernel_gpu_time.txt"
       ;;
     multi)
       timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu tests/gpu/test_multi_gpu.py -p no:cacheprovider -q -rA \
         2>&1 | tee "$OUT/multi_gpu.log" | grep -E "RESULT|passed|failed|error|Error|SKIP" | tail -20
       ;;
     targets)
-      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_build.py --targets only --out "$OUT" 2>&1 | grep -v USDT \
+      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_build.py --targets only --out "$OUT" ${TARGET_ARGS:-} 2>&1 | grep -v USDT \
         | tee "$OUT/targets.log" | tail -30
       ;;
     slotrows)
@@ -47,7 +50,7 @@ for step in $STEPS; do
       timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/sglang_rows.py 2>&1 | tee "$OUT/sglang_rows.txt" | tail -30
       ;;
     bench)
-      timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30
+      timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --targets no --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30
       ;;
   esac
 done

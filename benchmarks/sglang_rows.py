@@ -24,8 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_build import count_launches, warm_gpu  # noqa: E402
-from targets import GraphTimer, e2e_us, host_us, summary  # noqa: E402
+from common import GraphTimer, count_launches, e2e_us, host_us, run_info, summary, warm_gpu  # noqa: E402
 
 from swa_hal.integrations.sglang import SGLangSWAIndices  # noqa: E402
 
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     adapter = SGLangSWAIndices(W, device)
-    print(f"swa_hal backend: {adapter.backend_name}; device: {torch.cuda.get_device_name()}")
+    print(f"swa_hal backend: {adapter.backend_name}; device: {torch.cuda.get_device_name()}; {run_info()}")
     runners: dict[tuple[str, str], Callable[[], object]] = {}
     launches: dict[tuple[str, str], int] = {}
     for name, case in scenarios(device).items():

@@ -5,27 +5,26 @@ with their min and max, and every comparison is a ratio measured in the same run
 Measured on the auto-selected backend (guarded builds, the default):
   decode-256, mixed 64 + 4 x 2048, 8 x 2048 prefill: host, end to end, GPU time two ways: "gpu" is a
     replay of the build captured in a CUDA graph (CUDA events; it includes the graph launch's own
-    latency, about 2.5 us on an H200 for a graph of one empty kernel), "kernel" the kernel's duration
-    from the profiler's device timestamps
+    latency: a graph of one empty kernel replays in 2.5-9.4 us on H200 machines, depending on the machine),
+    "kernel" the kernel's duration from the profiler's device timestamps
   8 KV-cache groups x decode-256: one build_groups() against 8 single builds (host, e2e, GPU), the
     groups given as lists of tensors and stacked in one tensor each
   guard on against guard off: GPU time of decode-256 and of the 16k-row prefill, host time
+
+``bench_build.py --targets only`` runs it and writes the table.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
+from common import ROOT, GraphTimer, e2e_us, host_us, kernel_us, summary
 
 from swa_hal import SWAConfig, SWAMetadataBuilder
 from swa_hal.scenarios import Scenario, synthesize_batch
 
-ROOT = Path(__file__).resolve().parent.parent
 GROUPS = 8
 TARGETS = {  # (scenario, metric) -> upper bound in us (ratios: lower bound)
     ("decode_only", "host"): 30, ("decode_only", "e2e"): 40, ("decode_only", "gpu"): 3, ("decode_only", "kernel"): 3,
@@ -41,68 +40,12 @@ TARGETS = {  # (scenario, metric) -> upper bound in us (ratios: lower bound)
 }
 
 
-def sync() -> None:
-    torch.cuda.synchronize()
-
-
-def host_us(fn: Callable[[], object], iters: int) -> float:
-    samples = []
-    for i in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-        if i % 50 == 49:
-            sync()  # keep the queue short, outside the timed region
-    sync()
-    return statistics.median(samples) * 1e6
-
-
-def e2e_us(fn: Callable[[], object], iters: int) -> float:
-    samples = []
-    for _ in range(iters):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e6
-
-
-class GraphTimer:
-    """A build captured once in a CUDA graph; GPU time per replay from CUDA events."""
-
-    def __init__(self, fn: Callable[[], object]):
-        fn()
-        sync()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            fn()
-        for _ in range(20):
-            self.graph.replay()
-
-    def __call__(self, replays: int = 200) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        sync()
-        start.record()
-        for _ in range(replays):
-            self.graph.replay()
-        end.record()
-        sync()
-        return start.elapsed_time(end) * 1e3 / replays
-
-
 def touch(md) -> None:
     for layer_type in md.tile_sched:
         md.tile_sched[layer_type]
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def run(iters: int = 1000, reps: int = 3, warm: Callable[[], None] | None = None) -> tuple[list[dict], list[str]]:
-    from bench_build import kernel_us
-
     device = torch.device("cuda")
     flash = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml")
     grouped_config = dataclasses.replace(flash, num_kv_groups=GROUPS)

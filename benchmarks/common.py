@@ -1,0 +1,155 @@
+"""Timing helpers shared by the benchmark scripts: host and end-to-end medians, CUDA-graph replays, kernel
+durations from the profiler, launch counts, the GPU warm-up and the line that says what a run ran with.
+
+Every script under benchmarks/ imports these from here; this module imports no other benchmark script.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA = torch.device("cuda")
+
+
+def sync(device: torch.device = CUDA) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_info() -> str:
+    """What a run ran with: torch, the Python, and the number of CPU threads torch used."""
+    return (
+        f"torch {torch.__version__}; python {sys.version.split()[0]}; "
+        f"torch threads {torch.get_num_threads()} of {os.cpu_count()} cpus"
+    )
+
+
+def warm_gpu(device: torch.device = CUDA, seconds: float = 0.3) -> None:
+    """Keep the GPU busy for a moment before a timed section: an idle H200 sits at a low SM clock
+    (345 MHz was read) and latency-bound kernels would be timed at that clock."""
+    if device.type != "cuda":
+        return
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(8):
+            a @ a
+        sync(device)
+
+
+def sm_clock_mhz(device: torch.device = CUDA) -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+    except Exception:  # noqa: BLE001 - the clock is informative only
+        return None
+
+
+def median_us(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e6
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def host_us(fn: Callable[[], object], iters: int, device: torch.device = CUDA) -> float:
+    """Median wall time of ``fn()`` without synchronising: what the caller's CPU pays."""
+    samples = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        if device.type == "cuda" and i % 50 == 49:
+            sync(device)  # keep the queue short, outside the timed region
+    sync(device)
+    return median_us(samples)
+
+
+def e2e_us(fn: Callable[[], object], iters: int, device: torch.device = CUDA) -> float:
+    """Median wall time of synchronise, ``fn()``, synchronise."""
+    samples = []
+    for _ in range(iters):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        samples.append(time.perf_counter() - t0)
+    return median_us(samples)
+
+
+class GraphTimer:
+    """A build captured once in a CUDA graph; GPU time per replay from CUDA events."""
+
+    def __init__(self, fn: Callable[[], object]):
+        fn()
+        sync()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            fn()
+        for _ in range(20):
+            self.graph.replay()
+
+    def __call__(self, replays: int = 200) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        sync()
+        start.record()
+        for _ in range(replays):
+            self.graph.replay()
+        end.record()
+        sync()
+        return start.elapsed_time(end) * 1e3 / replays
+
+
+def count_launches(fn: Callable[[], object], device: torch.device) -> int:
+    """Kernels, memsets and copies of one ``fn()`` (torch.profiler); on the CPU, top-level aten operations."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    fn()
+    sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    events = prof.events()
+    if device.type == "cuda":
+        return sum(1 for e in events if e.device_type == DeviceType.CUDA)
+    return sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)
+
+
+def kernel_us(fn: Callable[[], object], device: torch.device = CUDA, builds: int = 200, per_build: int = 1) -> float:
+    """GPU time of the kernels of one ``fn()`` from the profiler's device timestamps (CUPTI): the median
+    over ``builds`` eager calls of the summed durations of its ``per_build`` kernels. Unlike a graph
+    replay timed with CUDA events, this leaves out the graph launch's own latency (``kernel_gpu_time.py``
+    prints a graph of one empty kernel's replay beside its duration)."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    for _ in range(20):
+        fn()
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(builds):
+            fn()
+            if i % 50 == 49:
+                sync(device)
+        sync(device)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+    )
+    if len(spans) < builds * per_build:
+        raise RuntimeError(f"the profiler saw {len(spans)} kernels for {builds} builds of {per_build}")
+    sums = [sum(end - start for start, end in spans[i : i + per_build]) for i in range(0, len(spans), per_build)]
+    return median_us([s * 1e-6 for s in sums])

@@ -2,7 +2,7 @@
 """Where the host time of a build goes, on the machine it runs on (a GPU machine).
 
 Prints medians (us) of: a small torch op, an empty Triton kernel through Triton's launch path and
-through the compiled kernel's launcher (tensor vs raw-address arguments), swa_hal's builder with the
+through the compiled kernel's launch function (tensor vs raw-address arguments), swa_hal's builder with the
 kernel launch replaced by a no-op (its pure Python cost), the launch alone, and whole builds with
 tensor and raw-address launches. Compare the first lines with the reference figures
 (an empty Triton launch ~12 us, one small torch op ~10 us) to see how fast this host is.
@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from swa_hal import SWAConfig, SWAMetadataBuilder  # noqa: E402
+from swa_hal.preflight import preflight_batch  # noqa: E402
 from swa_hal.scenarios import Scenario  # noqa: E402
 
 
@@ -65,22 +66,22 @@ def main() -> int:
     batch = Scenario.from_yaml(ROOT / "configs" / "batches" / "decode_only.yaml").make_batch(config, dev)
     builder = SWAMetadataBuilder(config, device=dev, validate=False)
     builder.warmup()
-    launcher = builder.backend._launch_rows
+    launcher = builder.backend._rows
     out["build"] = med(lambda: builder.build(batch))
     out["backend.compute only"] = med(lambda: builder.backend.compute(
         _plan(builder, batch), batch, builder.buffers))
     out["make_tile_schedulers (3 FlashMLA objects)"] = med(lambda: builder.backend.make_tile_schedulers(256))
     real_call = type(launcher).__call__
-    type(launcher).__call__ = lambda self, key, grid, args, addresses=False: None
+    type(launcher).__call__ = lambda self, key, grid, args: None
     out["build without the launch (Python only)"] = med(lambda: builder.build(batch))
     # The same pieces for the mixed step (64 decodes + 4 x 2048 prefill).
     mixed = Scenario.from_yaml(ROOT / "configs" / "batches" / "mixed.yaml").make_batch(config, dev)
     out["mixed: build without the launch"] = med(lambda: builder.build(mixed))
-    out["mixed: guard_batch"] = med(lambda: __import__("swa_hal.validation").validation.guard_batch(
-        mixed, config, 16384, 0))
+    out["mixed: preflight_batch"] = med(lambda: preflight_batch(mixed, config, 16384, 0))
     out["mixed: _plan (split)"] = med(lambda: builder._plan(mixed, 1))
     plan, query = builder._plan(mixed, 1)
-    out["mixed: _metadata"] = med(lambda: builder._metadata(mixed, plan, query, 0))
+    out["mixed: _metadatas"] = med(
+        lambda: builder._metadatas(mixed, plan, query, (mixed.block_table,), (mixed.slot_mapping,)))
     type(launcher).__call__ = real_call
     out["mixed: backend.compute (the launch)"] = med(lambda: builder.backend.compute(plan, mixed, builder.buffers))
     plan_d, _ = builder._plan(batch, 1)
@@ -89,7 +90,7 @@ def main() -> int:
     # the grid? (Extra programs past the work find nothing to do; fewer leave rows unwritten, harmless here.)
     captured: dict = {}
 
-    def record(self, key, grid, args, addresses=False):
+    def record(self, key, grid, args):
         captured.update(key=key, grid=grid, args=args)
 
     type(launcher).__call__ = record
@@ -97,13 +98,12 @@ def main() -> int:
     type(launcher).__call__ = real_call
     for grid in (16, captured["grid"], 2048):
         out[f"mixed: the launch alone, grid {grid}"] = med(
-            lambda g=grid: launcher(captured["key"], g, captured["args"], addresses=True))
+            lambda g=grid: launcher(captured["key"], g, captured["args"]))
     # Single pieces, to compare this host with others.
     from swa_hal.split import split_decodes_and_prefills
-    from swa_hal.validation import guard_batch
 
     qsl_cpu = batch.query_start_loc_cpu
-    out["guard_batch"] = med(lambda: guard_batch(batch, config, 16384, 0))
+    out["preflight_batch"] = med(lambda: preflight_batch(batch, config, 16384, 0))
     out["split (decode-only)"] = med(lambda: split_decodes_and_prefills(qsl_cpu.numpy(), 1, 256, 1))
     out["tensor.data_ptr()"] = med(lambda: x.data_ptr())
     out["tensor.get_device()"] = med(lambda: x.get_device())

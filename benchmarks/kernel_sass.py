@@ -23,6 +23,7 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU, not the interpreter
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -30,16 +31,14 @@ from triton.compiler import ASTSource  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from swa_hal import SWAConfig, jit  # noqa: E402
-from swa_hal.kernels.swa_metadata import ENGINE_TENSORS, swa_metadata_kernel  # noqa: E402
+from swa_hal import SWAConfig  # noqa: E402
+from swa_hal.kernels.launch import num_warps  # noqa: E402
+from swa_hal.kernels.rows_launch import rows_key  # noqa: E402
+from swa_hal.kernels.rows_launch import ROWS_ENGINE, ROWS_POINTERS  # noqa: E402
+from swa_hal.kernels.swa_metadata import swa_metadata_kernel  # noqa: E402
 
-POINTERS = {
-    "decode_idx_ptr": "*i32", "decode_lens_ptr": "*i32", "prefill_idx_ptr": "*i32", "prefill_lens_ptr": "*i32",
-    "token_to_req_ptr": "*i32", "is_valid_ptr": "*i1", "gather_lens_ptr": "*i32", "left_ptr": "*i32",
-    "right_ptr": "*i32", "violation_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
-    "block_table_ptr": "*i32", "slot_mapping_ptr": "*i64", "replay_ptr": "*i32", "span_indptr_ptr": "*i32",
-    "span_starts_ptr": "*i32", "span_ends_ptr": "*i32", "group_inputs_ptr": "*i64",
-}
+TRITON_TYPES = {torch.int32: "*i32", torch.int64: "*i64", torch.bool: "*i1"}
+POINTERS = {name: TRITON_TYPES[dtype] for name, dtype in ROWS_POINTERS.items()}
 
 
 def main() -> int:
@@ -55,14 +54,14 @@ def main() -> int:
         from kernel_sweep import variant_kernel
 
         kernel_fn = variant_kernel(args.kernel)
-    key = jit.rows_key(SWAConfig.from_yaml(args.config), causal=True, clamp=False, device_type="cuda",
+    key = rows_key(SWAConfig.from_yaml(args.config), causal=True, clamp=False, device_type="cuda",
                        guard=not args.no_guard)
     constexprs = key.constexprs()
     names = kernel_fn.arg_names
     signature = {n: POINTERS.get(n, "constexpr" if n in constexprs else "i32") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in POINTERS and n not in ENGINE_TENSORS}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in POINTERS and n not in ROWS_ENGINE}
     kernel = triton.compile(ASTSource(kernel_fn, signature, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": jit.num_warps()})
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps()})
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     out = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "swa_hal_sass"
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +75,7 @@ def main() -> int:
                            capture_output=True, text=True, check=True).stdout
     ops = [m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)]
     ptx = kernel.asm["ptx"]
-    print(f"{key}\nguard {not args.no_guard}, {jit.num_warps()} warps; files in {out}")
+    print(f"{key}\nguard {not args.no_guard}, {num_warps()} warps; files in {out}")
     print("registers:", ", ".join(re.findall(r"REG:\d+", usage)))
     print("layout conversions (TTGIR):", kernel.asm["ttgir"].count("ttg.convert_layout"))
     for kind in ("st.global.v4", "st.global.b32", "ld.global.b32", "ld.global.b64", "bar.sync"):

@@ -55,7 +55,7 @@ def one() -> None:
             b = SWAMetadataBuilder(config, device=dev, guard=guard)
             b.warmup()
             warm_gpu(dev)
-            k = b.backend._launch_rows.kernels.get(b.backend.kernel_key())
+            k = b.backend._rows.kernels.get(b.backend.kernel_key())
             out.append(f"{label} {'guard' if guard else 'no guard'} {kernel_us(lambda: b.build(batch), dev):5.2f} us"
                        f" (regs {getattr(k, 'n_regs', '?')})")
     print(f"kernel {os.environ.get('_SWEEP_KERNEL') or 'current'} "

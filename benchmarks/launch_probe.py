@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Pieces of one swa_hal kernel launch on a GPU host: argument preparation, the stream query, the
-compiled launcher with prepared addresses, and the kernel's GPU time (to rule out back-pressure)."""
+compiled launch function with prepared addresses, and the kernel's GPU time (to rule out back-pressure)."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def main():
     b = SWAMetadataBuilder(config, device="cuda", validate=False)
     b.warmup()
     b.build(batch)
-    launcher = b.backend._launch_rows
-    launch, head, constexprs, pointers = next(iter(launcher._compiled.values()))
+    launcher = b.backend._rows
+    launch, head, constexprs = next(iter(launcher._compiled.values()))
     kernel = next(iter(launcher.kernels.values()))
     md = kernel.metadata
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; torch threads {torch.get_num_threads()}")
@@ -50,7 +50,7 @@ def main():
           "n_regs", kernel.n_regs, "n_spills", kernel.n_spills)
     captured = {}
 
-    def grab(self, key, grid, args, addresses=False):
+    def grab(self, key, grid, args):
         captured["key"], captured["grid"], captured["args"] = key, grid, args
 
     real = type(launcher).__call__
@@ -68,7 +68,7 @@ def main():
     res["compiled run, prepared addresses"] = med(lambda: run(grid, 1, 1, stream, fn, pm, None, None, None, *ints, *constexprs))
     res["compiled run, tensors"] = med(lambda: run(grid, 1, 1, stream, fn, pm, None, None, None, *args, *constexprs))
     res["direct C launch, prepared addresses"] = med(lambda: launch(grid, 1, 1, stream, *head, *ints, *constexprs))
-    res["launcher call"] = med(lambda: launcher(key, grid, args, addresses=True))
+    res["launch object call"] = med(lambda: launcher(key, grid, args))
     res["kernel.run attribute"] = med(lambda: kernel.run)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()

@@ -105,3 +105,60 @@ def test_engine_builder_keeps_only_the_images_of_this_step():
     assert not compare_with_reference(config, want, md)
     assert md.prefill_left_visible.tolist()[1:] == [0, 0, 1, 2, 3, 0, 0, 0]
     engine.builder.check()  # nothing recorded
+
+
+# -- padding rows: one rule (batch_from_common_metadata, docs/semantics.md #inputs, #split, #per-token-helpers) --
+
+C2 = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4,
+               num_speculative_tokens=1, speculative_method="mtp")
+
+
+def vector_c2(num_tokens=7):
+    """Vector C1 with T=7 (vector C2): a decode of 2 tokens, a prefill of 3, two padding rows."""
+    from swa_hal import AttentionBatch
+
+    return AttentionBatch.from_lists([6, 3], [2, 3], [[7, 3], [5, -1]], block_size=4, num_tokens=num_tokens)
+
+
+@pytest.mark.parametrize("actual", ["scheduled", "all rows", "absent"])
+def test_padding_rows_are_every_slot_row_past_the_scheduled_tokens(actual):
+    # Engines differ on what num_actual_tokens counts (vLLM's counts the padding); it decides no row.
+    batch = vector_c2()
+    overrides = {"scheduled": {}, "all rows": {"num_actual_tokens": 7}, "absent": {}}[actual]
+    cm = common_metadata(batch, **overrides)
+    if actual == "absent":
+        del cm.num_actual_tokens
+    adapted = batch_from_common_metadata(cm)
+    assert adapted.num_tokens == 7 and adapted.slot_mapping is batch.slot_mapping
+    engine = EngineSWABuilder(C2, "cpu", backend="torch")
+    md = engine.build(0, cm)
+    assert not compare_with_reference(C2, batch, md)
+    assert (md.num_decodes, md.num_prefills, md.num_decode_tokens, md.num_prefill_tokens) == (1, 1, 2, 5)
+    # Vector C2: the padding rows are prefill rows 3 and 4, request 0, invalid, lens 0, all -1.
+    assert md.token_to_req_indices.tolist() == [0, 0, 1, 1, 1, 0, 0]
+    assert md.is_valid_token.tolist() == [True] * 5 + [False] * 2
+    assert md.prefill_swa_lens.tolist() == [1, 2, 3, 0, 0]
+    assert (md.prefill_swa_indices[3:] == -1).all()
+    assert md.prefill_swa_indices[:3, 0].tolist() == [[20, -1, -1, -1], [20, 21, -1, -1], [20, 21, 22, -1]]
+    assert md.decode_swa_indices[:, 0].tolist() == [[29, 30, 31, 12], [30, 31, 12, 13]]
+
+
+@pytest.mark.parametrize("backend, assume", [("torch", "vendor=cpu"), ("cuda", "vendor=cuda,capability=9.0")])
+def test_padding_rows_of_random_batches_equal_the_reference(backend, assume):
+    """Padding rows (and zero-length padding requests) in decode-only, MTP and mixed batches: the
+    adapter's batch has every slot row, and the build equals the reference on all of them."""
+    from swa_hal.scenarios import synthesize_batch
+
+    engine = EngineSWABuilder(CFG, "cpu", backend=backend, platform=PlatformInfo.from_assume(assume))
+    rng = random.Random(f"padding-{backend}")
+    for i in range(6):
+        batch = random_batch(CFG, rng, "padded")
+        queries = ([1] * rng.randint(1, 3)) if i % 2 else [rng.randint(1, 3), rng.randint(4, 9), 2]
+        seqs = [q + rng.randint(0, 20) for q in queries] + [0]
+        mixed = synthesize_batch(CFG, seqs, queries + [0], rng=rng, padding_rows=rng.randint(1, 6))
+        for b in (batch, mixed):
+            assert b.num_tokens > int(b.query_start_loc_cpu[-1])
+            md = engine.build(0, common_metadata(b), replay_start=b.replay_start)
+            assert not compare_with_reference(CFG, b, md)
+            pad = slice(int(b.query_start_loc_cpu[-1]), b.num_tokens)
+            assert not md.is_valid_token[pad].any() and (md.token_to_req_indices[pad] == 0).all()

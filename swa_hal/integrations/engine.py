@@ -1,8 +1,9 @@
 """The engine-facing surface of an engine's own SWA metadata builder, over swa_hal.
 
 An engine keeps its per-step ``CommonAttentionMetadata``-like object; ``batch_from_common_metadata``
-reads it by field name (no copies, no host syncs) and ``EngineSWABuilder`` offers the methods the
-engine already calls: ``build(common_prefix_len, common_attn_metadata, fast_build=False, replay_start=None)``,
+reads it by field name (no copies, no host syncs; the one conversion, with one rule for padding rows,
+that the vLLM plugin uses too), ``step_image_spans`` takes the step's images from it, and
+``EngineSWABuilder`` offers the methods the engine already calls: ``build(common_prefix_len, common_attn_metadata, fast_build=False, replay_start=None)``,
 ``update_draft_decode_metadata``, ``reorder_batch_threshold`` and its CUDA-graph support level.
 """
 
@@ -31,20 +32,47 @@ class CudaGraphSupport(enum.IntEnum):
     ALWAYS = 3
 
 
+def _num_reqs(cm: Any) -> int:
+    num_reqs = getattr(cm, "num_reqs", None)
+    return int(num_reqs) if num_reqs is not None else cm.query_start_loc_cpu.shape[0] - 1
+
+
+def _seq_lens_cpu(cm: Any) -> torch.Tensor | None:
+    seq_cpu = getattr(cm, "seq_lens_cpu_upper_bound", None)
+    return seq_cpu if seq_cpu is not None else getattr(cm, "seq_lens_cpu", None)
+
+
+def _first(t: torch.Tensor, n: int) -> torch.Tensor:
+    return t if t.shape[0] == n else t[:n]
+
+
 def batch_from_common_metadata(
     cm: Any, *, replay_start: torch.Tensor | None = None, image_spans: ImageSpans | None = None
 ) -> AttentionBatch:
-    """An AttentionBatch that shares the engine's tensors (nothing is copied or synchronised).
+    """An AttentionBatch that shares the engine's tensors (nothing is copied or synchronised): the one
+    conversion of an engine's per-step common metadata, used by ``EngineSWABuilder`` and by the vLLM
+    plugin alike.
 
     Reads ``seq_lens``, ``seq_lens_cpu_upper_bound`` (or ``seq_lens_cpu``), ``query_start_loc``,
-    ``query_start_loc_cpu``, ``block_table_tensor``, ``slot_mapping``, ``max_query_len``,
-    ``num_actual_tokens`` and ``causal`` (default True). The token rows T are the slot mapping's
-    length: padding rows past ``num_actual_tokens`` included. ``replay_start`` and ``image_spans``
-    pass through (docs/semantics.md #bounded-replay, #vision-spans).
+    ``query_start_loc_cpu``, ``block_table_tensor``, ``slot_mapping``, ``max_query_len``, and, where the
+    engine has them, ``num_reqs`` (R; else ``len(query_start_loc) - 1``), ``num_actual_tokens`` and
+    ``causal`` (default True). ``seq_lens`` and its host copy are cut to R rows when longer (views).
+    ``replay_start`` and ``image_spans`` pass through (docs/semantics.md #bounded-replay, #vision-spans;
+    ``step_image_spans`` makes the spans from the engine's image ranges).
+
+    Padding rows, one rule for every engine: the token rows T of the batch are all the rows of the slot
+    mapping (``slot_mapping.shape[0]``), and the rows past the scheduled tokens, ``t >= query_start_loc[R]``,
+    are padding rows as docs/semantics.md defines them (#inputs: T may exceed the scheduled tokens by
+    padding rows; #split: they go with the prefills, or are decode rows when every request is a decode;
+    #per-token-helpers: ``token_to_req_indices`` maps them to request 0, ``is_valid_token`` is
+    ``slot_mapping >= 0``; vector C2). The engine marks them with slot -1 (full validation rejects any
+    other slot there), so they are invalid tokens whose rows are empty: lens 0, every entry -1.
+    ``num_actual_tokens`` decides no row: engines differ on whether it counts the padding (vLLM's does;
+    others count the scheduled tokens), so it is only checked to be at most T. Every row the engine's
+    slot mapping has is therefore written by the build, none left to an earlier build's values in the
+    fixed buffers; an engine whose metadata covers only its first ``num_actual_tokens`` rows (vLLM's)
+    takes the first rows of the outputs.
     """
-    seq_cpu = getattr(cm, "seq_lens_cpu_upper_bound", None)
-    if seq_cpu is None:
-        seq_cpu = getattr(cm, "seq_lens_cpu", None)
     slot_mapping = cm.slot_mapping
     num_tokens = slot_mapping.shape[0]
     actual = getattr(cm, "num_actual_tokens", None)
@@ -52,11 +80,13 @@ def batch_from_common_metadata(
         raise BatchShapeError(
             "num_actual_tokens", f"num_actual_tokens={actual} exceeds the slot_mapping's {num_tokens} rows"
         )
+    num_reqs = _num_reqs(cm)
+    seq_cpu = _seq_lens_cpu(cm)
     return AttentionBatch(
-        seq_lens=cm.seq_lens,
+        seq_lens=_first(cm.seq_lens, num_reqs),
         query_start_loc=cm.query_start_loc,
         query_start_loc_cpu=cm.query_start_loc_cpu,
-        seq_lens_cpu=seq_cpu,
+        seq_lens_cpu=None if seq_cpu is None else _first(seq_cpu, num_reqs),
         block_table=cm.block_table_tensor,
         slot_mapping=slot_mapping,
         max_query_len=int(cm.max_query_len),
@@ -65,6 +95,23 @@ def batch_from_common_metadata(
         replay_start=replay_start,
         image_spans=image_spans,
     )
+
+
+def step_image_spans(builder: SWAMetadataBuilder, cm: Any) -> ImageSpans | None:
+    """The step's image spans from ``cm.mm_req_doc_ranges`` (``{request: [(start, end), ...]}``), in the
+    builder's fixed span buffers; None when the model is not the vision variant or no image lies over
+    the step's new tokens. Engines list every image of a request (prefilled by an earlier chunk, or
+    still to come); only those over this step's tokens are spans of the batch (docs/semantics.md
+    #vision-spans)."""
+    ranges = getattr(cm, "mm_req_doc_ranges", None)
+    if not ranges or builder.config.max_image_tokens <= 0 or not any(ranges.values()):
+        return None
+    num_reqs = _num_reqs(cm)
+    seq_cpu = _seq_lens_cpu(cm)
+    if seq_cpu is None:
+        seq_cpu = cm.seq_lens.cpu()  # only in steps with images, and only without a host copy
+    step = ranges_in_step(ranges, cm.query_start_loc_cpu, seq_cpu, num_reqs)
+    return builder.image_spans_from_ranges(step, num_reqs) if step else None
 
 
 class EngineSWABuilder:
@@ -114,21 +161,9 @@ class EngineSWABuilder:
         ``replay_start``: each request's lower bound on the window (None: none). Image spans are read
         from ``common_attn_metadata.mm_req_doc_ranges`` (``{request: [(start, end), ...]}``) when the
         model is the vision variant and the step has prefill tokens."""
-        spans = None
-        ranges = getattr(common_attn_metadata, "mm_req_doc_ranges", None)
-        if ranges and self.builder.config.max_image_tokens > 0 and any(ranges.values()):
-            cm = common_attn_metadata
-            num_reqs = cm.query_start_loc_cpu.shape[0] - 1
-            seq_cpu = getattr(cm, "seq_lens_cpu_upper_bound", None)
-            if seq_cpu is None:
-                seq_cpu = getattr(cm, "seq_lens_cpu", None)
-            if seq_cpu is None:
-                seq_cpu = cm.seq_lens.cpu()  # only in steps with images, and only without a host copy
-            # Engines list every image of a request; only those over this step's tokens are spans here.
-            step = ranges_in_step(ranges, cm.query_start_loc_cpu, seq_cpu, num_reqs)
-            if step:
-                spans = self.builder.image_spans_from_ranges(step, num_reqs)
-        batch = batch_from_common_metadata(common_attn_metadata, replay_start=replay_start, image_spans=spans)
+        cm = common_attn_metadata
+        spans = step_image_spans(self.builder, cm)
+        batch = batch_from_common_metadata(cm, replay_start=replay_start, image_spans=spans)
         return self.builder.build(batch)
 
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> SWAMetadata:

@@ -578,6 +578,106 @@ def test_fixed_addresses_across_builds(plugin_log, vllm_configs):
     assert md.decode_swa_lens.untyped_storage().data_ptr() == buffers.decode_lens.data_ptr()
 
 
+# -- one adapter, one padding rule, one field map -------------------------------------------------
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and torch.equal(a, b)
+    return a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
+
+
+def _padded_batches(cfg, rng):
+    """Padded batches (padding rows past the scheduled tokens, zero-length padding requests): decode
+    only, MTP, and mixed (the padding rows go with the prefills)."""
+    from swa_hal.scenarios import synthesize_batch
+
+    thr = cfg.decode_threshold
+    yield H.draw(cfg, rng, "padded", replay=0.5)[0]
+    for queries in ([1, thr, 1], [thr, thr + 3, 1, thr + 1]):
+        seqs = [q + rng.randint(0, 3 * cfg.window_size) for q in queries]
+        yield synthesize_batch(cfg, seqs + [0], queries + [0], rng=rng, padding_rows=rng.randint(1, 9))
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("variant", ["v4_w8b4", "v41_mtp1_w7b16"])
+def test_padding_rows_both_adapters_equal_the_reference(plugin_log, vllm_configs, variant, backend):
+    """The generic EngineSWABuilder and the vLLM builder read one padded batch's CommonAttentionMetadata
+    through the one adapter (``engine.batch_from_common_metadata``) and its padding rule: both equal the
+    reference (swa_hal/reference.py) on every row, padding rows included (request 0, invalid, empty
+    rows; docs/semantics.md #per-token-helpers, vector C2). vLLM's metadata, read back through the field
+    map, is the first ``num_actual_tokens`` rows of it (all of them when vLLM counts the padding, as its
+    runner does), with ``is_valid_token`` over every slot row; vLLM's own builder gives the same."""
+    from swa_hal import PlatformInfo, SWAMetadata
+    from swa_hal.integrations import EngineSWABuilder
+    from swa_hal.integrations import vllm_builder as VB
+    from swa_hal.testing import compare_with_reference
+
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    native_cls = (V41_NATIVES if ALL_VARIANTS[variant].version == "deepseek_v41" else V4_NATIVES)[0]
+    native, ours, _ = builders(native_cls, variant, vllm_configs, **kw)
+    config = ours.swa_config
+    platform = PlatformInfo.from_assume(kw["platform"]) if "platform" in kw else None
+    engine = EngineSWABuilder(config, "cpu", backend=backend, platform=platform)
+    rng = random.Random(f"{SEED}-{variant}-{backend}-padding")
+    for batch in _padded_batches(config, rng):
+        scheduled = int(batch.query_start_loc_cpu[-1])
+        assert batch.num_tokens > scheduled
+        for actual in (batch.num_tokens, scheduled):
+            cm = H.common_metadata(batch, num_actual_tokens=actual)
+            md_engine = engine.build(0, cm, replay_start=batch.replay_start)
+            assert not compare_with_reference(config, batch, md_engine)
+            pad = slice(scheduled, batch.num_tokens)
+            assert not md_engine.is_valid_token[pad].any() and (md_engine.token_to_req_indices[pad] == 0).all()
+
+            got = ours.build(0, cm, replay_start=batch.replay_start)
+            back = ours.swa_hal_metadata(got)
+            want = VB.engine_rows(md_engine, actual)
+            for theirs, name in VB.FIELDS + (VB.PREFILL_FIELDS if want.num_prefills else ()):
+                assert _same(getattr(want, name), getattr(back, name)), f"{theirs}: {actual}/{batch.num_tokens} rows"
+            assert isinstance(back, SWAMetadata) and back.is_valid_token.shape[0] == batch.num_tokens
+            if actual == batch.num_tokens:
+                assert not compare_with_reference(config, batch, back)
+            cm_native = H.common_metadata(batch, num_actual_tokens=actual)
+            got_native = native.build(0, cm_native, replay_start=batch.replay_start)
+            diffs = H.compare(got_native, got, batch, **chunk_args(variant))
+            assert not diffs, "\n".join(diffs)
+
+
+def test_one_field_list_maps_both_directions(plugin_log, vllm_configs):
+    """``FIELDS`` / ``PREFILL_FIELDS`` name real fields on both sides, cover every field vLLM's base
+    build fills (the tile schedulers aside: vLLM's own planner objects), and the two directions made
+    from them are each other's inverse."""
+    from swa_hal import SWAMetadata
+    from swa_hal.integrations import vllm_builder as VB
+
+    pairs = VB.FIELDS + VB.PREFILL_FIELDS
+    theirs = {f.name: f for f in dataclasses.fields(sparse_swa.DeepseekSparseSWAMetadata)}
+    ours_names = {f.name for f in dataclasses.fields(SWAMetadata)}
+    assert all(t in theirs and o in ours_names for t, o in pairs)
+    assert len({t for t, _ in pairs}) == len({o for _, o in pairs}) == len(pairs)
+    native, ours, cfg = builders(sparse_swa.DeepseekSparseSWAMetadataBuilder, "v4_mtp2_w6b8", vllm_configs)
+    batch, _ = H.draw(cfg, random.Random(SEED), "mixed", replay=1.0)
+    md_native = native.build(0, H.common_metadata(batch), replay_start=batch.replay_start)
+    assert md_native.num_prefills and md_native.num_decodes
+
+    def filled(field):
+        value, default = getattr(md_native, field.name), field.default
+        return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING or (
+            value is not None and not isinstance(value, dict) and (isinstance(value, torch.Tensor) or value != default)
+        )
+
+    filled_names = {n for n, f in theirs.items() if filled(f) and not n.startswith("tile_sched_")}
+    assert filled_names <= {t for t, _ in pairs}, filled_names - {t for t, _ in pairs}
+    got = ours.build(0, H.common_metadata(batch), replay_start=batch.replay_start)
+    back = ours.swa_hal_metadata(got)
+    again = VB.to_vllm(back)
+    assert again.keys() == {t for t, _ in pairs}
+    assert all(again[t] is getattr(got, t) for t in again if isinstance(again[t], torch.Tensor))
+    assert all(_same(again[t], getattr(got, t)) for t in again)
+    assert VB.from_vllm(got).keys() == {o for _, o in pairs}
+
+
 # -- where vLLM's builder is unsafe, swa_hal's documented behaviour -----------------------------
 
 

@@ -1,0 +1,381 @@
+"""swa_hal's builder for vLLM 0.33's DeepSeek-V4 / V4.1 sliding-window metadata.
+
+This module imports vLLM. The plugin (``swa_hal.integrations.vllm``, which imports nothing from vLLM)
+imports it on first use, after checking vLLM's version; importing it directly checks the version too.
+
+* ``SwaHalSparseSWAMetadataBuilder``: vLLM's ``DeepseekSparseSWAMetadataBuilder`` whose ``build`` and
+  ``update_draft_decode_metadata`` come from a swa_hal ``SWAMetadataBuilder``.
+* ``swa_hal_builder_cls(native)``: the same under any of vLLM's platform subclasses (V4.1, FlashMLA,
+  FlashInfer, CPU, ROCm AITER, ...): ``type(name, (native, SwaHalSparseSWAMetadataBuilder), {})``, whose
+  method order is ``platform subclass -> (V4.1 builder) -> swa_hal -> vLLM base``, so each subclass's
+  own ``build`` runs on top of swa_hal's and keeps what it adds.
+* ``FIELDS`` and ``PREFILL_FIELDS``: the field map between vLLM's ``DeepseekSparseSWAMetadata`` and
+  swa_hal's ``SWAMetadata``; ``to_vllm`` and ``from_vllm`` are its two directions.
+* The step's batch comes from ``engine.batch_from_common_metadata``, the conversion (and padding rule)
+  every engine adapter uses; vLLM's metadata covers the first ``num_actual_tokens`` token rows of it
+  (``engine_rows``) and ``is_valid_token`` every slot row, as vLLM's own builder hands them out.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import torch
+from vllm.transformers_utils.deepseek_v4_utils import get_compress_ratios
+from vllm.v1.attention.backends.mla.sparse_swa import (
+    DeepseekSparseSWAMetadata,
+    DeepseekSparseSWAMetadataBuilder,
+)
+
+from ..batch import AttentionBatch
+from ..builder import SWAMetadataBuilder
+from ..config import LAYER_TYPES, SPECULATIVE_METHODS, SWAConfig
+from ..errors import ConfigError
+from ..metadata import SWAMetadata
+from ..platform import PlatformInfo
+from . import vllm as plugin
+from .engine import batch_from_common_metadata, step_image_spans
+
+plugin.check_vllm()
+
+# -- the field map ------------------------------------------------------------------------------
+
+# (vLLM's DeepseekSparseSWAMetadata field, swa_hal's SWAMetadata field): the fields every build fills.
+FIELDS: tuple[tuple[str, str], ...] = (
+    # the step's inputs, passed through
+    ("seq_lens", "seq_lens"),
+    ("query_start_loc", "query_start_loc"),
+    ("query_start_loc_cpu", "query_start_loc_cpu"),
+    ("block_table", "block_table"),
+    ("slot_mapping", "slot_mapping"),
+    # docs/semantics.md #split, #per-token-helpers
+    ("num_decodes", "num_decodes"),
+    ("num_prefills", "num_prefills"),
+    ("num_decode_tokens", "num_decode_tokens"),
+    ("num_prefill_tokens", "num_prefill_tokens"),
+    ("max_decode_query_len", "max_decode_query_len"),
+    ("token_to_req_indices", "token_to_req_indices"),
+    ("is_valid_token", "is_valid_token"),
+    # #causal-rows, #dspark-rows, #vision-spans, #bounded-replay
+    ("decode_swa_indices", "decode_swa_indices"),
+    ("decode_swa_lens", "decode_swa_lens"),
+    ("decode_swa_width", "decode_swa_width"),
+    ("prefill_swa_indices", "prefill_swa_indices"),
+    ("prefill_swa_lens", "prefill_swa_lens"),
+    ("prefill_left_visible", "prefill_left_visible"),
+    ("prefill_right_visible", "prefill_right_visible"),
+    ("replay_start", "replay_start"),
+    ("block_size", "block_size"),
+)
+
+# The fields vLLM fills only when the step has prefills (its defaults otherwise: None and 0).
+PREFILL_FIELDS: tuple[tuple[str, str], ...] = (
+    ("prefill_seq_lens", "prefill_seq_lens"),
+    ("prefill_seq_lens_cpu", "prefill_seq_lens_cpu"),
+    ("prefill_gather_lens", "prefill_gather_lens"),
+    ("prefill_query_lens_cpu", "prefill_query_lens_cpu"),
+    ("prefill_window_size", "window_size"),
+    ("prefill_max_model_len", "max_model_len"),
+    ("prefill_max_num_batched_tokens", "max_num_batched_tokens"),
+)
+
+
+def _pairs(num_prefills: int) -> tuple[tuple[str, str], ...]:
+    return FIELDS + PREFILL_FIELDS if num_prefills else FIELDS
+
+
+def to_vllm(md: SWAMetadata) -> dict[str, Any]:
+    """vLLM's metadata fields from swa_hal's metadata (the tile schedulers are not among them: vLLM's
+    kernels consume its own planner objects, from the builder's ``build_tile_scheduler``)."""
+    return {theirs: getattr(md, ours) for theirs, ours in _pairs(md.num_prefills)}
+
+
+def from_vllm(metadata: Any) -> dict[str, Any]:
+    """swa_hal's metadata fields from vLLM's metadata: the reverse of ``to_vllm``. The static facts a
+    decode-only step does not carry (``window_size``, ``max_model_len``, ``max_num_batched_tokens``),
+    ``causal``, ``tile_sched`` and ``backend`` are the caller's to add."""
+    return {ours: getattr(metadata, theirs) for theirs, ours in _pairs(metadata.num_prefills)}
+
+
+def engine_rows(md: SWAMetadata, num_tokens: int) -> SWAMetadata:
+    """``md`` over the engine's first ``num_tokens`` token rows (vLLM's ``num_actual_tokens``): the
+    split, ``token_to_req_indices``, the rows and the visibility cut to them, views only.
+    ``is_valid_token`` keeps every slot row, as vLLM's builder hands it out. The batch had every slot
+    row (``batch_from_common_metadata``): the rows past ``num_tokens`` are padding rows, which only
+    ``is_valid_token`` shows vLLM."""
+    ndt, npt = md.num_decode_tokens, md.num_prefill_tokens
+    if num_tokens >= ndt + npt:
+        return md
+    ndt = min(ndt, num_tokens)
+    npt = num_tokens - ndt
+    changes: dict[str, Any] = dict(
+        num_decode_tokens=ndt,
+        num_prefill_tokens=npt,
+        token_to_req_indices=md.token_to_req_indices[:num_tokens],
+        decode_swa_indices=md.decode_swa_indices[:ndt],
+        decode_swa_lens=md.decode_swa_lens[:ndt],
+    )
+    for name in ("prefill_swa_indices", "prefill_swa_lens"):
+        rows = getattr(md, name)
+        changes[name] = rows[:npt] if rows is not None and npt else None
+    for name in ("prefill_left_visible", "prefill_right_visible"):
+        visible = getattr(md, name)
+        if visible is not None:
+            changes[name] = visible[:num_tokens]
+    return md.with_changes(**changes)
+
+
+# -- the builder's config -----------------------------------------------------------------------
+
+
+def _is_v41(cls: type) -> bool:
+    return any(c.__name__ == "DeepseekV41SparseSWAMetadataBuilder" for c in cls.__mro__)
+
+
+def swa_config_from_vllm(builder: Any) -> SWAConfig:
+    """The SWAConfig of a vLLM SWA builder, from the values vLLM's own ``__init__`` derived
+    (window, block size, image tokens, drafting, capacities) and the model's compress ratios."""
+    vllm_config = builder.vllm_config
+    hf_config = vllm_config.model_config.hf_config
+    v41 = _is_v41(type(builder))
+    if v41:
+        ratios = getattr(hf_config, "compress_ratios", None) or [0]
+    else:
+        ratios = get_compress_ratios(hf_config) or [1]
+    spec = vllm_config.speculative_config
+    k = int(builder.num_speculative_tokens or 0)
+    method = None
+    parallel = False
+    if k > 0:
+        if builder.is_dspark:
+            method = "dspark"
+        else:
+            name = str(getattr(spec, "method", "") or "").lower()
+            method = name if name in SPECULATIVE_METHODS else "mtp"
+        parallel = bool(getattr(spec, "parallel_drafting", False)) and not bool(
+            getattr(vllm_config, "use_v2_model_runner", False)
+        )
+    cfg = SWAConfig(
+        window_size=int(builder.window_size),
+        block_size=int(builder.block_size),
+        compress_ratios=tuple(int(r) for r in ratios),
+        max_model_len=int(builder.max_model_len),
+        max_num_batched_tokens=int(builder.max_num_batched_tokens),
+        max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
+        num_speculative_tokens=k,
+        parallel_drafting=parallel,
+        speculative_method=method,
+        head_size=int(builder.head_size),
+        model_version="deepseek_v41" if v41 else "deepseek_v4",
+        max_image_tokens=int(builder.max_image_tokens),
+    )
+    if cfg.decode_threshold != builder.decode_threshold:
+        raise ConfigError(
+            "num_speculative_tokens",
+            f"vLLM's decode threshold is {builder.decode_threshold}; swa_hal derives {cfg.decode_threshold} "
+            f"from {k} draft tokens (parallel_drafting={parallel}); this drafting setup is not supported",
+        )
+    if builder.is_dspark and cfg.noncausal_index_width != builder.noncausal_index_width:
+        raise ConfigError(
+            "num_speculative_tokens",
+            f"vLLM's DSpark row width is {builder.noncausal_index_width}; swa_hal's is {cfg.noncausal_index_width}",
+        )
+    return cfg
+
+
+# -- the builder --------------------------------------------------------------------------------
+
+
+class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
+    """vLLM's DeepSeek-V4 SWA builder whose rows come from a swa_hal ``SWAMetadataBuilder``.
+
+    Same constructor as vLLM's (plus keyword-only ``backend``, ``platform`` and ``validate`` for
+    swa_hal; defaults from ``swa_hal.integrations.vllm.configure``); ``build`` returns vLLM's
+    ``DeepseekSparseSWAMetadata`` whose tensors are views of swa_hal's fixed buffers and of the step's
+    own inputs.
+    """
+
+    # The vLLM class this one stands in for (``swa_hal_builder_cls`` sets it on each platform's).
+    swa_hal_native_cls: type = DeepseekSparseSWAMetadataBuilder
+
+    def __init__(
+        self,
+        *args: Any,
+        backend: str | None = None,
+        platform: PlatformInfo | str | None = None,
+        validate: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        pcp = getattr(self.vllm_config.parallel_config, "prefill_context_parallel_size", 1) or 1
+        if pcp > 1:
+            # V4.1's PCP build hands the base a rank-local slot mapping shorter than the step's
+            # tokens; swa_hal's builder has not been checked against it.
+            raise ConfigError(
+                "prefill_context_parallel_size",
+                f"{pcp}: prefill context parallelism is not supported by swa_hal's vLLM plugin yet; "
+                f"set {plugin.ENV_SWITCH}=0 to run vLLM's own builders",
+            )
+        if isinstance(platform, str):
+            platform = PlatformInfo.from_assume(platform)
+        options = plugin.options
+        self.swa_config = swa_config_from_vllm(self)
+        self.swa_hal = SWAMetadataBuilder(
+            self.swa_config,
+            device=self.device,
+            backend=backend if backend is not None else options.backend,
+            platform=platform if platform is not None else options.platform,
+            validate=validate if validate is not None else options.validate,
+        )
+        self._release_native_row_buffers()
+        # vLLM hands out visibility whenever a request lists images, even when none covers the
+        # step's new tokens (all zeros then); these stay zero for exactly that case.
+        self._no_visibility: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.max_image_tokens > 0:
+            zeros = lambda: torch.zeros(self._max_tokens, dtype=torch.int32, device=self.device)  # noqa: E731
+            self._no_visibility = (zeros(), zeros())
+        if not self.swa_hal.supports_draft_decode_metadata_update:
+            self.supports_draft_decode_metadata_update = False
+
+    @property
+    def swa_hal_backend(self) -> str:
+        return self.swa_hal.backend_name
+
+    def _release_native_row_buffers(self) -> None:
+        """vLLM's base allocated its own row buffers; swa_hal's replace them. The per-token
+        buffers become swa_hal's (same shapes), the index rows zero-width placeholders, so no
+        code path can fill rows outside swa_hal (ROCm's one-launch decode build checks the
+        buffer's width and declines)."""
+        b = self.swa_hal.buffers
+        empty = lambda: torch.empty((self._max_tokens, 1, 0), dtype=torch.int32, device=self.device)  # noqa: E731
+        self.decode_swa_indices = empty()
+        self.prefill_swa_indices = empty()
+        self.decode_swa_indices_noncausal = empty()
+        self.token_to_req_indices = b.token_to_req
+        self.is_valid_token = b.is_valid
+        self.decode_swa_lens = b.decode_lens
+        self.prefill_swa_lens = b.prefill_lens
+        for name in ("left_visible", "right_visible", "span_indptr", "span_starts", "span_ends"):
+            if hasattr(self, name):
+                setattr(self, name, getattr(b, name))
+
+    # -- build ------------------------------------------------------------------------------
+
+    def swa_hal_batch(self, cm: Any, replay_start: torch.Tensor | None = None) -> AttentionBatch:
+        """The step as a swa_hal batch: views of vLLM's tensors, nothing copied or synchronised
+        (image spans go into swa_hal's fixed span buffers, as vLLM uploads them into its own)."""
+        spans = step_image_spans(self.swa_hal, cm)
+        return batch_from_common_metadata(cm, replay_start=replay_start, image_spans=spans)
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: Any,
+        fast_build: bool = False,
+        replay_start: torch.Tensor | None = None,
+    ) -> Any:
+        """vLLM's ``build``: ``common_prefix_len`` and ``fast_build`` are accepted and, as in
+        vLLM's builder, unused; ``replay_start`` is each request's lower bound (None: none)."""
+        cm = common_attn_metadata
+        md = engine_rows(self.swa_hal.build(self.swa_hal_batch(cm, replay_start)), cm.num_actual_tokens)
+        fields = to_vllm(md)
+        tile = self.build_tile_scheduler(md.num_decode_tokens)
+        for kind in LAYER_TYPES:
+            fields[f"tile_sched_{kind}"] = tile.get(kind)
+        ranges = cm.mm_req_doc_ranges
+        if (
+            self._no_visibility is not None
+            and md.num_prefill_tokens
+            and md.prefill_left_visible is None
+            and ranges
+            and any(ranges.values())
+        ):
+            n = md.num_decode_tokens + md.num_prefill_tokens
+            fields["prefill_left_visible"] = self._no_visibility[0][:n]
+            fields["prefill_right_visible"] = self._no_visibility[1][:n]
+        return DeepseekSparseSWAMetadata(**fields)
+
+    # -- speculative decoding ---------------------------------------------------------------
+
+    def swa_hal_metadata(self, metadata: Any) -> SWAMetadata:
+        """swa_hal's view of a vLLM metadata this builder built (views only), for in-place updates."""
+        buffers = self.swa_hal.buffers
+        ptr = metadata.decode_swa_indices.untyped_storage().data_ptr()
+        cfg = self.swa_config
+        fields: dict[str, Any] = dict(
+            window_size=cfg.window_size,
+            max_model_len=cfg.max_model_len,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+        )
+        fields.update(from_vllm(metadata))
+        return SWAMetadata(
+            **fields,
+            causal=ptr == buffers.decode_indices.untyped_storage().data_ptr(),
+            tile_sched={},
+            backend=self.swa_hal.backend_name,
+        )
+
+    def update_draft_decode_metadata(self, metadata: Any) -> None:
+        """vLLM's in-place draft-step refresh (capture-safe): swa_hal recomputes token_to_req,
+        is_valid and the decode rows and lens (DSpark rows stay DSpark rows) from the advanced
+        ``seq_lens``; fresh tile schedulers; FlashInfer's index cache cleared."""
+        ndt = metadata.num_decode_tokens
+        if ndt == 0:
+            return
+        self.swa_hal.update_draft_decode_metadata(self.swa_hal_metadata(metadata))
+        slots = metadata.slot_mapping
+        if slots.shape[0] > ndt and metadata.is_valid_token.shape[0] >= slots.shape[0]:
+            torch.ge(slots[ndt:], 0, out=metadata.is_valid_token[ndt : slots.shape[0]])
+        tile = self.build_tile_scheduler(ndt)
+        for kind in LAYER_TYPES:
+            setattr(metadata, f"tile_sched_{kind}", tile.get(kind))
+        metadata.flashinfer_sparse_index_cache.clear()
+
+
+# -- under vLLM's platform subclasses -----------------------------------------------------------
+
+_lock = threading.Lock()
+_wrapped: dict[type, type] = {DeepseekSparseSWAMetadataBuilder: SwaHalSparseSWAMetadataBuilder}
+
+
+def swa_hal_builder_cls(native: type) -> type:
+    """The swa_hal builder for vLLM's builder class ``native`` (cached; any class that is not a
+    DeepSeek-V4 SWA builder comes back unchanged): ``native`` over ``SwaHalSparseSWAMetadataBuilder``,
+    with a unique name this module resolves (``__getattr__``), so pickle finds it in any process."""
+    if getattr(native, "swa_hal_native_cls", None) is not None:
+        return native
+    with _lock:
+        cls = _wrapped.get(native)
+        if cls is not None:
+            return cls
+        if not (isinstance(native, type) and issubclass(native, DeepseekSparseSWAMetadataBuilder)):
+            return native
+        # Unique, importable name: V4 and V4.1 have same-named subclasses in different modules.
+        tail = native.__module__.removeprefix("vllm.").replace(".", "_")
+        attr = f"SwaHal_{tail}_{native.__qualname__.replace('.', '_')}"
+        cls = type(
+            native.__name__,
+            (native, SwaHalSparseSWAMetadataBuilder),
+            {
+                "__module__": __name__,
+                "__qualname__": attr,
+                "__doc__": f"swa_hal rows under vLLM's {native.__module__}.{native.__qualname__}.",
+                "swa_hal_native_cls": native,
+            },
+        )
+        cls.__name__ = f"SwaHal{native.__name__}"
+        _wrapped[native] = cls
+        setattr(sys.modules[__name__], attr, cls)
+        return cls
+
+
+def __getattr__(name: str) -> Any:
+    # A platform's builder is made on first use; pickle (in another process) asks for it by name.
+    if name.startswith("SwaHal_"):
+        for native in plugin._all_subclasses(DeepseekSparseSWAMetadataBuilder):
+            cls = swa_hal_builder_cls(native)
+            if cls.__qualname__ == name:
+                return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

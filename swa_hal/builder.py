@@ -22,7 +22,7 @@ from .envs import env_flag, env_switch
 from .errors import BatchCapacityError, BatchDeviceError, ConcurrentBuildError, SpeculativeModeError
 from .groups import GroupRow, group_inputs
 from .guard import violation_error
-from .metadata import SWAMetadata, shape_fields
+from .metadata import SWAMetadata, shape_fields, step_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .preflight import preflight_batch, preflight_update
@@ -315,38 +315,38 @@ class SWAMetadataBuilder:
             prefill_seq_lens = self._tail(batch.seq_lens, nd)
             prefill_seq_lens_cpu = self._tail(seq_cpu, nd)
             prefill_query_lens_cpu = torch.from_numpy(query[nd:])
+        step = step_fields(
+            seq_lens=batch.seq_lens,
+            query_start_loc=batch.query_start_loc,
+            query_start_loc_cpu=batch.query_start_loc_cpu,
+            replay_start=plan.replay_start,
+            prefill_seq_lens=prefill_seq_lens,
+            prefill_seq_lens_cpu=prefill_seq_lens_cpu,
+            prefill_query_lens_cpu=prefill_query_lens_cpu,
+        )
+        groups = len(tables)
+        key = (
+            "metadata",
+            groups,
+            plan.num_tokens,
+            nd,
+            npf,
+            plan.num_decode_tokens,
+            plan.num_prefill_tokens,
+            plan.causal,
+            plan.images,
+            plan.decode_width,
+            max_decode_query_len,
+        )
+        shapes = self._cache.get(key)
+        if shapes is None:
+            shapes = self._cache.keep(key, [self._shape(plan, g, max_decode_query_len) for g in range(groups)])
         make_schedulers, ndt = self.backend.make_tile_schedulers, plan.num_decode_tokens
         extras = self.backend.extras if self._has_extras else None
         out = []
-        for g in range(len(tables)):
-            key = (
-                "metadata",
-                g,
-                plan.num_tokens,
-                nd,
-                npf,
-                ndt,
-                plan.num_prefill_tokens,
-                plan.causal,
-                plan.images,
-                plan.decode_width,
-                max_decode_query_len,
-            )
-            shape = self._cache.get(key)
-            if shape is None:
-                shape = self._cache.keep(key, self._shape(plan, g, max_decode_query_len))
+        for g in range(groups):
             md = SWAMetadata.for_step(
-                shape,
-                seq_lens=batch.seq_lens,
-                query_start_loc=batch.query_start_loc,
-                query_start_loc_cpu=batch.query_start_loc_cpu,
-                block_table=tables[g],
-                slot_mapping=slots[g],
-                replay_start=plan.replay_start,
-                tile_sched=make_schedulers(ndt),
-                prefill_seq_lens=prefill_seq_lens,
-                prefill_seq_lens_cpu=prefill_seq_lens_cpu,
-                prefill_query_lens_cpu=prefill_query_lens_cpu,
+                shapes[g], step, block_table=tables[g], slot_mapping=slots[g], tile_sched=make_schedulers(ndt)
             )
             if extras is not None:
                 md.extras = extras(md, self._group_buffers[g])

@@ -120,35 +120,25 @@ class SWAMetadata:
     def for_step(
         cls,
         shape: Mapping[str, Any],
+        step: Mapping[str, Any],
         *,
-        seq_lens: torch.Tensor,
-        query_start_loc: torch.Tensor,
-        query_start_loc_cpu: torch.Tensor,
         block_table: torch.Tensor,
         slot_mapping: torch.Tensor,
-        replay_start: torch.Tensor,
         tile_sched: Mapping[str, Any],
-        prefill_seq_lens: torch.Tensor | None = None,
-        prefill_seq_lens_cpu: torch.Tensor | None = None,
-        prefill_query_lens_cpu: torch.Tensor | None = None,
     ) -> SWAMetadata:
-        """The metadata of one step: ``shape`` (from ``shape_fields``, made once per build shape and
-        KV-cache group) holds every field that follows from the shape; the step brings the rest. The
-        builder's constructor, once per group per step: it skips the keyword constructor's per-field
-        work, which the shape has done once."""
+        """The metadata of one KV-cache group of one step: ``shape`` (``shape_fields``, made once per
+        build shape and group) holds every field that follows from the shape, ``step``
+        (``step_fields``, made once per build) the step's tensors every group shares; the group brings
+        its block table, slot mapping and planner objects. The builder's constructor, once per group per
+        step: it skips the keyword constructor's per-field work, which ``shape_fields`` and
+        ``step_fields`` have done (and checked) once."""
         new = object.__new__(cls)
         new.__dict__ = {
             **shape,
-            "seq_lens": seq_lens,
-            "query_start_loc": query_start_loc,
-            "query_start_loc_cpu": query_start_loc_cpu,
+            **step,
             "block_table": block_table,
             "slot_mapping": slot_mapping,
-            "replay_start": replay_start,
             "tile_sched": tile_sched,
-            "prefill_seq_lens": prefill_seq_lens,
-            "prefill_seq_lens_cpu": prefill_seq_lens_cpu,
-            "prefill_query_lens_cpu": prefill_query_lens_cpu,
         }
         return new
 
@@ -211,21 +201,18 @@ class SWAMetadata:
         return self.tile_sched.get("c2a")
 
 
-# The fields a step brings (``SWAMetadata.for_step``); every other field follows from the build's shape.
-STEP_FIELDS = frozenset(
-    (
-        "seq_lens",
-        "query_start_loc",
-        "query_start_loc_cpu",
-        "block_table",
-        "slot_mapping",
-        "replay_start",
-        "tile_sched",
-        "prefill_seq_lens",
-        "prefill_seq_lens_cpu",
-        "prefill_query_lens_cpu",
-    )
+# The fields a step brings (``SWAMetadata.for_step``): those every group shares, then each group's own;
+# every other field follows from the build's shape.
+SHARED_STEP_FIELDS = (
+    "seq_lens",
+    "query_start_loc",
+    "query_start_loc_cpu",
+    "replay_start",
+    "prefill_seq_lens",
+    "prefill_seq_lens_cpu",
+    "prefill_query_lens_cpu",
 )
+STEP_FIELDS = frozenset((*SHARED_STEP_FIELDS, "block_table", "slot_mapping", "tile_sched"))
 _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(SWAMetadata) if f.default is not dataclasses.MISSING
 }
@@ -241,3 +228,25 @@ def shape_fields(**fields: Any) -> dict[str, Any]:
         missing, extra = sorted(_SHAPE_FIELDS - out.keys()), sorted(out.keys() - _SHAPE_FIELDS)
         raise TypeError(f"shape_fields: missing {missing}, unexpected {extra}")
     return out
+
+
+def step_fields(
+    *,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    query_start_loc_cpu: torch.Tensor,
+    replay_start: torch.Tensor,
+    prefill_seq_lens: torch.Tensor | None = None,
+    prefill_seq_lens_cpu: torch.Tensor | None = None,
+    prefill_query_lens_cpu: torch.Tensor | None = None,
+) -> dict[str, Any]:
+    """The step's fields every KV-cache group of a build shares (``SWAMetadata.for_step``)."""
+    return {
+        "seq_lens": seq_lens,
+        "query_start_loc": query_start_loc,
+        "query_start_loc_cpu": query_start_loc_cpu,
+        "replay_start": replay_start,
+        "prefill_seq_lens": prefill_seq_lens,
+        "prefill_seq_lens_cpu": prefill_seq_lens_cpu,
+        "prefill_query_lens_cpu": prefill_query_lens_cpu,
+    }

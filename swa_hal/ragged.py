@@ -42,9 +42,9 @@ class RaggedRows:
         self.indptr = torch.zeros(cap + 1, dtype=torch.int32, device=device)
         self._scan = IndptrLaunch(device)
         self._scatter = RaggedLaunch(device)
-        # The buffers' own pointer arguments: addresses on a GPU (they never move), tensors in the interpreter.
-        self._flat_arg: Any = self.flat if self._scan.interpreted else self.flat.data_ptr()
-        self._indptr_arg: Any = self.indptr if self._scan.interpreted else self.indptr.data_ptr()
+        # The buffers' own pointer arguments, read once (they never move).
+        self._flat_arg: Any = self._scan.pointer(self.flat)
+        self._indptr_arg: Any = self._scan.pointer(self.indptr)
         self.key_indptr = indptr_key(clamp=clamp)
         keys = ragged_keys(config, clamp=clamp, device_type=device.type)
         self.key_causal = keys[0]
@@ -58,13 +58,14 @@ class RaggedRows:
         if ndt == 0:
             return out
         lens = metadata.decode_swa_lens
-        self._scan(self.key_indptr, 1, IndptrArgs(indptr_ptr=self._indptr_arg, lens_ptr=lens, n_rows=ndt))
+        ptr = self._scan.pointer
+        self._scan(self.key_indptr, 1, IndptrArgs(indptr_ptr=self._indptr_arg, lens_ptr=ptr(lens), n_rows=ndt))
         key = self.key_causal if metadata.causal or self.key_dspark is None else self.key_dspark
         args = RaggedArgs(
             ragged_ptr=self._flat_arg,
             indptr_ptr=self._indptr_arg,
-            idx_ptr=metadata.decode_swa_indices,
-            lens_ptr=lens,
+            idx_ptr=ptr(metadata.decode_swa_indices),
+            lens_ptr=ptr(lens),
             n_rows=ndt,
             capacity=self.flat.shape[0],
         )

@@ -7,7 +7,7 @@ scheduler hook, and post-passes; the kernel source is shared (``kernels/swa_meta
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -15,7 +15,6 @@ from .backend import Backend, BuildPlan, update_plan
 from .envs import env_flag
 from .errors import BackendUnavailableError
 from .groups import group_rows
-from .kernels.launch import cdiv
 from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsKey, rows_key, rows_keys
 from .kernels.slot_rows_launch import SlotRowsArgs, SlotRowsKey, slot_rows_key
 
@@ -32,45 +31,66 @@ def interpreter_on() -> bool:
     return env_flag("TRITON_INTERPRET")
 
 
-class _OwnedRows(NamedTuple):
-    """The rows kernel's pointer arguments that are the builder's own buffers (or, for the spans, its
-    zero buffers for batches without spans): addresses on a GPU, tensors in the interpreter. The
-    buffers never move, so these are read once, when the backend is given its buffers."""
-
-    decode_idx_ptr: Any
-    decode_lens_ptr: Any
-    prefill_idx_ptr: Any
-    prefill_lens_ptr: Any
-    token_to_req_ptr: Any
-    is_valid_ptr: Any
-    gather_lens_ptr: Any
-    left_ptr: Any
-    right_ptr: Any
-    violation_ptr: Any
-    span_indptr_ptr: Any
-    span_starts_ptr: Any
-    span_ends_ptr: Any
-    group_inputs_ptr: Any
+# The rows kernel's pointer arguments that are the builder's own buffers, and for batches without
+# image spans its zero span buffers: set once per record (``rows_record``).
+OWNED_ROWS_FIELDS = (
+    "decode_idx_ptr",
+    "decode_lens_ptr",
+    "prefill_idx_ptr",
+    "prefill_lens_ptr",
+    "token_to_req_ptr",
+    "is_valid_ptr",
+    "gather_lens_ptr",
+    "left_ptr",
+    "right_ptr",
+    "violation_ptr",
+    "group_inputs_ptr",
+)
 
 
-def _owned_rows(buffers: MetadataBuffers, causal: bool, addresses: bool) -> _OwnedRows:
-    tensors = _OwnedRows(
-        decode_idx_ptr=buffers.decode_indices if causal else buffers.noncausal_indices,
-        decode_lens_ptr=buffers.decode_lens,
-        prefill_idx_ptr=buffers.prefill_indices,
-        prefill_lens_ptr=buffers.prefill_lens,
-        token_to_req_ptr=buffers.token_to_req,
-        is_valid_ptr=buffers.is_valid,
-        gather_lens_ptr=buffers.gather_lens,
-        left_ptr=buffers.left_visible,
-        right_ptr=buffers.right_visible,
-        violation_ptr=buffers.violation,
-        span_indptr_ptr=buffers.no_span_indptr,
-        span_starts_ptr=buffers.span_starts,
-        span_ends_ptr=buffers.span_ends,
-        group_inputs_ptr=buffers.group_inputs,
+def rows_record(buffers: MetadataBuffers, causal: bool, own: Callable[[torch.Tensor], Any]) -> RowsArgs:
+    """A rows record whose builder-owned pointer fields hold ``own`` (the launch's ``pointer``) of
+    ``buffers`` (they never move, so this is done once) and whose other fields are placeholders until
+    ``TritonBackend.rows_args`` fills them."""
+    return RowsArgs(
+        decode_idx_ptr=own(buffers.decode_indices if causal else buffers.noncausal_indices),
+        decode_lens_ptr=own(buffers.decode_lens),
+        prefill_idx_ptr=own(buffers.prefill_indices),
+        prefill_lens_ptr=own(buffers.prefill_lens),
+        token_to_req_ptr=own(buffers.token_to_req),
+        is_valid_ptr=own(buffers.is_valid),
+        gather_lens_ptr=own(buffers.gather_lens),
+        left_ptr=own(buffers.left_visible),
+        right_ptr=own(buffers.right_visible),
+        violation_ptr=own(buffers.violation),
+        qsl_ptr=None,
+        seq_lens_ptr=None,
+        block_table_ptr=None,
+        slot_mapping_ptr=None,
+        replay_ptr=None,
+        span_indptr_ptr=None,
+        span_starts_ptr=None,
+        span_ends_ptr=None,
+        group_inputs_ptr=own(buffers.group_inputs),
+        bt_stride=0,
+        max_pages=0,
+        num_reqs=0,
+        num_tokens=0,
+        num_decodes=0,
+        num_prefills=0,
+        num_decode_tokens=0,
+        num_prefill_tokens=0,
+        decode_clear_end=0,
+        dec_progs=0,
+        pre_progs=0,
+        clear_progs=0,
+        search_chunks=0,
+        num_groups=0,
+        group_rows=buffers.capacity,
+        decode_guess_len=0,
+        prefill_guess_len=0,
+        num_spans=0,
     )
-    return _OwnedRows(*(t.data_ptr() for t in tensors)) if addresses else tensors
 
 
 class TritonBackend(Backend):
@@ -97,7 +117,8 @@ class TritonBackend(Backend):
         self._keys: dict[tuple[bool, bool, bool], RowsKey] = {}
         self._slot_keys: dict[tuple[Any, ...], SlotRowsKey] = {}
         self._buffers: MetadataBuffers | None = None
-        self._owned: dict[bool, _OwnedRows] = {}
+        self._records: dict[bool, RowsArgs] = {}
+        self._no_spans: tuple[Any, Any, Any] = (None, None, None)
         # The group table last written to the device (docs/semantics.md #group-builds): engines keep
         # their per-group block tables and slot mappings in persistent buffers, so it rarely changes.
         self._group_table: tuple[tuple[int, ...], ...] = ()
@@ -108,9 +129,11 @@ class TritonBackend(Backend):
         """Read the builder's buffers once: the rows kernel's own pointer arguments, per row kind.
         (Subclasses that allocate more call this first.)"""
         self._buffers = buffers
-        addresses = not self._rows.interpreted
+        own = self._rows.pointer
         kinds = (True, False) if self.config.is_dspark else (True,)
-        self._owned = {causal: _owned_rows(buffers, causal, addresses) for causal in kinds}
+        self._records = {causal: rows_record(buffers, causal, own) for causal in kinds}
+        # A batch without image spans reads the builder's zero span buffers.
+        self._no_spans = (own(buffers.no_span_indptr), own(buffers.span_starts), own(buffers.span_ends))
 
     def kernel_key(self, causal: bool = True, grouped: bool = False) -> RowsKey:
         """The compile key of a build: causal or DSpark rows, guarded or not (``self.guard``), one
@@ -141,52 +164,46 @@ class TritonBackend(Backend):
     ) -> RowsArgs:
         """The one mapping of a build onto the rows kernel's arguments: the plan's sizes, the step's
         tensors (``inputs``: the batch, or for a draft-step update the metadata), group 0's block table
-        and slot mapping (a group build reads the others through the group table) and the builder's
-        buffers."""
-        owned = self._owned.get(plan.causal) if buffers is self._buffers else None
-        if owned is None:  # buffers this backend was not given (a caller's own): read them now
-            owned = _owned_rows(buffers, plan.causal, not self._rows.interpreted)
+        and slot mapping (a group build reads the others through the group table) into the record of
+        this row kind, whose builder-owned fields were set once. Every other field is set here."""
+        ptr = self._rows.pointer
+        args = self._records.get(plan.causal) if buffers is self._buffers else None
+        no_spans = self._no_spans
+        if args is None:  # buffers this backend was not given (a caller's own): a record of their own
+            args = rows_record(buffers, plan.causal, ptr)
+            no_spans = (ptr(buffers.no_span_indptr), ptr(buffers.span_starts), ptr(buffers.span_ends))
         spans: ImageSpans | None = plan.spans if plan.images else None
+        if spans is None:
+            args.span_indptr_ptr, args.span_starts_ptr, args.span_ends_ptr = no_spans
+            args.num_spans = 0
+        else:
+            args.span_indptr_ptr, args.span_starts_ptr = ptr(spans.indptr), ptr(spans.starts)
+            args.span_ends_ptr = ptr(spans.ends)
+            args.num_spans = spans.starts.shape[0]
         ndt, npt, clear_end = plan.num_decode_tokens, plan.num_prefill_tokens, plan.decode_lens_clear_end
-        return RowsArgs(
-            decode_idx_ptr=owned.decode_idx_ptr,
-            decode_lens_ptr=owned.decode_lens_ptr,
-            prefill_idx_ptr=owned.prefill_idx_ptr,
-            prefill_lens_ptr=owned.prefill_lens_ptr,
-            token_to_req_ptr=owned.token_to_req_ptr,
-            is_valid_ptr=owned.is_valid_ptr,
-            gather_lens_ptr=owned.gather_lens_ptr,
-            left_ptr=owned.left_ptr,
-            right_ptr=owned.right_ptr,
-            violation_ptr=owned.violation_ptr,
-            qsl_ptr=inputs.query_start_loc,
-            seq_lens_ptr=inputs.seq_lens,
-            block_table_ptr=table,
-            slot_mapping_ptr=slots,
-            replay_ptr=plan.replay_start,
-            span_indptr_ptr=owned.span_indptr_ptr if spans is None else spans.indptr,
-            span_starts_ptr=owned.span_starts_ptr if spans is None else spans.starts,
-            span_ends_ptr=owned.span_ends_ptr if spans is None else spans.ends,
-            group_inputs_ptr=owned.group_inputs_ptr,
-            bt_stride=table.stride(0),
-            max_pages=table.shape[1],
-            num_reqs=plan.num_reqs,
-            num_tokens=plan.num_tokens,
-            num_decodes=plan.num_decodes,
-            num_prefills=plan.num_prefills,
-            num_decode_tokens=ndt,
-            num_prefill_tokens=npt,
-            decode_clear_end=clear_end,
-            dec_progs=cdiv(ndt, key.BLOCK_T),
-            pre_progs=cdiv(npt, key.BLOCK_TP),
-            clear_progs=cdiv(clear_end - ndt, CLEAR_BLOCK) if clear_end > ndt else 0,
-            search_chunks=cdiv(plan.num_reqs, key.SEARCH_BLOCK),
-            num_groups=groups,
-            group_rows=buffers.capacity,
-            decode_guess_len=plan.decode_guess_len,
-            prefill_guess_len=plan.prefill_guess_len,
-            num_spans=0 if spans is None else spans.starts.shape[0],
-        )
+        args.qsl_ptr = ptr(inputs.query_start_loc)
+        args.seq_lens_ptr = ptr(inputs.seq_lens)
+        args.block_table_ptr = ptr(table)
+        args.slot_mapping_ptr = ptr(slots)
+        args.replay_ptr = ptr(plan.replay_start)
+        args.bt_stride = table.stride(0)
+        args.max_pages = table.shape[1]
+        args.num_reqs = plan.num_reqs
+        args.num_tokens = plan.num_tokens
+        args.num_decodes = plan.num_decodes
+        args.num_prefills = plan.num_prefills
+        args.num_decode_tokens = ndt
+        args.num_prefill_tokens = npt
+        args.decode_clear_end = clear_end
+        # Program counts (ceiling divisions), written out: this runs on every build.
+        args.dec_progs = -(-ndt // key.BLOCK_T)
+        args.pre_progs = -(-npt // key.BLOCK_TP)
+        args.clear_progs = -(-(clear_end - ndt) // CLEAR_BLOCK) if clear_end > ndt else 0
+        args.search_chunks = -(-plan.num_reqs // key.SEARCH_BLOCK)
+        args.num_groups = groups
+        args.decode_guess_len = plan.decode_guess_len
+        args.prefill_guess_len = plan.prefill_guess_len
+        return args
 
     def _launch(
         self,
@@ -264,16 +281,17 @@ class TritonBackend(Backend):
                 device_type=self.device.type,
                 dtypes=dtypes,
             )
+        ptr = self._slot_rows.pointer
         args = SlotRowsArgs(
-            out_ptr=out,
-            lens_ptr=lens,
-            violation_ptr=record,
-            ends_ptr=rows.row_ends,
-            pools_ptr=rows.pools,
-            floors_ptr=floors,
-            rt_ptr=rt,
-            map_ptr=slot_map,
-            block_slots_ptr=block_slots,
+            out_ptr=ptr(out),
+            lens_ptr=ptr(lens),
+            violation_ptr=ptr(record),
+            ends_ptr=ptr(rows.row_ends),
+            pools_ptr=ptr(rows.pools),
+            floors_ptr=ptr(floors),
+            rt_ptr=ptr(rt),
+            map_ptr=ptr(slot_map),
+            block_slots_ptr=ptr(block_slots),
             n_rows=n,
             rt_stride=rt.stride(0),
             rt_width=rt.shape[1],

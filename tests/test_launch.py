@@ -13,7 +13,7 @@ import pytest
 
 from helpers import make_builder
 from swa_hal.kernels import ragged, ragged_launch, rows_launch, slot_rows, slot_rows_launch, swa_metadata
-from swa_hal.kernels.launch import TritonLaunch
+from swa_hal.kernels.launch import TritonLaunch, record_fields
 from swa_hal.testing import CONFORMANCE_CONFIGS, KINDS, random_batch
 
 
@@ -43,20 +43,42 @@ def test_key_and_record_are_the_kernel_signature_in_order(kernel, key_type, laun
     # The fast launch appends constexpr values after the runtime args: they must come last.
     assert names[-len(constexprs):] == constexprs
     # The record is every other parameter, in order; its pointer fields are the kernel's *_ptr ones.
-    assert list(launch.Args._fields) == names[: -len(constexprs)]
-    assert sorted(launch.POINTERS) == sorted(n for n in launch.Args._fields if n.endswith("_ptr"))
+    fields = record_fields(launch.Args)
+    assert list(fields) == names[: -len(constexprs)]
+    assert sorted(launch.POINTERS) == sorted(n for n in fields if n.endswith("_ptr"))
     assert set(launch.ENGINE) <= set(launch.POINTERS)
 
 
 @pytest.mark.parametrize("kernel, key_type, launch", CONTRACTS)
 def test_runtime_ints_never_specialise_and_engine_tensors_never_assume_alignment(kernel, key_type, launch):
-    runtime = [n for n in launch.Args._fields if n not in launch.POINTERS]
+    runtime = [n for n in record_fields(launch.Args) if n not in launch.POINTERS]
     assert sorted(option(kernel, "do_not_specialize")) == sorted(runtime)
     assert sorted(option(kernel, "do_not_specialize_on_alignment")) == sorted(launch.ENGINE)
     if launch is rows_launch.RowsLaunch:
         inputs = ["qsl_ptr", "seq_lens_ptr", "block_table_ptr", "slot_mapping_ptr", "replay_ptr",
                   "span_indptr_ptr", "span_starts_ptr", "span_ends_ptr"]
         assert sorted(launch.ENGINE) == sorted(inputs)
+
+
+def test_a_build_sets_every_per_build_field_of_the_record():
+    """The rows record is kept per row kind and refilled by name: every field that is not the builder's
+    own buffer must be set by rows_args on every build (a stale value would launch silently)."""
+    from swa_hal.triton_backend import OWNED_ROWS_FIELDS
+
+    config = CONFORMANCE_CONFIGS["v4"]
+    builder = make_builder(config, "cuda")
+    batch = random_batch(config, random.Random(5), "mixed")
+    plan, _ = builder._plan(batch, 1)
+    backend = builder.backend
+    record = backend._records[True]
+    poison = object()
+    for name in record_fields(rows_launch.RowsArgs):
+        if name not in OWNED_ROWS_FIELDS and name != "group_rows":
+            setattr(record, name, poison)
+    args = backend.rows_args(backend.kernel_key(), plan, batch, batch.block_table, batch.slot_mapping,
+                             builder.buffers, 1)
+    assert args is record
+    assert [n for n in record_fields(rows_launch.RowsArgs) if getattr(args, n) is poison] == []
 
 
 def test_contracts_import_without_triton():

@@ -10,6 +10,7 @@ class RocmBackend(TritonBackend):
     name = "rocm"
 
     def allocate(self, buffers) -> None:
+        super().allocate(buffers)
         # One ragged form per KV-cache group (docs/semantics.md #group-builds).
         self._ragged = [
             RaggedRows(self.config, self.device, clamp=self.CLAMP_ADDRESSES) for _ in range(buffers.num_groups)

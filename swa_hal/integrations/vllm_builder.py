@@ -18,6 +18,7 @@ imports it on first use, after checking vLLM's version; importing it directly ch
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from typing import Any
@@ -124,7 +125,7 @@ def engine_rows(md: SWAMetadata, num_tokens: int) -> SWAMetadata:
         visible = getattr(md, name)
         if visible is not None:
             changes[name] = visible[:num_tokens]
-    return md.with_changes(**changes)
+    return dataclasses.replace(md, **changes)
 
 
 # -- the builder's config -----------------------------------------------------------------------

@@ -5,11 +5,16 @@ Each kernel has one launch object beside it (``rows_launch.py``, ``slot_rows_lau
 
 * its compile key (a frozen dataclass of the kernel's constexprs, in signature order) and the keys a
   config needs, so ``warmup()`` can compile every variant a builder will ever launch;
-* its argument record: a NamedTuple of the kernel's other parameters, in signature order (a test
-  holds both against the kernel's signature), with each pointer field's dtype (``POINTERS``) and
-  the pointer fields that are engine tensors (``ENGINE``: an address read at every launch, never
-  specialised on alignment). The other pointer fields are the builder's fixed buffers, whose
-  addresses the backend reads once;
+* its argument record: a slotted dataclass of the kernel's other parameters, in signature order (a
+  test holds both against the kernel's signature), with each pointer field's dtype (``POINTERS``)
+  and the pointer fields that are engine tensors (``ENGINE``: an address read at every launch, never
+  specialised on alignment). The other pointer fields are the builder's fixed buffers. A pointer
+  field holds what the launch takes, ``launch.pointer(tensor)``: the tensor's address when
+  compiled, the tensor itself in the interpreter; the caller applies it to engine tensors at every
+  launch and to the builder's buffers once (they never move). A caller keeps one record per launch
+  site and refills the fields that change by name before each launch: a keyword constructor call
+  of 37 arguments would cost more host time than the rest of the launch, and every value still
+  goes in under its name;
 * compilation through Triton's own warmup API (no scratch launch: pointer arguments are given as
   dtypes), and a launch that takes one record.
 
@@ -26,7 +31,8 @@ Nothing here imports Triton at module level: the keys and records are importable
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable
+import operator
+from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
 import torch
@@ -47,6 +53,15 @@ def num_warps() -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def record_fields(record: type) -> tuple[str, ...]:
+    """The fields of an argument record, in order (the kernel's signature order)."""
+    return tuple(f.name for f in dataclasses.fields(record))
 
 
 class CompileKey:
@@ -126,8 +141,11 @@ class TritonLaunch:
         module, _, attr = self.KERNEL.partition(":")
         self.fn = getattr(importlib.import_module(module), attr)
         self.interpreted = not isinstance(self.fn, JITFunction)
-        fields = self.Args._fields
-        self._engine_at = tuple(fields.index(name) for name in self.ENGINE)
+        fields = record_fields(self.Args)
+        self._fields = fields
+        self._values = operator.attrgetter(*fields)  # a record's values in signature order, in C
+        # What a record's pointer fields hold: tensors for the interpreter, addresses for the C launch.
+        self.pointer: Callable[[torch.Tensor], Any] = _same if self.interpreted else torch.Tensor.data_ptr
         # key -> (launch function, its leading arguments, constexpr values)
         self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...], tuple[Any, ...]]] = {}
         self.kernels: dict[Hashable, Any] = {}  # the compiled kernels, for inspection (registers, spills)
@@ -149,7 +167,7 @@ class TritonLaunch:
         if self.interpreted or key in self._compiled:
             return
         dtypes = {**self.POINTERS, **key.pointer_dtypes()}
-        mock = [dtypes.get(name, 1) for name in self.Args._fields]
+        mock = [dtypes.get(name, 1) for name in self._fields]
         constexprs = key.constexprs()
         kernel = self.fn.warmup(*mock, grid=(1,), num_warps=num_warps(), **constexprs)
         if hasattr(kernel, "result"):
@@ -165,27 +183,21 @@ class TritonLaunch:
 
     # -- launch ----------------------------------------------------------------------------------
 
-    def __call__(self, key: CompileKey, grid: int, args: tuple[Any, ...]) -> None:
-        """Launch ``key`` on ``grid`` programs with the record ``args``. Compiled: engine pointer fields
-        holding tensors are turned into addresses here; the other pointer fields (the builder's
-        buffers) are addresses already. Interpreted: every pointer field is a tensor."""
+    def __call__(self, key: CompileKey, grid: int, args: Any) -> None:
+        """Launch ``key`` on ``grid`` programs with the record ``args``, whose pointer fields hold
+        ``self.pointer`` of their tensors."""
         self.launches += 1
         if self.interpreted:
-            self.fn[(grid,)](*args, num_warps=num_warps(), **key.constexprs())
+            self.fn[(grid,)](*self._values(args), num_warps=num_warps(), **key.constexprs())
             return
         entry = self._compiled.get(key)
         if entry is None:
             self.compile(key)
             entry = self._compiled[key]
         launch, head, constexprs = entry
-        values = list(args)
-        for i in self._engine_at:
-            value = values[i]
-            if value.__class__ is not int:
-                values[i] = value.data_ptr()
         stream = self._current_stream(self._device_index)
         if _hooks_idle(self._runtime):
-            launch(grid, 1, 1, stream, *head, *values, *constexprs)
+            launch(grid, 1, 1, stream, *head, *self._values(args), *constexprs)
         else:
             # A profiler's launch hooks are installed: the compiled kernel's own runner calls them.
-            self.kernels[key][(grid, 1, 1)](*values, *constexprs, stream=stream)
+            self.kernels[key][(grid, 1, 1)](*self._values(args), *constexprs, stream=stream)

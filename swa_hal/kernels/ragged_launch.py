@@ -6,11 +6,11 @@ without Triton.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .launch import CompileKey, TritonLaunch
+from .launch import CompileKey, TritonLaunch, record_fields
 from .tiles import tile
 
 if TYPE_CHECKING:
@@ -41,13 +41,15 @@ class RaggedKey(CompileKey):
     __hash__ = CompileKey.__hash__
 
 
-class IndptrArgs(NamedTuple):
+@dataclasses.dataclass(slots=True, kw_only=True, eq=False)
+class IndptrArgs:
     indptr_ptr: Any
     lens_ptr: Any
     n_rows: int
 
 
-class RaggedArgs(NamedTuple):
+@dataclasses.dataclass(slots=True, kw_only=True, eq=False)
+class RaggedArgs:
     ragged_ptr: Any
     indptr_ptr: Any
     idx_ptr: Any
@@ -77,7 +79,7 @@ def ragged_keys(config: SWAConfig, *, clamp: bool, device_type: str) -> list[Rag
 class IndptrLaunch(TritonLaunch):
     KERNEL = "swa_hal.kernels.ragged:ragged_indptr_kernel"
     Args = IndptrArgs
-    POINTERS = dict.fromkeys(IndptrArgs._fields[:2], torch.int32)
+    POINTERS = dict.fromkeys(record_fields(IndptrArgs)[:2], torch.int32)
     # The lens are a view of the builder's decode lens: read at every launch, like an engine tensor
     # (a group's view does not start on an aligned address in every config).
     ENGINE = ("lens_ptr",)
@@ -86,6 +88,6 @@ class IndptrLaunch(TritonLaunch):
 class RaggedLaunch(TritonLaunch):
     KERNEL = "swa_hal.kernels.ragged:ragged_rows_kernel"
     Args = RaggedArgs
-    POINTERS = dict.fromkeys(RaggedArgs._fields[:4], torch.int32)
+    POINTERS = dict.fromkeys(record_fields(RaggedArgs)[:4], torch.int32)
     # The decode rows and lens are views of the builder's buffers (a group's, or the DSpark rows).
     ENGINE = ("idx_ptr", "lens_ptr")

@@ -6,12 +6,12 @@ config needs, its argument record, and the launch object (docs/semantics.md #per
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..guard import block_limit
-from .launch import CompileKey, TritonLaunch, cdiv
+from .launch import CompileKey, TritonLaunch, cdiv, record_fields
 from .tiles import next_pow2, tile
 
 if TYPE_CHECKING:
@@ -50,9 +50,11 @@ class RowsKey(CompileKey):
     __hash__ = CompileKey.__hash__
 
 
-class RowsArgs(NamedTuple):
+@dataclasses.dataclass(slots=True, kw_only=True, eq=False)
+class RowsArgs:
     """The runtime arguments of ``swa_metadata_kernel``, in signature order. Pointer fields hold a
-    tensor or its address (see ``ROWS_ENGINE``); the rest are host ints."""
+    tensor or its address (see ``ROWS_ENGINE``); the rest are host ints. (A backend keeps one record
+    per row kind and refills its per-build fields by name for every launch: see ``launch.py``.)"""
 
     # outputs: the builder's fixed buffers (per-group ones stacked group after group)
     decode_idx_ptr: Any
@@ -105,7 +107,7 @@ class RowsArgs(NamedTuple):
 _I32, _I64 = torch.int32, torch.int64
 # Every pointer field and its dtype (what compilation is specialised on).
 ROWS_POINTERS: dict[str, torch.dtype] = {
-    **dict.fromkeys(RowsArgs._fields[:19], _I32),
+    **dict.fromkeys(record_fields(RowsArgs)[:19], _I32),
     "is_valid_ptr": torch.bool,
     "slot_mapping_ptr": _I64,
     "group_inputs_ptr": _I64,
@@ -124,7 +126,7 @@ ROWS_ENGINE = (
     "span_ends_ptr",
 )
 # Runtime ints: never specialised (value 1, multiples of 16), so one compile per key serves every shape.
-ROWS_INTS = [name for name in RowsArgs._fields if name not in ROWS_POINTERS]
+ROWS_INTS = [name for name in record_fields(RowsArgs) if name not in ROWS_POINTERS]
 
 
 def search_block(config: SWAConfig) -> int:

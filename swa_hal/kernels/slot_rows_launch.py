@@ -5,11 +5,11 @@ its compile key, argument record and launch object. Importable without Triton.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from .launch import CompileKey, TritonLaunch, cdiv
+from .launch import CompileKey, TritonLaunch, cdiv, record_fields
 from .tiles import tile
 
 
@@ -40,7 +40,8 @@ class SlotRowsKey(CompileKey):
         return dict(zip(SLOT_ROWS_INPUTS, self.dtypes))
 
 
-class SlotRowsArgs(NamedTuple):
+@dataclasses.dataclass(slots=True, kw_only=True, eq=False)
+class SlotRowsArgs:
     """The runtime arguments of ``slot_rows_kernel``, in signature order."""
 
     out_ptr: Any
@@ -60,10 +61,11 @@ class SlotRowsArgs(NamedTuple):
 
 
 SLOT_ROWS_INPUTS = ("ends_ptr", "pools_ptr", "floors_ptr", "rt_ptr", "map_ptr", "block_slots_ptr")
-SLOT_ROWS_POINTERS: dict[str, torch.dtype] = dict.fromkeys(SlotRowsArgs._fields[:9], torch.int32)
-# The outputs may be the engine's tensors too (``build_slot_rows(out=..., lens=...)``).
-SLOT_ROWS_ENGINE = ("out_ptr", "lens_ptr", *SLOT_ROWS_INPUTS)
-SLOT_ROWS_INTS = [name for name in SlotRowsArgs._fields if name not in SLOT_ROWS_POINTERS]
+SLOT_ROWS_POINTERS: dict[str, torch.dtype] = dict.fromkeys(record_fields(SlotRowsArgs)[:9], torch.int32)
+# Every pointer is read at every launch: the outputs may be the engine's tensors too
+# (``build_slot_rows(out=..., lens=...)``), and absent optional inputs read the violation record.
+SLOT_ROWS_ENGINE = ("out_ptr", "lens_ptr", "violation_ptr", *SLOT_ROWS_INPUTS)
+SLOT_ROWS_INTS = [name for name in record_fields(SlotRowsArgs) if name not in SLOT_ROWS_POINTERS]
 
 
 def slot_rows_key(

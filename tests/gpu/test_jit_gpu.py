@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder
+from swa_hal.kernels.launch import record_fields
 from swa_hal.kernels.rows_launch import RowsArgs
 from swa_hal.kernels.swa_metadata import swa_metadata_kernel
-from swa_hal.triton_backend import _owned_rows
+from swa_hal.triton_backend import OWNED_ROWS_FIELDS, rows_record
 from swa_hal.testing.batches import KINDS, random_batch
 from swa_hal.testing.compare import compare_with_reference
 
@@ -62,7 +63,7 @@ def _dummy_args(tokens, key):
     slots = torch.arange(tokens, dtype=torch.int64, device="cuda")
     groups = torch.tensor([[table.data_ptr(), slots.data_ptr(), table.stride(0), table.shape[1]]],
                           dtype=torch.int64, device="cuda")
-    return RowsArgs(
+    args = RowsArgs(
         decode_idx_ptr=torch.empty((tokens, 1, key.DECODE_WIDTH), **i32), decode_lens_ptr=lens,
         prefill_idx_ptr=torch.empty((tokens, 1, key.PREFILL_WIDTH), **i32), prefill_lens_ptr=lens,
         token_to_req_ptr=torch.zeros(tokens, **i32), is_valid_ptr=torch.zeros(tokens, dtype=torch.bool, device="cuda"),
@@ -75,6 +76,7 @@ def _dummy_args(tokens, key):
         pre_progs=0, clear_progs=0, search_chunks=1, num_groups=1, group_rows=tokens, decode_guess_len=1,
         prefill_guess_len=1, num_spans=0,
     )
+    return [getattr(args, name) for name in record_fields(RowsArgs)]
 
 
 def test_compiled_launch_equals_triton_launch_path(report):
@@ -94,8 +96,18 @@ def test_compiled_launch_equals_triton_launch_path(report):
     plan, _ = builder._plan(batch, 1)
     key = backend.kernel_key(plan.causal)
     args = backend.rows_args(key, plan, batch, batch.block_table, batch.slot_mapping, builder.buffers, 1)
-    tensors = args._replace(**_owned_rows(builder.buffers, plan.causal, addresses=False)._asdict())
-    swa_metadata_kernel[(args.programs(),)](*tensors, num_warps=4, **key.constexprs())
+    tensors = rows_record(builder.buffers, plan.causal, lambda t: t)
+    for name in record_fields(RowsArgs):
+        if name not in OWNED_ROWS_FIELDS and name != "group_rows":
+            setattr(tensors, name, getattr(args, name))
+    # The engine's tensors, where the compiled record holds their addresses.
+    tensors.qsl_ptr, tensors.seq_lens_ptr = batch.query_start_loc, batch.seq_lens
+    tensors.block_table_ptr, tensors.slot_mapping_ptr = batch.block_table, batch.slot_mapping
+    tensors.replay_ptr = plan.replay_start
+    tensors.span_indptr_ptr = builder.buffers.no_span_indptr
+    tensors.span_starts_ptr, tensors.span_ends_ptr = builder.buffers.span_starts, builder.buffers.span_ends
+    values = [getattr(tensors, name) for name in record_fields(RowsArgs)]
+    swa_metadata_kernel[(args.programs(),)](*values, num_warps=4, **key.constexprs())
     torch.cuda.synchronize()
     second = [md.decode_swa_indices, md.decode_swa_lens, md.prefill_swa_indices, md.prefill_swa_lens]
     assert all(torch.equal(a, b) for a, b in zip(first, second))

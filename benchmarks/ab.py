@@ -31,12 +31,34 @@ def measure(tree: Path, iters: int, out: Path) -> dict[tuple[str, str], float]:
     return {(r["case"], r["metric"]): r["median"] for r in rows}
 
 
+def table(args: argparse.Namespace, runs: dict[str, list[dict[tuple[str, str], float]]]) -> str:
+    """B / A per figure over the repetitions so far."""
+    done = len(runs["b"])
+    keys = [k for k in runs["a"][0] if all(k in r for r in runs["a"] + runs["b"])]
+    lines = [
+        f"A = {args.a}, B = {args.b}; {done} alternated repetitions of {args.iters} builds",
+        f"{'case':<26} {'metric':<18} {'A median':>9} {'B median':>9} {'B/A median':>10} {'min':>6} {'max':>6}",
+    ]
+    for key in keys:
+        a = [r[key] for r in runs["a"][:done]]
+        b = [r[key] for r in runs["b"]]
+        ratios = [y / x for x, y in zip(a, b) if x > 0]
+        if not ratios:
+            continue
+        lines.append(
+            f"{key[0]:<26} {key[1]:<18} {statistics.median(a):9.2f} {statistics.median(b):9.2f} "
+            f"{statistics.median(ratios):10.3f} {min(ratios):6.3f} {max(ratios):6.3f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--a", required=True, type=Path, help="the tree measured first in each repetition (before)")
     parser.add_argument("--b", required=True, type=Path, help="the tree measured second (after)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--iters", type=int, default=500)
+    parser.add_argument("--table", type=Path, help="also write the table here, after every repetition")
     args = parser.parse_args(argv)
     runs: dict[str, list[dict[tuple[str, str], float]]] = {"a": [], "b": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -45,18 +67,11 @@ def main(argv: list[str] | None = None) -> int:
                 out = Path(tmp) / f"{side}{rep}"
                 out.mkdir()
                 runs[side].append(measure(getattr(args, side).resolve(), args.iters, out))
+            text = table(args, runs)
+            if args.table:
+                args.table.write_text(text)
             print(f"repetition {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
-    keys = [k for k in runs["a"][0] if all(k in r for r in runs["a"] + runs["b"])]
-    print(f"A = {args.a}, B = {args.b}; {args.reps} alternated repetitions of {args.iters} builds")
-    print(f"{'case':<26} {'metric':<18} {'A median':>9} {'B median':>9} {'B/A median':>10} {'min':>6} {'max':>6}")
-    for key in keys:
-        a = [r[key] for r in runs["a"]]
-        b = [r[key] for r in runs["b"]]
-        ratios = [y / x for x, y in zip(a, b) if x > 0]
-        if not ratios:
-            continue
-        print(f"{key[0]:<26} {key[1]:<18} {statistics.median(a):9.2f} {statistics.median(b):9.2f} "
-              f"{statistics.median(ratios):10.3f} {min(ratios):6.3f} {max(ratios):6.3f}")
+    print(text, end="")
     return 0
 
 

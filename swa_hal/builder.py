@@ -22,7 +22,7 @@ from .envs import env_flag, env_switch
 from .errors import BatchCapacityError, BatchDeviceError, ConcurrentBuildError, SpeculativeModeError
 from .groups import GroupRow, group_inputs
 from .guard import violation_error
-from .metadata import SWAMetadata, shape_fields, step_fields
+from .metadata import SWAMetadata, shape_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .preflight import preflight_batch, preflight_update
@@ -315,15 +315,16 @@ class SWAMetadataBuilder:
             prefill_seq_lens = self._tail(batch.seq_lens, nd)
             prefill_seq_lens_cpu = self._tail(seq_cpu, nd)
             prefill_query_lens_cpu = torch.from_numpy(query[nd:])
-        step = step_fields(
-            seq_lens=batch.seq_lens,
-            query_start_loc=batch.query_start_loc,
-            query_start_loc_cpu=batch.query_start_loc_cpu,
-            replay_start=plan.replay_start,
-            prefill_seq_lens=prefill_seq_lens,
-            prefill_seq_lens_cpu=prefill_seq_lens_cpu,
-            prefill_query_lens_cpu=prefill_query_lens_cpu,
-        )
+        # The step's fields every group shares (metadata.SHARED_STEP_FIELDS), as one dict for all groups.
+        step = {
+            "seq_lens": batch.seq_lens,
+            "query_start_loc": batch.query_start_loc,
+            "query_start_loc_cpu": batch.query_start_loc_cpu,
+            "replay_start": plan.replay_start,
+            "prefill_seq_lens": prefill_seq_lens,
+            "prefill_seq_lens_cpu": prefill_seq_lens_cpu,
+            "prefill_query_lens_cpu": prefill_query_lens_cpu,
+        }
         groups = len(tables)
         key = (
             "metadata",
@@ -345,9 +346,7 @@ class SWAMetadataBuilder:
         extras = self.backend.extras if self._has_extras else None
         out = []
         for g in range(groups):
-            md = SWAMetadata.for_step(
-                shapes[g], step, block_table=tables[g], slot_mapping=slots[g], tile_sched=make_schedulers(ndt)
-            )
+            md = SWAMetadata.for_step(shapes[g], step, tables[g], slots[g], make_schedulers(ndt))
             if extras is not None:
                 md.extras = extras(md, self._group_buffers[g])
             out.append(md)

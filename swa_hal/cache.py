@@ -27,8 +27,9 @@ LIMIT = 4096
 
 
 def tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
-    """Identity of a tensor as a kernel or a view sees it: address, shape, strides, dtype, device."""
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    """Identity of a tensor as a kernel or a view sees it: address, shape, strides, dtype, device
+    (its index: with the address it names the memory, a process driving one kind of accelerator)."""
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
 
 
 class HostCache(dict):

@@ -121,25 +121,23 @@ class SWAMetadata:
         cls,
         shape: Mapping[str, Any],
         step: Mapping[str, Any],
-        *,
         block_table: torch.Tensor,
         slot_mapping: torch.Tensor,
         tile_sched: Mapping[str, Any],
     ) -> SWAMetadata:
         """The metadata of one KV-cache group of one step: ``shape`` (``shape_fields``, made once per
-        build shape and group) holds every field that follows from the shape, ``step``
-        (``step_fields``, made once per build) the step's tensors every group shares; the group brings
-        its block table, slot mapping and planner objects. The builder's constructor, once per group per
-        step: it skips the keyword constructor's per-field work, which ``shape_fields`` and
-        ``step_fields`` have done (and checked) once."""
+        build shape and group) holds every field that follows from the shape, ``step`` (made once per
+        build) the step's tensors every group shares (``SHARED_STEP_FIELDS``); the group brings its
+        block table, slot mapping and planner objects. The builder's constructor, once per group per
+        step: it skips the keyword constructor's per-field work, which ``shape_fields`` has done (and
+        checked) once."""
+        fields = dict(shape)  # a copy of a dict is one block copy, cheaper than inserting every field
+        fields.update(step)
+        fields["block_table"] = block_table
+        fields["slot_mapping"] = slot_mapping
+        fields["tile_sched"] = tile_sched
         new = object.__new__(cls)
-        new.__dict__ = {
-            **shape,
-            **step,
-            "block_table": block_table,
-            "slot_mapping": slot_mapping,
-            "tile_sched": tile_sched,
-        }
+        new.__dict__ = fields
         return new
 
     def extra(self, kind: type[T]) -> T | None:
@@ -228,25 +226,3 @@ def shape_fields(**fields: Any) -> dict[str, Any]:
         missing, extra = sorted(_SHAPE_FIELDS - out.keys()), sorted(out.keys() - _SHAPE_FIELDS)
         raise TypeError(f"shape_fields: missing {missing}, unexpected {extra}")
     return out
-
-
-def step_fields(
-    *,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    query_start_loc_cpu: torch.Tensor,
-    replay_start: torch.Tensor,
-    prefill_seq_lens: torch.Tensor | None = None,
-    prefill_seq_lens_cpu: torch.Tensor | None = None,
-    prefill_query_lens_cpu: torch.Tensor | None = None,
-) -> dict[str, Any]:
-    """The step's fields every KV-cache group of a build shares (``SWAMetadata.for_step``)."""
-    return {
-        "seq_lens": seq_lens,
-        "query_start_loc": query_start_loc,
-        "query_start_loc_cpu": query_start_loc_cpu,
-        "replay_start": replay_start,
-        "prefill_seq_lens": prefill_seq_lens,
-        "prefill_seq_lens_cpu": prefill_seq_lens_cpu,
-        "prefill_query_lens_cpu": prefill_query_lens_cpu,
-    }

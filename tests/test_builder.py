@@ -170,3 +170,21 @@ def test_owner_search_over_several_chunks(backend, monkeypatch):
         for batch in batches:
             assert not compare_with_reference(wide, batch, builder.build(batch))
     assert batches[0].seq_lens.shape[0] == 50  # four search steps of 16
+
+
+def test_metadata_fields_are_the_dataclass_fields():
+    """SWAMetadata.for_step assembles a step's metadata from its shape and step fields: every build, plain
+    or grouped, hands out exactly the dataclass's fields."""
+    import dataclasses
+
+    from swa_hal.metadata import SWAMetadata
+
+    config = dataclasses.replace(CONFORMANCE_CONFIGS["w4b4_mtp"], num_kv_groups=2)
+    builder = make_builder(config, "torch")
+    rng = random.Random(8)
+    fields = {f.name for f in dataclasses.fields(SWAMetadata)}
+    for kind in ("decode", "mixed", "prefill"):
+        batch = random_batch(config, rng, kind)
+        mds = [builder.build(batch), *builder.build_groups(batch, [batch.block_table] * 2, [batch.slot_mapping] * 2)]
+        for md in mds:
+            assert set(vars(md)) == fields, (kind, set(vars(md)) ^ fields)

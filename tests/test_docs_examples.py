@@ -18,7 +18,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

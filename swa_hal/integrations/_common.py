@@ -2,7 +2,7 @@
 check, installing once, and the one log line that says which swa_hal backend now serves the engine.
 
 Nothing here imports an engine: a plugin module imports its engine itself, after ``enabled`` and
-``require_version`` have agreed. (docs/engines.md, "The two engines' conventions".)
+``require_version`` have agreed. (docs/engines-internals.md, "The two engines' conventions".)
 """
 
 from __future__ import annotations

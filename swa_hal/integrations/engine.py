@@ -115,7 +115,15 @@ def step_image_spans(builder: SWAMetadataBuilder, cm: Any) -> ImageSpans | None:
 
 
 class EngineSWABuilder:
-    """An engine's SWA metadata builder surface, delegating to SWAMetadataBuilder."""
+    """An engine's SWA metadata builder surface, delegating to SWAMetadataBuilder (docs/engines.md,
+    "Using swa_hal in an engine without a plugin").
+
+    ``config``/``device``: the model and engine configuration and the device the builds run on.
+    ``backend``: a swa_hal backend name (None: ``SWA_HAL_BACKEND``, else auto-selection); ``platform``:
+    replaces the device probe; ``validate``: full validation on every build (None: ``SWA_HAL_DEBUG``).
+    The underlying ``SWAMetadataBuilder`` is ``self.builder`` (``check()``, ``build_groups``, ...). Make one
+    per device and thread, at start-up, and keep it: a captured CUDA graph reads its fixed buffers.
+    """
 
     cudagraph_support = CudaGraphSupport.UNIFORM_BATCH
     # The builder needs decodes first and nothing more: it asks for no reordering.
@@ -134,19 +142,26 @@ class EngineSWABuilder:
 
     @classmethod
     def from_hf_config(cls, hf_config: Mapping[str, Any] | str, device: str | torch.device, **engine_settings: Any):
+        """A builder for the model whose Hugging Face ``config.json`` is ``hf_config`` (a dict, the file or
+        its folder), with the engine's settings (``block_size``, ``max_num_batched_tokens``,
+        ``max_num_seqs``, speculative settings; see ``SWAConfig.from_hf_config``); ``backend=`` forces a
+        swa_hal backend."""
         backend = engine_settings.pop("backend", None)
         return cls(SWAConfig.from_hf_config(hf_config, **engine_settings), device, backend=backend)
 
     @property
     def decode_threshold(self) -> int:
+        """The longest query that still counts as a decode (docs/semantics.md #split)."""
         return self.builder.decode_threshold
 
     @property
     def supports_draft_decode_metadata_update(self) -> bool:
+        """Whether ``update_draft_decode_metadata`` is available on this builder's backend."""
         return self.builder.supports_draft_decode_metadata_update
 
     @property
     def backend_name(self) -> str:
+        """The swa_hal backend that builds (``swa-hal info`` explains the choice)."""
         return self.builder.backend_name
 
     def build(
@@ -167,10 +182,16 @@ class EngineSWABuilder:
         return self.builder.build(batch)
 
     def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> SWAMetadata:
+        """The build an engine runs while capturing a CUDA graph: ``build(0, common_attn_metadata)``."""
         return self.build(0, common_attn_metadata)
 
     def update_draft_decode_metadata(self, metadata: SWAMetadata) -> None:
+        """After the engine advanced ``seq_lens`` (and the slot mapping) in place by one draft step, rewrite
+        the decode rows of ``metadata`` in place; no host sync, no allocation, safe under graph capture
+        (docs/semantics.md #draft-updates)."""
         self.builder.update_draft_decode_metadata(metadata)
 
     def warmup(self) -> int:
+        """Compile every kernel variant this configuration can launch, so no build compiles mid-serving;
+        returns the number of variants prepared (0 for a backend without kernels to compile)."""
         return self.builder.warmup()

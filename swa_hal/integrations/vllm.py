@@ -85,7 +85,8 @@ def check_vllm(version: str | None = None) -> str:
     if version is None:
         if not vllm_installed():
             raise VllmNotInstalledError(
-                "swa_hal.integrations.vllm needs vLLM, which is not installed: pip install 'swa-hal[vllm]'"
+                "swa_hal.integrations.vllm needs vLLM 0.33.x, which is not installed: install vLLM itself "
+                "(swa_hal's [vllm] extra never installs, replaces or downgrades an engine)"
             )
         version = vllm_version()
         if version is None:  # importable but without distribution metadata (a source tree on sys.path)

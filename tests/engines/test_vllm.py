@@ -416,7 +416,7 @@ def test_prefill_context_parallelism_is_refused_clearly(plugin_log, vllm_configs
 
 def test_without_vllm_the_module_says_so(plugin_log, monkeypatch):
     monkeypatch.setattr(integ, "vllm_installed", lambda: False)
-    with pytest.raises(integ.VllmNotInstalledError, match=r"pip install 'swa-hal\[vllm\]'"):
+    with pytest.raises(integ.VllmNotInstalledError, match=r"needs vLLM 0\.33\.x, which is not installed: install vLLM"):
         integ.check_vllm()
 
 

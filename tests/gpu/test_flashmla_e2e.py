@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture
 def flash_mla():
-    return pytest.importorskip("flash_mla", reason="FlashMLA is not installed (pip install swa-hal[flashmla])")
+    return pytest.importorskip("flash_mla", reason="FlashMLA is not installed (pip install '.[flashmla]' in a clone of swa_hal)")
 
 HEADS = 64
 

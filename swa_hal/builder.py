@@ -19,7 +19,14 @@ from .buffers import MetadataBuffers
 from .cache import HostCache, tensor_key
 from .config import SWAConfig
 from .envs import env_flag, env_switch
-from .errors import BatchCapacityError, BatchDeviceError, ConcurrentBuildError, SpeculativeModeError
+from .errors import (
+    BatchCapacityError,
+    BatchDeviceError,
+    BatchShapeError,
+    BatchValidationError,
+    ConcurrentBuildError,
+    SpeculativeModeError,
+)
 from .groups import GroupRow, group_inputs
 from .guard import violation_error
 from .metadata import SWAMetadata, shape_fields
@@ -143,14 +150,21 @@ class SWAMetadataBuilder:
     def check(self) -> None:
         """Raise the error of the first violation a guarded build recorded since the last check, as
         full validation would have (docs/semantics.md #guarded-builds); then clear the record.
-        Reads a small device buffer: one host sync, when the engine chooses."""
-        record = self.buffers.violation
-        values = record.tolist()
-        if values[0]:
+        Reads a small device buffer: one host sync, when the engine chooses. Holds the builder's lock
+        (a build running meanwhile could record into the buffer this clears)."""
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentBuildError(self._concurrent_message("check"))
+        try:
+            record = self.buffers.violation
+            values = record.tolist()
+            if not values[0]:
+                return
             record.zero_()
-            error = violation_error(values, self.config)
-            if error is not None:
-                raise error
+        finally:
+            self._busy.release()
+        error = violation_error(values, self.config)
+        if error is not None:
+            raise error
 
     def _build(self, batch: AttentionBatch, validate: bool | None) -> SWAMetadata:
         self._check(batch, validate)
@@ -188,8 +202,11 @@ class SWAMetadataBuilder:
             tables, slots = inputs.tables, inputs.slots
             first = batch.with_group(tables[0], slots[0])
             if validate if validate is not None else self.validate:
-                for t, s in zip(tables, slots):
-                    self._check(batch.with_group(t, s), True)
+                for g, (t, s) in enumerate(zip(tables, slots)):
+                    try:
+                        self._check(batch.with_group(t, s), True)
+                    except BatchValidationError as exc:  # name the group whose inputs broke the rule
+                        raise type(exc)(exc.field, f"group {g}: {exc.constraint}", exc.index) from exc
             else:
                 self._check(first, False)
             with self._on_device:
@@ -400,10 +417,16 @@ class SWAMetadataBuilder:
                 f"{self.config.max_image_tokens}, max_num_seqs={self.config.max_num_seqs})",
             )
         n = len(starts)
-        buffers.span_indptr[: num_reqs + 1].copy_(torch.tensor(indptr, dtype=torch.int32), non_blocking=True)
-        if n:
-            buffers.span_starts[:n].copy_(torch.tensor(starts, dtype=torch.int32), non_blocking=True)
-            buffers.span_ends[:n].copy_(torch.tensor(ends, dtype=torch.int32), non_blocking=True)
+        # The span buffers are the builder's: a build reading them meanwhile would see half-written spans.
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentBuildError(self._concurrent_message("image_spans_from_ranges"))
+        try:
+            buffers.span_indptr[: num_reqs + 1].copy_(torch.tensor(indptr, dtype=torch.int32), non_blocking=True)
+            if n:
+                buffers.span_starts[:n].copy_(torch.tensor(starts, dtype=torch.int32), non_blocking=True)
+                buffers.span_ends[:n].copy_(torch.tensor(ends, dtype=torch.int32), non_blocking=True)
+        finally:
+            self._busy.release()
         return ImageSpans(buffers.span_indptr[: num_reqs + 1], buffers.span_starts[:n], buffers.span_ends[:n])
 
     def _noncausal_width(self, batch: AttentionBatch, num_decodes: int) -> int:
@@ -460,18 +483,36 @@ class SWAMetadataBuilder:
             return
         if not self.backend.supports_draft_decode_metadata_update:
             raise NotImplementedError(f"backend {self.backend_name!r} does not support in-place draft-step updates")
-        if metadata.decode_swa_lens.untyped_storage().data_ptr() != self.buffers.decode_lens.data_ptr():
-            raise ValueError("update_draft_decode_metadata: this metadata was not built by this builder")
+        g = self._group_of(metadata, "metadata")
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
         try:
-            preflight_update(metadata, self._device_index)
+            preflight_update(metadata, self._device_index, self.buffers.capacity)
+            buffers = self._group_buffers[g]
             with self._on_device:
-                self.backend.recompute_decode_rows(metadata, self.buffers)
+                self.backend.recompute_decode_rows(metadata, buffers)
                 metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)
-                metadata.extras = self.backend.extras(metadata, self.buffers)
+                metadata.extras = self.backend.extras(metadata, buffers)
         finally:
             self._busy.release()
+
+    def _group_of(self, metadata: SWAMetadata, name: str) -> int:
+        """The KV-cache group whose buffers ``metadata``'s decode rows are: an update writes that group's
+        buffers (a single update of group g's metadata updates group g)."""
+        try:
+            lens, rows = metadata.decode_swa_lens.data_ptr(), metadata.decode_swa_indices.data_ptr()
+            causal = metadata.causal
+        except AttributeError:
+            raise TypeError(f"update_draft_decode_metadata: {name} is not an SWAMetadata") from None
+        for g, buffers in enumerate(self._group_buffers):
+            if lens == buffers.decode_lens.data_ptr():
+                if rows != buffers.decode_rows(bool(causal)).data_ptr():
+                    raise ValueError(
+                        f"update_draft_decode_metadata: {name}'s decode rows are not group {g}'s "
+                        f"{'causal' if causal else 'DSpark'} rows (causal={causal!r} does not match its build)"
+                    )
+                return g
+        raise ValueError(f"update_draft_decode_metadata: {name} was not built by this builder")
 
     def _update_groups(self, metadatas: list[SWAMetadata]) -> None:
         if not metadatas or metadatas[0].num_decode_tokens == 0:
@@ -479,17 +520,16 @@ class SWAMetadataBuilder:
         if not self.backend.supports_draft_decode_metadata_update:
             raise NotImplementedError(f"backend {self.backend_name!r} does not support in-place draft-step updates")
         for g, md in enumerate(metadatas):
-            if g >= len(self._group_buffers) or (
-                md.decode_swa_lens.data_ptr() != self._group_buffers[g].decode_lens.data_ptr()
-            ):
+            if self._group_of(md, f"metadata {g}") != g:
                 raise ValueError(
                     f"update_draft_decode_metadata: metadata {g} is not group {g} of a build_groups() of this builder"
                 )
+        _same_build(metadatas)
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
         try:
             for md in metadatas:
-                preflight_update(md, self._device_index)
+                preflight_update(md, self._device_index, self.buffers.capacity)
             with self._on_device:
                 self.backend.recompute_groups(metadatas, self.buffers)
                 for g, md in enumerate(metadatas):
@@ -505,3 +545,28 @@ class SWAMetadataBuilder:
         shape up to capacity compiles afterwards. Returns the number of variants prepared."""
         with OnDevice(self._device_index):  # not under the build lock: its own instance
             return self.backend.warmup(self.buffers, progress)
+
+
+def _same_build(metadatas: Sequence[SWAMetadata]) -> None:
+    """A grouped update launches every group with group 0's sizes and reads every group's step tensors
+    as group 0's: the metadata must come from one build_groups() (the same split, the same step
+    tensors), or a group would be read and written past what its build made."""
+    first = metadatas[0]
+    for g, md in enumerate(metadatas[1:], 1):
+        for field in ("num_decode_tokens", "num_decodes", "causal", "max_decode_query_len"):
+            if getattr(md, field) != getattr(first, field):
+                raise BatchShapeError(
+                    field,
+                    f"update_draft_decode_metadata: metadata {g} has {field}={getattr(md, field)!r}, "
+                    f"group 0 {getattr(first, field)!r}: a grouped update takes the metadata of one build_groups()",
+                    g,
+                )
+        for field in ("seq_lens", "query_start_loc", "replay_start"):
+            a, b = getattr(md, field), getattr(first, field)
+            if a.data_ptr() != b.data_ptr() or a.shape != b.shape:
+                raise BatchShapeError(
+                    field,
+                    f"update_draft_decode_metadata: metadata {g}'s {field} is not group 0's: a grouped update "
+                    f"takes the metadata of one build_groups() (the groups share the step's tensors)",
+                    g,
+                )

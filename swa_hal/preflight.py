@@ -140,10 +140,33 @@ def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, dev
             )
 
 
-def preflight_update(metadata: SWAMetadata, device_index: int) -> None:
+def preflight_update(metadata: SWAMetadata, device_index: int, capacity: int) -> None:
     """The preflight of a draft-step update: the tensors it reads in place are still what the build
-    checked (an engine may have swapped one for another view)."""
+    checked (an engine may have swapped one for another view), and the sizes it launches with are the
+    build's (an engine that rebuilt the metadata may claim more decode tokens than its rows hold)."""
+    ndt, nd = metadata.num_decode_tokens, metadata.num_decodes
+    for name, value in (("num_decode_tokens", ndt), ("num_decodes", nd)):
+        if value.__class__ is not int:
+            raise BatchDtypeError(name, f"{name} must be an int, got {value!r}")
+    if metadata.causal.__class__ is not bool:
+        raise BatchDtypeError("causal", f"causal must be a bool, got {metadata.causal!r}")
+    if not 0 <= ndt <= capacity:
+        raise BatchCapacityError(
+            "num_decode_tokens", f"num_decode_tokens={ndt} is outside [0, {capacity}] (the builder's capacity)"
+        )
+    rows, lens = metadata.decode_swa_indices, metadata.decode_swa_lens
+    if rows.shape[0] != ndt or lens.shape[0] != ndt:
+        raise BatchShapeError(
+            "num_decode_tokens",
+            f"num_decode_tokens={ndt}, but the metadata's decode rows hold {rows.shape[0]} rows and lens "
+            f"{lens.shape[0]}: an update rewrites the rows its build made",
+        )
     num_reqs = metadata.query_start_loc.shape[0] - 1
+    if not 1 <= nd <= min(num_reqs, ndt):
+        raise BatchShapeError(
+            "num_decodes",
+            f"num_decodes={nd} is outside [1, min(requests {num_reqs}, num_decode_tokens {ndt})]",
+        )
     preflight_tensor("seq_lens", metadata.seq_lens, torch.int32, device_index)
     preflight_tensor("query_start_loc", metadata.query_start_loc, torch.int32, device_index)
     preflight_tensor("block_table", metadata.block_table, torch.int32, device_index, 2)

@@ -143,9 +143,7 @@ class Selection:
                 if strict:
                     raise BackendUnavailableError(detail + " (SWA_HAL_STRICT=1: no fallback)") from exc
                 failures.append(detail)
-                message = detail + "; trying the next available backend"
-                warnings.warn(message, PluginWarning, stacklevel=2)
-                log.warning(message)
+                warnings.warn(detail + "; trying the next available backend", PluginWarning, stacklevel=2)
                 continue
             backend.fell_back_from = tuple(failures)
             return backend

@@ -9,7 +9,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.swa-hal-installed
 EXAMPLE := examples/swa-hal-example-backend
 
-.PHONY: run test lint bench install clean
+.PHONY: run test lint bench install clean matrix
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The per-platform CI recipe for every row of `swa-hal matrix`, on this CPU (.ci/matrix says what it runs):
+# `swa-hal info --assume ROW --expect NAME` per row, and the kit's selection and worked-vector topics per
+# backend. `make matrix MATRIX_KIT=` runs the whole kit for each backend (make test already runs it).
+MATRIX_KIT ?= spec_ or availability or selected or probing or factory
+matrix: $(STAMP)
+	MATRIX_KIT="$(MATRIX_KIT)" bash .ci/matrix $(BIN)
 
 # Lint, formatting and types over the package, the built-in backends and the example plugin.
 lint: $(STAMP)

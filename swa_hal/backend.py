@@ -7,10 +7,12 @@ scheduler objects or a post-pass. The core decides everything else.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .config import LAYER_TYPES
@@ -164,9 +166,32 @@ def update_plan(metadata: SWAMetadata) -> BuildPlan:
     )
 
 
+# The name of the spec whose factory is running (``starting``): ``Backend.__init__`` takes it as the
+# instance's name, so a subclass's own ``__init__`` already sees it after ``super().__init__``.
+_STARTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("swa_hal_starting_backend", default=None)
+
+
+@contextlib.contextmanager
+def starting(name: str) -> Iterator[None]:
+    """Run a backend factory for the spec called ``name``: the backend it makes is called ``name``."""
+    token = _STARTING.set(name)
+    try:
+        yield
+    finally:
+        _STARTING.reset(token)
+
+
+def name_from_spec(backend: Any, name: str) -> None:
+    """Give a backend made for the spec called ``name`` that name (whatever its class says)."""
+    if getattr(backend, "name", None) != name:
+        backend.__dict__["name"] = name
+
+
 class Backend:
     """Base class of backends. Subclasses implement ``compute`` and ``recompute_decode_rows``."""
 
+    # The backend's name is its spec's (``BackendSpec.name``): selection sets it on every backend it
+    # starts, so a subclass needs no ``name`` of its own. This default names a backend made by hand.
     name: ClassVar[str] = "base"
     # Set by the builder: guarded builds and updates (docs/semantics.md #guarded-builds) check what
     # needs the data, hand offending rows out empty and record the first violation.
@@ -177,6 +202,9 @@ class Backend:
     supports_draft_decode_metadata_update: ClassVar[bool] = True
 
     def __init__(self, config: SWAConfig, device: torch.device, platform: PlatformInfo):
+        started_as = _STARTING.get()
+        if started_as is not None:
+            name_from_spec(self, started_as)
         self.config = config
         self.device = device
         self.platform = platform

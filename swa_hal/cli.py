@@ -1,17 +1,30 @@
-"""The ``swa-hal`` command: info | build | bench | warmup | matrix."""
+"""The ``swa-hal`` command: info | build | bench | warmup | matrix.
+
+Run without a command, it prints this help to stderr and exits 2 (a usage error, like any other).
+Reports go to stdout; every error and warning goes to stderr, one line each.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from importlib import metadata
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from . import __version__
 from .platform import PlatformInfo
+
+if TYPE_CHECKING:
+    from .config import SWAConfig
+    from .scenarios import Scenario
 
 
 def _versions() -> dict[str, str | None]:
@@ -26,6 +39,33 @@ def _versions() -> dict[str, str | None]:
 
 class CliError(Exception):
     """Bad command-line input: printed as one line naming the input and the rule, exit code 2."""
+
+
+def _error(args: argparse.Namespace, message: str) -> None:
+    """An error of a command that still printed its report: one line on stderr."""
+    print(f"swa-hal {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Every warning raised while a command runs (a plugin that failed to load, a backend that failed to
+    start) printed once, as one line on stderr, without the source line Python's default adds."""
+    from .plugins import PluginWarning
+
+    seen: set[str] = set()
+
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        text = " ".join(str(message).split())
+        if not issubclass(category, PluginWarning):
+            text = f"{category.__name__}: {text}"
+        if text not in seen:
+            seen.add(text)
+            print(f"swa-hal: warning: {text}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", PluginWarning)  # repeats are dropped above, by their text
+        warnings.showwarning = show
+        yield
 
 
 def _assumed(args: argparse.Namespace) -> PlatformInfo | None:
@@ -68,6 +108,9 @@ def _default_device(platform: PlatformInfo):
 
     if not platform.synthetic and platform.vendor in ("cuda", "rocm") and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
+    xpu = getattr(torch, "xpu", None)
+    if not platform.synthetic and platform.vendor == "xpu" and xpu is not None and xpu.is_available():
+        return torch.device("xpu")
     return torch.device("cpu")
 
 
@@ -132,13 +175,19 @@ def cmd_info(args: argparse.Namespace) -> int:
         data["backends"] = [c.to_dict() for c in build_candidates(registry, platform)]
     runs = started if started is not None else data["selected"]
     ok = error is None and (args.expect is None or runs == args.expect)
+    check = None
     if args.expect is not None and runs != args.expect:
         what = (
             f"selected {data['selected']!r}"
             if started in (None, data["selected"])
             else (f"selected {data['selected']!r} but it failed to start, so {started!r} runs")
         )
-        data["error"] = (error + "; " if error else "") + f"expected backend {args.expect!r}, {what}"
+        check = f"expected backend {args.expect!r}, {what}"
+        data["error"] = (error + "; " if error else "") + check
+    elif args.expect is not None and ok:
+        check = f"backend {args.expect!r} is selected and starts, as expected"
+    if data["error"]:
+        _error(args, data["error"])
     if args.json:
         _emit_json(data)
         return 0 if ok else 1
@@ -154,8 +203,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {p.name:<12} {p.status:<9} {dist:<28} {', '.join(p.backends) or p.detail}")
         if p.detail and p.backends:
             print(f"  {'':<12} {p.detail}")
-    for problem in registry.problems:
-        print(f"  ! {problem}")
+    # registry.problems were printed on stderr as warnings while the registry loaded (and are in --json).
     if selection is not None:
         print("backends:")
         print("\n".join("  " + line for line in selection.explain().splitlines()[1:]))
@@ -166,8 +214,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         for c in data["backends"]:
             state = "available" if c["available"] else "unavailable: " + "; ".join(c["reasons"])
             print(f"    {c['name']:<10} priority {c['priority']:>4}  {state}")
-    if data["error"]:
-        print(f"error: {data['error']}")
+    if check is not None:
+        print(f"expect: {check}")
     return 0 if ok else 1
 
 
@@ -178,6 +226,38 @@ def _config(args: argparse.Namespace):
     from .config import SWAConfig
 
     return SWAConfig.from_yaml(args.config) if getattr(args, "config", None) else SWAConfig()
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def _scenario_config(args: argparse.Namespace, path: str) -> tuple[Scenario, SWAConfig, str]:
+    """A scenario and the config it runs with: ``--config``, else the one its ``config:`` key names. A
+    scenario that names a config runs with that one only: another ``--config`` is an error naming both."""
+    from .config import SWAConfig
+    from .scenarios import Scenario
+
+    given = _config(args) if args.config else None  # a bad --config is reported before a bad scenario
+    scenario = Scenario.from_yaml(path)
+    named = scenario.config_file(path)
+    if given is None:
+        if named is None:
+            raise CliError(
+                f"--batch {path}: scenario {scenario.name!r} names no config (no config: key), so --config is "
+                f"needed: pass --config FILE, or add config: FILE to the scenario"
+            )
+        return scenario, SWAConfig.from_yaml(named), str(named)
+    if named is not None and not _same_file(args.config, named):
+        raise CliError(
+            f"--config {args.config} does not match --batch {path}: scenario {scenario.name!r} is meant for "
+            f"config {str(named)!r} (its config: key). Leave out --config to use that one (a scenario without "
+            f"a config: key runs with any config)"
+        )
+    return scenario, given, str(args.config)
 
 
 def _histogram(values: list[int], width: int) -> list[str]:
@@ -199,10 +279,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     from .builder import SWAMetadataBuilder
     from .compare import compare_with_reference
-    from .scenarios import Scenario
 
-    config = _config(args)
-    scenario = Scenario.from_yaml(args.batch)
+    scenario, config, config_path = _scenario_config(args, args.batch)
     platform = _assumed(args)
     device = _device(args)
     builder = SWAMetadataBuilder(config, device=device, backend=args.backend, platform=platform, validate=True)
@@ -225,7 +303,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     mismatches = [] if args.no_check else compare_with_reference(config, batch, md)
     med = statistics.median(times[1:] if len(times) > 1 else times) * 1e3
     out: dict[str, Any] = {
-        "config": str(args.config),
+        "config": config_path,
         "scenario": scenario.name,
         "backend": builder.backend_name,
         "platform": builder.platform.describe(),
@@ -244,10 +322,12 @@ def cmd_build(args: argparse.Namespace) -> int:
         "replay_start": None if batch.replay_start is None else batch.replay_start.cpu().tolist(),
         "image_spans": _spans_report(batch),
     }
+    if mismatches:
+        _error(args, f"{len(mismatches)} output(s) differ from swa_hal.reference (backend {builder.backend_name})")
     if args.json:
         _emit_json(out)
         return 1 if mismatches else 0
-    print(f"config {args.config}  scenario {scenario.name}: {scenario.description}")
+    print(f"config {config_path}  scenario {scenario.name}: {scenario.description}")
     print(f"backend {builder.backend_name} on {builder.platform.describe()}")
     print(
         f"split: {md.num_decodes} decodes ({md.num_decode_tokens} token rows), "
@@ -322,13 +402,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from .builder import SWAMetadataBuilder
-    from .scenarios import Scenario
 
-    config = _config(args)
     device = _device(args)
     rows = []
     for path in args.batch:
-        scenario = Scenario.from_yaml(path)
+        scenario, config, _ = _scenario_config(args, path)
         builder = SWAMetadataBuilder(config, device=device, backend=args.backend, validate=False)
         builder.warmup()
         batch = scenario.make_batch(config, device)
@@ -350,29 +428,62 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # -- warmup -------------------------------------------------------------------------------------
 
 
-def cmd_warmup(args: argparse.Namespace) -> int:
+def _warmup_total(backend: Any) -> int | None:
+    """How many variants ``backend.warmup`` prepares, for the progress bar (None: it cannot say)."""
+    from .backend import Backend
 
+    if type(backend).warmup is Backend.warmup:
+        return 0
+    keys = getattr(backend, "kernel_keys", None)  # the Triton backends: one variant per key
+    if callable(keys):
+        try:
+            return len(keys())
+        except Exception:  # noqa: BLE001 - only the bar's total depends on it
+            return None
+    return None
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` cut from the right (its start says what it is), with an ellipsis when cut."""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
     from .builder import SWAMetadataBuilder
 
     config = _config(args)
     platform = _assumed(args)
     builder = SWAMetadataBuilder(config, device=_device(args), backend=args.backend, platform=platform)
+    name = builder.backend_name
+    total = _warmup_total(builder.backend)
     try:
         from tqdm import tqdm
     except ImportError:  # progress is optional
         tqdm = None
+
+    def label(msg: str) -> str:
+        return _clip(msg.removeprefix(f"{name}: "), 60)
+
     t0 = time.perf_counter()
-    if tqdm is not None:
-        bar = tqdm(desc=f"warmup {builder.backend_name}", unit="variant")
+    if total == 0:  # nothing to compile (the torch backend): no bar
+        count = builder.warmup()
+    elif tqdm is not None:
+        bar = tqdm(total=total, desc=f"warmup {name}", unit="variant", file=sys.stderr)
 
         def progress(msg: str) -> None:
-            bar.set_postfix_str(msg[-60:])
+            bar.set_postfix_str(label(msg), refresh=False)
             bar.update(1)
 
         count = builder.warmup(progress)
         bar.close()
     else:
-        count = builder.warmup(lambda msg: print(f"  compiling {msg}"))
+        done = [0]
+
+        def progress(msg: str) -> None:
+            done[0] += 1
+            print(f"  compiling {done[0]}/{total if total is not None else '?'}: {label(msg)}", file=sys.stderr)
+
+        count = builder.warmup(progress)
     print(
         f"warmup: {count} kernel variant(s) ready for backend {builder.backend_name} in "
         f"{time.perf_counter() - t0:.2f} s"
@@ -439,47 +550,75 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="swa-hal", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(
+        prog="swa-hal",
+        description="Sliding-window-attention metadata for DeepSeek-V4-style sparse MLA: inspect the platform, "
+        "plugins and backend selection, build and check a batch scenario, time builds, compile kernels.",
+        epilog="Run without a command, swa-hal prints this help to stderr and exits 2. "
+        "`swa-hal COMMAND --help` describes a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}", help="print the version")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    scenario_config = (
+        "the model config (YAML); default: the config the scenario names (its config: key). A scenario that names "
+        "a config runs with that one only"
+    )
 
     p = sub.add_parser("info", help="versions, platform, plugins, backends and the selection")
     p.add_argument("--json", action="store_true", help="machine-readable output (for CI)")
-    p.add_argument("--assume", help="evaluate against a synthetic platform, e.g. vendor=cuda,capability=12.0")
-    p.add_argument("--backend", help="explain an explicit request for this backend")
-    p.add_argument("--expect", help="exit 1 unless this backend is the one selected")
+    p.add_argument(
+        "--assume",
+        metavar="PLATFORM",
+        help="evaluate against a synthetic platform, e.g. vendor=cuda,capability=12.0 (on a CPU, Triton backends "
+        "start only with TRITON_INTERPRET=1)",
+    )
+    p.add_argument("--backend", metavar="NAME", help="explain an explicit request for this backend")
+    p.add_argument(
+        "--expect",
+        metavar="NAME",
+        help="start the selected backend as a builder would and exit 1 unless NAME is the one that runs",
+    )
     p.add_argument("--status", action="store_true", help="also start the selected backend and report its state")
-    p.add_argument("--config", help="config for --status (default: built-in defaults)")
+    p.add_argument("--config", metavar="FILE", help="config to start the backend with (default: built-in defaults)")
     p.add_argument("--device", default=None, help="probe this device (default: the best one here)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("build", help="build metadata for a scenario, check it against the reference")
-    p.add_argument("--config", required=True)
-    p.add_argument("--batch", required=True, help="a scenario from configs/batches/")
-    p.add_argument("--backend")
-    p.add_argument("--assume", help="synthetic platform (with TRITON_INTERPRET=1 to run Triton backends on the CPU)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--repeat", type=_positive, default=5)
+    p.add_argument("--config", metavar="FILE", help=scenario_config)
+    p.add_argument("--batch", required=True, metavar="SCENARIO", help="a scenario (YAML), e.g. from configs/batches/")
+    p.add_argument("--backend", metavar="NAME", help="request this backend (default: automatic selection)")
+    p.add_argument(
+        "--assume",
+        metavar="PLATFORM",
+        help="synthetic platform (with TRITON_INTERPRET=1 to run Triton backends on the CPU)",
+    )
+    p.add_argument("--device", default="cpu", help="torch device to build on: cpu or cuda[:N] (default: cpu)")
+    p.add_argument("--repeat", type=_positive, default=5, metavar="N", help="builds to time (default: 5)")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with reference.py")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("bench", help="quick host-time medians here (benchmarks/bench_build.py is the full run)")
-    p.add_argument("--config", required=True)
-    p.add_argument("--batch", required=True, nargs="+")
-    p.add_argument("--backend")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--iters", type=_positive, default=50)
+    p.add_argument("--config", metavar="FILE", help=scenario_config)
+    p.add_argument("--batch", required=True, nargs="+", metavar="SCENARIO", help="one or more scenarios (YAML)")
+    p.add_argument("--backend", metavar="NAME", help="request this backend (default: automatic selection)")
+    p.add_argument("--device", default="cpu", help="torch device to build on: cpu or cuda[:N] (default: cpu)")
+    p.add_argument("--iters", type=_positive, default=50, metavar="N", help="timed builds per scenario (default: 50)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("warmup", help="compile every kernel variant a config can launch")
-    p.add_argument("--config", required=True)
-    p.add_argument("--backend")
-    p.add_argument("--assume")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--config", required=True, metavar="FILE", help="the model config (YAML)")
+    p.add_argument("--backend", metavar="NAME", help="request this backend (default: automatic selection)")
+    p.add_argument(
+        "--assume",
+        metavar="PLATFORM",
+        help="synthetic platform (with TRITON_INTERPRET=1 to run Triton backends on the CPU)",
+    )
+    p.add_argument("--device", default="cpu", help="torch device to compile for: cpu or cuda[:N] (default: cpu)")
     p.set_defaults(func=cmd_warmup)
 
     p = sub.add_parser("matrix", help="the CI job matrix: each target platform and the backend it should select")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help='machine-readable output: {"include": [rows]} for CI')
     p.set_defaults(func=cmd_matrix)
     return parser
 
@@ -488,16 +627,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if not argv:
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     from .errors import SWAHalError
 
-    try:
-        return int(args.func(args) or 0)
-    except (SWAHalError, CliError, OSError) as exc:
-        # Bad input of any kind (a config, a scenario, a flag, a file): one line, no traceback.
-        message = " ".join(str(exc).split())
-        print(f"swa-hal {args.command}: error: {message}", file=sys.stderr)
-        return 2
+    with _one_line_warnings():
+        try:
+            return int(args.func(args) or 0)
+        except BrokenPipeError:  # the reader went away (`swa-hal build ... | head`): nothing left to say
+            with contextlib.suppress(OSError):
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush is quiet
+            return 1
+        except (SWAHalError, CliError, OSError) as exc:
+            # Bad input of any kind (a config, a scenario, a flag, a file): one line, no traceback.
+            _error(args, str(exc))
+            return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

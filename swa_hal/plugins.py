@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-import logging
 import os
 import threading
 import warnings
@@ -39,8 +38,6 @@ BUILTIN_DIST = "swa-hal"
 EMBEDDED_PLUGIN = "swa_hal_torch"
 EMBEDDED_NAME = "torch"
 REGISTER_HOOK = "swa_hal_register_backends"
-
-log = logging.getLogger("swa_hal.plugins")
 
 
 class PluginWarning(UserWarning):
@@ -144,8 +141,8 @@ class PluginRegistry:
         self.problems.append(message)
         if self.strict:
             raise PluginError(f"{message} (SWA_HAL_STRICT=1)") from exc
+        # One mechanism: a PluginWarning (the CLI prints each one as one line, once).
         warnings.warn(message, PluginWarning, stacklevel=3)
-        log.warning(message)
 
     def _fail(self, record: PluginRecord, detail: str, message: str, exc: BaseException) -> None:
         record.status, record.detail = "failed", detail

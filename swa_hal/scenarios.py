@@ -4,7 +4,7 @@ A scenario is data (``yaml.safe_load``)::
 
     name: mixed
     seed: 3
-    config: deepseek_v4_flash.yaml      # the config it is meant for (optional)
+    config: deepseek_v4_flash.yaml      # the config it is meant for (optional; see config_file)
     groups:                              # in batch order: decodes first
       - {count: 64, query_len: 1, seq_len: [512, 8192]}
       - {count: 4, query_len: 2048, seq_len: [2048, 6144]}
@@ -15,6 +15,10 @@ A scenario is data (``yaml.safe_load``)::
     replay: none                         # replay bounds: none | prefix | window | random
     images_per_prefill: 0                # image spans in each prefill's new tokens (vision configs)
     image_tokens: 0                      # tokens per image (<= the config's max_image_tokens)
+
+``images_per_prefill`` and ``image_tokens`` go together (both 0, or both positive), and image spans need a
+vision config: ``make_batch`` raises a ``ConfigError`` for a config whose ``max_image_tokens`` is 0 (where
+the spans would be ignored) or smaller than ``image_tokens``.
 """
 
 from __future__ import annotations
@@ -87,13 +91,62 @@ class Scenario:
                 raise ConfigError(key, f"must be a non-negative integer in {source}, got {value!r}")
         if not isinstance(fields.get("causal", True), bool):
             raise ConfigError("causal", f"must be true or false in {source}, got {fields['causal']!r}")
+        images, tokens = fields.get("images_per_prefill", 0), fields.get("image_tokens", 0)
+        if bool(images) != bool(tokens):
+            zero, other = ("image_tokens", "images_per_prefill") if images else ("images_per_prefill", "image_tokens")
+            raise ConfigError(
+                zero,
+                f"is 0 in {source} but {other} is {images or tokens}: image spans need both "
+                f"(images_per_prefill spans of image_tokens tokens in each prefill), or neither",
+            )
+        if "config" in fields and (not isinstance(fields["config"], str) or not fields["config"].strip()):
+            raise ConfigError("config", f"must be the path of a config file in {source}, got {fields['config']!r}")
         return cls(groups=tuple(groups), **{"name": Path(source).stem, **fields})
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Scenario:
         return cls.from_mapping(load_yaml_mapping(path, "scenario"), str(path))
 
+    def config_file(self, scenario_path: str | Path) -> Path | None:
+        """The config file this scenario names (``config:``), for a scenario read from ``scenario_path``;
+        None when it names none. A relative name is looked up in the folder above the scenario's, where the
+        configs of a folder of scenarios live (``configs/batches/mixed.yaml`` names ``deepseek_v4_flash.yaml``,
+        ``configs/deepseek_v4_flash.yaml``), then beside the scenario; never the scenario file itself."""
+        if self.config is None:
+            return None
+        named = Path(self.config).expanduser()
+        here = Path(scenario_path).parent
+        tried = [named] if named.is_absolute() else [here.parent / named, here / named]
+        for path in tried:
+            if path.is_file() and not path.samefile(scenario_path):
+                return path
+        raise ConfigError(
+            "config",
+            f"scenario {self.name!r} ({scenario_path}) names config {self.config!r}, which is not a config file "
+            f"(looked for {' and '.join(str(p) for p in tried)})",
+        )
+
+    def check_config(self, config: SWAConfig) -> None:
+        """Raise a ConfigError unless this scenario can run on ``config`` as written: image spans need a
+        vision config (``max_image_tokens > 0``; with 0 the spans would be ignored) that fits them."""
+        if not self.images_per_prefill:
+            return
+        spans = f"scenario {self.name!r} has image spans ({self.images_per_prefill} per prefill, {self.image_tokens} tokens each)"
+        if config.max_image_tokens == 0:
+            raise ConfigError(
+                "image_tokens",
+                f"{spans} but the config has max_image_tokens 0 (no vision variant), so they would be ignored: "
+                f"use a vision config (max_image_tokens > 0), or drop images_per_prefill and image_tokens",
+            )
+        if self.image_tokens > config.max_image_tokens:
+            raise ConfigError(
+                "image_tokens",
+                f"{spans} but the config's max_image_tokens is {config.max_image_tokens}: an image span holds "
+                f"at most max_image_tokens tokens",
+            )
+
     def make_batch(self, config: SWAConfig, device: str | torch.device = "cpu") -> AttentionBatch:
+        self.check_config(config)
         rng = random.Random(self.seed)
         seq_lens, query_lens = [], []
         for g in self.groups:

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .backend import Availability, BackendSpec
+from .backend import Availability, BackendSpec, name_from_spec, starting
 from .envs import env_flag, env_text
 from .errors import BackendNotFoundError, BackendUnavailableError
 from .platform import PlatformInfo, probe_platform
@@ -116,7 +116,8 @@ class Selection:
         }
 
     def create(self, config: SWAConfig, device: torch.device) -> Backend:
-        """Instantiate the backend. An explicit choice that fails to construct raises; so does an
+        """Instantiate the backend, named after its spec (``backend.name == spec.name``, whatever the
+        class says). An explicit choice that fails to construct raises; so does an
         automatic one under ``SWA_HAL_STRICT=1``; otherwise an automatic one falls back to the next
         available candidate with a warning, and the backend it returns says so in ``fell_back_from``
         (``swa-hal info --status`` / ``--expect`` and the kit's ``--swa-hal-expect`` report it)."""
@@ -128,7 +129,9 @@ class Selection:
         for cand in order:
             try:
                 factory = cand.spec.load_factory()
-                backend = factory(config, device, self.platform)
+                with starting(cand.name):
+                    backend = factory(config, device, self.platform)
+                name_from_spec(backend, cand.name)  # also for a factory that made its backend another way
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # SystemExit included: report any factory failure with its backend
@@ -140,9 +143,7 @@ class Selection:
                 if strict:
                     raise BackendUnavailableError(detail + " (SWA_HAL_STRICT=1: no fallback)") from exc
                 failures.append(detail)
-                message = detail + "; trying the next available backend"
-                warnings.warn(message, PluginWarning, stacklevel=2)
-                log.warning(message)
+                warnings.warn(detail + "; trying the next available backend", PluginWarning, stacklevel=2)
                 continue
             backend.fell_back_from = tuple(failures)
             return backend

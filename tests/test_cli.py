@@ -192,3 +192,173 @@ def test_strict_mode_refuses_the_fallback(capsys, monkeypatch):
 
     with pytest.raises(BackendUnavailableError, match="no fallback"):
         SWAMetadataBuilder(SWAConfig(), platform=PlatformInfo.from_assume("vendor=cuda,capability=9.0"))
+
+
+# -- the command line itself ---------------------------------------------------------------------
+
+
+def _cli(*argv, env=None, cwd=ROOT):
+    """The CLI in a process of its own, as a user runs it (warnings, logging and streams as they are)."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "swa_hal.cli", *argv], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=120)
+
+
+def test_version(capsys):
+    from swa_hal import __version__
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"swa-hal {__version__}"
+
+
+def test_bare_command_prints_the_usage_to_stderr_and_exits_2(capsys):
+    code, out, err = run(capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("usage: swa-hal") and all(c in err for c in ("info", "build", "bench", "warmup", "matrix"))
+    assert "exits 2" in err  # the help says so
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from swa_hal.cli import build_parser
+
+    missing = []
+
+    def walk(parser, where):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{where} {name}")
+            elif action.option_strings and not action.help:
+                missing.append(f"{where} {'/'.join(action.option_strings)}")
+
+    walk(build_parser(), "swa-hal")
+    assert not missing, missing
+
+
+def test_a_fallback_warning_is_printed_once_as_one_line():
+    proc = _cli("info", "--assume", "vendor=cuda,capability=9.0", "--expect", "cuda", env={"TRITON_INTERPRET": "0"})
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    failed = [line for line in lines if "failed to start" in line]
+    assert len(failed) == 2, proc.stderr  # the warning, then the --expect error
+    assert failed[0].startswith("swa-hal: warning: backend 'cuda' (swa-hal) failed to start: ")
+    assert failed[1].startswith("swa-hal info: error: expected backend 'cuda', selected 'cuda' but it failed")
+    assert len(lines) == 2, proc.stderr  # no log line, no source line of the warning
+    assert "warnings.warn" not in proc.stderr and "WARNING" not in proc.stderr
+
+
+def test_a_plugin_warning_is_printed_once_as_one_line():
+    proc = _cli("info", "--json", env={"SWA_HAL_PLUGINS": "torch,nonesuch"})
+    assert proc.returncode == 0 and json.loads(proc.stdout)["plugin_problems"]
+    assert proc.stderr.splitlines() == [
+        "swa-hal: warning: SWA_HAL_PLUGINS names 'nonesuch', which no installed plugin provides "
+        f"(installed: {', '.join(sorted(p['name'] for p in json.loads(proc.stdout)['plugins'] if p['status'] != 'embedded'))})"
+    ]
+
+
+def test_errors_go_to_stderr(capsys):
+    code, out, err = run(capsys, "info", "--assume", "vendor=cuda,capability=12.0", "--expect", "cuda")
+    assert code == 1 and "error" not in out
+    assert err == "swa-hal info: error: expected backend 'cuda', selected 'sm12x'\n"
+    code, out, err = run(capsys, "info", "--json", "--backend", "cuda")
+    assert code == 1 and json.loads(out)["error"]  # stdout stays JSON
+    assert err.startswith("swa-hal info: error: backend 'cuda' (requested by argument) is unavailable on cpu")
+    code, out, err = run(capsys, "info", "--assume", "vendor=cuda,capability=12.0", "--expect", "sm12x")
+    assert code == 0 and err == "" and "expect: backend 'sm12x' is selected and starts, as expected" in out
+
+
+def test_warmup_progress_has_a_total_and_a_whole_label(capsys):
+    code, out, err = run(capsys, "warmup", "--config", str(CONFIGS / "tiny.yaml"), "--assume",
+                         "vendor=cuda,capability=9.0")
+    assert code == 0 and "warmup: 1 kernel variant(s) ready for backend cuda" in out
+    last = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "warmup cuda: 100%" in last and "1/1" in last, err
+    assert "swa_metadata_kernel RowsKey(WINDOW=4" in last, err  # the label keeps its start
+    code, out, err = run(capsys, "warmup", "--config", str(CONFIGS / "tiny.yaml"))
+    assert code == 0 and err == "" and "0 kernel variant(s) ready for backend torch" in out
+
+
+def test_bench_prints_its_table_and_nothing_else(capsys):
+    batches = [str(CONFIGS / "batches" / "tiny_mixed.yaml"), str(CONFIGS / "batches" / "tiny_vision.yaml")]
+    proc = _cli("bench", "--batch", *batches, "--iters", "2")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [["tiny_mixed", "torch"], ["tiny_vision", "torch"]], proc.stdout
+    assert all("us per build (median of 2)" in line for line in lines)
+
+
+def test_the_scenarios_config_is_the_default(capsys):
+    code, out, _ = run(capsys, "build", "--batch", str(CONFIGS / "batches" / "tiny_vision.yaml"), "--repeat", "1",
+                       "--json")
+    data = json.loads(out)
+    assert code == 0 and data["config"] == str(CONFIGS / "tiny_vision.yaml") and data["mismatches"] == []
+    assert data["image_spans"]  # the vision config, so the spans are there
+
+
+@pytest.mark.parametrize("command", ["build", "bench"])
+def test_a_config_the_scenario_is_not_meant_for_is_a_clear_error(capsys, command):
+    scenario = CONFIGS / "batches" / "tiny_vision.yaml"
+    code, _, err = run(capsys, command, "--config", str(CONFIGS / "tiny.yaml"), "--batch", str(scenario))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--config {CONFIGS / 'tiny.yaml'} does not match --batch {scenario}" in err
+    assert f"meant for config '{CONFIGS / 'tiny_vision.yaml'}'" in err
+
+
+def test_a_scenario_without_config_needs_one(capsys, tmp_path):
+    scenario = tmp_path / "loose.yaml"
+    scenario.write_text("groups:\n  - {count: 2, query_len: 1, seq_len: [1, 30]}\n")
+    code, _, err = run(capsys, "build", "--batch", str(scenario))
+    assert code == 2 and "scenario 'loose' names no config (no config: key), so --config is needed" in err
+    code, out, _ = run(capsys, "build", "--batch", str(scenario), "--config", str(CONFIGS / "tiny.yaml"), "--json")
+    assert code == 0 and json.loads(out)["mismatches"] == []  # any config will do
+
+
+def test_a_scenario_naming_a_missing_config_is_a_clear_error(capsys, tmp_path):
+    (tmp_path / "batches").mkdir()
+    scenario = tmp_path / "batches" / "lost.yaml"
+    scenario.write_text("config: nowhere.yaml\ngroups:\n  - {count: 2, query_len: 1, seq_len: [1, 30]}\n")
+    code, _, err = run(capsys, "build", "--batch", str(scenario))
+    assert code == 2 and "scenario 'lost'" in err and "names config 'nowhere.yaml', which is not a config file" in err
+    assert str(tmp_path / "nowhere.yaml") in err and str(tmp_path / "batches" / "nowhere.yaml") in err
+
+
+def test_image_spans_on_a_config_without_images_are_an_error(capsys, tmp_path):
+    scenario = tmp_path / "images.yaml"
+    scenario.write_text("images_per_prefill: 2\nimage_tokens: 5\ngroups:\n  - {count: 2, query_len: 12, seq_len: [12, 60]}\n")
+    code, _, err = run(capsys, "build", "--config", str(CONFIGS / "tiny.yaml"), "--batch", str(scenario))
+    assert code == 2 and "image_tokens: scenario 'images' has image spans (2 per prefill, 5 tokens each)" in err
+    assert "max_image_tokens 0 (no vision variant), so they would be ignored" in err
+    code, _, err = run(capsys, "build", "--config", str(CONFIGS / "tiny_vision.yaml"), "--batch", str(scenario))
+    assert code == 0
+    scenario.write_text(scenario.read_text().replace("image_tokens: 5", "image_tokens: 7"))
+    code, _, err = run(capsys, "build", "--config", str(CONFIGS / "tiny_vision.yaml"), "--batch", str(scenario))
+    assert code == 2 and "the config's max_image_tokens is 6" in err
+    scenario.write_text(scenario.read_text().replace("image_tokens: 7", "image_tokens: 0"))
+    code, _, err = run(capsys, "build", "--config", str(CONFIGS / "tiny_vision.yaml"), "--batch", str(scenario))
+    assert code == 2 and "image_tokens: is 0" in err and "image spans need both" in err
+
+
+def test_a_backend_class_without_a_name_runs_under_its_specs_name(capsys, monkeypatch):
+    # The vendor's first plugin: a TritonBackend subclass and vendor_backend_spec, no `name = ...` anywhere.
+    import types
+
+    from fakes import plugin_module
+    from swa_hal import plugins
+    from swa_hal.plugins import PluginRegistry
+    from swa_hal.specs import vendor_backend_spec
+    from swa_hal.triton_backend import TritonBackend
+
+    mod = types.ModuleType("acme_cli_backend")
+    mod.AcmeBackend = type("AcmeBackend", (TritonBackend,), {})
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    spec = vendor_backend_spec("acme", factory="acme_cli_backend:AcmeBackend", priority=300, vendor="acme",
+                               vendor_label="an Acme accelerator", platforms=("vendor=acme",), summary="Acme")
+    registry = PluginRegistry(env={})
+    registry.register_plugin(plugin_module(spec), "acme")
+    monkeypatch.setattr(plugins, "_default", registry)
+    code, out, err = run(capsys, "info", "--assume", "vendor=acme", "--expect", "acme")
+    assert code == 0 and err == "", err
+    assert "expect: backend 'acme' is selected and starts, as expected" in out

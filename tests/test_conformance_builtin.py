@@ -4,6 +4,7 @@ the interpreter on the CPU (SM12x address-strict), the torch backend natively.""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -57,6 +58,7 @@ class TestTopicsOnTheirOwn(SelectionTests, VectorTests, TorchOnAnotherPlatform):
 
 PROBE = """
 import os
+import re
 def test_env():
     assert os.environ.get("TRITON_INTERPRET") == {expected!r}
 """
@@ -72,3 +74,107 @@ def test_the_kit_plugin_sets_the_interpreter_only_when_asked(tmp_path, flag, exp
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _kit_run(tmp_path, *args, files=None):
+    """pytest with the kit's plugin in a folder of its own (no pytest configuration of this repository)."""
+    for name, text in (files or {}).items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "swa_hal.testing.plugin", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+BROKEN_BACKEND = """
+import pytest
+
+from swa_hal import Availability, BackendSpec, hookimpl
+from swa_hal.reference_backend import TorchBackend
+from swa_hal.testing import SelectionTests, VectorTests
+
+
+class Broken(TorchBackend):
+    def compute(self, plan, batch, buffers):
+        super().compute(plan, batch, buffers)
+        buffers.decode_lens.zero_()  # wrong: the worked vectors say otherwise
+
+
+SPEC = BackendSpec(
+    name="broken", priority=1, factory="test_broken_kit:Broken", platforms=("vendor=broken",), summary="broken",
+    is_available=lambda platform: Availability(platform.vendor == "broken", ()),  # a "no" without a reason
+)
+
+
+class Plugin:
+    @hookimpl
+    def swa_hal_register_backends(self):
+        return [SPEC]
+
+
+class TestBroken(SelectionTests, VectorTests):
+    backend_name = "broken"
+
+    @pytest.fixture
+    def registry(self, swa_hal_registry):
+        swa_hal_registry.register_plugin(Plugin(), "broken")
+        return swa_hal_registry
+"""
+
+
+def test_every_kit_failure_says_what_failed(tmp_path):
+    proc = _kit_run(tmp_path, "-rf", files={"test_broken_kit.py": BROKEN_BACKEND})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "2 failed" in out, out
+    assert "says unavailable without a reason" in out
+    assert "decode_swa_lens: the backend gives" in out and "[0, 0]" in out and "[4, 4]" in out
+    assert not re.search(r"^E\s+AssertionError\s*$", out, re.M), out  # never a bare AssertionError
+
+
+INTERPRETER_WARNING = """
+import warnings
+
+
+def test_interpreter_deprecation_is_filtered():
+    warnings.warn_explicit(
+        "Conversion of an array with ndim > 0 to a scalar is deprecated", DeprecationWarning,
+        "interpreter.py", 1, module="triton.runtime.interpreter",
+    )
+
+
+def test_other_deprecations_still_show():
+    warnings.warn_explicit("a deprecation of the vendor's own", DeprecationWarning, "acme.py", 1, module="acme")
+"""
+
+
+def test_the_kit_plugin_filters_the_interpreters_deprecation_warnings(tmp_path):
+    proc = _kit_run(tmp_path, files={"test_warnings.py": INTERPRETER_WARNING})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "a deprecation of the vendor's own" in out and "1 warning" in out
+    assert "Conversion of an array" not in out
+
+
+def test_the_kit_suite_runs_any_installed_backend_by_name(tmp_path):
+    proc = _kit_run(tmp_path, "--pyargs", "swa_hal.testing.suite", "--swa-hal-backend", "torch", "-k",
+                    "spec_is_well_formed or factory_resolves")
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout + proc.stderr
+    proc = _kit_run(tmp_path, "--pyargs", "swa_hal.testing.suite", "-k", "spec_is_well_formed")
+    assert proc.returncode == 1 and "pass --swa-hal-backend NAME" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_every_assert_of_the_kit_has_a_message():
+    import ast
+    from pathlib import Path
+
+    import swa_hal.testing
+
+    bare = []
+    for path in sorted(Path(swa_hal.testing.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assert) and node.msg is None:
+                bare.append(f"{path.name}:{node.lineno}")
+    assert not bare, "asserts of the kit without a message: " + ", ".join(bare)

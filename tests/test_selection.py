@@ -163,3 +163,71 @@ def test_every_variable_read_is_listed_in_envs():
         if path.name != "envs.py":
             assert not re.search(r"environ(\.get)?\(?\[?[\"']SWA_HAL_", text), path
     assert named <= set(envs.VARIABLES), named - set(envs.VARIABLES)
+
+
+class _UnnamedAcme:
+    """Backend classes of a vendor package that set no ``name`` of their own (the trap: the inherited one)."""
+
+    @staticmethod
+    def module(monkeypatch):
+        import sys
+        import types
+
+        from swa_hal.reference_backend import TorchBackend
+        from swa_hal.triton_backend import TritonBackend
+
+        mod = types.ModuleType("acme_unnamed_backends")
+
+        class AcmeTorch(TorchBackend):
+            pass
+
+        class AcmeTriton(TritonBackend):
+            def __init__(self, config, device, platform):
+                super().__init__(config, device, platform)
+                self.name_in_init = self.name
+
+        mod.AcmeTorch, mod.AcmeTriton = AcmeTorch, AcmeTriton
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+        return mod
+
+
+def _acme_registry(factory, **kw):
+    from fakes import plugin_module, spec
+
+    registry = PluginRegistry(entry_points=[], env={})
+    registry.register_plugin(plugin_module(spec(factory=f"acme_unnamed_backends:{factory}", **kw)), "acme")
+    return registry
+
+
+def test_a_backend_is_named_after_its_spec_whatever_its_class_says(monkeypatch):
+    from swa_hal import SWAConfig, SWAMetadataBuilder
+
+    mod = _UnnamedAcme.module(monkeypatch)
+    acme = PlatformInfo.from_assume("vendor=acme")
+    for factory in ("AcmeTorch", "AcmeTriton"):
+        registry = _acme_registry(factory, kernels="triton")
+        builder = SWAMetadataBuilder(SWAConfig(max_num_batched_tokens=16), registry=registry, platform=acme)
+        assert builder.backend_name == builder.backend.name == "acme", factory
+        assert builder.backend.fell_back_from == ()
+    assert builder.backend.name_in_init == "acme"  # already named while its own __init__ runs
+    assert mod.AcmeTorch.name == "torch" and mod.AcmeTriton.name == "triton"  # the classes are untouched
+
+
+def test_a_backend_that_fails_to_start_is_named_after_its_spec_in_the_error(monkeypatch):
+    from swa_hal import SWAConfig, SWAMetadataBuilder
+
+    _UnnamedAcme.module(monkeypatch)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    registry = _acme_registry("AcmeTriton", kernels="triton")
+    with pytest.raises(BackendUnavailableError, match="backend 'acme' runs Triton kernels"):
+        SWAMetadataBuilder(SWAConfig(), backend="acme", registry=registry, platform=PlatformInfo.from_assume("vendor=acme"))
+
+
+def test_a_factory_function_makes_a_backend_named_after_its_spec(monkeypatch):
+    from swa_hal import SWAConfig, SWAMetadataBuilder
+
+    mod = _UnnamedAcme.module(monkeypatch)
+    mod.make = lambda config, device, platform: mod.AcmeTorch(config, device, platform)
+    registry = _acme_registry("make")
+    builder = SWAMetadataBuilder(SWAConfig(), registry=registry, platform=PlatformInfo.from_assume("vendor=acme"))
+    assert builder.backend_name == "acme"

@@ -7,6 +7,8 @@
   ``random_batches``, ``draft_updates``, ``address_rules``, ``graphs``, ``slot_rows``), so a backend takes
   the topics that apply.
 - ``swa_hal.testing.plugin``: the opt-in pytest plugin (options and fixtures).
+- ``swa_hal.testing.suite``: the whole kit for the backend named by ``--swa-hal-backend``, with no test file
+  (``pytest -p swa_hal.testing.plugin --pyargs swa_hal.testing.suite --swa-hal-backend NAME``).
 - ``address_strict`` (``swa_hal.testing.interpreter``): the SM12x address rule on a CPU.
 - ``random_batch`` and ``compare_with_reference``: batches of every kind, and bit-exact comparison.
 

@@ -37,6 +37,7 @@ class AddressRuleTests(BackendFixtures):
             for _ in range(self.batches_per_case):
                 batch = make_batch(config, rng, kind)
                 md = builder.build(batch)
-                assert not compare_with_reference(config, batch, md)
+                problems = compare_with_reference(config, batch, md)
+                assert not problems, f"{kind} batch of {config_name} under address-strict: " + "; ".join(problems)
                 if md.causal and md.num_decode_tokens and builder.supports_draft_decode_metadata_update:
                     builder.update_draft_decode_metadata(md)  # the in-place variant, same rule

@@ -36,10 +36,19 @@ class DraftUpdateTests(BackendFixtures):
                 want = fresh.build(batch)
                 rows = md.num_decode_tokens
                 where = f"{kind} batch, draft step {step}"
-                assert torch.equal(md.decode_swa_indices.cpu(), want.decode_swa_indices[:rows].cpu()), where
-                assert torch.equal(md.decode_swa_lens.cpu(), want.decode_swa_lens.cpu()), where
+                assert torch.equal(md.decode_swa_indices.cpu(), want.decode_swa_indices[:rows].cpu()), (
+                    f"{where}: decode_swa_indices after the in-place update differ from a fresh build"
+                )
+                assert torch.equal(md.decode_swa_lens.cpu(), want.decode_swa_lens.cpu()), (
+                    f"{where}: decode_swa_lens after the in-place update differ from a fresh build "
+                    f"({md.decode_swa_lens.tolist()} vs {want.decode_swa_lens.tolist()})"
+                )
                 ragged, ragged_want = md.extra(RaggedDecodeRows), want.extra(RaggedDecodeRows)
                 if ragged is not None and ragged_want is not None:  # a ragged form must be refreshed too
-                    assert torch.equal(ragged.indptr.cpu(), ragged_want.indptr.cpu()), where
+                    assert torch.equal(ragged.indptr.cpu(), ragged_want.indptr.cpu()), (
+                        f"{where}: the ragged rows' indptr was not refreshed by the update"
+                    )
                     n = int(ragged_want.indptr[-1])
-                    assert torch.equal(ragged.indices[:n].cpu(), ragged_want.indices[:n].cpu()), where
+                    assert torch.equal(ragged.indices[:n].cpu(), ragged_want.indices[:n].cpu()), (
+                        f"{where}: the ragged rows' indices were not refreshed by the update"
+                    )

@@ -153,6 +153,12 @@ def cases(configs: Mapping[str, SWAConfig]) -> list[Any]:
     ]
 
 
+def expect_equal(got: Any, want: Any, what: str) -> None:
+    """Fail with ``what``, the value the backend gave and the one it should have given, unless they are equal."""
+    if got != want:
+        pytest.fail(f"{what}: the backend gives\n  {got}\nbut the reference is\n  {want}", pytrace=False)
+
+
 def requires(claim: str) -> pytest.MarkDecorator:
     """Collect the test only for backends that make ``claim`` (deselected otherwise)."""
     return pytest.mark.swa_hal_requires(claim)
@@ -214,14 +220,17 @@ class BackendFixtures:
 
     @pytest.fixture
     def target(self, spec: BackendSpec) -> Target:
-        """The platform and device the outputs are computed on: ``device`` if set, else the backend's
-        CUDA device when there is one, else the CPU (Triton kernels through the interpreter)."""
+        """The platform and device the outputs are computed on: ``device`` if set, else the backend's own
+        device when this machine has one (a CUDA device for vendors ``cuda`` and ``rocm``, an XPU for ``xpu``),
+        else the CPU (Triton kernels through the interpreter)."""
+        xpu = getattr(torch, "xpu", None)
+        rocm = getattr(torch.version, "hip", None) is not None
         if self.device is not None:
             device = torch.device(self.device)
-        elif spec.kernels == "triton" and not torch.cuda.is_available():
-            device = torch.device("cpu")
-        elif "cuda" in spec.vendors and torch.cuda.is_available():
-            device = torch.device("cuda")
+        elif ("rocm" if rocm else "cuda") in spec.vendors and torch.cuda.is_available():
+            device = torch.device("cuda")  # torch's "cuda" device is the ROCm GPU on a ROCm build
+        elif "xpu" in spec.vendors and xpu is not None and xpu.is_available():
+            device = torch.device("xpu")
         else:
             device = torch.device("cpu")
         if device.type != "cpu":

@@ -38,7 +38,9 @@ def check_graph_replay(builder: SWAMetadataBuilder, *, rng: random.Random, num_r
     for _ in range(replays):
         fresh = synthesize_batch(config, lengths(), [1] * num_reqs, rng=rng, device=device)
         static.seq_lens.copy_(fresh.seq_lens)
-        assert static.seq_lens_cpu is not None and fresh.seq_lens_cpu is not None
+        assert static.seq_lens_cpu is not None and fresh.seq_lens_cpu is not None, (
+            "synthesized batches carry seq_lens_cpu"
+        )
         static.seq_lens_cpu.copy_(fresh.seq_lens_cpu)
         static.block_table.fill_(-1)
         static.block_table[:, : fresh.block_table.shape[1]].copy_(fresh.block_table)

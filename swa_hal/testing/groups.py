@@ -26,7 +26,7 @@ def other_groups(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The step's block table and slot mapping, then ``groups - 1`` other groups' for the same step:
     other pages (and table widths) for every request, the same invalid and padding tokens."""
-    assert batch.seq_lens_cpu is not None
+    assert batch.seq_lens_cpu is not None, "a group build's batch needs seq_lens_cpu (the host copy of seq_lens)"
     tables, slots = [batch.block_table], [batch.slot_mapping]
     seqs = batch.seq_lens_cpu.tolist()
     qsl = batch.query_start_loc_cpu.tolist()
@@ -77,7 +77,7 @@ class GroupBuildTests(BackendFixtures):
             ("listed", listed_builder.build_groups(batch, tables, slots), tables),
             ("stacked", stacked_builder.build_groups(batch, t3, s2), padded),
         ):
-            assert len(mds) == GROUPS, form
+            assert len(mds) == GROUPS, f"build_groups with {form} tables returned {len(mds)} metadata, not {GROUPS}"
             for g, md in enumerate(mds):
                 own = dataclasses.replace(batch, block_table=group_tables[g], slot_mapping=slots[g])
                 problems = compare_with_reference(config, own, md)
@@ -91,7 +91,7 @@ class GroupBuildTests(BackendFixtures):
             return
         for step in range(2):  # draft steps: every group updated at once
             batch.seq_lens.add_(1)
-            assert batch.seq_lens_cpu is not None
+            assert batch.seq_lens_cpu is not None, "a group build's batch needs seq_lens_cpu"
             batch.seq_lens_cpu.add_(1)
             stacked_builder.update_draft_decode_metadata(mds)
             for g, md in enumerate(mds):

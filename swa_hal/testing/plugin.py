@@ -9,7 +9,9 @@ in a conftest.py; it is never auto-loaded. It adds:
   --swa-hal-interpret      run Triton kernels on the CPU: sets TRITON_INTERPRET=1 for the session,
                            before any conftest (and so triton) is imported, and restores it after
 
-Importing or loading the plugin changes no environment variable; only ``--swa-hal-interpret`` does.
+Importing or loading the plugin changes no environment variable; only ``--swa-hal-interpret`` does. It
+filters the Triton interpreter's own DeprecationWarnings (``INTERPRETER_WARNINGS``), which are not about the
+backend under test.
 
 and fixtures: ``swa_hal_registry`` (a fresh registry of the installed plugins), ``swa_hal_register``
 (register a plugin object for one test), ``swa_hal_platform`` (a PlatformInfo from an --assume string),
@@ -62,9 +64,15 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         os.environ[_INTERPRET] = "1"
 
 
+# The Triton interpreter (3.6) converts 1-element NumPy arrays with int(), which NumPy deprecates: one
+# DeprecationWarning per launch, hundreds in a kit run, none of them about the code under test.
+INTERPRETER_WARNINGS = "ignore::DeprecationWarning:triton.runtime.interpreter"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "swa_hal_requires(claim): run only for backends that make this claim")
     config.addinivalue_line("markers", "gpu: needs a GPU")
+    config.addinivalue_line("filterwarnings", INTERPRETER_WARNINGS)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -89,11 +97,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # (a missing driver, a broken import) and falls back must turn the session red too.
     try:
         selection = select_backend()
-        device = (
-            torch.device("cuda")
-            if selection.platform.vendor in ("cuda", "rocm") and torch.cuda.is_available()
-            else torch.device("cpu")
-        )
+        vendor = selection.platform.vendor
+        if vendor in ("cuda", "rocm") and torch.cuda.is_available():
+            device = torch.device("cuda")
+        elif vendor == "xpu" and getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
+            device = torch.device("xpu")
+        else:
+            device = torch.device("cpu")
         backend = selection.create(SWAConfig(), device)
         picked, detail = backend.name, selection.explain()
         if backend.fell_back_from:

@@ -21,8 +21,9 @@ class SelectionTests(BackendFixtures):
     resolves."""
 
     def test_spec_is_well_formed(self, spec: BackendSpec, name: str) -> None:
-        assert spec.problems() == []
-        assert spec.name == name
+        problems = spec.problems()
+        assert not problems, f"the spec of backend {name!r} is malformed: {'; '.join(problems)}"
+        assert spec.name == name, f"the suite tests backend {name!r} but the spec it found is named {spec.name!r}"
         assert spec.summary, "give the backend a one-line summary (shown by swa-hal info)"
 
     def test_availability_grid(self, spec: BackendSpec) -> None:
@@ -30,7 +31,10 @@ class SelectionTests(BackendFixtures):
             result = spec.is_available(PlatformInfo.from_assume(assume))
             assert isinstance(result, Availability), f"is_available({assume!r}) returned {type(result).__name__}"
             if not result.ok:
-                assert result.reasons and all(isinstance(r, str) and r for r in result.reasons), assume
+                assert result.reasons and all(isinstance(r, str) and r for r in result.reasons), (
+                    f"is_available({assume!r}) says unavailable without a reason for each no "
+                    f"(reasons: {result.reasons!r}); give every failure a non-empty string"
+                )
 
     def test_available_and_selected_on_its_own_platforms(self, spec: BackendSpec, registry: PluginRegistry) -> None:
         for assume in spec.platforms:
@@ -49,6 +53,9 @@ class SelectionTests(BackendFixtures):
 
     def test_factory_resolves(self, spec: BackendSpec, make_builder: Callable[..., SWAMetadataBuilder]) -> None:
         factory = spec.load_factory()
-        assert callable(factory)
+        assert callable(factory), f"factory {spec.factory!r} names {factory!r}, which is not callable"
         builder = make_builder(CONFORMANCE_CONFIGS["w4b4_mtp"])
-        assert builder.backend_name == spec.name
+        assert builder.backend_name == spec.name, (
+            f"a builder that asked for backend {spec.name!r} runs backend {builder.backend_name!r} "
+            f"(made by {spec.factory!r}); a backend is named after its spec"
+        )

@@ -16,7 +16,7 @@ import torch
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
 from ..slot_rows import SlotRows, build_slot_rows, slot_limit
-from .fixtures import BackendFixtures, Target
+from .fixtures import BackendFixtures, Target, expect_equal
 from .interpreter import address_strict
 
 WINDOWS = (8, 20, 128)
@@ -111,13 +111,18 @@ class SlotRowTests(BackendFixtures):
             width=8,
         )
         out, lens = builder.build_slot_rows(causal)
-        assert lens.tolist() == [4, 2, 0, 2]
-        assert out.tolist() == [
-            [115, 114, 113, 112, -1, -1, -1, -1],
-            [111, 110, -1, -1, -1, -1, -1, -1],
-            [-1] * 8,
-            [115, 114, -1, -1, -1, -1, -1, -1],
-        ]
+        where = "token-slot rows worked vector (W=4, causal)"
+        expect_equal(lens.tolist(), [4, 2, 0, 2], f"{where}: lens")
+        expect_equal(
+            out.tolist(),
+            [
+                [115, 114, 113, 112, -1, -1, -1, -1],
+                [111, 110, -1, -1, -1, -1, -1, -1],
+                [-1] * 8,
+                [115, 114, -1, -1, -1, -1, -1, -1],
+            ],
+            f"{where}: rows",
+        )
         dspark = SlotRows(
             row_ends=torch.tensor([6, 7, 3, 4], dtype=torch.int32, device=dev),
             pools=torch.tensor([0, 0, 1, 1], dtype=torch.int64, device=dev),
@@ -129,8 +134,13 @@ class SlotRowTests(BackendFixtures):
             width=8,
         )
         out, lens = builder.build_slot_rows(dspark)
-        assert lens.tolist() == [4, 4, 4, 4]
-        assert out.tolist() == [[113, 114, 115, 116, -1, -1, -1, -1]] * 2 + [[130, 131, 132, 133, -1, -1, -1, -1]] * 2
+        where = "token-slot rows worked vector (W=4, DSpark blocks of 2)"
+        expect_equal(lens.tolist(), [4, 4, 4, 4], f"{where}: lens")
+        expect_equal(
+            out.tolist(),
+            [[113, 114, 115, 116, -1, -1, -1, -1]] * 2 + [[130, 131, 132, 133, -1, -1, -1, -1]] * 2,
+            f"{where}: rows",
+        )
 
     @pytest.mark.parametrize("window", WINDOWS)
     def test_slot_rows_equal_the_reference(
@@ -144,8 +154,11 @@ class SlotRowTests(BackendFixtures):
                 rows = random_slot_rows(rng, window, (torch.int32, torch.int64)[k % 2])
                 want_rows, want_lens = reference_slot_rows(rows, config)
                 out, lens = builder.build_slot_rows(rows.to(target.device))
-                assert torch.equal(lens.cpu(), want_lens), (window, k)
-                assert torch.equal(out.cpu(), want_rows), (window, k)
+                call = f"random token-slot rows call {k} (window {window}, block {rows.block}, width {rows.width})"
+                assert torch.equal(lens.cpu(), want_lens), (
+                    f"{call}: lens differ from the torch build: {lens.tolist()} vs {want_lens.tolist()}"
+                )
+                assert torch.equal(out.cpu(), want_rows), f"{call}: rows differ from the torch build"
         builder.check()
 
     def test_slot_rows_guarded_on_garbage(
@@ -175,7 +188,12 @@ class SlotRowTests(BackendFixtures):
                     width=16,
                 )
                 out, lens = builder.build_slot_rows(rows)
-                assert bool(((out == -1) | ((out >= 0) & (out < limit))).all())
-                assert bool(((lens >= 0) & (lens <= 8 + block)).all())
+                assert bool(((out == -1) | ((out >= 0) & (out < limit))).all()), (
+                    f"a guarded call on garbage input handed out slots outside -1 and [0, {limit}): "
+                    f"{sorted({int(v) for v in out.flatten().tolist() if v != -1 and not 0 <= v < limit})[:8]}"
+                )
+                assert bool(((lens >= 0) & (lens <= 8 + block)).all()), (
+                    f"a guarded call on garbage input gave lens outside [0, {8 + block}]: {lens.tolist()}"
+                )
                 with contextlib.suppress(ValueError):  # the recorded violation, raised by name
                     builder.check()

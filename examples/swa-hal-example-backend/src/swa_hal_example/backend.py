@@ -34,7 +34,7 @@ class ExampleRaggedRows:
 
 
 class ExampleBackend(TorchBackend):
-    name = "example"
+    # No ``name`` here: a backend runs under its spec's name ("example"), whatever it inherits.
 
     def allocate(self, buffers: MetadataBuffers) -> None:
         super().allocate(buffers)

@@ -169,6 +169,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         "backend_status": backend_status,
         "error": error,
     }
+    if args.env:
+        from .envs import describe
+
+        data["env"] = describe()
     if selection is None:
         from .selection import build_candidates
 
@@ -204,6 +208,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         if p.detail and p.backends:
             print(f"  {'':<12} {p.detail}")
     # registry.problems were printed on stderr as warnings while the registry loaded (and are in --json).
+    if args.env:
+        print("environment (swa_hal/envs.py):")
+        for var in data["env"]:
+            value = f"= {var['value']!r}" if var["value"] else "unset"
+            default = f", default {var['default']}" if var["default"] else ""
+            print(f"  {var['name']:<26} {value:<12} {var['kind']}{default}: {var['meaning']}")
     if selection is not None:
         print("backends:")
         print("\n".join("  " + line for line in selection.explain().splitlines()[1:]))
@@ -579,6 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the selected backend as a builder would and exit 1 unless NAME is the one that runs",
     )
     p.add_argument("--status", action="store_true", help="also start the selected backend and report its state")
+    p.add_argument(
+        "--env", action="store_true", help="also list every SWA_HAL_* variable: meaning, default and value here"
+    )
     p.add_argument("--config", metavar="FILE", help="config to start the backend with (default: built-in defaults)")
     p.add_argument("--device", default=None, help="probe this device (default: the best one here)")
     p.set_defaults(func=cmd_info)

@@ -362,3 +362,18 @@ def test_a_backend_class_without_a_name_runs_under_its_specs_name(capsys, monkey
     code, out, err = run(capsys, "info", "--assume", "vendor=acme", "--expect", "acme")
     assert code == 0 and err == "", err
     assert "expect: backend 'acme' is selected and starts, as expected" in out
+
+
+def test_info_env_lists_every_variable(capsys, monkeypatch):
+    from swa_hal.cli import main
+    from swa_hal.envs import VARIABLES
+
+    monkeypatch.setenv("SWA_HAL_GUARD", "0")
+    assert main(["info", "--env"]) == 0
+    out = capsys.readouterr().out
+    for name in VARIABLES:
+        assert name in out, name
+    assert "SWA_HAL_GUARD              = '0'" in out
+    assert main(["info", "--env", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [v["name"] for v in data["env"]] == list(VARIABLES)

@@ -329,8 +329,7 @@ class SWAMetadataBuilder:
             seq_cpu = batch.seq_lens_cpu
             if seq_cpu is None:
                 seq_cpu = batch.seq_lens.cpu()
-            prefill_seq_lens = self._tail(batch.seq_lens, nd)
-            prefill_seq_lens_cpu = self._tail(seq_cpu, nd)
+            prefill_seq_lens, prefill_seq_lens_cpu = self._tails(batch.seq_lens, seq_cpu, nd)
             prefill_query_lens_cpu = torch.from_numpy(query[nd:])
         # The step's fields every group shares (metadata.SHARED_STEP_FIELDS), as one dict for all groups.
         step = {
@@ -456,13 +455,12 @@ class SWAMetadataBuilder:
                 )
         return width
 
-    def _tail(self, t: torch.Tensor, start: int) -> torch.Tensor:
-        """``t[start:]``, reused for the same memory seen the same way (swa_hal/cache.py)."""
-        if not start:
-            return t
-        key = ("tail", tensor_key(t), start)
-        view = self._cache.get(key)
-        return view if view is not None else self._cache.keep(key, t[start:])
+    def _tails(self, seq_lens: torch.Tensor, seq_cpu: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``seq_lens[start:]`` and ``seq_cpu[start:]``, reused for the same memory seen the same way
+        (swa_hal/cache.py)."""
+        key = ("tails", start, tensor_key(seq_lens), tensor_key(seq_cpu))
+        tails = self._cache.get(key)
+        return tails if tails is not None else self._cache.keep(key, (seq_lens[start:], seq_cpu[start:]))
 
     # -- speculative decoding --------------------------------------------------------------------
 

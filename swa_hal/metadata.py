@@ -119,7 +119,7 @@ class SWAMetadata:
     @classmethod
     def for_step(
         cls,
-        shape: Mapping[str, Any],
+        shape: dict[str, Any],
         step: Mapping[str, Any],
         block_table: torch.Tensor,
         slot_mapping: torch.Tensor,
@@ -131,7 +131,7 @@ class SWAMetadata:
         block table, slot mapping and planner objects. The builder's constructor, once per group per
         step: it skips the keyword constructor's per-field work, which ``shape_fields`` has done (and
         checked) once."""
-        fields = dict(shape)  # a copy of a dict is one block copy, cheaper than inserting every field
+        fields = shape.copy()  # one block copy; the step's fields overwrite placeholders (no resize)
         fields.update(step)
         fields["block_table"] = block_table
         fields["slot_mapping"] = slot_mapping
@@ -225,4 +225,6 @@ def shape_fields(**fields: Any) -> dict[str, Any]:
     if out.keys() != _SHAPE_FIELDS:
         missing, extra = sorted(_SHAPE_FIELDS - out.keys()), sorted(out.keys() - _SHAPE_FIELDS)
         raise TypeError(f"shape_fields: missing {missing}, unexpected {extra}")
+    # The step's fields too, as placeholders: a copy of this dict then takes them without growing.
+    out.update(dict.fromkeys(sorted(STEP_FIELDS)))
     return out

@@ -29,7 +29,7 @@ from .errors import (
 )
 from .groups import GroupRow, group_inputs
 from .guard import violation_error
-from .metadata import SWAMetadata, shape_fields
+from .metadata import SWAMetadata, group_views, shape_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .preflight import preflight_batch, preflight_update
@@ -331,16 +331,6 @@ class SWAMetadataBuilder:
                 seq_cpu = batch.seq_lens.cpu()
             prefill_seq_lens, prefill_seq_lens_cpu = self._tails(batch.seq_lens, seq_cpu, nd)
             prefill_query_lens_cpu = torch.from_numpy(query[nd:])
-        # The step's fields every group shares (metadata.SHARED_STEP_FIELDS), as one dict for all groups.
-        step = {
-            "seq_lens": batch.seq_lens,
-            "query_start_loc": batch.query_start_loc,
-            "query_start_loc_cpu": batch.query_start_loc_cpu,
-            "replay_start": plan.replay_start,
-            "prefill_seq_lens": prefill_seq_lens,
-            "prefill_seq_lens_cpu": prefill_seq_lens_cpu,
-            "prefill_query_lens_cpu": prefill_query_lens_cpu,
-        }
         groups = len(tables)
         key = (
             "metadata",
@@ -356,16 +346,35 @@ class SWAMetadataBuilder:
             max_decode_query_len,
         )
         shapes = self._cache.get(key)
-        if shapes is None:
-            shapes = self._cache.keep(key, [self._shape(plan, g, max_decode_query_len) for g in range(groups)])
+        if shapes is None:  # group 0's shape fields, then every other group's views of its own buffers
+            made = [self._shape(plan, g, max_decode_query_len) for g in range(groups)]
+            shapes = self._cache.keep(key, (made[0], [group_views(shape) for shape in made]))
+        shape, views = shapes
         make_schedulers, ndt = self.backend.make_tile_schedulers, plan.num_decode_tokens
+        md = SWAMetadata.for_step(
+            shape,
+            seq_lens=batch.seq_lens,
+            query_start_loc=batch.query_start_loc,
+            query_start_loc_cpu=batch.query_start_loc_cpu,
+            replay_start=plan.replay_start,
+            block_table=tables[0],
+            slot_mapping=slots[0],
+            tile_sched=make_schedulers(ndt),
+            prefill_seq_lens=prefill_seq_lens,
+            prefill_seq_lens_cpu=prefill_seq_lens_cpu,
+            prefill_query_lens_cpu=prefill_query_lens_cpu,
+        )
         extras = self.backend.extras if self._has_extras else None
-        out = []
-        for g in range(groups):
-            md = SWAMetadata.for_step(shapes[g], step, tables[g], slots[g], make_schedulers(ndt))
+        if extras is not None:
+            md.extras = extras(md, self._group_buffers[0])
+        out = [md]
+        for g in range(1, groups):
+            other = md.for_group(
+                views[g], block_table=tables[g], slot_mapping=slots[g], tile_sched=make_schedulers(ndt)
+            )
             if extras is not None:
-                md.extras = extras(md, self._group_buffers[g])
-            out.append(md)
+                other.extras = extras(other, self._group_buffers[g])
+            out.append(other)
         return out
 
     def _shape(self, plan: BuildPlan, group: int, max_decode_query_len: int) -> dict[str, Any]:

@@ -120,23 +120,55 @@ class SWAMetadata:
     def for_step(
         cls,
         shape: dict[str, Any],
-        step: Mapping[str, Any],
+        *,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        query_start_loc_cpu: torch.Tensor,
+        replay_start: torch.Tensor,
+        block_table: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        tile_sched: Mapping[str, Any],
+        prefill_seq_lens: torch.Tensor | None = None,
+        prefill_seq_lens_cpu: torch.Tensor | None = None,
+        prefill_query_lens_cpu: torch.Tensor | None = None,
+    ) -> SWAMetadata:
+        """The metadata of one step: ``shape`` (``shape_fields``, made once per build shape) holds every
+        field that follows from the shape, the step brings the rest. The builder's constructor, once per
+        step: it skips the keyword constructor's per-field work, which ``shape_fields`` has done (and
+        checked) once."""
+        fields = shape.copy()  # one block copy; the step's fields overwrite placeholders (no resize)
+        fields["seq_lens"] = seq_lens
+        fields["query_start_loc"] = query_start_loc
+        fields["query_start_loc_cpu"] = query_start_loc_cpu
+        fields["replay_start"] = replay_start
+        fields["block_table"] = block_table
+        fields["slot_mapping"] = slot_mapping
+        fields["tile_sched"] = tile_sched
+        if prefill_seq_lens is not None:
+            fields["prefill_seq_lens"] = prefill_seq_lens
+            fields["prefill_seq_lens_cpu"] = prefill_seq_lens_cpu
+            fields["prefill_query_lens_cpu"] = prefill_query_lens_cpu
+        new = object.__new__(cls)
+        new.__dict__ = fields
+        return new
+
+    def for_group(
+        self,
+        views: Mapping[str, Any],
+        *,
         block_table: torch.Tensor,
         slot_mapping: torch.Tensor,
         tile_sched: Mapping[str, Any],
     ) -> SWAMetadata:
-        """The metadata of one KV-cache group of one step: ``shape`` (``shape_fields``, made once per
-        build shape and group) holds every field that follows from the shape, ``step`` (made once per
-        build) the step's tensors every group shares (``SHARED_STEP_FIELDS``); the group brings its
-        block table, slot mapping and planner objects. The builder's constructor, once per group per
-        step: it skips the keyword constructor's per-field work, which ``shape_fields`` has done (and
-        checked) once."""
-        fields = shape.copy()  # one block copy; the step's fields overwrite placeholders (no resize)
-        fields.update(step)
+        """Another KV-cache group's metadata of the same build (docs/semantics.md #group-builds): this
+        metadata's fields, with that group's ``views`` of its fixed buffers (``group_views``), its block
+        table and slot mapping, and its own planner objects."""
+        fields = self.__dict__.copy()
+        fields.update(views)
         fields["block_table"] = block_table
         fields["slot_mapping"] = slot_mapping
         fields["tile_sched"] = tile_sched
-        new = object.__new__(cls)
+        new = object.__new__(SWAMetadata)
         new.__dict__ = fields
         return new
 
@@ -199,18 +231,33 @@ class SWAMetadata:
         return self.tile_sched.get("c2a")
 
 
-# The fields a step brings (``SWAMetadata.for_step``): those every group shares, then each group's own;
-# every other field follows from the build's shape.
-SHARED_STEP_FIELDS = (
-    "seq_lens",
-    "query_start_loc",
-    "query_start_loc_cpu",
-    "replay_start",
-    "prefill_seq_lens",
-    "prefill_seq_lens_cpu",
-    "prefill_query_lens_cpu",
+# The fields a step brings (``SWAMetadata.for_step``); every other field follows from the build's shape.
+STEP_FIELDS = frozenset(
+    (
+        "seq_lens",
+        "query_start_loc",
+        "query_start_loc_cpu",
+        "replay_start",
+        "prefill_seq_lens",
+        "prefill_seq_lens_cpu",
+        "prefill_query_lens_cpu",
+        "block_table",
+        "slot_mapping",
+        "tile_sched",
+    )
 )
-STEP_FIELDS = frozenset((*SHARED_STEP_FIELDS, "block_table", "slot_mapping", "tile_sched"))
+# The fields in which KV-cache groups of one build differ, besides the block table, slot mapping and
+# planner objects: each group's views of its own fixed buffers (``SWAMetadata.for_group``).
+GROUP_VIEW_FIELDS = frozenset(
+    (
+        "token_to_req_indices",
+        "is_valid_token",
+        "decode_swa_indices",
+        "decode_swa_lens",
+        "prefill_swa_indices",
+        "prefill_swa_lens",
+    )
+)
 _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(SWAMetadata) if f.default is not dataclasses.MISSING
 }
@@ -228,3 +275,8 @@ def shape_fields(**fields: Any) -> dict[str, Any]:
     # The step's fields too, as placeholders: a copy of this dict then takes them without growing.
     out.update(dict.fromkeys(sorted(STEP_FIELDS)))
     return out
+
+
+def group_views(shape: Mapping[str, Any]) -> dict[str, Any]:
+    """A group's views of its fixed buffers, from its ``shape_fields`` (``SWAMetadata.for_group``)."""
+    return {name: shape[name] for name in GROUP_VIEW_FIELDS}

@@ -70,7 +70,7 @@ def _owner_of(
     check (decode programs: few, latency-bound, and a padded decode batch is the common CUDA-graph
     case). Otherwise a padding row fails the check (the guess is at most the last request, which ends
     at the scheduled end) and its block searches, which maps it to request 0: prefill programs are
-    many and issue-bound, and five loads and selects per row cost about 0.2 us over 16k rows."""
+    many and issue-bound, and five loads and selects per row are measurable there (docs/performance.md)."""
     guess = tl.minimum(tl.maximum(guess_req + (tok - guess_tok) // tl.maximum(guess_len, 1), 0), num_reqs - 1)
     lo = tl.load(qsl_ptr + guess)
     hi = tl.load(qsl_ptr + guess + 1)
@@ -197,7 +197,7 @@ def _record(violation_ptr, kind, req, value, rows):
     """Record a broken row unless a violation is recorded already: each broken row counts itself with
     an atomic add, and the one that finds the count at 0 writes its kind, request and value. No
     block-wide reduction: a block without a broken row pays one compare, its atomics masked off (a
-    reduction kept four values live past the stores and cost 0.2-0.35 us a build)."""
+    reduction kept four values live past the stores; docs/performance.md)."""
     broken = kind > 0
     at = violation_ptr + rows * 0
     old = tl.atomic_add(at, 1, mask=broken, sem="relaxed")

@@ -162,11 +162,8 @@ def preflight_update(metadata: SWAMetadata, device_index: int, capacity: int) ->
             f"{lens.shape[0]}: an update rewrites the rows its build made",
         )
     num_reqs = metadata.query_start_loc.shape[0] - 1
-    if not 1 <= nd <= min(num_reqs, ndt):
-        raise BatchShapeError(
-            "num_decodes",
-            f"num_decodes={nd} is outside [1, min(requests {num_reqs}, num_decode_tokens {ndt})]",
-        )
+    if not 0 <= nd <= num_reqs:
+        raise BatchShapeError("num_decodes", f"num_decodes={nd} is outside [0, {num_reqs}] (the requests)")
     preflight_tensor("seq_lens", metadata.seq_lens, torch.int32, device_index)
     preflight_tensor("query_start_loc", metadata.query_start_loc, torch.int32, device_index)
     preflight_tensor("block_table", metadata.block_table, torch.int32, device_index, 2)

@@ -101,6 +101,11 @@ class SWAMetadataBuilder:
         validate: bool | None = None,
         guard: bool | None = None,
     ):
+        """Select and start the backend (``backend``, else ``SWA_HAL_BACKEND``, else the platform's best;
+        an explicit request never falls back) and allocate the fixed output buffers for everything
+        ``config`` admits. ``device`` is where the engine's tensors live (``"cpu"``, ``"cuda"``,
+        ``"cuda:1"``); ``platform``, ``registry``, ``validate`` and ``guard`` as in the class docstring.
+        Raises ``BackendNotFoundError`` / ``BackendUnavailableError`` when no backend can start."""
         self.config = config
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
@@ -133,6 +138,11 @@ class SWAMetadataBuilder:
     # -- build -----------------------------------------------------------------------------------
 
     def build(self, batch: AttentionBatch, validate: bool | None = None) -> SWAMetadata:
+        """The step's metadata (docs/semantics.md): split, per-token helpers, decode and prefill rows and
+        lens, prefill gather lengths, fresh planner objects; views of the fixed buffers, valid until the
+        next build. One launch on the Triton backends, no host sync. ``validate`` overrides the builder's
+        setting for this build (full validation syncs); the O(1) preflight always runs, and a guarded
+        build records what it emptied for ``check()``."""
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("build"))
         try:
@@ -475,6 +485,7 @@ class SWAMetadataBuilder:
 
     @property
     def supports_draft_decode_metadata_update(self) -> bool:
+        """Whether ``update_draft_decode_metadata`` works on this backend (docs/semantics.md #draft-updates)."""
         return self.backend.supports_draft_decode_metadata_update
 
     def update_draft_decode_metadata(self, metadata: SWAMetadata | Sequence[SWAMetadata]) -> None:

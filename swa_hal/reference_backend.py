@@ -22,25 +22,36 @@ if TYPE_CHECKING:
     from .metadata import SWAMetadata
 
 
-# Builds of at most this many token rows run on one torch thread (small_op_threads).
-SINGLE_THREAD_ROWS = 1 << 30
+class one_thread:
+    """Run the enclosed operations on one torch thread, then restore the caller's thread count.
 
+    Why: a build is a few dozen operations on vectors of hundreds to thousands of elements and matrices
+    of at most a few million, too little work per operation for torch's intra-op parallelism to pay:
+    every operation that goes parallel wakes torch's other OpenMP threads and ends waiting for all of
+    them. Idle, that costs microseconds per operation; when other processes keep the cores busy the
+    threads it waits for are descheduled, and the wait is a scheduler time slice: a 2-core decode-256
+    build took a steady 40 ms instead of 2 ms (docs/performance.md #cpu). One thread never waits.
 
-class small_op_threads:
-    """Run the enclosed operations on one torch thread when the build has at most SINGLE_THREAD_ROWS rows."""
+    How: torch has no per-call thread count, so the build saves ``torch.get_num_threads()``, calls
+    ``torch.set_num_threads(1)`` and restores the count afterwards (about 0.5 us a build). Thread
+    safety: both act on the calling thread's OpenMP setting, so another thread's torch work, and another
+    builder building on another thread (one builder per thread, docs/semantics.md #guarded-builds),
+    keep their own count while a build runs. ``set_num_threads`` also writes process-wide state, which
+    this leaves as it found it, except within the build: the count a thread adopts when it first runs
+    torch work (a thread that starts using torch during a build starts with one thread), the size of
+    the pthreadpool QNNPACK uses, and oneDNN's cache of convolution primitives (cleared). A caller that
+    runs with one thread already pays nothing.
+    """
 
-    __slots__ = ("rows", "threads")
+    __slots__ = ("threads",)
 
-    def __init__(self, rows: int):
-        self.rows = rows
+    def __init__(self) -> None:
         self.threads = 1
 
     def __enter__(self) -> None:
         self.threads = torch.get_num_threads()
-        if self.threads > 1 and self.rows <= SINGLE_THREAD_ROWS:
+        if self.threads > 1:
             torch.set_num_threads(1)
-        else:
-            self.threads = 1
 
     def __exit__(self, *exc: object) -> None:
         if self.threads > 1:
@@ -183,11 +194,12 @@ class TorchBackend(Backend):
             out=terms,
             workspace=self._workspace,
             ends=ends,
+            rows=s.term_rows[causal],
         )
         return terms
 
     def compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
-        with small_op_threads(plan.num_tokens):
+        with one_thread():
             self._compute(plan, batch, buffers)
 
     def _compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
@@ -297,7 +309,7 @@ class TorchBackend(Backend):
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         plan = update_plan(metadata)
         batch = _UpdateInputs(metadata)
-        with small_op_threads(plan.num_tokens):
+        with one_thread():
             self._compute(plan, batch, buffers)  # type: ignore[arg-type]
 
     def status(self) -> dict[str, str]:

@@ -231,9 +231,9 @@ class TorchGuard:
     """The guard of the torch backend (docs/semantics.md #guarded-builds): vectorised, without a host sync,
     in a few operations per build whatever the number of requests and rows.
 
-    Every request and every token row of a build is a candidate for the record: column j of ``table``
-    (int32 [4, R + T]) holds its ``(1, kind, key, value)``, requests first, then the decode rows, then
-    the prefill rows. ``request_checks`` fills the requests' columns (rules 1-4 and 7, one pass over
+    Every request and every token row of a build is a candidate for the record: a column of ``table``
+    (int32 [4, 1 + R + T]) holds its ``(1, kind, key, value)``, requests from column 1, then the decode
+    rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4 and 7, one pass over
     ``rules``: the first negative quantity of a request is its first broken rule), the row fill
     (``reference.RowGuard``) the rows' (rules 5 and 6). A candidate's key is its request where it broke
     a rule, else ``NO_KEY``; ``record`` keeps the candidate of the lowest key, the first among equal
@@ -244,9 +244,12 @@ class TorchGuard:
     def __init__(self, max_reqs: int, max_rows: int, device: torch.device):
         i32: dict[str, Any] = dict(dtype=torch.int32, device=device)
         self.device = device
-        self.table = torch.zeros((RECORD_LEN, max_reqs + max_rows), **i32)
-        self.table[0] = 1
+        # Column 0 stands for "nothing broken": its key is below every unbroken candidate's and its first
+        # entry, 0 where every real candidate has 1, keeps the record as it is.
+        self.table = torch.zeros((RECORD_LEN, 1 + max_reqs + max_rows), **i32)
+        self.table[0, 1:] = 1
         self.table[2] = NO_KEY
+        self.table[2, 0] = NO_KEY - 1
         self.rules = torch.zeros((RULE_ROWS, max_reqs + 1), dtype=torch.int64, device=device)
         self.rules[NONE] = -1
         self.negative = torch.empty((NONE + 1, max_reqs), dtype=torch.bool, device=device)
@@ -265,8 +268,7 @@ class TorchGuard:
         self.none_row = torch.tensor(NONE, dtype=torch.int64, device=device)
         self.at = torch.zeros(1, dtype=torch.int64, device=device)
         self.chosen = torch.zeros((RECORD_LEN, 1), **i32)
-        self.chosen_kind_view, self.chosen_flat = self.chosen[1], self.chosen[:, 0]
-        self.chosen_kind = torch.zeros(1, **i32)
+        self.chosen_flag, self.chosen_flat = self.chosen[0], self.chosen[:, 0]
         self.take = torch.zeros(1, dtype=torch.bool, device=device)
         # Rows some earlier build filled that this one may not (replay bounds, spans, DSpark widths): they
         # are zeroed before a build that does not fill them reads them.
@@ -296,7 +298,7 @@ class TorchGuard:
         v.any, v.rule = self.any[:r], self.rule[:r]
         v.value_row, v.value = self.value_row[:r], self.value[:r]
         v.value_row_2d, v.value_2d = v.value_row[None, :], v.value[None, :]
-        v.kind, v.key, v.reported = self.table[1, :r], self.table[2, :r], self.table[3, :r]
+        v.kind, v.key, v.reported = self.table[1, 1 : r + 1], self.table[2, 1 : r + 1], self.table[3, 1 : r + 1]
         v.broken, v.arange = self.broken[:r], self.arange[:r]
         return v
 
@@ -364,7 +366,7 @@ class TorchGuard:
         if views is None:
             if len(self._row_views) >= 64:
                 self._row_views.clear()
-            lo = num_reqs + offset
+            lo = 1 + num_reqs + offset
             views = self._row_views[key] = (
                 self.table[1, lo : lo + rows],
                 self.table[3, lo : lo + rows],
@@ -379,14 +381,13 @@ class TorchGuard:
         if keys is None:
             if len(self._record_views) >= 64:
                 self._record_views.clear()
-            keys = self._record_views[candidates] = self.table[2, :candidates]
+            keys = self._record_views[candidates] = self.table[2, : 1 + candidates]
         if self._record is None or self._record[0] is not record:
             self._record = (record, record[:1])
         torch.argmin(keys, 0, keepdim=True, out=self.at)
         torch.index_select(self.table, 1, self.at, out=self.chosen)  # (1, kind, request, value)
-        # Taken when the record is empty and the candidate broke a rule (kind > 0).
-        torch.clamp_max(self.chosen_kind_view, 1, out=self.chosen_kind)
-        torch.lt(self._record[1], self.chosen_kind, out=self.take)
+        # Taken when the record is empty (count 0) and a candidate broke a rule (not column 0).
+        torch.lt(self._record[1], self.chosen_flag, out=self.take)
         torch.where(self.take, self.chosen_flat, record, out=record)
 
 

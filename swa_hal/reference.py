@@ -298,6 +298,7 @@ def _fill_rows(
     ws: RowWorkspace,
     guard: RowGuard | None = None,
     lens_in_range: bool = True,
+    ends: torch.Tensor | None = None,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1 (``start >= 0``).
 
@@ -324,7 +325,9 @@ def _fill_rows(
     if guard is not None:
         # Rule 5 looks at a row's last page, (start + lens - 1) // B; the pages past it re-read it, so
         # the block check (rule 6) sees only blocks the row reads.
-        last = torch.add(start, lens, out=v.last_page).sub_(ws.c[1])
+        if ends is None:
+            ends = torch.add(start, lens, out=v.last_page)
+        last = torch.sub(ends, ws.c[1], out=v.last_page)
         if shift is not None:
             last.bitwise_right_shift_(ws.c[shift])
         else:
@@ -371,15 +374,16 @@ def request_terms(
     out: torch.Tensor | None = None,
     workspace: RowWorkspace | None = None,
     ends: torch.Tensor | None = None,
+    rows: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The per-request terms window rows gather, int32 [TERMS, R] (no host sync): for causal rows
     (S_r - qsl[r + 1], max(replay_start[r], 0)), for DSpark rows (start, lens) = (max(P_r - W, 0),
     S_r - start). A guarded build then empties the requests that broke a rule (``empty_requests``).
     ``query_start_loc`` [R + 1], ``seq_lens`` and ``replay_start`` [R] (longer ones are cut);
-    ``ends``: ``query_start_loc[1:]``, when the caller has it."""
+    ``ends``: ``query_start_loc[1:]``, ``rows``: ``out``'s rows, when the caller has them."""
     if out is None:
         out = torch.empty((TERMS, num_reqs), dtype=torch.int32, device=seq_lens.device)
-    first, second = out[0], out[1]
+    first, second = rows if rows is not None else out.unbind(0)
     ws = workspace
     seq = seq_lens if seq_lens.shape[0] == num_reqs else seq_lens[:num_reqs]
     end = query_start_loc[1 : num_reqs + 1] if ends is None else ends
@@ -445,7 +449,8 @@ def fill_causal_rows(
     # than the row (only malformed input could ask for more; #engine-parity). Invalid tokens: empty.
     torch.sub(end, start, out=lens).clamp_(0, width)
     torch.where(valid, lens, ws.c[0], out=lens)
-    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard)
+    # Without spans no row is cut to its width: a row with entries ends at p + 1.
+    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, ends=pos1 if right is None else None)
 
 
 def fill_dspark_rows(

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .batch import AttentionBatch
     from .buffers import MetadataBuffers
     from .metadata import SWAMetadata
+    from .slot_rows import SlotRows
 
 
 class one_thread:
@@ -311,6 +312,12 @@ class TorchBackend(Backend):
         batch = _UpdateInputs(metadata)
         with one_thread():
             self._compute(plan, batch, buffers)  # type: ignore[arg-type]
+
+    def compute_slot_rows(
+        self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int
+    ) -> None:
+        with one_thread():
+            super().compute_slot_rows(rows, out, lens, record, limit)
 
     def status(self) -> dict[str, str]:
         return {"kernel": "PyTorch reference (vectorized, any device)"}

@@ -380,7 +380,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     print(f"tile schedulers: {out['tile_sched']}")
     print(
         f"timing: first build {out['first_build_ms']:.3f} ms (validated), median of {len(times) - 1 or 1} "
-        f"more {med:.3f} ms"
+        f"more {med:.3f} ms ({torch.get_num_threads()} torch threads)"
     )
     if args.no_check:
         print("check: skipped")
@@ -431,7 +431,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             torch.cuda.synchronize(device)
         rows.append((scenario.name, builder.backend_name, statistics.median(host) * 1e6))
     for name, backend, us in rows:
-        print(f"{name:<16} {backend:<8} host {us:10.1f} us per build (median of {args.iters})")
+        print(
+            f"{name:<16} {backend:<8} host {us:10.1f} us per build (median of {args.iters}, "
+            f"{torch.get_num_threads()} torch threads)"
+        )
     return 0
 
 

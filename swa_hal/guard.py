@@ -12,20 +12,17 @@ chooses) and raises the error full validation would have raised.
 from __future__ import annotations
 
 import enum
-import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchOrderError, BatchRangeError, BatchValidationError, SpeculativeModeError
+from .reference import NO_KEY
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from .batch import ImageSpans
     from .config import SWAConfig
-    from .reference import RowGuard
 
 RECORD_LEN = 4  # count, kind, request, value
 
@@ -120,78 +117,6 @@ def violation_error(record: list[int], config: SWAConfig) -> BatchValidationErro
     return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
 
 
-def torch_guard(
-    config: SWAConfig,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    replay_start: torch.Tensor,
-    spans: ImageSpans | None,
-    num_reqs: int,
-    record: torch.Tensor,
-    *,
-    causal: bool,
-    row_guards: Sequence[tuple[RowGuard, torch.Tensor]] = (),
-) -> torch.Tensor:
-    """The guard of the torch backend, vectorised and without a host sync.
-
-    Checks the request-level rules; ``row_guards`` bring the row-level findings of the rows just
-    filled (``reference.RowGuard`` and each row's request). Returns a bool mask [num_reqs] of the
-    requests that broke a request-level rule (their rows are emptied by the caller; rows that broke
-    a row-level rule were emptied while filled) and records the lowest flagged request in
-    ``record`` when it holds no violation yet.
-    """
-    device = seq_lens.device
-    i64 = torch.int64
-    qsl = query_start_loc[: num_reqs + 1].to(i64)
-    query = qsl[1:] - qsl[:-1]
-    seq = seq_lens[:num_reqs].to(i64)
-    prefix = seq - query
-    bound = replay_start[:num_reqs].to(i64)
-    kind = torch.zeros(num_reqs, dtype=i64, device=device)
-    value = torch.zeros(num_reqs, dtype=i64, device=device)
-
-    flag = functools.partial(flag_first, kind, value)
-
-    flag(query < 0, Violation.QUERY_ORDER, query)
-    flag(prefix < 0, Violation.SEQ_SHORT, seq)
-    if causal:
-        flag((bound < 0) | (bound > prefix), Violation.REPLAY, bound)
-    if spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0:
-        ptr = spans.indptr[: num_reqs + 1].to(i64)
-        n = min(spans.starts.shape[0], spans.ends.shape[0])
-        span_ids = torch.arange(n, device=device)
-        # The owner of span i is the number of request ends at or before it; R: no request owns it.
-        owner = torch.searchsorted(ptr[1:].contiguous(), span_ids, right=True)
-        owned = (owner < num_reqs) & (span_ids >= ptr[0])
-        owner = owner.clamp_max(num_reqs - 1)
-        a, e = spans.starts[:n].to(i64), spans.ends[:n].to(i64)
-        bad = owned & ((a > e) | (a < prefix[owner]) | (e > seq[owner] - 1) | (e - a + 1 > config.max_image_tokens))
-        bad_req = torch.zeros(num_reqs, dtype=torch.bool, device=device)
-        bad_req.index_put_((owner,), bad, accumulate=True)
-        first_span = torch.full((num_reqs,), n, dtype=i64, device=device)
-        first_span.scatter_reduce_(0, owner, torch.where(bad, span_ids, n), reduce="amin")
-        flag(bad_req, Violation.SPAN, first_span)
-    if not causal:
-        need = torch.minimum(seq, query + config.window_size)
-        flag(need > config.noncausal_index_width, Violation.ROW_WIDTH, need)
-    broken = kind > 0
-    # Rows that read past the table or a block id outside the cache (found while filling them).
-    for rows, owners in row_guards:
-        row_broken = rows.kind > 0
-        first_row = torch.where(
-            row_broken, torch.arange(row_broken.shape[0], device=device), row_broken.shape[0]
-        ).amin()
-        at_row = first_row.clamp_max(max(row_broken.shape[0] - 1, 0))
-        if row_broken.shape[0]:
-            req = owners[at_row].to(i64).clamp(0, num_reqs - 1)
-            take = row_broken.any() & (kind[req] == 0) & ~broken.any()
-            kind[req] = torch.where(take, rows.kind[at_row].to(i64), kind[req])
-            value[req] = torch.where(take, rows.value[at_row].to(i64), value[req])
-    record_first(record, kind, value)
-    return broken
-
-
 def flag_first(
     kind: torch.Tensor, value: torch.Tensor, cond: torch.Tensor, code: Violation, what: torch.Tensor
 ) -> None:
@@ -220,3 +145,270 @@ def record_first(record: torch.Tensor, kind: torch.Tensor, value: torch.Tensor) 
     )
     keep = torch.stack([count, record[1], record[2], record[3]])
     record.copy_(torch.where(any_flag & (record[0] == 0), new, keep))
+
+
+# -- the torch backend's guard -----------------------------------------------------------------------------
+
+# Rows of TorchGuard.rules (int64 [RULE_ROWS, R + 1]), one column per request. Rows 0-6 are the quantities
+# that are negative where a rule is broken, in the order the rules are checked (row 6, always -1, stands
+# for "none"); the rest hold values a violation reports, and query_start_loc.
+QUERY, PREFIX, BOUND, HEADROOM, SPAN_BAD, WIDTH_LEFT, NONE, SEQ, FIRST_SPAN, NEED, QSL = range(11)
+RULE_ROWS = 11
+# Per checked row: the kind it stands for and the row of the value reported.
+ROW_KINDS = (
+    Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
+    Violation.SEQ_SHORT,  # P_r = S_r - q_r < 0 (reports S_r)
+    Violation.REPLAY,  # replay_start[r] < 0
+    Violation.REPLAY,  # P_r - replay_start[r] < 0 (reports replay_start[r])
+    Violation.SPAN,  # -1 where a span of the request is bad (reports the first)
+    Violation.ROW_WIDTH,  # width - need < 0 (reports need)
+    0,
+)
+VALUE_ROWS = (QUERY, SEQ, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
+
+
+class _RequestViews:
+    """One request count's cut of a TorchGuard (made once per count: slices cost as much as small ops)."""
+
+    __slots__ = (
+        "qsl",
+        "begin",
+        "end",
+        "seq",
+        "query",
+        "prefix",
+        "bound",
+        "headroom",
+        "span_bad",
+        "first_span",
+        "need",
+        "width_left",
+        "checked",
+        "rules",
+        "negative",
+        "any",
+        "rule",
+        "value_row",
+        "value_row_2d",
+        "value",
+        "value_2d",
+        "kind",
+        "key",
+        "reported",
+        "broken",
+        "arange",
+    )
+
+    qsl: torch.Tensor
+    begin: torch.Tensor
+    end: torch.Tensor
+    seq: torch.Tensor
+    query: torch.Tensor
+    prefix: torch.Tensor
+    bound: torch.Tensor
+    headroom: torch.Tensor
+    span_bad: torch.Tensor
+    first_span: torch.Tensor
+    need: torch.Tensor
+    width_left: torch.Tensor
+    checked: torch.Tensor
+    rules: torch.Tensor
+    negative: torch.Tensor
+    any: torch.Tensor
+    rule: torch.Tensor
+    value_row: torch.Tensor
+    value_row_2d: torch.Tensor
+    value: torch.Tensor
+    value_2d: torch.Tensor
+    kind: torch.Tensor
+    key: torch.Tensor
+    reported: torch.Tensor
+    broken: torch.Tensor
+    arange: torch.Tensor
+
+
+class TorchGuard:
+    """The guard of the torch backend (docs/semantics.md #guarded-builds): vectorised, without a host sync,
+    in a few operations per build whatever the number of requests and rows.
+
+    Every request and every token row of a build is a candidate for the record: a column of ``table``
+    (int32 [4, 1 + R + T]) holds its ``(1, kind, key, value)``, requests from column 1, then the decode
+    rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4 and 7, one pass over
+    ``rules``: the first negative quantity of a request is its first broken rule), the row fill
+    (``reference.RowGuard``) the rows' (rules 5 and 6). A candidate's key is its request where it broke
+    a rule, else ``NO_KEY``; ``record`` keeps the candidate of the lowest key, the first among equal
+    keys: the lowest request that broke a rule, with its request-level rule if it broke one, else its
+    first broken row.
+    """
+
+    def __init__(self, max_reqs: int, max_rows: int, device: torch.device):
+        i32: dict[str, Any] = dict(dtype=torch.int32, device=device)
+        self.device = device
+        # Column 0 stands for "nothing broken": its key is below every unbroken candidate's and its first
+        # entry, 0 where every real candidate has 1, keeps the record as it is.
+        self.table = torch.zeros((RECORD_LEN, 1 + max_reqs + max_rows), **i32)
+        self.table[0, 1:] = 1
+        self.table[2] = NO_KEY
+        self.table[2, 0] = NO_KEY - 1
+        self.rules = torch.zeros((RULE_ROWS, max_reqs + 1), dtype=torch.int64, device=device)
+        self.rules[NONE] = -1
+        self.negative = torch.empty((NONE + 1, max_reqs), dtype=torch.bool, device=device)
+        self.any = torch.empty(max_reqs, dtype=torch.bool, device=device)
+        self.rule = torch.empty(max_reqs, dtype=torch.int64, device=device)
+        self.value_row = torch.empty(max_reqs, dtype=torch.int64, device=device)
+        self.value = torch.empty(max_reqs, dtype=torch.int64, device=device)
+        self.broken = torch.empty(max_reqs, dtype=torch.bool, device=device)
+        self.arange = torch.arange(max_reqs, **i32)
+        self.kinds = torch.tensor([int(k) for k in ROW_KINDS], **i32)
+        self.value_rows = torch.tensor(VALUE_ROWS, dtype=torch.int64, device=device)
+        self.no_key = torch.tensor(NO_KEY, **i32)
+        self.one = torch.tensor(1, **i32)
+        self.zero64 = torch.tensor(0, dtype=torch.int64, device=device)
+        self.int32_min = torch.tensor(-INT32_LIMIT - 1, dtype=torch.int64, device=device)
+        self.none_row = torch.tensor(NONE, dtype=torch.int64, device=device)
+        self.at = torch.zeros(1, dtype=torch.int64, device=device)
+        self.chosen = torch.zeros((RECORD_LEN, 1), **i32)
+        self.chosen_flag, self.chosen_flat = self.chosen[0], self.chosen[:, 0]
+        self.take = torch.zeros(1, dtype=torch.bool, device=device)
+        # Rows some earlier build filled that this one may not (replay bounds, spans, DSpark widths): they
+        # are zeroed before a build that does not fill them reads them.
+        self._filled: set[int] = set()
+        self._views: dict[int, _RequestViews] = {}
+        self._row_views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._record_views: dict[int, torch.Tensor] = {}
+        self._record: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _request_views(self, num_reqs: int) -> _RequestViews:
+        v = self._views.get(num_reqs)
+        if v is not None:
+            return v
+        if len(self._views) >= 64:
+            self._views.clear()
+        r = num_reqs
+        v = self._views[r] = _RequestViews()
+        rules = self.rules
+        v.qsl = rules[QSL, : r + 1]
+        v.begin, v.end = rules[QSL, :r], rules[QSL, 1 : r + 1]
+        v.seq, v.query, v.prefix = rules[SEQ, :r], rules[QUERY, :r], rules[PREFIX, :r]
+        v.bound, v.headroom = rules[BOUND, :r], rules[HEADROOM, :r]
+        v.span_bad, v.first_span = rules[SPAN_BAD, :r], rules[FIRST_SPAN, :r]
+        v.need, v.width_left = rules[NEED, :r], rules[WIDTH_LEFT, :r]
+        v.checked, v.rules = rules[: NONE + 1, :r], rules[:, :r]
+        v.negative = self.negative[:, :r]
+        v.any, v.rule = self.any[:r], self.rule[:r]
+        v.value_row, v.value = self.value_row[:r], self.value[:r]
+        v.value_row_2d, v.value_2d = v.value_row[None, :], v.value[None, :]
+        v.kind, v.key, v.reported = self.table[1, 1 : r + 1], self.table[2, 1 : r + 1], self.table[3, 1 : r + 1]
+        v.broken, v.arange = self.broken[:r], self.arange[:r]
+        return v
+
+    def _clear(self, row: int, fill: bool) -> None:
+        if fill:
+            self._filled.add(row)
+        elif row in self._filled:
+            self.rules[row].zero_()
+            self._filled.discard(row)
+
+    def request_checks(
+        self,
+        config: SWAConfig,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        replay_start: torch.Tensor | None,
+        spans: ImageSpans | None,
+        num_reqs: int,
+        *,
+        causal: bool,
+    ) -> torch.Tensor:
+        """Rules 1-4 and 7 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
+        ``seq_lens`` and ``replay_start`` [R] (rule 3 only where ``causal``): fills the requests'
+        candidates. Returns the bool mask [num_reqs] of the requests that broke a rule (the caller
+        empties their rows: ``reference.empty_requests``)."""
+        v = self._request_views(num_reqs)
+        # int64: a difference of int32 inputs never overflows.
+        v.qsl.copy_(query_start_loc)
+        v.seq.copy_(seq_lens)
+        torch.sub(v.end, v.begin, out=v.query)
+        torch.sub(v.seq, v.query, out=v.prefix)
+        replay = causal and replay_start is not None
+        self._clear(BOUND, replay)
+        self._clear(HEADROOM, replay)
+        if replay:
+            assert replay_start is not None
+            v.bound.copy_(replay_start)
+            torch.sub(v.prefix, v.bound, out=v.headroom)
+        checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
+        self._clear(SPAN_BAD, checks_spans)
+        if checks_spans:
+            assert spans is not None
+            bad_req, first_span = _span_checks(config, spans, v.prefix, v.seq, num_reqs)
+            torch.mul(bad_req, -1, out=v.span_bad)
+            v.first_span.copy_(first_span)
+        self._clear(WIDTH_LEFT, not causal)
+        if not causal:
+            torch.minimum(v.seq, v.query + config.window_size, out=v.need)
+            torch.sub(v.need, config.noncausal_index_width, out=v.width_left).neg_()
+        # A request's first broken rule: the first of its checked quantities that is negative.
+        torch.lt(v.checked, self.zero64, out=v.negative)
+        torch.max(v.negative, 0, out=(v.any, v.rule))
+        torch.index_select(self.kinds, 0, v.rule, out=v.kind)
+        torch.index_select(self.value_rows, 0, v.rule, out=v.value_row)
+        torch.gather(v.rules, 0, v.value_row_2d, out=v.value_2d)
+        torch.maximum(v.value, self.int32_min, out=v.reported)  # only a query length can be below int32
+        broken = torch.lt(v.rule, self.none_row, out=v.broken)
+        torch.where(broken, v.arange, self.no_key, out=v.key)
+        return broken
+
+    def row_candidates(self, num_reqs: int, offset: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The (kind, value, key) columns of token rows [offset, offset + rows) for ``reference.RowGuard``."""
+        key = (num_reqs, offset, rows)
+        views = self._row_views.get(key)
+        if views is None:
+            if len(self._row_views) >= 64:
+                self._row_views.clear()
+            lo = 1 + num_reqs + offset
+            views = self._row_views[key] = (
+                self.table[1, lo : lo + rows],
+                self.table[3, lo : lo + rows],
+                self.table[2, lo : lo + rows],
+            )
+        return views
+
+    def record(self, record: torch.Tensor, candidates: int) -> None:
+        """Record the candidate of the lowest key among the first ``candidates`` (the build's requests and
+        rows), unless ``record`` already holds a violation. No host sync."""
+        keys = self._record_views.get(candidates)
+        if keys is None:
+            if len(self._record_views) >= 64:
+                self._record_views.clear()
+            keys = self._record_views[candidates] = self.table[2, : 1 + candidates]
+        if self._record is None or self._record[0] is not record:
+            self._record = (record, record[:1])
+        torch.argmin(keys, 0, keepdim=True, out=self.at)
+        torch.index_select(self.table, 1, self.at, out=self.chosen)  # (1, kind, request, value)
+        # Taken when the record is empty (count 0) and a candidate broke a rule (not column 0).
+        torch.lt(self._record[1], self.chosen_flag, out=self.take)
+        torch.where(self.take, self.chosen_flat, record, out=record)
+
+
+def _span_checks(
+    config: SWAConfig, spans: ImageSpans, prefix: torch.Tensor, seq: torch.Tensor, num_reqs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rule 4 per request: whether one of its image spans is inverted, outside its new tokens or longer
+    than max_image_tokens, and the first such span (``n``, the span count, where none is)."""
+    device = seq.device
+    i64 = torch.int64
+    ptr = spans.indptr[: num_reqs + 1].to(i64)
+    n = min(spans.starts.shape[0], spans.ends.shape[0])
+    span_ids = torch.arange(n, device=device)
+    # The owner of span i is the number of request ends at or before it; R: no request owns it.
+    owner = torch.searchsorted(ptr[1:].contiguous(), span_ids, right=True)
+    owned = (owner < num_reqs) & (span_ids >= ptr[0])
+    owner = owner.clamp_max(num_reqs - 1)
+    a, e = spans.starts[:n].to(i64), spans.ends[:n].to(i64)
+    bad = owned & ((a > e) | (a < prefix[owner]) | (e > seq[owner] - 1) | (e - a + 1 > config.max_image_tokens))
+    bad_req = torch.zeros(num_reqs, dtype=torch.bool, device=device)
+    bad_req.index_put_((owner,), bad, accumulate=True)
+    first_span = torch.full((num_reqs,), n, dtype=i64, device=device)
+    first_span.scatter_reduce_(0, owner, torch.where(bad, span_ids, n), reduce="amin")
+    return bad_req, first_span

@@ -18,10 +18,14 @@ from .errors import SpeculativeModeError
 from .split import Split, split_decodes_and_prefills
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .batch import ImageSpans
 
 __all__ = [
     "RowWorkspace",
+    "RowGuard",
+    "request_terms",
     "ReferenceResult",
     "token_to_req",
     "valid_tokens",
@@ -36,27 +40,202 @@ __all__ = [
 ]
 
 
+# Row-level rules of a guarded build (the request-level ones live in swa_hal/guard.py), and the key of a
+# guard candidate that broke no rule (keys are requests, far below it).
+PAGES, BLOCK = 5, 6
+NO_KEY = 1 << 30
+# Rows of the per-request terms (``request_terms``, int32 [TERMS, R]) that window rows gather: causal rows
+# take S_r - qsl[r + 1] and max(replay_start[r], 0), DSpark rows their start and lens.
+TERMS = 2
+# A causal request term that empties every row of its request (a guarded build's request that broke a
+# rule): position + 1 is then below -2^29 and the window starts at 0, so no row has entries, and no
+# row arithmetic comes near the int32 bounds.
+EMPTY_REQUEST = -(1 << 30)
+
+
+class PageTables:
+    """The constants ``_fill_rows`` uses for rows ``width`` wide over pages of ``block_size`` positions.
+
+    A row starting at position s = f * B + o (page f, offset o) touches at most ``pages`` pages,
+    f .. f + pages - 1; ``pages * B >= B - 1 + width``, so the row's entries are a window of the
+    ``pages * B`` slots of those pages, starting at o. ``keep[l]`` is 1 on the first l columns, else 0.
+    """
+
+    def __init__(self, block_size: int, width: int, device: torch.device | str):
+        self.pages = pages = (block_size - 1 + width - 1) // block_size + 1
+        self.aligned = pages * block_size
+        self.steps = torch.arange(pages, dtype=torch.int32, device=device)  # k
+        self.slot_offsets1 = torch.arange(1, block_size + 1, dtype=torch.int32, device=device)  # position % B, + 1
+        cols = torch.arange(width, device=device)
+        self.keep = (cols[None, :] < torch.arange(width + 1, device=device)[:, None]).to(torch.int32)
+
+
+class _RowViews:
+    """One row count's cut of a ``_RowSpace`` (made once per row count: a slice costs about as much
+    as a small operation)."""
+
+    __slots__ = (
+        "tables",
+        "slots",
+        "windows",
+        "window_base",
+        "pages",
+        "blocks",
+        "blocks_3d",
+        "flat_pages",
+        "flat_blocks",
+        "clamped",
+        "bad",
+        "keep",
+        "first",
+        "first_col",
+        "offset",
+        "row_base",
+        "row_base_col",
+        "last_page",
+        "last_page_col",
+        "page_value",
+        "lens_index",
+        "block_value",
+        "block_value_col",
+        "pos",
+        "start",
+        "off_table",
+        "broken",
+        "live",
+        "first_bad",
+        "first_bad_col",
+        "terms",
+        "term",
+    )
+
+    tables: PageTables
+    slots: torch.Tensor
+    windows: torch.Tensor
+    window_base: torch.Tensor
+    pages: torch.Tensor
+    blocks: torch.Tensor
+    blocks_3d: torch.Tensor
+    flat_pages: torch.Tensor
+    flat_blocks: torch.Tensor
+    clamped: torch.Tensor
+    bad: torch.Tensor
+    keep: torch.Tensor
+    first: torch.Tensor
+    first_col: torch.Tensor
+    offset: torch.Tensor
+    row_base: torch.Tensor
+    row_base_col: torch.Tensor
+    last_page: torch.Tensor
+    last_page_col: torch.Tensor
+    page_value: torch.Tensor
+    lens_index: torch.Tensor
+    block_value: torch.Tensor
+    block_value_col: torch.Tensor
+    pos: torch.Tensor
+    start: torch.Tensor
+    off_table: torch.Tensor
+    broken: torch.Tensor
+    live: torch.Tensor
+    first_bad: torch.Tensor
+    first_bad_col: torch.Tensor
+    terms: torch.Tensor
+    term: tuple[torch.Tensor, ...]
+
+
+class _RowSpace:
+    """The scratch space of ``_fill_rows`` for up to ``rows`` rows of one (block size, width)."""
+
+    def __init__(self, rows: int, block_size: int, width: int, device: torch.device | str):
+        self.tables = tables = PageTables(block_size, width, device)
+        pages = tables.pages
+        i32: dict[str, Any] = dict(dtype=torch.int32, device=device)
+        # Per row: the slots (+ 1) of every position of the pages it touches, pages * B of them.
+        self.slots = torch.empty((rows, pages, block_size), **i32)
+        self.pages = torch.empty((rows, pages), **i32)
+        self.blocks = torch.empty((rows, pages), **i32)
+        self.clamped = torch.empty((rows, pages), **i32)
+        self.bad = torch.empty((rows, pages), dtype=torch.bool, device=device)
+        self.keep = torch.empty((rows, width), **i32)
+        self.ints = torch.empty((9, rows), **i32)
+        self.terms = torch.empty((TERMS, rows), **i32)
+        self.flags = torch.empty((3, rows), dtype=torch.bool, device=device)
+        self.first_bad = torch.empty(rows, dtype=torch.int64, device=device)
+        # Row i's slots start at i * pages * B.
+        self.window_base = torch.arange(rows, dtype=torch.int32, device=device) * tables.aligned
+        self.width = width
+        self._views: dict[int, _RowViews] = {}
+
+    def views(self, rows: int) -> _RowViews:
+        v = self._views.get(rows)
+        if v is not None:
+            return v
+        if len(self._views) >= 64:
+            self._views.clear()
+        v = self._views[rows] = _RowViews()
+        v.tables = self.tables
+        v.slots = self.slots[:rows]
+        # Every window of ``width`` consecutive slots, as rows (overlapping: a view, no copy).
+        flat = self.slots.view(-1)
+        v.windows = flat.as_strided((flat.shape[0] - self.width + 1, self.width), (1, 1))
+        v.window_base = self.window_base[:rows]
+        v.pages, v.blocks = self.pages[:rows], self.blocks[:rows]
+        v.blocks_3d = v.blocks[:, :, None]
+        v.flat_pages, v.flat_blocks = v.pages.view(-1), v.blocks.view(-1)
+        v.clamped, v.bad = self.clamped[:rows], self.bad[:rows]
+        v.keep = self.keep[:rows]
+        ints = self.ints[:, :rows]
+        v.first, v.offset, v.row_base, v.last_page, v.page_value, v.lens_index, v.block_value, v.pos, v.start = ints
+        v.first_col, v.row_base_col = v.first[:, None], v.row_base[:, None]
+        v.last_page_col, v.block_value_col = v.last_page[:, None], v.block_value[:, None]
+        v.off_table, v.broken, v.live = self.flags[:, :rows]
+        v.first_bad = self.first_bad[:rows]
+        v.first_bad_col = v.first_bad[:, None]
+        v.terms = self.terms[:, :rows]
+        v.term = v.terms.unbind(0)
+        return v
+
+
 class RowWorkspace:
     """Scratch space for ``*_window_rows``: allocated once, reused by every build."""
 
     def __init__(self, max_rows: int, max_width: int, device: torch.device | str):
-        n = max_rows * max_width
-        self.arange = torch.arange(max(max_rows, max_width), dtype=torch.int32, device=device)
-        self._pages = torch.empty(n, dtype=torch.int32, device=device)
-        self._blocks = torch.empty(n, dtype=torch.int32, device=device)
-        self._mask = torch.empty(n, dtype=torch.bool, device=device)
-        self._rows = torch.empty((4, max_rows), dtype=torch.int32, device=device)
+        self.device = device
+        self.max_rows = max_rows
+        # Token rows, and their + 1 (a causal row's position + 1 is its request's term plus t + 1).
+        self.arange = torch.arange(max(max_rows, max_width) + 1, dtype=torch.int32, device=device)
+        self._spaces: dict[tuple[int, int], _RowSpace] = {}
+        self._constants: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        # ``c[value]``: the int32 constant (``const``), looked up in one step.
+        self.c = _Constants(device)
 
-    def matrices(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = rows * width
-        return (
-            self._pages[:n].view(rows, width),
-            self._blocks[:n].view(rows, width),
-            self._mask[:n].view(rows, width),
-        )
+    def space(self, block_size: int, width: int) -> _RowSpace:
+        space = self._spaces.get((block_size, width))
+        if space is None:
+            space = self._spaces[block_size, width] = _RowSpace(self.max_rows, block_size, width, self.device)
+        return space
 
-    def vectors(self, rows: int) -> torch.Tensor:
-        return self._rows[:, :rows]
+    def const(self, value: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        """A 0-dim tensor holding ``value``: as an operand it costs less than a Python number, which an
+        operation wraps into a tensor of its own (an allocation and a copy) every call."""
+        if dtype == torch.int32:
+            return self.c[value]
+        t = self._constants.get((value, dtype))
+        if t is None:
+            t = self._constants[value, dtype] = torch.tensor(value, dtype=dtype, device=self.device)
+        return t
+
+
+class _Constants(dict):
+    """int32 0-dim constants by value, made on first use."""
+
+    def __init__(self, device: torch.device | str):
+        super().__init__()
+        self.device = device
+
+    def __missing__(self, value: int) -> torch.Tensor:
+        t = self[value] = torch.tensor(value, dtype=torch.int32, device=self.device)
+        return t
 
 
 def _arange(n: int, device: torch.device, workspace: RowWorkspace | None) -> torch.Tensor:
@@ -78,92 +257,247 @@ def token_to_req(
     rows = _arange(num_tokens, query_start_loc.device, workspace)
     # The owner of t is the number of request ends at or before t (zero-length requests included).
     owner = torch.searchsorted(query_start_loc[1:], rows, right=True, out_int32=True, out=out)
-    return owner.remainder_(num_reqs)  # R (past the scheduled tokens) -> 0
+    # R (past the scheduled tokens) -> 0
+    return owner.remainder_(num_reqs if workspace is None else workspace.const(num_reqs))
 
 
-def valid_tokens(slot_mapping: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def valid_tokens(
+    slot_mapping: torch.Tensor, *, out: torch.Tensor | None = None, workspace: RowWorkspace | None = None
+) -> torch.Tensor:
     """docs/semantics.md #per-token-helpers: a token is valid when it has a KV slot."""
-    return torch.ge(slot_mapping, 0, out=out)
+    zero = 0 if workspace is None else workspace.const(0, slot_mapping.dtype)
+    return torch.ge(slot_mapping, zero, out=out)
+
+
+class RowGuard:
+    """Rules 5 and 6 of a guarded build (docs/semantics.md #guarded-builds), checked while rows are filled.
+
+    A non-empty row that reads a page past the block table's width (5) or a block id outside
+    ``[0, limit)`` (6) is emptied, and so is every row whose request's key (the third request term,
+    swa_hal/guard.py) says the request broke a request-level rule. Per row, ``kind`` and ``value``
+    receive the row's rule and value where it broke one (the first page past the table, or the first
+    bad block id; unspecified elsewhere), and ``key`` its request where it was emptied by a rule, else
+    ``NO_KEY``. The guard's record takes the lowest key (guard.py).
+    """
+
+    __slots__ = ("limit", "kind", "value", "key")
+
+    def __init__(self, limit: int, kind: torch.Tensor, value: torch.Tensor, key: torch.Tensor):
+        self.limit = limit
+        self.kind, self.value, self.key = kind, value, key
 
 
 def _fill_rows(
     block_table: torch.Tensor,
     req: torch.Tensor,
     start: torch.Tensor,
-    last: torch.Tensor,
     lens: torch.Tensor,
     block_size: int,
     out: torch.Tensor,
-    workspace: RowWorkspace | None,
+    v: _RowViews,
+    ws: RowWorkspace,
     guard: RowGuard | None = None,
+    lens_in_range: bool = True,
+    ends: torch.Tensor | None = None,
 ) -> None:
-    """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1.
+    """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1 (``start >= 0``).
 
-    Positions are clamped to ``last`` (the last position of the row, or start itself for an empty
-    row) so every block-table read is in bounds even for the padding entries that are later -1.
-    With ``guard`` (docs/semantics.md #guarded-builds), rows that read past the table or a block id
-    outside ``[0, guard.limit)`` are emptied and reported in ``guard``.
+    Page by page, not entry by entry: a row touches at most ``pages`` pages, so it reads each page's
+    block once ([rows, pages] lookups), lays out the slots of those pages, and copies its entries out
+    as one window of them (``PageTables``). Page reads are clamped into the table: a malformed row never
+    reads outside it. With ``guard`` (docs/semantics.md #guarded-builds),
+    rows that read past the table or a block id outside ``[0, guard.limit)`` are emptied (their lens
+    zeroed before the columns are laid out) and reported in ``guard``. ``lens_in_range``: whether every lens lies in [0, width] already.
     """
-    rows, width = out.shape
-    if rows == 0:
-        return
-    if workspace is not None:
-        pages, blocks, pad = workspace.matrices(rows, width)
-    else:
-        pages = torch.empty_like(out)
-        blocks = torch.empty_like(out)
-        pad = torch.empty(out.shape, dtype=torch.bool, device=out.device)
-    cols = _arange(width, out.device, workspace)
+    width = out.shape[1]
+    t = v.tables
     table = block_table if block_table.is_contiguous() else block_table.contiguous()
-
-    torch.add(start[:, None], cols, out=out)  # positions
-    torch.minimum(out, last[:, None], out=out)
+    table_width = table.shape[1]
     # Integer division is slow on CPUs; a power-of-two page size divides by shifting.
     shift = block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else None
     if shift is not None:
-        torch.bitwise_right_shift(out, shift, out=pages)
+        torch.bitwise_right_shift(start, ws.c[shift], out=v.first)
+        torch.bitwise_and(start, ws.c[block_size - 1], out=v.offset)
     else:
-        torch.div(out, block_size, rounding_mode="floor", out=pages)
-    torch.ge(cols, lens[:, None], out=pad)
+        torch.div(start, ws.c[block_size], rounding_mode="floor", out=v.first)
+        torch.remainder(start, ws.c[block_size], out=v.offset)
+    pages = torch.add(v.first_col, t.steps, out=v.pages)
     if guard is not None:
-        off_table = ~pad & ((pages < 0) | (pages >= table.shape[1]))
-        guard.flag_rows(off_table, pages, PAGES)
+        # Rule 5 looks at a row's last page, (start + lens - 1) // B; the pages past it re-read it, so
+        # the block check (rule 6) sees only blocks the row reads.
+        if ends is None:
+            ends = torch.add(start, lens, out=v.last_page)
+        last = torch.sub(ends, ws.c[1], out=v.last_page)
+        if shift is not None:
+            last.bitwise_right_shift_(ws.c[shift])
+        else:
+            last.div_(ws.c[block_size], rounding_mode="floor")
+        torch.ge(last, ws.c[table_width], out=v.off_table)
+        torch.minimum(pages, v.last_page_col, out=pages)
     # Clamped into the table: a valid batch never needs it, a malformed one must not read outside it.
-    pages.clamp_(0, table.shape[1] - 1)
-    pages.add_((req * table.shape[1])[:, None])  # flat block-table offsets
-    torch.index_select(table.view(-1), 0, pages.view(-1), out=blocks.view(-1))
+    pages.clamp_(0, table_width - 1)
+    torch.mul(req, ws.c[table_width], out=v.row_base)
+    pages.add_(v.row_base_col)  # flat block-table offsets
+    blocks = v.blocks
+    torch.index_select(table.view(-1), 0, v.flat_pages, out=v.flat_blocks)
     if guard is not None:
-        guard.flag_rows(~pad & ((blocks < 0) | (blocks >= guard.limit)), blocks, BLOCK)
-    if shift is not None:
-        out.bitwise_and_(block_size - 1)
+        torch.clamp(blocks, 0, guard.limit - 1, out=v.clamped)
+        torch.ne(blocks, v.clamped, out=v.bad)
+        broken, off_table = v.broken, v.off_table
+        torch.max(v.bad, 1, out=(broken, v.first_bad))  # any bad block id, and the first
+        torch.gather(blocks, 1, v.first_bad_col, out=v.block_value_col)
+        broken.logical_or_(off_table).logical_and_(torch.gt(lens, ws.c[0], out=v.live))
+        torch.where(off_table, ws.c[PAGES], ws.c[BLOCK], out=guard.kind)
+        page_value = torch.clamp_min(v.first, table_width, out=v.page_value)  # the first page past the table
+        torch.where(off_table, page_value, v.block_value, out=guard.value)
+        torch.where(broken, req, ws.c[NO_KEY], out=guard.key)
+        lens.masked_fill_(broken, ws.c[0])
+    # Row i's slots (+ 1): block_k * B + (position % B) + 1 for every position of its pages; its
+    # entries are the window of them starting at its offset (one row copy each), and the columns past
+    # its lens are (slot + 1) * 0 - 1.
+    torch.add(t.slot_offsets1, v.blocks_3d, alpha=block_size, out=v.slots)
+    starts = torch.add(v.window_base, v.offset, out=v.offset)
+    torch.index_select(v.windows, 0, starts, out=out)
+    if not lens_in_range:
+        lens = torch.clamp(lens, 0, width, out=v.lens_index)
+    torch.addcmul(ws.c[-1], out, torch.index_select(t.keep, 0, lens, out=v.keep), out=out)
+
+
+def request_terms(
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_reqs: int,
+    window_size: int,
+    *,
+    causal: bool,
+    replay_start: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    workspace: RowWorkspace | None = None,
+    ends: torch.Tensor | None = None,
+    rows: Sequence[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The per-request terms window rows gather, int32 [TERMS, R] (no host sync): for causal rows
+    (S_r - qsl[r + 1], max(replay_start[r], 0)), for DSpark rows (start, lens) = (max(P_r - W, 0),
+    S_r - start). A guarded build then empties the requests that broke a rule (``empty_requests``).
+    ``query_start_loc`` [R + 1], ``seq_lens`` and ``replay_start`` [R] (longer ones are cut);
+    ``ends``: ``query_start_loc[1:]``, ``rows``: ``out``'s rows, when the caller has them."""
+    if out is None:
+        out = torch.empty((TERMS, num_reqs), dtype=torch.int32, device=seq_lens.device)
+    first, second = rows if rows is not None else out.unbind(0)
+    ws = workspace
+    seq = seq_lens if seq_lens.shape[0] == num_reqs else seq_lens[:num_reqs]
+    end = query_start_loc[1 : num_reqs + 1] if ends is None else ends
+    if replay_start is not None and replay_start.shape[0] != num_reqs:
+        replay_start = replay_start[:num_reqs]
+    if causal:
+        torch.sub(seq, end, out=first)
+        if replay_start is None:
+            second.zero_()
+        else:
+            torch.clamp_min(replay_start, 0, out=second)
     else:
-        torch.remainder(out, block_size, out=out)
-    out.add_(blocks, alpha=block_size)  # slot = block * B + position % B
-    out.masked_fill_(pad, -1)
-    if guard is not None:
-        out.masked_fill_(guard.kind[:, None] > 0, -1)
-        lens.masked_fill_(guard.kind > 0, 0)
+        query = torch.sub(end, query_start_loc[:num_reqs], out=second)
+        start = torch.sub(seq, query, out=first)  # P_r
+        start.sub_(window_size if ws is None else ws.c[window_size]).clamp_min_(0)
+        torch.sub(seq, start, out=second)
+    return out
 
 
-# Row-level rules of a guarded build (the request-level ones live in swa_hal/guard.py).
-PAGES, BLOCK = 5, 6
+def empty_requests(
+    terms: Sequence[torch.Tensor], broken: torch.Tensor, *, causal: bool, workspace: RowWorkspace
+) -> None:
+    """Make the terms (the rows of ``request_terms``) of the requests ``broken`` marks (bool [R]) give rows
+    without entries: causal terms (EMPTY_REQUEST, 0), DSpark terms lens 0 (docs/semantics.md
+    #guarded-builds)."""
+    ws = workspace
+    if causal:
+        torch.where(broken, ws.c[EMPTY_REQUEST], terms[0], out=terms[0])
+    torch.where(broken, ws.c[0], terms[1], out=terms[1])
 
 
-class RowGuard:
-    """Per-row findings of a guarded build: the first broken rule of each row and its value."""
+def fill_causal_rows(
+    block_table: torch.Tensor,
+    req: torch.Tensor,
+    valid: torch.Tensor,
+    rows1: torch.Tensor,
+    terms: torch.Tensor,
+    out: torch.Tensor,
+    lens: torch.Tensor,
+    *,
+    window_size: int,
+    block_size: int,
+    ws: RowWorkspace,
+    left: torch.Tensor | None = None,
+    right: torch.Tensor | None = None,
+    guard: RowGuard | None = None,
+) -> None:
+    """Causal rows (``causal_window_rows``) of the token rows t with owners ``req``, validity ``valid``
+    and ``rows1`` = t + 1 ([n] each), from ``request_terms(causal=True)``; into ``out`` [n, width] and
+    ``lens`` [n]."""
+    rows, width = out.shape
+    v = ws.space(block_size, width).views(rows)
+    torch.index_select(terms, 1, req, out=v.terms)
+    rel, bound = v.term
+    # p + 1 = S_r - qsl[r + 1] + t + 1; the window starts at max(p - W + 1, 0, replay_start[r]).
+    pos1 = torch.add(rel, rows1, out=v.pos)
+    start = torch.sub(pos1, ws.c[window_size], out=v.start)
+    if left is not None:
+        start.sub_(torch.sub(left, window_size - 1).clamp_min_(0))
+    torch.maximum(start, bound, out=start)  # bound = max(replay_start[r], 0)
+    end = pos1 if right is None else pos1 + right
+    # lens = end - start, never negative (a replay bound past p leaves an empty row) and never longer
+    # than the row (only malformed input could ask for more; #engine-parity). Invalid tokens: empty.
+    torch.sub(end, start, out=lens).clamp_(0, width)
+    torch.where(valid, lens, ws.c[0], out=lens)
+    # Without spans no row is cut to its width: a row with entries ends at p + 1.
+    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, ends=pos1 if right is None else None)
 
-    def __init__(self, rows: int, limit: int, device: torch.device):
-        self.limit = limit
-        self.kind = torch.zeros(rows, dtype=torch.int32, device=device)
-        self.value = torch.zeros(rows, dtype=torch.int32, device=device)
 
-    def flag_rows(self, bad: torch.Tensor, values: torch.Tensor, code: int) -> None:
-        hit = bad.any(dim=1)
-        first = torch.where(bad, torch.arange(bad.shape[1], device=bad.device), bad.shape[1]).amin(dim=1)
-        what = values.gather(1, first.clamp_max(bad.shape[1] - 1)[:, None])[:, 0]
-        new = hit & (self.kind == 0)
-        self.kind.masked_fill_(new, code)
-        torch.where(new, what, self.value, out=self.value)
+def fill_dspark_rows(
+    block_table: torch.Tensor,
+    req: torch.Tensor,
+    valid: torch.Tensor,
+    terms: torch.Tensor,
+    out: torch.Tensor,
+    lens: torch.Tensor,
+    *,
+    block_size: int,
+    ws: RowWorkspace,
+    guard: RowGuard | None = None,
+    check: bool = False,
+    window_size: int = 0,
+) -> None:
+    """DSpark rows (``noncausal_window_rows``) of the token rows with owners ``req`` and validity ``valid``,
+    from ``request_terms(causal=False)``; into ``out`` [n, width] and ``lens`` [n]."""
+    rows, width = out.shape
+    v = ws.space(block_size, width).views(rows)
+    torch.index_select(terms, 1, req, out=v.terms)
+    start, row_lens = v.term
+    torch.where(valid, row_lens, ws.c[0], out=lens)
+    if check:
+        longest = int(lens.max())
+        if longest > width:
+            row = int(torch.argmax(lens))
+            raise SpeculativeModeError(
+                "decode_swa_indices",
+                f"DSpark row {row} needs {longest} entries but the non-causal width is {width} "
+                f"(window {window_size} + draft block); refusing to truncate",
+                row,
+            )
+    lens.clamp_max_(width)  # unchecked callers still never get a row longer than its width
+    # Only malformed input gives a negative length (S_r < 0): it is handed out as it is.
+    _fill_rows(
+        block_table,
+        req,
+        start,
+        lens,
+        block_size,
+        out,
+        v,
+        ws,
+        guard,
+        lens_in_range=False,
+    )
 
 
 def _row_inputs(
@@ -256,7 +590,6 @@ def causal_window_rows(
     out_indices: torch.Tensor | None = None,
     out_lens: torch.Tensor | None = None,
     workspace: RowWorkspace | None = None,
-    guard: RowGuard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """docs/semantics.md #causal-rows: rows for tokens [token_offset, token_offset + num_rows), from row 0.
 
@@ -270,26 +603,26 @@ def causal_window_rows(
     out_indices, out_lens = _row_outputs(num_rows, width, seq_lens.device, out_indices, out_lens)
     if num_rows == 0:
         return out_indices, out_lens
-    req, seq, end, rows = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, workspace)
-    invalid = ~is_valid[token_offset : token_offset + num_rows]
-    # pos(t) = P_r + (t - qsl[r]) = S_r - qsl[r + 1] + t
-    pos = seq.sub_(end).add_(rows).add_(token_offset).masked_fill_(invalid, 0)
-    start = torch.sub(pos, window_size - 1)
-    last = pos
-    if left is not None:
-        start.sub_(torch.sub(left, window_size - 1).clamp_min_(0))
-    start.clamp_min_(0)
-    if replay_start is not None:
-        torch.maximum(start, torch.index_select(replay_start, 0, req), out=start)
-    if right is not None:
-        last = pos + right
-    # lens = last + 1 - start, never negative (a replay bound past p leaves an empty row) and never
-    # longer than the row (only malformed input could ask for more; #engine-parity).
-    torch.sub(last, start, out=out_lens).add_(1).clamp_(0, width)
-    out_lens.masked_fill_(invalid, 0)
-    # Empty rows read page 0 (clamped positions) and are all -1 afterwards.
-    last = torch.where(out_lens > 0, last, 0)
-    _fill_rows(block_table, req, start, last, out_lens, block_size, out_indices.view(num_rows, -1), workspace, guard)
+    ws = workspace if workspace is not None else RowWorkspace(token_offset + num_rows, width, seq_lens.device)
+    num_reqs = query_start_loc.shape[0] - 1
+    terms = request_terms(
+        query_start_loc, seq_lens, num_reqs, window_size, causal=True, replay_start=replay_start, workspace=ws
+    )
+    rows = slice(token_offset, token_offset + num_rows)
+    fill_causal_rows(
+        block_table,
+        token_to_req[rows],
+        is_valid[rows],
+        ws.arange[token_offset + 1 : token_offset + num_rows + 1],
+        terms,
+        out_indices.view(num_rows, width),
+        out_lens,
+        window_size=window_size,
+        block_size=block_size,
+        ws=ws,
+        left=left,
+        right=right,
+    )
     return out_indices, out_lens
 
 
@@ -309,7 +642,6 @@ def noncausal_window_rows(
     out_lens: torch.Tensor | None = None,
     workspace: RowWorkspace | None = None,
     check: bool = True,
-    guard: RowGuard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """docs/semantics.md #dspark-rows (DSpark draft rows): every token of request r sees positions
     [max(P_r - W, 0), S_r): the last W context tokens and the whole draft block, future drafts
@@ -317,26 +649,22 @@ def noncausal_window_rows(
     out_indices, out_lens = _row_outputs(num_rows, width, seq_lens.device, out_indices, out_lens)
     if num_rows == 0:
         return out_indices, out_lens
-    req, seq, end, _ = _row_inputs(query_start_loc, seq_lens, token_to_req, token_offset, num_rows, workspace)
-    begin = torch.index_select(query_start_loc, 0, req)
-    valid = is_valid[token_offset : token_offset + num_rows]
-    prefix = seq - (end - begin)
-    start = torch.clamp_min(prefix - window_size, 0).masked_fill_(~valid, 0)
-    torch.sub(seq, start, out=out_lens)
-    out_lens.masked_fill_(~valid, 0)
-    if check:
-        longest = int(out_lens.max())
-        if longest > width:
-            row = int(torch.argmax(out_lens))
-            raise SpeculativeModeError(
-                "decode_swa_indices",
-                f"DSpark row {row} needs {longest} entries but the non-causal width is {width} "
-                f"(window {window_size} + draft block); refusing to truncate",
-                row,
-            )
-    out_lens.clamp_max_(width)  # unchecked callers still never get a row longer than its width
-    last = (seq - 1).clamp_min_(0).masked_fill_(~valid, 0)
-    _fill_rows(block_table, req, start, last, out_lens, block_size, out_indices.view(num_rows, -1), workspace, guard)
+    ws = workspace if workspace is not None else RowWorkspace(token_offset + num_rows, width, seq_lens.device)
+    num_reqs = query_start_loc.shape[0] - 1
+    terms = request_terms(query_start_loc, seq_lens, num_reqs, window_size, causal=False, workspace=ws)
+    rows = slice(token_offset, token_offset + num_rows)
+    fill_dspark_rows(
+        block_table,
+        token_to_req[rows],
+        is_valid[rows],
+        terms,
+        out_indices.view(num_rows, width),
+        out_lens,
+        block_size=block_size,
+        ws=ws,
+        check=check,
+        window_size=window_size,
+    )
     return out_indices, out_lens
 
 

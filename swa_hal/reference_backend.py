@@ -7,174 +7,334 @@ source checkout that was never installed) the registry registers this module dir
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import reference
-from .backend import Availability, Backend, BackendSpec, BuildPlan
-from .guard import block_limit, torch_guard
+from .backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
+from .guard import TorchGuard, block_limit
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from .batch import AttentionBatch
     from .buffers import MetadataBuffers
     from .metadata import SWAMetadata
+    from .slot_rows import SlotRows
+
+
+class one_thread:
+    """Run the enclosed operations on one torch thread, then restore the caller's thread count.
+
+    Why: a build is a few dozen operations on vectors of hundreds to thousands of elements and matrices
+    of at most a few million, too little work per operation for torch's intra-op parallelism to pay:
+    every operation that goes parallel wakes torch's other OpenMP threads and ends waiting for all of
+    them. Idle, that costs microseconds per operation; when other processes keep the cores busy the
+    threads it waits for are descheduled, and the wait is a scheduler time slice: a 2-core decode-256
+    build took a steady 40 ms instead of 2 ms (docs/performance.md #cpu). One thread never waits.
+
+    How: torch has no per-call thread count, so the build saves ``torch.get_num_threads()``, calls
+    ``torch.set_num_threads(1)`` and restores the count afterwards (about 0.5 us a build). Thread
+    safety: both act on the calling thread's OpenMP setting, so another thread's torch work, and another
+    builder building on another thread (one builder per thread, docs/semantics.md #guarded-builds),
+    keep their own count while a build runs. ``set_num_threads`` also writes process-wide state, which
+    this leaves as it found it, except within the build: the count a thread adopts when it first runs
+    torch work (a thread that starts using torch during a build starts with one thread), the size of
+    the pthreadpool QNNPACK uses, and oneDNN's cache of convolution primitives (cleared). A caller that
+    runs with one thread already pays nothing.
+    """
+
+    __slots__ = ("threads",)
+
+    def __init__(self) -> None:
+        self.threads = 1
+
+    def __enter__(self) -> None:
+        self.threads = torch.get_num_threads()
+        if self.threads > 1:
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.threads > 1:
+            torch.set_num_threads(self.threads)
+
+
+class _Shape:
+    """Every cut of the fixed buffers (and workspace) one build shape uses, made once per shape: slicing
+    costs about as much as a small operation, and a decode-heavy server repeats a few shapes."""
+
+    __slots__ = (
+        "t2r",
+        "valid",
+        "rows",
+        "dec_req",
+        "dec_valid",
+        "dec_rows1",
+        "dec_out",
+        "dec_lens",
+        "pre_req",
+        "pre_valid",
+        "pre_rows1",
+        "pre_out",
+        "pre_lens",
+        "clear",
+        "gather",
+        "pre_left",
+        "pre_right",
+        "dec_left",
+        "dec_right",
+        "terms",
+        "term_rows",
+        "dec_guard",
+        "pre_guard",
+        "num_prefills",
+        "prefill_reqs",
+    )
+
+    t2r: torch.Tensor
+    valid: torch.Tensor
+    rows: torch.Tensor
+    dec_req: torch.Tensor
+    dec_valid: torch.Tensor
+    dec_rows1: torch.Tensor
+    dec_out: torch.Tensor
+    dec_lens: torch.Tensor
+    pre_req: torch.Tensor
+    pre_valid: torch.Tensor
+    pre_rows1: torch.Tensor
+    pre_out: torch.Tensor
+    pre_lens: torch.Tensor
+    clear: torch.Tensor | None
+    gather: torch.Tensor
+    pre_left: torch.Tensor
+    pre_right: torch.Tensor
+    dec_left: torch.Tensor
+    dec_right: torch.Tensor
+    terms: dict[bool, torch.Tensor]
+    term_rows: dict[bool, tuple[torch.Tensor, ...]]
+    dec_guard: reference.RowGuard | None
+    pre_guard: reference.RowGuard | None
+    num_prefills: int
+    prefill_reqs: slice
 
 
 class TorchBackend(Backend):
     name = "torch"
 
     def allocate(self, buffers: MetadataBuffers) -> None:
-        width = max(self.config.prefill_index_width, self.config.noncausal_index_width)
+        cfg = self.config
+        width = max(cfg.prefill_index_width, cfg.noncausal_index_width)
         self._workspace = reference.RowWorkspace(buffers.capacity, width, self.device)
+        seqs = cfg.max_num_seqs
+        # The per-request terms the rows gather (reference.request_terms): causal and DSpark rows.
+        self._terms = {}
+        for causal in (True, False):
+            self._terms[causal] = torch.zeros((reference.TERMS, seqs), dtype=torch.int32, device=self.device)
+        self._guard = TorchGuard(seqs, buffers.capacity, self.device)
+        self._limit = block_limit(cfg)
+        self._shapes: dict[tuple, _Shape] = {}
 
-    def _row_guard(self, rows: int) -> reference.RowGuard | None:
-        return reference.RowGuard(rows, block_limit(self.config), self.device) if self.guard else None
-
-    def _decode_rows(
-        self,
-        causal: bool,
-        inputs: tuple,
-        ndt: int,
-        width: int,
-        replay: torch.Tensor,
-        buffers: MetadataBuffers,
-        guard: reference.RowGuard | None,
-    ) -> None:
-        common: dict[str, Any] = dict(
-            window_size=self.config.window_size,
-            block_size=self.config.block_size,
-            workspace=self._workspace,
-            token_offset=0,
-            num_rows=ndt,
-            out_lens=buffers.decode_lens[:ndt],
-            guard=guard,
+    def _shape(self, plan: BuildPlan, buffers: MetadataBuffers) -> _Shape:
+        t, ndt, npt, nreq = plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
+        key = (
+            buffers.group_index,
+            t,
+            ndt,
+            npt,
+            nreq,
+            plan.num_decodes,
+            plan.num_prefills,
+            plan.decode_lens_clear_end,
+            plan.causal,
+            plan.images,
         )
-        if causal:
-            reference.causal_window_rows(
-                *inputs, replay_start=replay, out_indices=buffers.decode_indices[:ndt], **common
-            )
+        s = self._shapes.get(key)
+        if s is not None:
+            return s
+        if len(self._shapes) >= 256:
+            self._shapes.clear()
+        s = self._shapes[key] = _Shape()
+        cfg, ws = self.config, self._workspace
+        s.t2r, s.valid, s.rows = buffers.token_to_req[:t], buffers.is_valid[:t], ws.arange[:t]
+        s.dec_req, s.dec_valid, s.dec_rows1 = s.t2r[:ndt], s.valid[:ndt], ws.arange[1 : ndt + 1]
+        dec_width = cfg.window_size if plan.causal else cfg.noncausal_index_width
+        s.dec_out = buffers.decode_rows(plan.causal)[:ndt].view(ndt, dec_width)
+        s.dec_lens = buffers.decode_lens[:ndt]
+        s.pre_req, s.pre_valid, s.pre_rows1 = s.t2r[ndt:t], s.valid[ndt:t], ws.arange[ndt + 1 : t + 1]
+        s.pre_out = buffers.prefill_indices[:npt].view(npt, cfg.prefill_index_width)
+        s.pre_lens = buffers.prefill_lens[:npt]
+        s.clear = buffers.decode_lens[ndt : plan.decode_lens_clear_end] if plan.decode_lens_clear_end > ndt else None
+        s.gather = buffers.gather_lens[: plan.num_prefills]
+        s.dec_left, s.dec_right = buffers.left_visible[:ndt], buffers.right_visible[:ndt]
+        s.pre_left, s.pre_right = buffers.left_visible[ndt:t], buffers.right_visible[ndt:t]
+        # Causal terms serve the causal decode rows and every prefill row; DSpark decode rows have their own.
+        s.terms = {causal: self._terms[causal][:, :nreq] for causal in (True, False)}
+        s.term_rows = {causal: terms.unbind(0) for causal, terms in s.terms.items()}
+        if self.guard:
+            g = self._guard
+            s.dec_guard = reference.RowGuard(self._limit, *g.row_candidates(nreq, 0, ndt)) if ndt else None
+            s.pre_guard = reference.RowGuard(self._limit, *g.row_candidates(nreq, ndt, npt)) if npt else None
         else:
-            # The builder checked the row widths on the host already: no device sync here.
-            reference.noncausal_window_rows(
-                *inputs, width=width, check=False, out_indices=buffers.noncausal_indices[:ndt], **common
-            )
+            s.dec_guard = s.pre_guard = None
+        s.num_prefills = plan.num_prefills
+        s.prefill_reqs = slice(plan.num_decodes, plan.num_decodes + plan.num_prefills)
+        return s
+
+    def _request_terms(
+        self, causal: bool, s: _Shape, qsl: torch.Tensor, ends: torch.Tensor, seq: torch.Tensor, replay: torch.Tensor
+    ) -> torch.Tensor:
+        terms = s.terms[causal]
+        window = self.config.window_size
+        reference.request_terms(
+            qsl,
+            seq,
+            terms.shape[1],
+            window,
+            causal=causal,
+            replay_start=replay,
+            out=terms,
+            workspace=self._workspace,
+            ends=ends,
+            rows=s.term_rows[causal],
+        )
+        return terms
 
     def compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
-        ws = self._workspace
-        cfg = self.config
-        t, ndt, npt = plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens
-        t2r = reference.token_to_req(batch.query_start_loc, t, out=buffers.token_to_req[:t], workspace=ws)
-        valid = reference.valid_tokens(batch.slot_mapping, out=buffers.is_valid[:t])
-        inputs = (batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid)
-        dec_guard, pre_guard = self._row_guard(ndt), self._row_guard(npt)
+        with one_thread():
+            self._compute(plan, batch, buffers)
+
+    def _compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
+        ws, cfg = self._workspace, self.config
+        s = self._shape(plan, buffers)
+        ndt, npt, nreq = plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
+        qsl, table = batch.query_start_loc, batch.block_table
+        seq = batch.seq_lens if batch.seq_lens.shape[0] == nreq else batch.seq_lens[:nreq]
+        replay = plan.replay_start if plan.replay_start.shape[0] == nreq else plan.replay_start[:nreq]
+        ends = qsl[1:]
+        # docs/semantics.md #per-token-helpers (reference.token_to_req, reference.valid_tokens)
+        torch.searchsorted(ends, s.rows, right=True, out_int32=True, out=s.t2r)
+        s.t2r.remainder_(ws.c[nreq])
+        torch.ge(batch.slot_mapping, ws.const(0, batch.slot_mapping.dtype), out=s.valid)
+        # Causal terms serve causal decode rows and every prefill row; DSpark decode rows have their own.
+        causal_rows, dspark_rows = plan.causal or npt > 0, not plan.causal
+        if causal_rows:
+            self._request_terms(True, s, qsl, ends, seq, replay)
+        if dspark_rows:
+            self._request_terms(False, s, qsl, ends, seq, replay)
+        broken = None
+        if self.guard:
+            spans = plan.spans if plan.images else None
+            broken = self._guard.request_checks(cfg, qsl, seq, replay, spans, nreq, causal=plan.causal)
+            # Every row of a request that broke a rule is handed out empty.
+            if causal_rows:
+                reference.empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)
+            if dspark_rows:
+                reference.empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
         if ndt:
-            self._decode_rows(plan.causal, inputs, ndt, plan.decode_width, plan.replay_start, buffers, dec_guard)
-        if plan.decode_lens_clear_end > ndt:
-            buffers.decode_lens[ndt : plan.decode_lens_clear_end].zero_()
+            if plan.causal:
+                reference.fill_causal_rows(
+                    table,
+                    s.dec_req,
+                    s.dec_valid,
+                    s.dec_rows1,
+                    s.terms[True],
+                    s.dec_out,
+                    s.dec_lens,
+                    window_size=cfg.window_size,
+                    block_size=cfg.block_size,
+                    ws=ws,
+                    guard=s.dec_guard,
+                )
+            else:
+                # The builder checked the row widths on the host already: no device sync here.
+                reference.fill_dspark_rows(
+                    table,
+                    s.dec_req,
+                    s.dec_valid,
+                    s.terms[False],
+                    s.dec_out,
+                    s.dec_lens,
+                    block_size=cfg.block_size,
+                    ws=ws,
+                    guard=s.dec_guard,
+                )
+        if s.clear is not None:
+            s.clear.zero_()
         if npt:
             left = right = None
             if plan.images:
-                buffers.left_visible[:ndt].zero_()
-                buffers.right_visible[:ndt].zero_()
+                s.dec_left.zero_()
+                s.dec_right.zero_()
                 left, right = reference.image_visibility(
-                    batch.query_start_loc,
+                    qsl,
                     batch.seq_lens,
-                    t2r,
+                    s.t2r,
                     plan.spans,  # type: ignore[arg-type]  # plan.images: spans are given
                     token_offset=ndt,
                     num_rows=npt,
                     max_image_tokens=cfg.max_image_tokens,
-                    out_left=buffers.left_visible[ndt:t],
-                    out_right=buffers.right_visible[ndt:t],
+                    out_left=s.pre_left,
+                    out_right=s.pre_right,
                 )
-            reference.causal_window_rows(
-                *inputs,
-                token_offset=ndt,
-                num_rows=npt,
-                replay_start=plan.replay_start,
-                left=left,
-                right=right,
-                width=cfg.prefill_index_width,
+            reference.fill_causal_rows(
+                table,
+                s.pre_req,
+                s.pre_valid,
+                s.pre_rows1,
+                s.terms[True],
+                s.pre_out,
+                s.pre_lens,
                 window_size=cfg.window_size,
                 block_size=cfg.block_size,
-                out_indices=buffers.prefill_indices[:npt],
-                out_lens=buffers.prefill_lens[:npt],
-                workspace=ws,
-                guard=pre_guard,
+                ws=ws,
+                left=left,
+                right=right,
+                guard=s.pre_guard,
             )
         if plan.num_prefills:
             reference.prefill_gather_lens(
                 batch.seq_lens,
-                batch.query_start_loc,
+                qsl,
                 plan.num_decodes,
                 plan.num_prefills,
                 cfg.window_size,
                 replay_start=plan.replay_start,
-                out=buffers.gather_lens[: plan.num_prefills],
+                out=s.gather,
             )
+            if broken is not None:
+                # A prefill that broke a rule gets gather length 0 (docs/semantics.md #guarded-builds).
+                s.gather.masked_fill_(broken[s.prefill_reqs], ws.c[0])
         if self.guard:
-            row_guards = [(g, t2r[lo : lo + n]) for g, lo, n in ((dec_guard, 0, ndt), (pre_guard, ndt, npt)) if n]
-            broken = torch_guard(
-                cfg,
-                batch.query_start_loc,
-                batch.seq_lens,
-                batch.block_table,
-                plan.replay_start,
-                plan.spans if plan.images else None,
-                plan.num_reqs,
-                buffers.violation,
-                causal=plan.causal,
-                row_guards=row_guards,  # type: ignore[arg-type]  # guarded: every RowGuard is set
-            )
-            self._empty_broken(broken, t2r, ndt, npt, plan.causal, buffers)
-            if plan.num_prefills:
-                gather = buffers.gather_lens[: plan.num_prefills]
-                gather.masked_fill_(broken[plan.num_decodes : plan.num_decodes + plan.num_prefills], 0)
-
-    def _empty_broken(
-        self, broken: torch.Tensor, t2r: torch.Tensor, ndt: int, npt: int, causal: bool, buffers: MetadataBuffers
-    ) -> None:
-        """Rows of requests that broke a guarded rule are handed out empty (docs/semantics.md #guarded-builds)."""
-        row_broken = torch.index_select(broken, 0, t2r[: ndt + npt])
-        if ndt:
-            rows = buffers.decode_indices if causal else buffers.noncausal_indices
-            rows[:ndt].masked_fill_(row_broken[:ndt, None, None], -1)
-            buffers.decode_lens[:ndt].masked_fill_(row_broken[:ndt], 0)
-        if npt:
-            buffers.prefill_indices[:npt].masked_fill_(row_broken[ndt:, None, None], -1)
-            buffers.prefill_lens[:npt].masked_fill_(row_broken[ndt:], 0)
+            self._guard.record(buffers.violation, nreq + ndt + npt)
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
-        ndt = metadata.num_decode_tokens
-        t2r = reference.token_to_req(
-            metadata.query_start_loc, ndt, out=buffers.token_to_req[:ndt], workspace=self._workspace
-        )
-        valid = reference.valid_tokens(metadata.slot_mapping[:ndt], out=buffers.is_valid[:ndt])
-        inputs = (metadata.query_start_loc, metadata.seq_lens, metadata.block_table, t2r, valid)
-        guard = self._row_guard(ndt)
-        self._decode_rows(
-            metadata.causal, inputs, ndt, metadata.decode_swa_width, metadata.replay_start, buffers, guard
-        )
-        if self.guard:
-            num_reqs = metadata.query_start_loc.shape[0] - 1
-            broken = torch_guard(
-                self.config,
-                metadata.query_start_loc,
-                metadata.seq_lens,
-                metadata.block_table,
-                metadata.replay_start,
-                None,
-                num_reqs,
-                buffers.violation,
-                causal=metadata.causal,
-                row_guards=[(guard, t2r)],  # type: ignore[list-item]  # guarded: the RowGuard is set
-            )
-            self._empty_broken(broken, t2r, ndt, 0, metadata.causal, buffers)
+        plan = update_plan(metadata)
+        batch = _UpdateInputs(metadata)
+        with one_thread():
+            self._compute(plan, batch, buffers)  # type: ignore[arg-type]
+
+    def compute_slot_rows(
+        self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int
+    ) -> None:
+        with one_thread():
+            super().compute_slot_rows(rows, out, lens, record, limit)
 
     def status(self) -> dict[str, str]:
         return {"kernel": "PyTorch reference (vectorized, any device)"}
+
+
+class _UpdateInputs:
+    """The inputs of a draft-step update (docs/semantics.md #draft-updates), read from its metadata as
+    ``compute`` reads a batch's."""
+
+    __slots__ = ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
+
+    def __init__(self, metadata: SWAMetadata):
+        ndt = metadata.num_decode_tokens
+        self.query_start_loc = metadata.query_start_loc
+        self.seq_lens = metadata.seq_lens
+        self.block_table = metadata.block_table
+        self.slot_mapping = metadata.slot_mapping[:ndt]
 
 
 TORCH_SPEC = BackendSpec(

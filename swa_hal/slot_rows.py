@@ -22,14 +22,13 @@ every backend without a kernel of its own runs (the Triton backends launch
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import TYPE_CHECKING
 
 import torch
 
 from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
-from .guard import Violation, flag_first, record_first
+from .guard import Violation
 
 if TYPE_CHECKING:
     from .config import SWAConfig
@@ -153,12 +152,11 @@ def check_outputs(out: torch.Tensor, lens: torch.Tensor, n: int, width: int, dev
             raise BatchShapeError(name, f"{name} must be contiguous with shape {shape}; got {tuple(t.shape)}")
 
 
-def _first_bad(bad: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: whether any column is bad, and the value at the first bad column."""
-    width = bad.shape[1]
-    cols = torch.arange(width, device=bad.device)
-    first = torch.where(bad, cols, width).amin(dim=1).clamp_max(width - 1)
-    return bad.any(dim=1), values.gather(1, first[:, None]).squeeze(1)
+def _first_bad(values: torch.Tensor, low: int, high: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: whether an entry lies outside [low, high], which entry is the first, and its value."""
+    bad = torch.ne(values, values.clamp(low, high))
+    any_bad, first = torch.max(bad, 1)
+    return any_bad, first, values.gather(1, first[:, None])[:, 0]
 
 
 def build_slot_rows(
@@ -172,7 +170,8 @@ def build_slot_rows(
     limit: int,
 ) -> None:
     """The torch build of token-slot rows into ``out``/``lens`` (no host sync). Guarded: a row that
-    breaks a rule is handed out empty and the first one is recorded in ``record`` (``guard.py``)."""
+    breaks a rule is handed out empty and the lowest such row is recorded in ``record`` (``guard.py``),
+    with its first broken rule; a fixed number of operations whatever the rows."""
     n = rows.num_rows
     if n == 0:
         return
@@ -191,7 +190,6 @@ def build_slot_rows(
     else:
         p = ends - 1
         pool = rows.pools.to(i64)
-    pool_ok = (pool >= 0) & (pool < num_pools)
     pool_at = pool.clamp(0, max(num_pools - 1, 0))
     if nb:
         ctx = p.clamp(0, window)
@@ -199,7 +197,7 @@ def build_slot_rows(
             floor = rows.floors.to(i64)[pool_at]
             ctx = torch.minimum(ctx, (p - floor).clamp_min(0))
         row_lens = torch.where(p >= 0, ctx + nb, 0)
-        q = (p - ctx)[:, None] + cols[None, :]
+        first_q = p - ctx  # context positions ascend from P - ctx
         top = p - 1  # the highest context position read
     else:
         lo = (p - (window - 1)).clamp_min(0)
@@ -207,38 +205,49 @@ def build_slot_rows(
             lo = torch.maximum(lo, rows.floors[:n].to(i64))
         row_lens = (p + 1 - lo).clamp_min(0)
         ctx = row_lens
-        q = p[:, None] - cols[None, :]
+        first_q = p  # positions descend from p
         top = p
     live = cols[None, :] < row_lens[:, None]
-    from_table = cols[None, :] < ctx[:, None]
-    kind = torch.zeros(n, dtype=i64, device=dev)
-    value = torch.zeros(n, dtype=i64, device=dev)
-
-    flag = functools.partial(flag_first, kind, value)
-
-    if guard:
-        flag((row_lens > 0) & ~pool_ok, Violation.POOL, pool)
-        flag((ctx > 0) & (top >= positions), Violation.POSITION, top)
-    q_at = q.clamp(0, max(positions - 1, 0))
-    token = rt[pool_at[:, None], q_at].to(i64) if positions else torch.full_like(q, -1)
+    # Token slots: req_to_token[pool, q], read through one flat index (q clamped into the pool's row).
+    if positions and num_pools:
+        # The pools' rows as one flat view (unit inner stride: the preflight's), row r at r * stride(0).
+        table = rt.as_strided(((num_pools - 1) * rt.stride(0) + positions,), (1,))
+        base = pool_at * rt.stride(0)
+        q = first_q[:, None] + cols if nb else first_q[:, None] - cols
+        index = q.clamp_(0, positions - 1).add_(base[:, None])
+        token = torch.index_select(table, 0, index.view(-1)).view(n, width)
+    else:
+        token = torch.full((n, width), -1, dtype=rt.dtype, device=dev)
     if nb:
         assert rows.block_slots is not None
-        at = (head[:, None] + cols[None, :] - ctx[:, None]).clamp(0, n - 1)
-        token = torch.where(from_table, token, rows.block_slots.to(i64)[at])
+        at = (head[:, None] + cols[None, :] - ctx[:, None]).clamp_(0, n - 1)
+        from_table = cols[None, :] < ctx[:, None]
+        token = torch.where(from_table, token, torch.index_select(rows.block_slots, 0, at.view(-1)).view(n, width))
     token = torch.where(live, token, -1)
     map_len = rows.slot_map.shape[0]
+    if map_len:
+        at_map = token.clamp(0, map_len - 1)
+        has = (at_map == token) & live
+        slot = torch.where(has, torch.index_select(rows.slot_map, 0, at_map.view(-1)).view(n, width), -1)
+    else:
+        slot = torch.full((n, width), -1, dtype=rows.slot_map.dtype, device=dev)
     if guard:
-        bad, what = _first_bad(live & ((token < -1) | (token >= map_len)), token)
-        flag(bad, Violation.TOKEN_SLOT, what)
-    has = live & (token >= 0) & (token < map_len)
-    slot = rows.slot_map.to(i64)[token.clamp(0, max(map_len - 1, 0))] if map_len else torch.full_like(token, -1)
-    slot = torch.where(has, slot, -1)
-    if guard:
-        bad, what = _first_bad(has & ((slot < -1) | (slot >= limit)), slot)
-        flag(bad, Violation.CACHE_SLOT, what)
-        broken = kind > 0
+        # Rules 8-11 per row, in order (guard.py): pool, position, token slot, cache slot. Entries past
+        # lens are -1 here, which both slot rules accept.
+        bad_token, _, token_value = _first_bad(token, -1, map_len - 1)
+        bad_slot, _, slot_value = _first_bad(slot, -1, limit - 1)
+        broken_by = torch.stack(
+            [(row_lens > 0) & (pool != pool_at), (ctx > 0) & (top >= positions), bad_token, bad_slot]
+        )
+        broken, rule = torch.max(broken_by, 0)
+        values = torch.stack([pool, top, token_value.to(i64), slot_value.to(i64)])
+        value = values.gather(0, rule[None, :])[0].clamp_(-INT32_LIMIT - 1, INT32_LIMIT)
+        key = torch.where(broken, torch.arange(n, device=dev), n)
+        first = key.argmin(0, keepdim=True)
+        found = torch.index_select(broken, 0, first)
+        new = torch.cat([found, rule[first] + int(Violation.POOL), first, value[first]]).to(record.dtype)
+        torch.where(record[:1] < found.to(record.dtype), new, record, out=record)
         row_lens = torch.where(broken, 0, row_lens)
         slot = torch.where(broken[:, None], -1, slot)
-        record_first(record, kind, value)
     out.copy_(slot)
     lens.copy_(row_lens)

@@ -146,6 +146,22 @@ def test_several_broken_rows_record_one_of_them(backend):
     builder.check()
 
 
+def test_the_torch_build_records_the_lowest_request():
+    """docs/semantics.md #guarded-builds: with several broken requests the torch build records the lowest
+    one, its request-level rule before its rows' (here request 0's block id, not request 1's seq_len)."""
+    b = base()
+    bad = dataclasses.replace(b, block_table=set_(b.block_table, (0, 1), 16), seq_lens=set_(b.seq_lens, 1, 3))
+    builder = make_builder(CFG, "torch")
+    builder.build(bad, validate=False)
+    count, kind, request, value = builder.buffers.violation.tolist()
+    assert count > 0 and (kind, request, value) == (6, 0, 16)
+    # A later build with another broken request leaves the first violation recorded.
+    builder.build(dataclasses.replace(b, seq_lens=set_(b.seq_lens, 1, 3)), validate=False)
+    assert builder.buffers.violation.tolist()[1:] == [6, 0, 16]
+    with pytest.raises(E.BatchRangeError, match="block id 16"):
+        builder.check()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_block_id_that_would_overflow_int32_slots_is_caught_without_num_kv_blocks(backend):
     config = dataclasses.replace(CFG, num_kv_blocks=None)
@@ -312,6 +328,29 @@ def test_one_builder_per_thread_builds_correctly():
     for t in threads:
         t.join()
     assert not errors and all(v == [4, 4, 4, 4, 4] for v in results.values()) and len(results) == 4
+
+
+def test_torch_builds_run_on_one_thread_and_restore_the_callers_count():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Threads(TorchDispatchMode):
+        seen: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(torch.get_num_threads())
+            return func(*args, **(kwargs or {}))
+
+    builder = make_builder(CFG, "torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        spy = Threads()
+        with spy:
+            builder.build(base())
+        assert torch.get_num_threads() == 2
+        assert 1 in spy.seen
+    finally:
+        torch.set_num_threads(before)
 
 
 def _catch(errors: list[BaseException], fn) -> None:

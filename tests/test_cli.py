@@ -287,7 +287,7 @@ def test_bench_prints_its_table_and_nothing_else(capsys):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     lines = proc.stdout.splitlines()
     assert [line.split()[:2] for line in lines] == [["tiny_mixed", "torch"], ["tiny_vision", "torch"]], proc.stdout
-    assert all("us per build (median of 2)" in line for line in lines)
+    assert all("us per build (median of 2, " in line and "torch threads)" in line for line in lines)
 
 
 def test_the_scenarios_config_is_the_default(capsys):

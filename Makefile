@@ -26,8 +26,11 @@ run: $(STAMP)
 	$(BIN)/swa-hal info
 	$(BIN)/swa-hal build --config configs/deepseek_v4_flash.yaml --batch configs/batches/mixed.yaml
 
+# One pytest-xdist worker per core (TEST_WORKERS=0: in this process), work-stealing so the long property
+# tests do not end up queued behind each other; each worker runs torch on one thread (tests/conftest.py).
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 # The per-platform CI recipe for every row of `swa-hal matrix`, on this CPU (.ci/matrix says what it runs):
 # `swa-hal info --assume ROW --expect NAME` per row, and the kit's selection and worked-vector topics per

@@ -11,10 +11,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from helpers import CONFIGS  # noqa: E402
 from swa_hal import SWAConfig  # noqa: E402
 from swa_hal.plugins import reset_registry  # noqa: E402
+
+# Under pytest-xdist (make test runs one worker per core) each worker keeps to one torch thread: workers'
+# OpenMP threads would otherwise share the cores and wait for one another.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

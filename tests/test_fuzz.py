@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -60,10 +61,13 @@ def cases(draw):
                 extra_pages=extra_pages, seed=seed)
 
 
+# One test per backend, each on its own fixed, derandomized set of batches (hypothesis draws per test item),
+# so the backends run in parallel under pytest -n (make test) and a failure names its backend.
+@pytest.mark.parametrize("backend", list(BACKEND_PLATFORMS))
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=cases())
-def test_every_backend_equals_the_reference(case):
+def test_every_backend_equals_the_reference(case, backend):
     config = SWAConfig(
         window_size=case["window"], block_size=case["block"], max_model_len=MAX_CONTEXT + 16,
         max_num_batched_tokens=MAX_TOKENS + 16, max_num_seqs=64, num_speculative_tokens=case["drafts"],
@@ -75,12 +79,11 @@ def test_every_backend_equals_the_reference(case):
     note(f"batch: seq_lens={case['seqs']} query_lens={case['queries']} num_tokens={batch.num_tokens} "
          f"W={case['window']} B={case['block']} drafts={case['drafts']}")
     validate_batch(batch, config)
-    for backend in BACKEND_PLATFORMS:
-        builder = make_builder(config, backend)
-        if backend == "sm12x":
-            with address_strict():
-                md = builder.build(batch)
-        else:
+    builder = make_builder(config, backend)
+    if backend == "sm12x":
+        with address_strict():
             md = builder.build(batch)
-        problems = compare_with_reference(config, batch, md)
-        assert not problems, f"{backend}: {problems}"
+    else:
+        md = builder.build(batch)
+    problems = compare_with_reference(config, batch, md)
+    assert not problems, f"{backend}: {problems}"

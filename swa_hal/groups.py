@@ -143,7 +143,7 @@ def _unbound(cache: HostCache, key: Any, stacked: torch.Tensor) -> tuple[tuple[t
     """Each group's view of ``stacked`` and its address (kept: the views hold the memory alive)."""
     found = cache.get(("group views", key))
     if found is None:
-        step = stacked.stride(0) * stacked.element_size()
+        step = stacked.stride()[0] * stacked.element_size()
         address = stacked.data_ptr()
         found = cache.keep(
             ("group views", key), (stacked.unbind(0), tuple(address + g * step for g in range(stacked.shape[0])))
@@ -153,7 +153,7 @@ def _unbound(cache: HostCache, key: Any, stacked: torch.Tensor) -> tuple[tuple[t
 
 def group_rows(tables: Sequence[torch.Tensor], slots: Sequence[torch.Tensor]) -> tuple[GroupRow, ...]:
     """The group table's rows for these (already checked) tensors."""
-    return tuple((t.data_ptr(), s.data_ptr(), t.stride(0), t.shape[1]) for t, s in zip(tables, slots))
+    return tuple((t.data_ptr(), s.data_ptr(), t.stride()[0], t.shape[1]) for t, s in zip(tables, slots))
 
 
 def _shapes(table_name: str, ts: Sequence[int], slots_name: str, n_slots: int, num_reqs: int, num_tokens: int) -> None:

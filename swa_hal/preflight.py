@@ -42,7 +42,7 @@ def preflight_tensor(name: str, t: object, want: torch.dtype, device_index: int,
         ok = t.dtype is want and t.get_device() == device_index and t.dim() == ndim  # type: ignore[attr-defined]
     except AttributeError:
         ok = False
-    if not ok or (t.stride(-1) != 1 and t.shape[-1] > 1):  # type: ignore[attr-defined]
+    if not ok or (t.stride()[-1] != 1 and t.shape[-1] > 1):  # type: ignore[attr-defined]
         _refuse(name, t, want, device_index, ndim)
 
 
@@ -75,7 +75,8 @@ def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, dev
             and qsl.is_contiguous()  # 1-D: unit stride, or at most one element
             and seq_lens.is_contiguous()
             and slots.is_contiguous()
-            and (ts[1] <= 1 or table.stride(1) == 1)
+            # stride()[1], not stride(1): torch parses an argument at a cost of two attribute reads
+            and (ts[1] <= 1 or table.stride()[1] == 1)
         )
     except AttributeError:
         ok = False

@@ -186,7 +186,7 @@ class TritonBackend(Backend):
         args.block_table_ptr = ptr(table)
         args.slot_mapping_ptr = ptr(slots)
         args.replay_ptr = ptr(plan.replay_start)
-        args.bt_stride = table.stride(0)
+        args.bt_stride = table.stride()[0]
         args.max_pages = table.shape[1]
         args.num_reqs = plan.num_reqs
         args.num_tokens = plan.num_tokens

@@ -13,6 +13,7 @@ from .builder import SWAMetadataBuilder
 from .config import LAYER_TYPES, SWAConfig
 from .errors import (
     BackendNotFoundError,
+    BackendStartError,
     BackendUnavailableError,
     BatchValidationError,
     ConfigError,
@@ -36,6 +37,7 @@ __all__ = [
     "Backend",
     "BackendNotFoundError",
     "BackendSpec",
+    "BackendStartError",
     "BackendUnavailableError",
     "BatchValidationError",
     "BuildPlan",

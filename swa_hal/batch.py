@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -41,20 +42,54 @@ class ImageSpans:
         return ImageSpans(self.indptr.to(device), self.starts.to(device), self.ends.to(device))
 
 
+def check_image_ranges(
+    ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int, field: str = "image_spans"
+) -> dict[int, list[tuple[int, int]]]:
+    """``{request: [(start, end), ...]}`` checked, as ints: a mapping; each request an int in
+    ``[0, num_reqs)``; each range a pair of integers with ``0 <= start <= end``. Each error names
+    ``field``, the request and the range (``image_spans[1][0]=(7, 5) is inverted: start 7 > end 5``)."""
+    if not isinstance(ranges, Mapping):
+        raise BatchShapeError(
+            field, f"{field} must be a mapping {{request: [(start, end), ...]}}, got {type(ranges).__name__}"
+        )
+    out: dict[int, list[tuple[int, int]]] = {}
+    for req, spans in ranges.items():
+        if isinstance(req, bool) or not isinstance(req, numbers.Integral) or not 0 <= req < num_reqs:
+            raise BatchRangeError(field, f"{field} names request {req!r}; the batch has {num_reqs}")
+        req = int(req)
+        if not _listlike(spans):
+            raise BatchShapeError(field, f"{field}[{req}]={spans!r} is not a list of (start, end) pairs", req)
+        out[req] = [_image_range(field, req, k, span) for k, span in enumerate(spans)]
+    return out
+
+
+def _listlike(value: object) -> bool:
+    """A list, a tuple or an array (NumPy's too): something with a length and items, but no text or mapping."""
+    return not isinstance(value, (str, bytes, Mapping)) and hasattr(value, "__len__") and hasattr(value, "__getitem__")
+
+
+def _image_range(field: str, req: int, k: int, span: Any) -> tuple[int, int]:
+    name = f"{field}[{req}][{k}]"
+    if not _listlike(span) or len(span) != 2:
+        raise BatchShapeError(field, f"{name}={span!r} is not a (start, end) pair", req)
+    start, end = _integral(name, span[0]), _integral(name, span[1])
+    if start < 0:
+        raise BatchRangeError(field, f"{name}=({start}, {end}) starts at a negative position", req)
+    if start > end:
+        raise BatchRangeError(field, f"{name}=({start}, {end}) is inverted: start {start} > end {end}", req)
+    return start, end
+
+
 def spans_to_csr(
     ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int
 ) -> tuple[list[int], list[int], list[int]]:
-    """``{request: [(start, end), ...]}`` as CSR lists (indptr, starts, ends)."""
-    for req in ranges:
-        if isinstance(req, bool) or not isinstance(req, int) or not 0 <= req < num_reqs:
-            raise BatchRangeError("image_spans", f"image_spans names request {req!r}; the batch has {num_reqs}")
+    """``{request: [(start, end), ...]}`` as CSR lists (indptr, starts, ends), checked by ``check_image_ranges``."""
+    checked = check_image_ranges(ranges, num_reqs)
     indptr, starts, ends = [0], [], []
     for r in range(num_reqs):
-        for k, span in enumerate(ranges.get(r, ())):
-            if len(span) != 2:
-                raise BatchShapeError("image_spans", f"image_spans[{r}][{k}]={span!r} is not a (start, end) pair", r)
-            starts.append(_integral(f"image_spans[{r}][{k}]", span[0]))
-            ends.append(_integral(f"image_spans[{r}][{k}]", span[1]))
+        for start, end in checked.get(r, ()):
+            starts.append(start)
+            ends.append(end)
         indptr.append(len(starts))
     return indptr, starts, ends
 
@@ -64,16 +99,19 @@ def ranges_in_step(
     query_start_loc_cpu: torch.Tensor,
     seq_lens_cpu: torch.Tensor,
     num_reqs: int,
+    field: str = "mm_req_doc_ranges",
 ) -> dict[int, list[tuple[int, int]]]:
     """The image ranges that overlap each request's new tokens this step. Engines list every image of a
     request (prefilled by earlier chunks, or still to come); only those over this step's tokens reach
     the rows (docs/semantics.md #vision-spans), and only those are legal in a batch. Host values only
-    (a host seq_lens upper bound is exact for prefill rows; decode rows lie past every image)."""
+    (a host seq_lens upper bound is exact for prefill rows; decode rows lie past every image). The
+    ranges are checked first (``check_image_ranges``; errors name ``field``, the engine's attribute)."""
+    checked = check_image_ranges(ranges, num_reqs, field)
     qsl = query_start_loc_cpu.tolist()
     seqs = seq_lens_cpu.tolist()
     out: dict[int, list[tuple[int, int]]] = {}
-    for r, spans in ranges.items():
-        if not 0 <= r < num_reqs or not spans:
+    for r, spans in checked.items():
+        if not spans:
             continue
         first, last = seqs[r] - (qsl[r + 1] - qsl[r]), seqs[r] - 1
         kept = [(a, e) for a, e in spans if e >= first and a <= last]

@@ -105,7 +105,9 @@ class SWAMetadataBuilder:
         an explicit request never falls back) and allocate the fixed output buffers for everything
         ``config`` admits. ``device`` is where the engine's tensors live (``"cpu"``, ``"cuda"``,
         ``"cuda:1"``); ``platform``, ``registry``, ``validate`` and ``guard`` as in the class docstring.
-        Raises ``BackendNotFoundError`` / ``BackendUnavailableError`` when no backend can start."""
+        Raises ``BackendNotFoundError`` / ``BackendUnavailableError`` when no backend can start
+        (``BackendStartError`` when the chosen one's factory or ``allocate()`` raised, and it was
+        requested by name, or ``SWA_HAL_STRICT=1`` is set, or no candidate started)."""
         self.config = config
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
@@ -113,10 +115,10 @@ class SWAMetadataBuilder:
         self.device = device
         self.platform = platform if platform is not None else probe_platform(device)
         self.selection = select_backend(backend, self.platform, registry=registry)
-        self.backend = self.selection.create(config, device)
-        self.backend_name: str = self.backend.name
         self.buffers = MetadataBuffers(config, device)
-        self.backend.allocate(self.buffers)
+        # The backend's allocate(buffers) runs inside create, under the same rule as its factory.
+        self.backend = self.selection.create(config, device, self.buffers)
+        self.backend_name: str = self.backend.name
         self.validate = debug_mode() if validate is None else validate
         self.guard = guard_default() if guard is None else bool(guard)
         self.backend.guard = self.guard

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,40 @@ def load_yaml_mapping(path: str | Path, what: str) -> Mapping[str, Any]:
     return data
 
 
+def load_json_mapping(path: str | Path, what: str) -> Mapping[str, Any]:
+    """Read a JSON file of settings (a Hugging Face ``config.json``). Every way it can be unusable is a
+    ConfigError naming the file, as ``load_yaml_mapping``: unreadable, not JSON, or not an object."""
+    path = Path(path)
+    try:
+        with path.open("r", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the {what}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(path), f"is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"is not a UTF-8 text file: {exc.reason}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(str(path), f"must hold a JSON object of settings, got {type(data).__name__}")
+    return data
+
+
+# The Hugging Face key each SWAConfig field is read from (from_hf_config), so an error names the key the
+# model config holds.
+HF_KEYS = {
+    "window_size": "sliding_window",
+    "compress_ratios": "compress_ratios",
+    "head_size": "head_dim",
+    "max_model_len": "max_position_embeddings",
+    "max_image_tokens": "vision_max_n_token",
+}
+
+
 def model_version_of(hf_config: Mapping[str, Any]) -> str:
     """The model version a Hugging Face config describes: ``model_type`` or ``architectures`` name V4.1."""
     architectures = hf_config.get("architectures") or ()
+    if isinstance(architectures, (str, bytes)) or not isinstance(architectures, (list, tuple)):
+        raise ConfigError("architectures", f"must be a list of class names, got {architectures!r}")
     if hf_config.get("model_type") == "deepseek_v41" or "DeepseekV41ForCausalLM" in architectures:
         return "deepseek_v41"
     return "deepseek_v4"
@@ -82,6 +114,11 @@ def model_version_of(hf_config: Mapping[str, Any]) -> str:
 def dspark_index_width(window_size: int, num_speculative_tokens: int) -> int:
     """docs/semantics.md #dspark-rows: a DSpark row holds the window plus the draft block, padded to FlashMLA's tile."""
     return math.ceil((window_size + num_speculative_tokens) / INDEX_TILE) * INDEX_TILE
+
+
+def _reason(exc: ConfigError) -> str:
+    """A ConfigError's message without its leading field."""
+    return str(exc).removeprefix(f"{exc.field}: ")
 
 
 def _check_int(field: str, value: Any, minimum: int, maximum: int = INT32_LIMIT) -> None:
@@ -230,18 +267,24 @@ class SWAConfig:
         ``head_dim`` and ``max_position_embeddings`` (the default ``max_model_len``); the engine gives the
         rest (``block_size``, ``max_num_batched_tokens``, ``max_num_seqs``, speculative settings, ...).
         """
+        source = "the model config"
         if not isinstance(config, Mapping):
+            if not isinstance(config, (str, os.PathLike)):
+                raise ConfigError(
+                    "config", f"must be a mapping, a config.json file or its folder, got {type(config).__name__}"
+                )
             path = Path(config)
             if path.is_dir():
                 path = path / "config.json"
-            with path.open("r", encoding="utf-8") as fh:
-                config = json.load(fh)
-            if not isinstance(config, Mapping):
-                raise ConfigError(str(path), "must hold a JSON object")
+            config = load_json_mapping(path, "model config")
+            source = str(path)
         if "sliding_window" not in config or config["sliding_window"] is None:
-            raise ConfigError("sliding_window", "the model config has no sliding_window; this is not an SWA model")
+            raise ConfigError("sliding_window", f"{source} has no sliding_window; this is not an SWA model")
         settings: dict[str, Any] = {"window_size": config["sliding_window"]}
-        version = model_version_of(config)
+        try:
+            version = model_version_of(config)
+        except ConfigError as exc:
+            raise ConfigError(exc.field, f"{_reason(exc)} (in {source})") from None
         settings["model_version"] = version
         ratios = config.get("compress_ratios")
         if ratios is None:  # no compressed layers: one SWA-only layer type
@@ -252,9 +295,13 @@ class SWAConfig:
         if config.get("max_position_embeddings") is not None:
             settings["max_model_len"] = config["max_position_embeddings"]
         # The vision variant of V4 widens prefill rows by its largest image (docs/semantics.md #vision-spans).
-        if version == "deepseek_v4" and (config.get("vision_n_layers") or 0) > 0:
+        layers = config.get("vision_n_layers") or 0
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+            raise ConfigError("vision_n_layers", f"must be a non-negative integer, got {layers!r} (in {source})")
+        if version == "deepseek_v4" and layers > 0:
             settings["max_image_tokens"] = config.get("vision_max_n_token") or 0
         model_keys = {"window_size", "compress_ratios", "head_size", "model_version", "max_image_tokens"}
+        from_model = set(settings)
         known = {f.name for f in dataclasses.fields(cls)}
         for key, value in engine_settings.items():
             if key not in known or key in model_keys:
@@ -262,4 +309,13 @@ class SWAConfig:
                     key, f"is not an engine setting (engine settings: {', '.join(sorted(known - model_keys))})"
                 )
             settings[key] = value
-        return cls(**settings)
+            from_model.discard(key)
+        try:
+            return cls(**settings)
+        except ConfigError as exc:
+            # A value the model config gave: name its key there (and the file), not only the SWAConfig field.
+            name, _, index = exc.field.partition("[")
+            if name not in from_model or name not in HF_KEYS:
+                raise
+            where = HF_KEYS[name] + ("[" + index if index else "")
+            raise ConfigError(where, f"{_reason(exc)} (SWAConfig.{exc.field}, in {source})") from None

@@ -73,5 +73,11 @@ class BackendUnavailableError(SWAHalError, RuntimeError):
     """An explicitly requested backend exists but cannot run on this platform, or no backend can."""
 
 
+class BackendStartError(BackendUnavailableError):
+    """A backend was chosen but failed to start: its factory or its ``allocate()`` raised. Raised for an
+    explicit request and under ``SWA_HAL_STRICT=1`` (auto-selection falls back instead), and when no
+    candidate could start; the error names the backend and chains what it raised."""
+
+
 class ConcurrentBuildError(SWAHalError, RuntimeError):
     """A builder was entered from a second thread while a build was running (one builder per thread)."""

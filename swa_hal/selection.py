@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backend import Availability, BackendSpec, name_from_spec, starting
 from .envs import env_flag, env_text
-from .errors import BackendNotFoundError, BackendUnavailableError
+from .errors import BackendNotFoundError, BackendStartError, BackendUnavailableError
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry, PluginWarning, get_registry
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from .backend import Backend
+    from .buffers import MetadataBuffers
     from .config import SWAConfig
 
 log = logging.getLogger("swa_hal.selection")
@@ -115,39 +116,52 @@ class Selection:
             "candidates": [c.to_dict() for c in self.candidates],
         }
 
-    def create(self, config: SWAConfig, device: torch.device) -> Backend:
-        """Instantiate the backend, named after its spec (``backend.name == spec.name``, whatever the
-        class says). An explicit choice that fails to construct raises; so does an
+    def create(self, config: SWAConfig, device: torch.device, buffers: MetadataBuffers | None = None) -> Backend:
+        """Start the backend as a builder does: its factory, then its ``allocate(buffers)`` (``buffers``:
+        the builder's fixed buffers; None makes a set for ``config`` on ``device``). The backend is named
+        after its spec (``backend.name == spec.name``, whatever the class says). A factory or an
+        ``allocate()`` that raises anything but KeyboardInterrupt (SystemExit included) is a failure to
+        start: an explicit choice raises ``BackendStartError`` naming the backend, and so does an
         automatic one under ``SWA_HAL_STRICT=1``; otherwise an automatic one falls back to the next
-        available candidate with a warning, and the backend it returns says so in ``fell_back_from``
+        available candidate with one warning, and the backend it returns says so in ``fell_back_from``
         (``swa-hal info --status`` / ``--expect`` and the kit's ``--swa-hal-expect`` report it)."""
+        if buffers is None:
+            from .buffers import MetadataBuffers
+
+            buffers = MetadataBuffers(config, device)
         order = [self.candidates_by_name()[self.name]]
         strict = env_flag("SWA_HAL_STRICT")
         if not self.explicit and not strict:
             order += [c for c in self.auto_order() if c.name != self.name]
         failures: list[str] = []
+        last: BaseException | None = None
         for cand in order:
+            step = ""
             try:
                 factory = cand.spec.load_factory()
                 with starting(cand.name):
                     backend = factory(config, device, self.platform)
                 name_from_spec(backend, cand.name)  # also for a factory that made its backend another way
+                step = "allocate() raised "
+                backend.allocate(buffers)
             except KeyboardInterrupt:
                 raise
-            except BaseException as exc:  # SystemExit included: report any factory failure with its backend
+            except BaseException as exc:  # SystemExit included: report any start failure with its backend
                 detail = (
-                    f"backend {cand.name!r} ({cand.dist or cand.plugin}) failed to start: {type(exc).__name__}: {exc}"
+                    f"backend {cand.name!r} ({cand.dist or cand.plugin}) failed to start: "
+                    f"{step}{type(exc).__name__}: {exc}"
                 )
                 if self.explicit:
-                    raise BackendUnavailableError(detail) from exc
+                    raise BackendStartError(f"{detail} (requested by {self.how}: no fallback)") from exc
                 if strict:
-                    raise BackendUnavailableError(detail + " (SWA_HAL_STRICT=1: no fallback)") from exc
+                    raise BackendStartError(detail + " (SWA_HAL_STRICT=1: no fallback)") from exc
                 failures.append(detail)
+                last = exc
                 warnings.warn(detail + "; trying the next available backend", PluginWarning, stacklevel=2)
                 continue
             backend.fell_back_from = tuple(failures)
             return backend
-        raise BackendUnavailableError("no backend could start:\n  " + "\n  ".join(failures))
+        raise BackendStartError("no backend could start:\n  " + "\n  ".join(failures)) from last
 
     def candidates_by_name(self) -> dict[str, Candidate]:
         return {c.name: c for c in self.candidates}

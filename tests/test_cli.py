@@ -146,6 +146,8 @@ def test_build_reports_replay_and_image_spans(capsys):
     (["build", "--config", "{empty}", "--batch", "x.yaml"], "is empty; a config needs at least one setting"),
     (["build", "--config", "{ratios}", "--batch", "x.yaml"], "compress_ratios: must name at least one layer"),
     (["build", "--config", "{method}", "--batch", "x.yaml"], "speculative_method: 'medusa2' is not one of"),
+    (["build", "--config", "{window}", "--batch", "x.yaml"], "window_size: must be an integer, got '128'"),
+    (["build", "--config", "{zero}", "--batch", "x.yaml"], "max_num_seqs: 0 is outside [1, "),
     (["build", "--config", "{tiny}", "--batch", "x.yaml", "--repeat", "0"], "argument --repeat: 0 must be at least 1"),
     (["bench", "--config", "{tiny}", "--batch", "x.yaml", "--iters", "0"], "argument --iters: 0 must be at least 1"),
     (["build", "--config", "{tiny}", "--batch", "{empty}"], "is empty; a scenario needs at least one setting"),
@@ -153,12 +155,15 @@ def test_build_reports_replay_and_image_spans(capsys):
 ])
 def test_bad_cli_input_is_one_line_and_exit_code_2(capsys, tmp_path, argv, message):
     files = {"tmp": tmp_path, "bad": tmp_path / "bad.yaml", "empty": tmp_path / "empty.yaml",
-             "ratios": tmp_path / "ratios.yaml", "method": tmp_path / "method.yaml", "tiny": CONFIGS / "tiny.yaml",
+             "ratios": tmp_path / "ratios.yaml", "method": tmp_path / "method.yaml", "window": tmp_path / "window.yaml",
+             "zero": tmp_path / "zero.yaml", "tiny": CONFIGS / "tiny.yaml",
              "tiny_batch": CONFIGS / "batches" / "tiny_mixed.yaml"}
     files["bad"].write_text("window_size: [1,\n")
     files["empty"].write_text("")
     files["ratios"].write_text("compress_ratios: []\n")
     files["method"].write_text("num_speculative_tokens: 1\nspeculative_method: medusa2\n")
+    files["window"].write_text("window_size: '128'\n")
+    files["zero"].write_text("max_num_seqs: 0\n")
     argv = [a.format(**files) for a in argv]
     if "--device" in argv and __import__("torch").cuda.is_available():
         pytest.skip("this machine has a CUDA device")  # the no-GPU message is what is tested here

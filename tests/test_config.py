@@ -149,3 +149,81 @@ def test_from_hf_config_errors_name_the_field():
         SWAConfig.from_hf_config({"sliding_window": 8}, window_size=16)
     with pytest.raises(ConfigError, match="compress_ratios\\[0\\]"):
         SWAConfig.from_hf_config({"sliding_window": 8, "compress_ratios": [3]})
+
+
+# -- from_hf_config: every odd input is a ConfigError naming the file (when there is one) and the key --------
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "{path}: cannot read the model config: No such file or directory"),
+    ('{"sliding_window": 128,', "{path}: is not valid JSON (line 1, column 24)"),
+    ("[128]", "{path}: must hold a JSON object of settings, got list"),
+    ('"sliding_window"', "{path}: must hold a JSON object of settings, got str"),
+    (b"\xff\xfe{}", "{path}: is not a UTF-8 text file"),
+    ("{}", "sliding_window: {path} has no sliding_window; this is not an SWA model"),
+    ('{"sliding_window": "128"}', "sliding_window: must be an integer, got '128' (SWAConfig.window_size, in {path})"),
+], ids=["missing", "invalid JSON", "a list", "a string", "not UTF-8", "no sliding_window", "string window"])
+@pytest.mark.parametrize("given", ["file", "folder"])
+def test_from_hf_config_file_errors_name_the_file(tmp_path, content, message, given):
+    path = tmp_path / "config.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError) as info:
+        SWAConfig.from_hf_config(path if given == "file" else tmp_path)
+    assert str(info.value).startswith(message.format(path=path)), str(info.value)
+
+
+@pytest.mark.parametrize("hf, key, message", [
+    ({"sliding_window": "128"}, "sliding_window", "must be an integer, got '128' (SWAConfig.window_size"),
+    ({"sliding_window": 128.5}, "sliding_window", "must be an integer, got 128.5"),
+    ({"sliding_window": True}, "sliding_window", "must be an integer, got True"),
+    ({"sliding_window": 0}, "sliding_window", "0 is outside [1, 2147483647]"),
+    ({"sliding_window": -4}, "sliding_window", "-4 is outside [1, 2147483647]"),
+    ({"sliding_window": 8, "head_dim": "512"}, "head_dim", "must be an integer, got '512' (SWAConfig.head_size"),
+    ({"sliding_window": 8, "head_dim": 0}, "head_dim", "0 is outside [1, 2147483647]"),
+    ({"sliding_window": 8, "max_position_embeddings": False}, "max_position_embeddings",
+     "must be an integer, got False (SWAConfig.max_model_len"),
+    ({"sliding_window": 8, "max_position_embeddings": -1}, "max_position_embeddings", "-1 is outside"),
+    ({"sliding_window": 8, "compress_ratios": "4"}, "compress_ratios", "must be a list of integers, got '4'"),
+    ({"sliding_window": 8, "compress_ratios": [1, True]}, "compress_ratios[1]", "ratio True is not an integer"),
+    ({"sliding_window": 8, "compress_ratios": [1, -4]}, "compress_ratios[1]", "unsupported compress ratio -4"),
+    ({"sliding_window": 8, "architectures": 5}, "architectures", "must be a list of class names, got 5"),
+    ({"sliding_window": 8, "architectures": "DeepseekV41ForCausalLM"}, "architectures",
+     "must be a list of class names, got 'DeepseekV41ForCausalLM'"),
+    ({"sliding_window": 8, "vision_n_layers": "2"}, "vision_n_layers", "must be a non-negative integer, got '2'"),
+    ({"sliding_window": 8, "vision_n_layers": -1}, "vision_n_layers", "must be a non-negative integer, got -1"),
+    ({"sliding_window": 8, "vision_n_layers": 2, "vision_max_n_token": "576"}, "vision_max_n_token",
+     "must be an integer, got '576' (SWAConfig.max_image_tokens"),
+    ({"sliding_window": 8, "vision_n_layers": 2, "vision_max_n_token": -1}, "vision_max_n_token", "-1 is outside"),
+])
+@pytest.mark.parametrize("given", ["dict", "file"])
+def test_from_hf_config_value_errors_name_the_key_and_the_file(tmp_path, hf, key, message, given):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(hf))
+    with pytest.raises(ConfigError) as info:
+        SWAConfig.from_hf_config(hf if given == "dict" else path)
+    error = info.value
+    assert error.field == key
+    assert str(error).startswith(f"{key}: {message}"), str(error)
+    assert str(error).endswith(f"in {path})" if given == "file" else "in the model config)"), str(error)
+
+
+@pytest.mark.parametrize("config", [5, None, ["sliding_window", 8], b"config.json"], ids=repr)
+def test_from_hf_config_of_something_else_names_the_argument(config):
+    with pytest.raises(ConfigError, match=r"^config: must be a mapping, a config.json file or its folder, got "):
+        SWAConfig.from_hf_config(config)
+
+
+@pytest.mark.parametrize("settings, key, message", [
+    ({"max_num_seqs": 0}, "max_num_seqs", "0 is outside [1, 2147483647]"),
+    ({"block_size": "64"}, "block_size", "must be an integer, got '64'"),
+    ({"max_model_len": True}, "max_model_len", "must be an integer, got True"),
+    ({"window_size": 16}, "window_size", "is not an engine setting"),
+])
+def test_from_hf_config_engine_setting_errors_name_the_setting(settings, key, message):
+    # An engine setting that overrides a model value (max_model_len here) is named as the engine's.
+    with pytest.raises(ConfigError) as info:
+        SWAConfig.from_hf_config({"sliding_window": 8, "max_position_embeddings": 64}, **settings)
+    assert info.value.field == key and str(info.value).startswith(f"{key}: {message}"), str(info.value)

@@ -15,12 +15,15 @@ from typing import Any
 
 import torch
 
-from ..batch import AttentionBatch, ImageSpans, ranges_in_step
+from ..batch import AttentionBatch, ImageSpans, check_image_ranges, ranges_in_step
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
 from ..errors import BatchShapeError
 from ..metadata import SWAMetadata
 from ..platform import PlatformInfo
+
+# The engines' attribute of image ranges, ``{request: [(start, end), ...]}``, named in its errors.
+RANGES = "mm_req_doc_ranges"
 
 
 class CudaGraphSupport(enum.IntEnum):
@@ -103,14 +106,19 @@ def step_image_spans(builder: SWAMetadataBuilder, cm: Any) -> ImageSpans | None:
     the step's new tokens. Engines list every image of a request (prefilled by an earlier chunk, or
     still to come); only those over this step's tokens are spans of the batch (docs/semantics.md
     #vision-spans)."""
-    ranges = getattr(cm, "mm_req_doc_ranges", None)
-    if not ranges or builder.config.max_image_tokens <= 0 or not any(ranges.values()):
+    ranges = getattr(cm, RANGES, None)
+    if not ranges or builder.config.max_image_tokens <= 0:
         return None
     num_reqs = _num_reqs(cm)
+    # Malformed ranges are a BatchValidationError naming the request and the range, checked before any
+    # host copy of seq_lens is made.
+    ranges = check_image_ranges(ranges, num_reqs, RANGES)
+    if not any(ranges.values()):
+        return None
     seq_cpu = _seq_lens_cpu(cm)
     if seq_cpu is None:
         seq_cpu = cm.seq_lens.cpu()  # only in steps with images, and only without a host copy
-    step = ranges_in_step(ranges, cm.query_start_loc_cpu, seq_cpu, num_reqs)
+    step = ranges_in_step(ranges, cm.query_start_loc_cpu, seq_cpu, num_reqs, RANGES)
     return builder.image_spans_from_ranges(step, num_reqs) if step else None
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import numbers
 import sys
 import threading
 from collections.abc import Callable
@@ -32,6 +33,7 @@ import torch
 
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
+from ..errors import ConfigError
 from ..platform import PlatformInfo
 from ..slot_rows import SlotRows
 from ._common import InstallOnce, announce, auto_backend, enabled, require_version
@@ -60,6 +62,14 @@ def _align(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+def _setting(name: str, value: Any) -> int:
+    """An adapter setting (the window, the row alignment, the DSpark block size): a positive integer, else a
+    ConfigError naming it. 0 would divide by zero (the alignment) or silently give causal rows (the block)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(name, f"must be a positive integer, got {value!r}")
+    return int(value)
+
+
 class SGLangSWAIndices:
     """SGLang's DeepSeek-V4 SWA indices and lens, from swa_hal, for one device and window.
 
@@ -76,7 +86,7 @@ class SGLangSWAIndices:
         platform: PlatformInfo | None = None,
         validate: bool | None = None,
     ):
-        self.window_size = int(window_size)
+        self.window_size = _setting("window_size", window_size)
         self.device = torch.device(device)
         self.backend = backend
         self.platform = platform
@@ -126,7 +136,7 @@ class SGLangSWAIndices:
             req_to_token=req_to_token,
             slot_map=full_to_swa,
             floors=swa_replay_start,
-            width=_align(self.window_size, page_index_aligned_size),
+            width=_align(self.window_size, _setting("page_index_aligned_size", page_index_aligned_size)),
         )
         return self.builder.build_slot_rows(rows)
 
@@ -148,15 +158,17 @@ class SGLangSWAIndices:
         block's own tokens (``out_loc``); width ``ceil_align(W + block_size, align)``; lens
         ``ctx + block_size``."""
         n = seq_lens_casual.shape[0]
+        block = _setting("block_size", block_size)
+        align = _setting("page_index_aligned_size", page_index_aligned_size)
         rows = SlotRows(
             row_ends=seq_lens_casual,
             pools=req_pool_indices_repeated,
             req_to_token=req_to_token,
             slot_map=full_to_swa,
             floors=valid_from,
-            block=int(block_size),
+            block=block,
             block_slots=out_loc[:n],
-            width=_align(self.window_size + int(block_size), page_index_aligned_size),
+            width=_align(self.window_size + block, align),
         )
         return self.builder.build_slot_rows(rows)
 
@@ -191,7 +203,8 @@ def adapter_for(device: torch.device, window_size: int = SGLANG_SWA_WINDOW) -> S
     """The adapter of this thread for ``device`` and ``window_size``. One per thread: a builder's fixed
     buffers serve one build at a time, and SGLang may prepare metadata on a second thread. Adapters
     are never dropped, so a CUDA graph that captured one keeps reading live buffers."""
-    key = (threading.get_ident(), device.type, -1 if device.index is None else device.index, int(window_size))
+    window_size = _setting("window_size", window_size)
+    key = (threading.get_ident(), device.type, -1 if device.index is None else device.index, window_size)
     got = _adapters.get(key)
     if got is None:
         with _adapters_lock:

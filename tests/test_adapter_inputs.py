@@ -1,0 +1,146 @@
+"""Malformed inputs of the engine adapters are typed swa_hal errors naming the request, the range or the
+setting: image ranges of an engine's metadata (BatchValidationError) and the SGLang adapter's settings
+(ConfigError)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from swa_hal import AttentionBatch, ConfigError, SWAConfig, SWAMetadataBuilder
+from swa_hal import errors as E
+from swa_hal.integrations import EngineSWABuilder
+from swa_hal.integrations.sglang import SGLangSWAIndices, adapter_for
+VISION = SWAConfig(window_size=8, block_size=4, max_model_len=512, max_num_batched_tokens=96, max_num_seqs=12,
+                   max_image_tokens=4)
+
+
+def common_metadata(batch, **overrides):
+    """A duck-typed stand-in for an engine's common attention metadata (as tests/test_integrations.py)."""
+    fields = dict(
+        seq_lens=batch.seq_lens, seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
+        query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc_cpu,
+        block_table_tensor=batch.block_table, slot_mapping=batch.slot_mapping,
+        max_query_len=batch.max_query_len, num_actual_tokens=int(batch.query_start_loc_cpu[-1]),
+        causal=batch.causal, num_reqs=batch.seq_lens.shape[0],
+    )
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def vision_step():
+    """One decode, then a prefill of positions 8..15 (S = 16, q = 8): two requests."""
+    return AttentionBatch.from_lists([5, 16], [1, 8], [[1, 2], [3, 4, 5, 6]], block_size=4)
+
+
+# (ranges, error type, the message's start): each class of malformed image range.
+BAD_RANGES = {
+    "not a mapping": ([(9, 12)], E.BatchShapeError,
+                      "mm_req_doc_ranges must be a mapping {request: [(start, end), ...]}, got list"),
+    "spans not a list": ({1: 5}, E.BatchShapeError, "mm_req_doc_ranges[1]=5 is not a list of (start, end) pairs"),
+    "a single number": ({1: [9]}, E.BatchShapeError, "mm_req_doc_ranges[1][0]=9 is not a (start, end) pair"),
+    "one value": ({1: [(9,)]}, E.BatchShapeError, "mm_req_doc_ranges[1][0]=(9,) is not a (start, end) pair"),
+    "three values": ({1: [(9, 10, 11)]}, E.BatchShapeError,
+                     "mm_req_doc_ranges[1][0]=(9, 10, 11) is not a (start, end) pair"),
+    "a string": ({1: ["9-12"]}, E.BatchShapeError, "mm_req_doc_ranges[1][0]='9-12' is not a (start, end) pair"),
+    "inverted": ({1: [(9, 12), (12, 9)]}, E.BatchRangeError,
+                 "mm_req_doc_ranges[1][1]=(12, 9) is inverted: start 12 > end 9"),
+    "negative": ({1: [(-1, 9)]}, E.BatchRangeError, "mm_req_doc_ranges[1][0]=(-1, 9) starts at a negative position"),
+    "string end": ({1: [(9, "12")]}, E.BatchDtypeError, "mm_req_doc_ranges[1][0]='12' is not an integer"),
+    "fractional start": ({1: [(9.5, 12)]}, E.BatchDtypeError, "mm_req_doc_ranges[1][0]=9.5 is not an integer"),
+    "bool end": ({1: [(9, True)]}, E.BatchDtypeError, "mm_req_doc_ranges[1][0]=True is not an integer"),
+    "request past the batch": ({2: [(9, 12)]}, E.BatchRangeError, "mm_req_doc_ranges names request 2; the batch has 2"),
+    "negative request": ({-1: [(9, 12)]}, E.BatchRangeError, "mm_req_doc_ranges names request -1; the batch has 2"),
+    "string request": ({"1": [(9, 12)]}, E.BatchRangeError, "mm_req_doc_ranges names request '1'; the batch has 2"),
+}
+
+
+@pytest.mark.parametrize("ranges, error, message", list(BAD_RANGES.values()), ids=list(BAD_RANGES))
+def test_malformed_image_ranges_of_an_engine_step_name_the_request_and_the_range(ranges, error, message):
+    engine = EngineSWABuilder(VISION, "cpu", backend="torch")
+    with pytest.raises(error) as info:
+        engine.build(0, common_metadata(vision_step(), mm_req_doc_ranges=ranges))
+    assert isinstance(info.value, E.BatchValidationError)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_well_formed_image_ranges_still_build():
+    # The control for the cases above: the same step with a range over its new tokens builds.
+    engine = EngineSWABuilder(VISION, "cpu", backend="torch")
+    md = engine.build(0, common_metadata(vision_step(), mm_req_doc_ranges={1: [(9, 12)], 0: []}))
+    assert md.prefill_left_visible.tolist()[1:] == [0, 0, 1, 2, 3, 0, 0, 0]
+
+
+@pytest.mark.parametrize("ranges, error, message", [
+    ({0: [(3, 2)]}, E.BatchRangeError, "image_spans[0][0]=(3, 2) is inverted: start 3 > end 2"),
+    ({0: [(-2, 2)]}, E.BatchRangeError, "image_spans[0][0]=(-2, 2) starts at a negative position"),
+    ({0: [(1, 2, 3)]}, E.BatchShapeError, "image_spans[0][0]=(1, 2, 3) is not a (start, end) pair"),
+    ({0: 7}, E.BatchShapeError, "image_spans[0]=7 is not a list of (start, end) pairs"),
+    ([(1, 2)], E.BatchShapeError, "image_spans must be a mapping"),
+], ids=["inverted", "negative", "three values", "spans not a list", "not a mapping"])
+def test_the_builders_image_spans_from_ranges_checks_the_same(ranges, error, message):
+    builder = SWAMetadataBuilder(VISION, backend="torch")
+    with pytest.raises(error) as info:
+        builder.image_spans_from_ranges(ranges, num_reqs=2)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+# -- the SGLang adapter's settings -------------------------------------------------------------------------
+
+BAD_SETTINGS = [0, -64, True, 1.5, "64", None]
+
+
+def slot_inputs():
+    """Two rows of pool row 0 at positions 4 and 5; slot p holds position p."""
+    return dict(
+        req_to_token=torch.arange(16, dtype=torch.int32).view(1, 16),
+        full_to_swa=torch.arange(16, dtype=torch.int64),
+        req_pool_indices_repeated=torch.zeros(2, dtype=torch.int32),
+        seq_lens_casual=torch.tensor([5, 6], dtype=torch.int32),
+    )
+
+
+def test_the_sglang_adapter_builds_with_valid_settings():
+    # The control for the cases below: window 4, rows aligned to 8.
+    indices, lens = SGLangSWAIndices(4).causal(**slot_inputs(), page_index_aligned_size=8)
+    assert indices.tolist() == [[4, 3, 2, 1, -1, -1, -1, -1], [5, 4, 3, 2, -1, -1, -1, -1]]
+    assert lens.tolist() == [4, 4]
+
+
+@pytest.mark.parametrize("value", BAD_SETTINGS, ids=repr)
+def test_sglang_window_size(value):
+    for make in (lambda: SGLangSWAIndices(value), lambda: adapter_for(torch.device("cpu"), value)):
+        with pytest.raises(ConfigError) as info:
+            make()
+        assert str(info.value) == f"window_size: must be a positive integer, got {value!r}"
+
+
+@pytest.mark.parametrize("value", BAD_SETTINGS, ids=repr)
+@pytest.mark.parametrize("call", ["causal", "dspark"])
+def test_sglang_page_index_aligned_size(value, call):
+    adapter = SGLangSWAIndices(4)
+    kw = slot_inputs()
+    if call == "dspark":
+        kw.update(out_loc=torch.tensor([6, 7], dtype=torch.int64), block_size=2)
+    with pytest.raises(ConfigError) as info:
+        getattr(adapter, call)(**kw, page_index_aligned_size=value)
+    assert info.value.field == "page_index_aligned_size"
+    assert str(info.value) == f"page_index_aligned_size: must be a positive integer, got {value!r}"
+
+
+@pytest.mark.parametrize("value", BAD_SETTINGS, ids=repr)
+def test_sglang_dspark_block_size(value):
+    # 0 used to give causal rows silently: DSpark rows need a block.
+    adapter = SGLangSWAIndices(4)
+    with pytest.raises(ConfigError) as info:
+        adapter.dspark(**slot_inputs(), out_loc=torch.tensor([6, 7], dtype=torch.int64), block_size=value)
+    assert str(info.value) == f"block_size: must be a positive integer, got {value!r}"
+
+
+def test_sglang_window_builds_its_config_only_when_valid():
+    # A window that passes the setting check but not SWAConfig's bounds is still a ConfigError naming it.
+    adapter = SGLangSWAIndices(2**31)
+    with pytest.raises(ConfigError, match="window_size"):
+        adapter.builder  # noqa: B018 - the builder is made on first use

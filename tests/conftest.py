@@ -15,12 +15,20 @@ import torch  # noqa: E402
 
 from helpers import CONFIGS  # noqa: E402
 from swa_hal import SWAConfig  # noqa: E402
+from swa_hal.envs import env_flag  # noqa: E402
 from swa_hal.plugins import reset_registry  # noqa: E402
 
 # Under pytest-xdist (make test runs one worker per core) each worker keeps to one torch thread: workers'
 # OpenMP threads would otherwise share the cores and wait for one another.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+# In the interpreter, patch triton.language once per launch rather than once per helper call (about a
+# fifth of the interpreter's time; tests/interpreter_patch.py says why this changes no result).
+if env_flag("TRITON_INTERPRET"):
+    import interpreter_patch  # noqa: E402
+
+    interpreter_patch.install()
 
 
 @pytest.fixture(autouse=True)

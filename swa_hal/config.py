@@ -48,23 +48,36 @@ def layer_type_for(compress_ratio: int, model_version: str = "deepseek_v4") -> s
     return kind
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"is not valid YAML{where}: {problem}"
+
+
+def _json_problem(exc: json.JSONDecodeError) -> str:
+    return f"is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+
+
+def _read_settings(path: Path, what: str, parse: Any, parse_error: type[Exception], problem: Any) -> Any:
+    """``parse`` of a UTF-8 file; every way it can be unreadable is a ConfigError naming the file."""
+    try:
+        with path.open("r", encoding="utf-8") as fh:
+            return parse(fh)
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the {what}: {exc.strerror or exc}") from None
+    except parse_error as exc:
+        raise ConfigError(str(path), problem(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"is not a UTF-8 text file: {exc.reason}") from None
+
+
 def load_yaml_mapping(path: str | Path, what: str) -> Mapping[str, Any]:
     """Read a YAML file of settings as data (``yaml.safe_load``: no tags that construct objects).
     Every way it can be unusable is a ConfigError naming the file: unreadable, not YAML, empty, or
     not a mapping."""
     path = Path(path)
-    try:
-        with path.open("r", encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot read the {what}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(str(path), f"is not valid YAML{where}: {problem}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"is not a UTF-8 text file: {exc.reason}") from None
+    data = _read_settings(path, what, yaml.safe_load, yaml.YAMLError, _yaml_problem)
     if data is None:
         raise ConfigError(str(path), f"is empty; a {what} needs at least one setting")
     if not isinstance(data, Mapping):
@@ -76,15 +89,7 @@ def load_json_mapping(path: str | Path, what: str) -> Mapping[str, Any]:
     """Read a JSON file of settings (a Hugging Face ``config.json``). Every way it can be unusable is a
     ConfigError naming the file, as ``load_yaml_mapping``: unreadable, not JSON, or not an object."""
     path = Path(path)
-    try:
-        with path.open("r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot read the {what}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(path), f"is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"is not a UTF-8 text file: {exc.reason}") from None
+    data = _read_settings(path, what, json.load, json.JSONDecodeError, _json_problem)
     if not isinstance(data, Mapping):
         raise ConfigError(str(path), f"must hold a JSON object of settings, got {type(data).__name__}")
     return data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder
 
@@ -38,3 +39,16 @@ GPU_FORCED = {
 def gpu_builder(name: str, config: SWAConfig, **kwargs) -> SWAMetadataBuilder:
     platform = PlatformInfo.from_assume(GPU_FORCED[name]) if GPU_FORCED[name] else None
     return SWAMetadataBuilder(config, device="cuda", backend=name, platform=platform, **kwargs)
+
+
+def common_metadata(batch, **overrides):
+    """A duck-typed stand-in for an engine's common attention metadata, from ``batch``."""
+    fields = dict(
+        seq_lens=batch.seq_lens, seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
+        query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc_cpu,
+        block_table_tensor=batch.block_table, slot_mapping=batch.slot_mapping,
+        max_query_len=batch.max_query_len, num_actual_tokens=int(batch.query_start_loc_cpu[-1]),
+        causal=batch.causal, num_reqs=batch.seq_lens.shape[0],
+    )
+    fields.update(overrides)
+    return SimpleNamespace(**fields)

@@ -4,30 +4,17 @@ setting: image ranges of an engine's metadata (BatchValidationError) and the SGL
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from helpers import common_metadata
 from swa_hal import AttentionBatch, ConfigError, SWAConfig, SWAMetadataBuilder
 from swa_hal import errors as E
 from swa_hal.integrations import EngineSWABuilder
 from swa_hal.integrations.sglang import SGLangSWAIndices, adapter_for
 VISION = SWAConfig(window_size=8, block_size=4, max_model_len=512, max_num_batched_tokens=96, max_num_seqs=12,
                    max_image_tokens=4)
-
-
-def common_metadata(batch, **overrides):
-    """A duck-typed stand-in for an engine's common attention metadata (as tests/test_integrations.py)."""
-    fields = dict(
-        seq_lens=batch.seq_lens, seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
-        query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc_cpu,
-        block_table_tensor=batch.block_table, slot_mapping=batch.slot_mapping,
-        max_query_len=batch.max_query_len, num_actual_tokens=int(batch.query_start_loc_cpu[-1]),
-        causal=batch.causal, num_reqs=batch.seq_lens.shape[0],
-    )
-    fields.update(overrides)
-    return SimpleNamespace(**fields)
 
 
 def vision_step():

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 
+from helpers import common_metadata
 from swa_hal import PlatformInfo, SWAConfig
 from swa_hal.integrations import CudaGraphSupport, EngineSWABuilder, batch_from_common_metadata
 from swa_hal.testing import compare_with_reference, random_batch
 
 CFG = SWAConfig(window_size=8, block_size=4, max_model_len=512, max_num_batched_tokens=96, max_num_seqs=12,
                 num_speculative_tokens=2, speculative_method="mtp", compress_ratios=(0, 4))
-
-
-def common_metadata(batch, **overrides):
-    fields = dict(
-        seq_lens=batch.seq_lens, seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
-        query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc_cpu,
-        block_table_tensor=batch.block_table, slot_mapping=batch.slot_mapping,
-        max_query_len=batch.max_query_len, num_actual_tokens=int(batch.query_start_loc_cpu[-1]),
-        causal=batch.causal, num_reqs=batch.seq_lens.shape[0],
-    )
-    fields.update(overrides)
-    return SimpleNamespace(**fields)
 
 
 def test_adapter_shares_the_engine_tensors():

@@ -184,6 +184,7 @@ class _RequestViews:
         "need",
         "width_left",
         "checked",
+        "quantities",
         "rules",
         "negative",
         "any",
@@ -212,6 +213,7 @@ class _RequestViews:
     need: torch.Tensor
     width_left: torch.Tensor
     checked: torch.Tensor
+    quantities: torch.Tensor
     rules: torch.Tensor
     negative: torch.Tensor
     any: torch.Tensor
@@ -293,7 +295,7 @@ class TorchGuard:
         v.bound, v.headroom = rules[BOUND, :r], rules[HEADROOM, :r]
         v.span_bad, v.first_span = rules[SPAN_BAD, :r], rules[FIRST_SPAN, :r]
         v.need, v.width_left = rules[NEED, :r], rules[WIDTH_LEFT, :r]
-        v.checked, v.rules = rules[: NONE + 1, :r], rules[:, :r]
+        v.checked, v.quantities, v.rules = rules[: NONE + 1, :r], rules[:NONE, :r], rules[:, :r]
         v.negative = self.negative[:, :r]
         v.any, v.rule = self.any[:r], self.rule[:r]
         v.value_row, v.value = self.value_row[:r], self.value[:r]
@@ -321,15 +323,34 @@ class TorchGuard:
         causal: bool,
     ) -> torch.Tensor:
         """Rules 1-4 and 7 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
-        ``seq_lens`` and ``replay_start`` [R] (rule 3 only where ``causal``): fills the requests'
-        candidates. Returns the bool mask [num_reqs] of the requests that broke a rule (the caller
+        ``seq_lens`` and ``replay_start`` [R] (rule 3 only where ``causal``; None: no replay bounds, which
+        is the same as bounds of 0): fills the requests' candidates. Returns the bool mask [num_reqs] of the requests that broke a rule (the caller
         empties their rows: ``reference.empty_requests``)."""
+        self.request_quantities(config, query_start_loc, seq_lens, replay_start, spans, num_reqs, causal=causal)
+        self._request_views(num_reqs).seq.copy_(seq_lens)  # the value rule 2 reports
+        return self.first_broken(num_reqs)
+
+    def request_quantities(
+        self,
+        config: SWAConfig,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        replay_start: torch.Tensor | None,
+        spans: ImageSpans | None,
+        num_reqs: int,
+        *,
+        causal: bool,
+    ) -> None:
+        """The first half of ``request_checks``: every request's checked quantities (negative where it
+        breaks a rule), without choosing the first broken rule."""
         v = self._request_views(num_reqs)
-        # int64: a difference of int32 inputs never overflows.
+        # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
-        v.seq.copy_(seq_lens)
         torch.sub(v.end, v.begin, out=v.query)
-        torch.sub(v.seq, v.query, out=v.prefix)
+        torch.sub(seq_lens, v.query, out=v.prefix)
+        checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
+        if checks_spans or not causal:
+            v.seq.copy_(seq_lens)
         replay = causal and replay_start is not None
         self._clear(BOUND, replay)
         self._clear(HEADROOM, replay)
@@ -337,7 +358,6 @@ class TorchGuard:
             assert replay_start is not None
             v.bound.copy_(replay_start)
             torch.sub(v.prefix, v.bound, out=v.headroom)
-        checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         self._clear(SPAN_BAD, checks_spans)
         if checks_spans:
             assert spans is not None
@@ -348,6 +368,16 @@ class TorchGuard:
         if not causal:
             torch.minimum(v.seq, v.query + config.window_size, out=v.need)
             torch.sub(v.need, config.noncausal_index_width, out=v.width_left).neg_()
+
+    def requests_clean(self, num_reqs: int) -> bool:
+        """Whether no request broke a rule, from ``request_quantities``: a host read, so only for a
+        device where reading a value costs no sync (the CPU)."""
+        return int(self._request_views(num_reqs).quantities.amin()) >= 0
+
+    def first_broken(self, num_reqs: int) -> torch.Tensor:
+        """The second half of ``request_checks``: each request's first broken rule into its candidate;
+        returns the bool mask of the requests that broke one."""
+        v = self._request_views(num_reqs)
         # A request's first broken rule: the first of its checked quantities that is negative.
         torch.lt(v.checked, self.zero64, out=v.negative)
         torch.max(v.negative, 0, out=(v.any, v.rule))

@@ -287,6 +287,26 @@ class RowGuard:
         self.kind, self.value, self.key = kind, value, key
 
 
+class RowProbe:
+    """What unguarded fills read, for a guarded build that may skip the guard's row work (rules 5 and 6)
+    where reading a value costs no sync (the torch backend on the CPU, docs/semantics.md
+    #guarded-builds). ``clean`` stays True while every row reads pages inside the block table and block
+    ids inside ``[0, limit)``; the test is conservative (it counts empty rows too), so True means the
+    guarded fill would have emptied no row, and False only that the build must run the full guard."""
+
+    __slots__ = ("limit", "clean")
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.clean = True
+
+    def see(self, blocks: torch.Tensor, last_page: torch.Tensor, table_width: int) -> None:
+        lowest, highest = torch.aminmax(blocks)
+        self.clean = (
+            self.clean and int(lowest) >= 0 and int(highest) < self.limit and int(last_page.amax()) < table_width
+        )
+
+
 def _fill_rows(
     block_table: torch.Tensor,
     req: torch.Tensor,
@@ -299,6 +319,7 @@ def _fill_rows(
     guard: RowGuard | None = None,
     lens_in_range: bool = True,
     ends: torch.Tensor | None = None,
+    probe: RowProbe | None = None,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1 (``start >= 0``).
 
@@ -322,7 +343,7 @@ def _fill_rows(
         torch.div(start, ws.c[block_size], rounding_mode="floor", out=v.first)
         torch.remainder(start, ws.c[block_size], out=v.offset)
     pages = torch.add(v.first_col, t.steps, out=v.pages)
-    if guard is not None:
+    if guard is not None or probe is not None:
         # Rule 5 looks at a row's last page, (start + lens - 1) // B; the pages past it re-read it, so
         # the block check (rule 6) sees only blocks the row reads.
         if ends is None:
@@ -332,7 +353,8 @@ def _fill_rows(
             last.bitwise_right_shift_(ws.c[shift])
         else:
             last.div_(ws.c[block_size], rounding_mode="floor")
-        torch.ge(last, ws.c[table_width], out=v.off_table)
+        if guard is not None:
+            torch.ge(last, ws.c[table_width], out=v.off_table)
         torch.minimum(pages, v.last_page_col, out=pages)
     # Clamped into the table: a valid batch never needs it, a malformed one must not read outside it.
     pages.clamp_(0, table_width - 1)
@@ -340,6 +362,8 @@ def _fill_rows(
     pages.add_(v.row_base_col)  # flat block-table offsets
     blocks = v.blocks
     torch.index_select(table.view(-1), 0, v.flat_pages, out=v.flat_blocks)
+    if probe is not None:
+        probe.see(blocks, v.last_page, table_width)
     if guard is not None:
         torch.clamp(blocks, 0, guard.limit - 1, out=v.clamped)
         torch.ne(blocks, v.clamped, out=v.bad)
@@ -430,6 +454,7 @@ def fill_causal_rows(
     left: torch.Tensor | None = None,
     right: torch.Tensor | None = None,
     guard: RowGuard | None = None,
+    probe: RowProbe | None = None,
 ) -> None:
     """Causal rows (``causal_window_rows``) of the token rows t with owners ``req``, validity ``valid``
     and ``rows1`` = t + 1 ([n] each), from ``request_terms(causal=True)``; into ``out`` [n, width] and
@@ -450,7 +475,8 @@ def fill_causal_rows(
     torch.sub(end, start, out=lens).clamp_(0, width)
     torch.where(valid, lens, ws.c[0], out=lens)
     # Without spans no row is cut to its width: a row with entries ends at p + 1.
-    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, ends=pos1 if right is None else None)
+    ends = pos1 if right is None else None
+    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, ends=ends, probe=probe)
 
 
 def fill_dspark_rows(
@@ -466,6 +492,7 @@ def fill_dspark_rows(
     guard: RowGuard | None = None,
     check: bool = False,
     window_size: int = 0,
+    probe: RowProbe | None = None,
 ) -> None:
     """DSpark rows (``noncausal_window_rows``) of the token rows with owners ``req`` and validity ``valid``,
     from ``request_terms(causal=False)``; into ``out`` [n, width] and ``lens`` [n]."""
@@ -497,6 +524,7 @@ def fill_dspark_rows(
         ws,
         guard,
         lens_in_range=False,
+        probe=probe,
     )
 
 

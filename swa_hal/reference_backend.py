@@ -121,6 +121,11 @@ class _Shape:
 class TorchBackend(Backend):
     name = "torch"
 
+    # Guarded builds on a device where reading a value costs no sync (the CPU) first build without the
+    # guard's selection work and keep that build when a cheap test shows no rule can have broken
+    # (docs/semantics.md #guarded-builds); False always runs the full guard (tests compare the two).
+    probe_first = True
+
     def allocate(self, buffers: MetadataBuffers) -> None:
         cfg = self.config
         width = max(cfg.prefill_index_width, cfg.noncausal_index_width)
@@ -132,6 +137,7 @@ class TorchBackend(Backend):
             self._terms[causal] = torch.zeros((reference.TERMS, seqs), dtype=torch.int32, device=self.device)
         self._guard = TorchGuard(seqs, buffers.capacity, self.device)
         self._limit = block_limit(cfg)
+        self._probe = reference.RowProbe(self._limit)
         self._shapes: dict[tuple, _Shape] = {}
 
     def _shape(self, plan: BuildPlan, buffers: MetadataBuffers) -> _Shape:
@@ -204,12 +210,34 @@ class TorchBackend(Backend):
             self._compute(plan, batch, buffers)
 
     def _compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
+        # The full guard's per-request selection and per-row work cost as much as the build itself. On
+        # the CPU a build can afford to read a value, so a guarded build first runs the cheap part of the
+        # checks and builds unguarded; only a batch that may break a rule pays for the full guard, which
+        # rewrites every output. Both give the same outputs and record (tests/test_guard_probe.py).
+        probed = self.guard and self.probe_first and self.device.type == "cpu"
+        if not (probed and self._build(plan, batch, buffers, probe=self._probe)):
+            self._build(plan, batch, buffers, probe=None)
+
+    def _build(
+        self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers, probe: reference.RowProbe | None
+    ) -> bool:
+        """One build; with ``probe``, unguarded once the request checks pass, and False (the outputs are
+        partly written) as soon as a rule may have broken."""
         ws, cfg = self._workspace, self.config
         s = self._shape(plan, buffers)
         ndt, npt, nreq = plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
         qsl, table = batch.query_start_loc, batch.block_table
         seq = batch.seq_lens if batch.seq_lens.shape[0] == nreq else batch.seq_lens[:nreq]
         replay = plan.replay_start if plan.replay_start.shape[0] == nreq else plan.replay_start[:nreq]
+        # Bounds of 0 (a batch without replay bounds) break no rule: the guard skips rule 3 then.
+        checked_replay = None if batch.replay_start is None else replay
+        guard = self.guard and probe is None
+        if probe is not None:
+            spans = plan.spans if plan.images else None
+            self._guard.request_quantities(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal)
+            if not self._guard.requests_clean(nreq):
+                return False
+            probe.clean = True
         ends = qsl[1:]
         # docs/semantics.md #per-token-helpers (reference.token_to_req, reference.valid_tokens)
         torch.searchsorted(ends, s.rows, right=True, out_int32=True, out=s.t2r)
@@ -222,14 +250,15 @@ class TorchBackend(Backend):
         if dspark_rows:
             self._request_terms(False, s, qsl, ends, seq, replay)
         broken = None
-        if self.guard:
+        if guard:
             spans = plan.spans if plan.images else None
-            broken = self._guard.request_checks(cfg, qsl, seq, replay, spans, nreq, causal=plan.causal)
+            broken = self._guard.request_checks(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal)
             # Every row of a request that broke a rule is handed out empty.
             if causal_rows:
                 reference.empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)
             if dspark_rows:
                 reference.empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
+        dec_guard, pre_guard = (s.dec_guard, s.pre_guard) if guard else (None, None)
         if ndt:
             if plan.causal:
                 reference.fill_causal_rows(
@@ -243,7 +272,8 @@ class TorchBackend(Backend):
                     window_size=cfg.window_size,
                     block_size=cfg.block_size,
                     ws=ws,
-                    guard=s.dec_guard,
+                    guard=dec_guard,
+                    probe=probe,
                 )
             else:
                 # The builder checked the row widths on the host already: no device sync here.
@@ -256,8 +286,11 @@ class TorchBackend(Backend):
                     s.dec_lens,
                     block_size=cfg.block_size,
                     ws=ws,
-                    guard=s.dec_guard,
+                    guard=dec_guard,
+                    probe=probe,
                 )
+            if probe is not None and not probe.clean:
+                return False
         if s.clear is not None:
             s.clear.zero_()
         if npt:
@@ -289,8 +322,11 @@ class TorchBackend(Backend):
                 ws=ws,
                 left=left,
                 right=right,
-                guard=s.pre_guard,
+                guard=pre_guard,
+                probe=probe,
             )
+            if probe is not None and not probe.clean:
+                return False
         if plan.num_prefills:
             reference.prefill_gather_lens(
                 batch.seq_lens,
@@ -304,8 +340,9 @@ class TorchBackend(Backend):
             if broken is not None:
                 # A prefill that broke a rule gets gather length 0 (docs/semantics.md #guarded-builds).
                 s.gather.masked_fill_(broken[s.prefill_reqs], ws.c[0])
-        if self.guard:
+        if guard:
             self._guard.record(buffers.violation, nreq + ndt + npt)
+        return True
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         plan = update_plan(metadata)
@@ -327,10 +364,11 @@ class _UpdateInputs:
     """The inputs of a draft-step update (docs/semantics.md #draft-updates), read from its metadata as
     ``compute`` reads a batch's."""
 
-    __slots__ = ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
+    __slots__ = ("query_start_loc", "seq_lens", "block_table", "slot_mapping", "replay_start")
 
     def __init__(self, metadata: SWAMetadata):
         ndt = metadata.num_decode_tokens
+        self.replay_start = metadata.replay_start
         self.query_start_loc = metadata.query_start_loc
         self.seq_lens = metadata.seq_lens
         self.block_table = metadata.block_table

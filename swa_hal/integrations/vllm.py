@@ -17,10 +17,14 @@ subclass and *over* vLLM's base: its class is ``type(name, (native, SwaHalSparse
 * wrapped, each keeping what it adds on top of the base: the V4.1 builder (PCP slot chunking,
   ``cache_slot_mapping`` / ``cache_positions``, its layer types), FlashMLA (CUDA graphs ALWAYS),
   FlashInfer (``flashinfer_decode_topk_lens`` / ``_seq_lens``), CPU (its tile-scheduler sentinel),
-  ROCm AITER (ragged rows built from swa_hal's dense rows, draft updates off; its gfx942 one-launch
-  decode shortcut declines, since the row buffers it would fill are swa_hal's); the
+  ROCm AITER (ragged rows built from swa_hal's dense rows and rebuilt after every draft-step update,
+  so draft updates are on; its gfx942 one-launch decode shortcut declines, since the row buffers it
+  would fill are swa_hal's); the
   ``build_tile_scheduler`` of whichever class vLLM picked makes the five ``tile_sched_*`` (vLLM's own
   FlashMLA planner objects, which its kernels consume).
+
+vLLM's V4.1 specialized decode records metadata builds in CUDA graphs only for the builder types it
+lists as recordable; ``register`` lists the swa_hal builder of each listed SWA builder there too.
 
 The builder classes are in ``swa_hal.integrations.vllm_builder``, which imports vLLM and is imported
 on first use, after ``check_vllm``; the batch it builds comes from ``engine.batch_from_common_metadata``,
@@ -171,7 +175,7 @@ def swa_hal_builder_cls(native: type) -> type:
 # -- the plugin ---------------------------------------------------------------------------------
 
 _registered = False
-_patched: list[tuple[type, str, Any]] = []  # (class, attribute, original descriptor or None)
+_patched: list[tuple[Any, str, Any]] = []  # (class or module, attribute, original value or None)
 
 
 def is_registered() -> bool:
@@ -252,13 +256,54 @@ def register() -> bool:
 
         backend.__init_subclass__ = classmethod(__init_subclass__)
         _patched.append((backend, "__init_subclass__", original))
+        _declare_recordable()
         _registered = True
     _common.announce(log, "vLLM", version, "builds its DeepSeek-V4/V4.1 SWA metadata", backend_name, platform)
     return True
 
 
+# vLLM's V4.1 specialized decode (``decode_backend=latency_specialized``) records the metadata builds of
+# uniform-decode FULL steps in CUDA graphs, but only when every group's builder is exactly one of the types
+# in this module's ``_RECORDABLE_BUILDERS`` (``AttnMetadataCudaGraphs.can_record``, an exact-type test).
+METADATA_GRAPHS_MODULE = "vllm.models.deepseek_v41.nvidia.specialized_decode.runtime.metadata_graphs"
+
+
+def _declare_recordable() -> None:
+    """Add the swa_hal builder of every recordable vLLM SWA builder to vLLM's recordable set, so the
+    exact-type test accepts the builders ``get_builder_cls()`` now hands out.
+
+    Sound because swa_hal keeps what recording needs from the native build it replaces: a decode build
+    writes only swa_hal's fixed buffers (docs/semantics.md #fixed-buffers; the same addresses at every
+    build of a shape), performs no host sync, and reads only host values the graph key fixes (request and
+    token counts, ``query_start_loc_cpu``, ``max_query_len``); the subclass's own additions run as they
+    did. Only the swa_hal counterpart of a type already in the set is added, so recording is on exactly
+    where it is without swa_hal. ``can_record`` looks the frozenset up when it runs: it is replaced,
+    and ``unregister`` puts vLLM's own back.
+
+    Not under full validation (``SWA_HAL_DEBUG=1`` or ``configure(validate=True)`` before vLLM loads the
+    plugin): it reads the batch on the host at every build, which a recorded build cannot, and a replay
+    would skip it; every step then builds eagerly, validated."""
+    from ..builder import debug_mode
+
+    if options.validate if options.validate is not None else debug_mode():
+        return
+    try:
+        graphs: Any = importlib.import_module(METADATA_GRAPHS_MODULE)
+    except Exception as exc:  # noqa: BLE001 - vLLM calls the plugin unguarded
+        # In every process, on every platform: a module vLLM itself cannot import here records nothing,
+        # and must not stop the engine.
+        log.debug("swa_hal: %s does not import (%r); no metadata builds are recorded", METADATA_GRAPHS_MODULE, exc)
+        return
+    current = graphs._RECORDABLE_BUILDERS
+    ours = {cls for cls in map(swa_hal_builder_cls, current) if cls not in current}
+    if ours:
+        graphs._RECORDABLE_BUILDERS = frozenset(current | ours)
+        _patched.append((graphs, "_RECORDABLE_BUILDERS", current))
+
+
 def unregister() -> None:
-    """Give vLLM its own builders back (classes already constructed stay as they are)."""
+    """Give vLLM its own builders and its own recordable set back (classes already constructed stay as
+    they are)."""
     global _registered
     with _lock:
         while _patched:

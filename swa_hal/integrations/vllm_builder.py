@@ -321,7 +321,8 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
     def update_draft_decode_metadata(self, metadata: Any) -> None:
         """vLLM's in-place draft-step refresh (capture-safe): swa_hal recomputes token_to_req,
         is_valid and the decode rows and lens (DSpark rows stay DSpark rows) from the advanced
-        ``seq_lens``; fresh tile schedulers; FlashInfer's index cache cleared."""
+        ``seq_lens``; ROCm AITER's ragged decode rows rebuilt from them; fresh tile schedulers;
+        FlashInfer's index cache cleared."""
         ndt = metadata.num_decode_tokens
         if ndt == 0:
             return
@@ -329,13 +330,53 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         slots = metadata.slot_mapping
         if slots.shape[0] > ndt and metadata.is_valid_token.shape[0] >= slots.shape[0]:
             torch.ge(slots[ndt:], 0, out=metadata.is_valid_token[ndt : slots.shape[0]])
+        if getattr(metadata, "decode_swa_ragged_indptr", None) is not None:
+            self._refresh_ragged_decode_rows(metadata)
         tile = self.build_tile_scheduler(ndt)
         for kind in LAYER_TYPES:
             setattr(metadata, f"tile_sched_{kind}", tile.get(kind))
         metadata.flashinfer_sparse_index_cache.clear()
 
+    def _refresh_ragged_decode_rows(self, metadata: Any) -> None:
+        """ROCm AITER's ragged (CSR) decode rows, after the dense rows were updated. Its ``build`` makes
+        them from the dense rows with ``build_ragged_indices_from_dense`` and copies them into its
+        persistent buffers, of which the metadata's two fields are views: the same conversion over the
+        updated rows, copied into that same memory, equals a fresh build at the advanced lengths and
+        keeps the addresses a captured graph reads. No host sync."""
+        from vllm.v1.attention.ops.rocm_aiter_mla_sparse import build_ragged_indices_from_dense
+
+        ndt = metadata.num_decode_tokens
+        flat, indptr = build_ragged_indices_from_dense(
+            metadata.decode_swa_indices.reshape(ndt, metadata.decode_swa_width), metadata.decode_swa_lens
+        )
+        metadata.decode_swa_ragged_indptr.copy_(indptr, non_blocking=True)
+        if flat.numel():
+            metadata.decode_swa_ragged_indices[: flat.numel()].copy_(flat, non_blocking=True)
+
 
 # -- under vLLM's platform subclasses -----------------------------------------------------------
+
+# vLLM's ROCm AITER SWA builders turn in-place draft-step updates off only because vLLM's update leaves
+# their ragged decode rows stale; swa_hal's update rebuilds them (``_refresh_ragged_decode_rows``), so the
+# swa_hal builder under either turns them back on. Named, not imported: importing a ROCm module reads the
+# GPU's architecture.
+RAGGED_ROW_BUILDERS = frozenset(
+    {
+        ("vllm.models.deepseek_v4.amd.rocm", "DeepseekV4ROCMAiterSparseSWAMetadataBuilder"),
+        ("vllm.models.deepseek_v41.amd.rocm", "DeepseekV41ROCMAiterSparseSWAMetadataBuilder"),
+    }
+)
+
+
+def _draft_updates_off_for_ragged_rows(native: type) -> bool:
+    """Whether the class that decides ``native``'s ``supports_draft_decode_metadata_update`` (the
+    first in its method order to set it) is one of vLLM's ROCm builders that set it off for their
+    ragged rows. A subclass that sets it again keeps its own decision."""
+    for cls in native.__mro__:
+        if "supports_draft_decode_metadata_update" in cls.__dict__:
+            return (cls.__module__, cls.__qualname__) in RAGGED_ROW_BUILDERS
+    return False
+
 
 _lock = threading.Lock()
 _wrapped: dict[type, type] = {DeepseekSparseSWAMetadataBuilder: SwaHalSparseSWAMetadataBuilder}
@@ -356,16 +397,15 @@ def swa_hal_builder_cls(native: type) -> type:
         # Unique, importable name: V4 and V4.1 have same-named subclasses in different modules.
         tail = native.__module__.removeprefix("vllm.").replace(".", "_")
         attr = f"SwaHal_{tail}_{native.__qualname__.replace('.', '_')}"
-        cls = type(
-            native.__name__,
-            (native, SwaHalSparseSWAMetadataBuilder),
-            {
-                "__module__": __name__,
-                "__qualname__": attr,
-                "__doc__": f"swa_hal rows under vLLM's {native.__module__}.{native.__qualname__}.",
-                "swa_hal_native_cls": native,
-            },
-        )
+        namespace: dict[str, Any] = {
+            "__module__": __name__,
+            "__qualname__": attr,
+            "__doc__": f"swa_hal rows under vLLM's {native.__module__}.{native.__qualname__}.",
+            "swa_hal_native_cls": native,
+        }
+        if _draft_updates_off_for_ragged_rows(native):
+            namespace["supports_draft_decode_metadata_update"] = True
+        cls = type(native.__name__, (native, SwaHalSparseSWAMetadataBuilder), namespace)
         cls.__name__ = f"SwaHal{native.__name__}"
         _wrapped[native] = cls
         setattr(sys.modules[__name__], attr, cls)

@@ -293,7 +293,9 @@ def test_rocm_backends_imported_after_registration_hand_out_swa_hal(rocm, vllm_c
     ):
         cls = backend.get_builder_cls()
         assert integ.native_builder_cls(cls) is native and issubclass(cls, native)
-        assert cls.supports_draft_decode_metadata_update is False  # ROCm keeps it off; so does swa_hal's
+        # vLLM's ROCm builder keeps it off (its update leaves the ragged rows stale); swa_hal's rebuilds them.
+        assert native.supports_draft_decode_metadata_update is False
+        assert cls.supports_draft_decode_metadata_update is True
         vc = vllm_configs["v41_mtp1_w7b16"]
         assert cls.get_cudagraph_support(vc, None) == AttentionCGSupport.UNIFORM_BATCH
         vc.speculative_config.enable_adaptive_verification = True
@@ -302,7 +304,10 @@ def test_rocm_backends_imported_after_registration_hand_out_swa_hal(rocm, vllm_c
         finally:
             vc.speculative_config.enable_adaptive_verification = False
     # V4's ROCm builder is what the base backend returns on a ROCm platform.
-    assert integ.is_swa_hal_builder(integ.swa_hal_builder_cls(a4.DeepseekV4ROCMAiterSparseSWAMetadataBuilder))
+    v4 = integ.swa_hal_builder_cls(a4.DeepseekV4ROCMAiterSparseSWAMetadataBuilder)
+    assert integ.is_swa_hal_builder(v4)
+    assert a4.DeepseekV4ROCMAiterSparseSWAMetadataBuilder.supports_draft_decode_metadata_update is False
+    assert v4.supports_draft_decode_metadata_update is True
 
 
 def test_rocm_one_launch_decode_build_defers_to_swa_hal(rocm, vllm_configs, monkeypatch):
@@ -518,7 +523,8 @@ def test_parity_after_three_draft_steps(plugin_log, vllm_configs, rocm, variant,
     kw = {"backend": backend}
     if backend != "torch":
         kw["platform"] = TRITON_BACKENDS[backend]
-    # ROCm AITER's builder keeps draft updates off (its ragged rows are not refreshed in place).
+    # vLLM's ROCm AITER builder keeps draft updates off (its own update leaves its ragged rows stale), so
+    # its update is no reference: test_rocm_draft_updates_equal_a_fresh_build covers swa_hal's under it.
     natives = [n for n in natives_for(variant, rocm) if n.supports_draft_decode_metadata_update]
     kinds = ["decode", "mtp", "padded"] + (["dspark"] if ALL_VARIANTS[variant].dspark else [])
     for j, kind in enumerate(kinds):
@@ -534,6 +540,58 @@ def test_parity_after_three_draft_steps(plugin_log, vllm_configs, rocm, variant,
             diffs = H.compare(got_native, got_ours, batch, **chunk_args(variant))
             assert not diffs, f"{backend} {native_cls.__name__} {kind} step {step}:\n" + "\n".join(diffs)
         COUNTS["draft_updates"] += 3
+
+
+def _advance_host_upper_bound(batch: AttentionBatch) -> None:
+    """The drafter advances the host upper bound of seq_lens with the device values (a fresh build
+    reads it); on the CPU the two may be one tensor."""
+    if batch.seq_lens_cpu is not None and batch.seq_lens_cpu is not batch.seq_lens:
+        batch.seq_lens_cpu.copy_(batch.seq_lens)
+
+
+ROCM_DRAFT_VARIANTS = ["v4_mtp2_w6b8", "v4_dspark3_w5b4", "v41_mtp1_w7b16", "v41_dspark2_w6b4"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "rocm"])
+@pytest.mark.parametrize("variant", ROCM_DRAFT_VARIANTS)
+def test_rocm_draft_updates_equal_a_fresh_build(plugin_log, vllm_configs, rocm, variant, backend):
+    """Under swa_hal, ROCm AITER's V4 and V4.1 builders update draft steps in place: after each of three
+    draft steps the ragged rows, dense rows and lens equal a full build at the advanced lengths, by a
+    second swa_hal builder and by vLLM's own ROCm builder, in the memory the first build handed out."""
+    a4, a41 = rocm
+    v41 = ALL_VARIANTS[variant].version == "deepseek_v41"
+    native_cls = (
+        a41.DeepseekV41ROCMAiterSparseSWAMetadataBuilder if v41 else a4.DeepseekV4ROCMAiterSparseSWAMetadataBuilder
+    )
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    native, ours, cfg = builders(native_cls, variant, vllm_configs, **kw)
+    _, fresh, _ = builders(native_cls, variant, vllm_configs, **kw)
+    assert not native.supports_draft_decode_metadata_update
+    assert ours.supports_draft_decode_metadata_update and ours.swa_hal_backend == backend
+    rng = random.Random(f"{SEED}-{variant}-{backend}-rocm-draft")
+    kinds = ["decode", "mtp", "padded"] + (["dspark"] if ALL_VARIANTS[variant].dspark else [])
+    moved = 0
+    for kind in kinds:
+        batch, ranges = H.draw(cfg, rng, kind, replay=0.5, extra_pages=1)
+        md = ours.build(0, H.common_metadata(batch, image_ranges=ranges), replay_start=batch.replay_start)
+        assert md.num_prefills == 0 and md.num_decode_tokens > 0, kind
+        ragged = (md.decode_swa_ragged_indices, md.decode_swa_ragged_indptr)
+        addresses = [t.data_ptr() for t in ragged]
+        for step in range(1, 4):
+            before = [t.clone() for t in ragged]
+            advance_draft_step(batch, cfg.block_size)
+            _advance_host_upper_bound(batch)
+            ours.update_draft_decode_metadata(md)
+            assert [t.data_ptr() for t in (md.decode_swa_ragged_indices, md.decode_swa_ragged_indptr)] == addresses
+            moved += any(not torch.equal(a, b) for a, b in zip(before, ragged))
+            for name, builder in (("swa_hal", fresh), ("vLLM", native)):
+                cm = H.common_metadata(batch, image_ranges=ranges)
+                want = builder.build(0, cm, replay_start=batch.replay_start)
+                diffs = H.compare(want, md, batch, **chunk_args(variant))
+                assert not diffs, f"{backend} {kind} step {step}, against {name}'s build:\n" + "\n".join(diffs)
+            COUNTS["rocm_draft_updates"] += 1
+    # The rows did move: rows left as the first build made them would have failed above.
+    assert moved > 0
 
 
 @pytest.mark.parametrize("variant", ["v41_mtp1_w7b16", "v4_dspark3_w5b4"])
@@ -576,6 +634,149 @@ def test_fixed_addresses_across_builds(plugin_log, vllm_configs):
     buffers = ours.swa_hal.buffers
     assert md.decode_swa_indices.untyped_storage().data_ptr() == buffers.decode_indices.data_ptr()
     assert md.decode_swa_lens.untyped_storage().data_ptr() == buffers.decode_lens.data_ptr()
+
+
+# -- vLLM's recorded metadata graphs (V4.1 specialized decode) ----------------------------------
+
+
+def _metadata_graphs():
+    import importlib
+
+    return importlib.import_module(integ.METADATA_GRAPHS_MODULE)
+
+
+def _attention_groups(builder_list):
+    """vLLM's attention groups, one KV-cache group per builder (what ``can_record`` is handed)."""
+    from vllm.v1.worker.utils import AttentionGroup
+
+    spec = H.make_kv_spec(ALL_VARIANTS["v41_mtp1_w7b16"])
+    return [
+        [AttentionGroup(type(b), [f"model.layers.{i}.attn"], spec, i, metadata_builders=[b])]
+        for i, b in enumerate(builder_list)
+    ]
+
+
+def test_recorded_metadata_graphs_stay_on_exactly_where_vllm_records(plugin_log, vllm_configs, rocm):
+    """vLLM records a step's metadata build only when every group's builder is exactly a type it lists
+    as recordable. Each mix of groups records with swa_hal's builders exactly when it records with
+    vLLM's own in their place, on vLLM's own ``AttnMetadataCudaGraphs``."""
+    from vllm.models.deepseek_v41.compressor import CompressorMetadataBuilder
+    from vllm.models.deepseek_v41.sparse_mla import DeepseekV4SparseMLAMetadataBuilder
+    from vllm.v1.attention.backends.mla.sparse_indexer import DeepseekV41SparseIndexerMetadataBuilder
+
+    graphs = _metadata_graphs()
+    _, a41 = rocm
+    v41, v4 = "v41_mtp1_w7b16", "v4_mtp2_w6b8"
+    swa = {  # (native, swa_hal) builder pairs of vLLM's SWA classes
+        "flashinfer": builders(v41_flashinfer.DeepseekSparseSWAFlashInferMetadataBuilder, v41, vllm_configs)[:2],
+        "flashmla": builders(v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, v41, vllm_configs)[:2],
+        "v41_base": builders(DeepseekV41SparseSWAMetadataBuilder, v41, vllm_configs)[:2],
+        "rocm": builders(a41.DeepseekV41ROCMAiterSparseSWAMetadataBuilder, v41, vllm_configs)[:2],
+        "v4_flashinfer": builders(v4_flashinfer.DeepseekSparseSWAFlashInferMetadataBuilder, v4, vllm_configs)[:2],
+    }
+    # The other groups' builders are vLLM's in both runs; only their exact type is read.
+    other = {
+        "compressor": object.__new__(CompressorMetadataBuilder),
+        "indexer": object.__new__(DeepseekV41SparseIndexerMetadataBuilder),
+        "mla": object.__new__(DeepseekV4SparseMLAMetadataBuilder),
+    }
+    mixes = [
+        ["flashinfer"],
+        ["flashinfer", "compressor", "indexer", "flashinfer"],
+        ["flashmla"],
+        ["v41_base"],
+        ["rocm"],
+        ["v4_flashinfer"],
+        ["flashinfer", "flashmla"],
+        ["flashinfer", "compressor", "mla"],
+        ["compressor", "indexer"],
+    ]
+    outcomes = []
+    for mix in mixes:
+        native = [swa[n][0] if n in swa else other[n] for n in mix]
+        ours = [swa[n][1] if n in swa else other[n] for n in mix]
+        assert [integ.is_swa_hal_builder(type(b)) for b in ours] == [n in swa for n in mix]
+        want = graphs.AttnMetadataCudaGraphs(vllm_configs[v41], 2).can_record(_attention_groups(native))
+        got = graphs.AttnMetadataCudaGraphs(vllm_configs[v41], 2).can_record(_attention_groups(ours))
+        assert got is want, mix
+        outcomes.append(want)
+    assert outcomes == [True, True, False, False, False, False, False, False, True]
+
+
+def test_recordable_set_is_extended_once_and_given_back(plugin_log, monkeypatch):
+    """Only the swa_hal counterparts of the SWA builders vLLM lists are added, once; ``unregister``
+    gives vLLM its own set back; full validation (host reads at every build) keeps recording off."""
+    graphs = _metadata_graphs()
+    listed = graphs._RECORDABLE_BUILDERS
+    ours = {cls for cls in listed if integ.is_swa_hal_builder(cls)}
+    natives = {integ.native_builder_cls(cls) for cls in ours}
+    assert natives == {v41_flashinfer.DeepseekSparseSWAFlashInferMetadataBuilder} and natives <= listed
+    assert integ.register() is True and graphs._RECORDABLE_BUILDERS is listed  # idempotent
+    integ.unregister()
+    try:
+        native = graphs._RECORDABLE_BUILDERS
+        assert native == listed - ours and not any(integ.is_swa_hal_builder(cls) for cls in native)
+        monkeypatch.setenv("SWA_HAL_DEBUG", "1")
+        assert integ.register() is True
+        assert graphs._RECORDABLE_BUILDERS is native
+        integ.unregister()
+    finally:
+        monkeypatch.delenv("SWA_HAL_DEBUG", raising=False)
+        integ.register()
+    assert graphs._RECORDABLE_BUILDERS == listed
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("variant, causal", [("v41_mtp1_w7b16", True), ("v41_dspark2_w6b4", False)])
+def test_recordable_swa_hal_builds_replay_valid(plugin_log, vllm_configs, variant, causal, backend):
+    """A recorded build replays the kernels of its capture, against the addresses of then, and the
+    runner hands out the metadata recorded with it. So for every swa_hal builder vLLM records: two builds
+    of one graph key (uniform decode, same shapes) over the same input buffers with other values write
+    the same memory, which then holds the second build's values, equal to vLLM's own build of them."""
+    graphs = _metadata_graphs()
+    recordable = [cls for cls in graphs._RECORDABLE_BUILDERS if integ.is_swa_hal_builder(cls)]
+    assert recordable
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    for cls in recordable:
+        native, ours, cfg = builders(integ.native_builder_cls(cls), variant, vllm_configs, **kw)
+        assert type(ours) is cls
+        q = cfg.decode_threshold
+        table = torch.arange(120, dtype=torch.int32).view(3, 40)
+        inputs = AttentionBatch.from_lists([40, 90, 7], [q] * 3, table, block_size=cfg.block_size, causal=causal)
+        first = ours.build(0, H.common_metadata(inputs))
+        tensors = {
+            f.name: getattr(first, f.name)
+            for f in dataclasses.fields(first)
+            if isinstance(getattr(first, f.name), torch.Tensor)
+        }
+        named = {"decode_swa_indices", "decode_swa_lens", "token_to_req_indices", "is_valid_token"}
+        if not causal:  # FlashInfer's own buffers, filled for DSpark rows only
+            named |= {"flashinfer_decode_topk_lens", "flashinfer_decode_seq_lens"}
+        assert named <= tensors.keys()
+        addresses = {name: t.data_ptr() for name, t in tensors.items()}
+        recorded = {name: t.clone() for name, t in tensors.items()}
+        # The next step of the same key: new values in the same input buffers.
+        step = AttentionBatch.from_lists(
+            [61, 12, 150],
+            [q] * 3,
+            torch.arange(120, 0, -1, dtype=torch.int32).view(3, 40),
+            block_size=cfg.block_size,
+            causal=causal,
+        )
+        for name in ("seq_lens", "query_start_loc", "block_table", "slot_mapping"):
+            getattr(inputs, name).copy_(getattr(step, name))
+        if inputs.seq_lens_cpu is not None and inputs.seq_lens_cpu is not inputs.seq_lens:
+            inputs.seq_lens_cpu.copy_(step.seq_lens_cpu)
+        second = ours.build(0, H.common_metadata(inputs))
+        for name, t in tensors.items():
+            other = getattr(second, name)
+            assert isinstance(other, torch.Tensor) and other.data_ptr() == addresses[name], name
+            assert other.shape == t.shape and torch.equal(t, other), name  # the recorded metadata sees them
+        assert not torch.equal(recorded["decode_swa_indices"], tensors["decode_swa_indices"])
+        assert not torch.equal(recorded["decode_swa_lens"], tensors["decode_swa_lens"])
+        want = native.build(0, H.common_metadata(inputs))
+        diffs = H.compare(want, first, inputs, **chunk_args(variant))
+        assert not diffs, "\n".join(diffs)
 
 
 # -- one adapter, one padding rule, one field map -------------------------------------------------

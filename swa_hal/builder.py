@@ -37,6 +37,7 @@ from .selection import select_backend
 from .slot_rows import SlotRows, check_outputs, preflight_slot_rows, slot_limit
 from .split import split_decodes_and_prefills
 from .validation import validate_batch
+from .violations import ViolationWatch
 
 
 def debug_mode() -> bool:
@@ -136,6 +137,8 @@ class SWAMetadataBuilder:
         self._slot_limit = slot_limit(config)
         # Most backends declare no extras: then a build skips the call (metadata's default is ()).
         self._has_extras = type(self.backend).extras is not Backend.extras
+        # Reads the violation record a build late, without a sync (``poll_violations``).
+        self.violations = ViolationWatch(self.buffers.violation, config)
 
     # -- build -----------------------------------------------------------------------------------
 
@@ -162,21 +165,46 @@ class SWAMetadataBuilder:
     def check(self) -> None:
         """Raise the error of the first violation a guarded build recorded since the last check, as
         full validation would have (docs/semantics.md #guarded-builds); then clear the record.
-        Reads a small device buffer: one host sync, when the engine chooses. Holds the builder's lock
-        (a build running meanwhile could record into the buffer this clears)."""
+        Reads a small device buffer: one host sync, when the engine chooses. A violation
+        ``poll_violations`` already took off the device counts (it was recorded first). Holds the
+        builder's lock (a build running meanwhile could record into the buffer this clears)."""
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("check"))
         try:
-            record = self.buffers.violation
-            values = record.tolist()
-            if not values[0]:
-                return
-            record.zero_()
+            with self._on_device:
+                first = self.violations.take()
+                record = self.buffers.violation
+                values = record.tolist()
+                if values[0]:
+                    record.zero_()
         finally:
             self._busy.release()
+        if first is not None:
+            values = first
+        if not values[0]:
+            return
         error = violation_error(values, self.config)
         if error is not None:
             raise error
+
+    def poll_violations(self) -> None:
+        """Surface guard violations without a sync (``swa_hal.violations.ViolationWatch``): call once per
+        build, after it. Logs a warning per kind of violation the previous poll saw (the typed error
+        ``check()`` would raise, naming the field, request and value), or raises that error under
+        ``SWA_HAL_STRICT=1``; nothing during CUDA graph capture, nothing when builds are not guarded."""
+        if not self.guard:
+            return
+        busy = self._busy
+        if not busy.acquire(blocking=False):
+            raise ConcurrentBuildError(self._concurrent_message("poll_violations"))
+        try:
+            if self._device_index < 0:  # runs every build: the CPU needs no device switch
+                self.violations.poll()
+            else:
+                with self._on_device:
+                    self.violations.poll()
+        finally:
+            busy.release()
 
     def _build(self, batch: AttentionBatch, validate: bool | None) -> SWAMetadata:
         self._check(batch, validate)

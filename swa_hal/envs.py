@@ -34,7 +34,11 @@ VARIABLES: dict[str, EnvVar] = {
     v.name: v
     for v in (
         EnvVar("SWA_HAL_BACKEND", "text", "the backend to use when the builder names none (an explicit request)"),
-        EnvVar("SWA_HAL_STRICT", "flag", "a plugin that fails to load, or a backend fallback, is an error"),
+        EnvVar(
+            "SWA_HAL_STRICT",
+            "flag",
+            "a plugin that fails to load, a backend fallback, or a guard violation a poll finds, is an error",
+        ),
         EnvVar("SWA_HAL_PLUGINS", "list", "load only these plugin distributions or entry points"),
         EnvVar("SWA_HAL_DISABLE_PLUGINS", "list", "skip these plugin distributions or entry points"),
         EnvVar("SWA_HAL_DEBUG", "flag", "full (syncing) validation of every build"),

@@ -4,7 +4,9 @@ This module imports vLLM. The plugin (``swa_hal.integrations.vllm``, which impor
 imports it on first use, after checking vLLM's version; importing it directly checks the version too.
 
 * ``SwaHalSparseSWAMetadataBuilder``: vLLM's ``DeepseekSparseSWAMetadataBuilder`` whose ``build`` and
-  ``update_draft_decode_metadata`` come from a swa_hal ``SWAMetadataBuilder``.
+  ``update_draft_decode_metadata`` come from a swa_hal ``SWAMetadataBuilder``; each build also polls the
+  guarded builds' violation record without a sync (``SWAMetadataBuilder.poll_violations``), so a violation
+  reaches vLLM's log (or raises, ``SWA_HAL_STRICT=1``) a build later.
 * ``swa_hal_builder_cls(native)``: the same under any of vLLM's platform subclasses (V4.1, FlashMLA,
   FlashInfer, CPU, ROCm AITER, ...): ``type(name, (native, SwaHalSparseSWAMetadataBuilder), {})``, whose
   method order is ``platform subclass -> (V4.1 builder) -> swa_hal -> vLLM base``, so each subclass's
@@ -230,6 +232,10 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             platform=platform if platform is not None else options.platform,
             validate=validate if validate is not None else options.validate,
         )
+        # Guard violations surface in vLLM's log (or raise, SWA_HAL_STRICT=1) a build late, without a
+        # sync: nothing in vLLM calls check().
+        self.swa_hal.violations.logger = plugin.log
+        self._poll_violations = self.swa_hal.poll_violations
         self._release_native_row_buffers()
         # vLLM hands out visibility whenever a request lists images, even when none covers the
         # step's new tokens (all zeros then); these stay zero for exactly that case.
@@ -278,9 +284,12 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         replay_start: torch.Tensor | None = None,
     ) -> Any:
         """vLLM's ``build``: ``common_prefix_len`` and ``fast_build`` are accepted and, as in
-        vLLM's builder, unused; ``replay_start`` is each request's lower bound (None: none)."""
+        vLLM's builder, unused; ``replay_start`` is each request's lower bound (None: none). Then
+        ``poll_violations``: a violation an earlier build recorded is logged (once per kind) or,
+        under ``SWA_HAL_STRICT=1``, raised here."""
         cm = common_attn_metadata
         md = engine_rows(self.swa_hal.build(self.swa_hal_batch(cm, replay_start)), cm.num_actual_tokens)
+        self._poll_violations()
         fields = to_vllm(md)
         tile = self.build_tile_scheduler(md.num_decode_tokens)
         for kind in LAYER_TYPES:

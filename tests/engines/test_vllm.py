@@ -914,6 +914,98 @@ def test_replay_start_past_a_position_native_negative_lens_swa_hal_empty_row(plu
         strict.build(0, H.common_metadata(batch), replay_start=batch.replay_start)
 
 
+# -- guard violations in vLLM's log ----------------------------------------------------------------
+
+SEQ_SHORT_LINE = (
+    "swa_hal: a guarded build handed out empty rows: BatchRangeError: seq_lens[1]=3 is shorter than its query "
+    "length (found by a guarded build, which handed the offending rows out empty) [field=seq_lens request=1 "
+    "value=3]; logged once per kind, SWA_HAL_STRICT=1 raises instead"
+)
+
+
+def _vllms_builder(vllm_configs, backend):
+    """The builder vLLM makes for a V4.1 FlashMLA SWA layer: the class its backend hands out."""
+    cls = v41_flashmla.DeepseekSparseSWAFlashMLABackend.get_builder_cls()
+    assert integ.is_swa_hal_builder(cls)
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    v = ALL_VARIANTS["v41_w8b4"]
+    return cls(H.make_kv_spec(v), ["model.layers.0.attn.swa_cache"], vllm_configs["v41_w8b4"], CPU, **kw)
+
+
+def _steps(block_size):
+    """A clean step (a decode and a prefill) and malformed ones: request 1's seq_len 3 shorter than its 5
+    new tokens; request 0's window reading block id -3."""
+    table = torch.arange(16, dtype=torch.int32).view(2, 8)
+    good = AttentionBatch.from_lists([20, 30], [1, 5], table, block_size=block_size)
+    short = dataclasses.replace(good, seq_lens=torch.tensor([20, 3], dtype=torch.int32))
+    bad_table = table.clone()
+    bad_table[0, 4] = -3
+    negative = dataclasses.replace(good, block_table=bad_table)
+    return good, short, negative
+
+
+@pytest.fixture
+def swa_hal_warnings(caplog):
+    """The plugin's warnings, each once: caplog listens at the root, which vLLM's logging configuration
+    may cut off from vLLM's loggers, so its handler also listens on the plugin's logger."""
+    logger = logging.getLogger("vllm.plugins.swa_hal")
+    logger.addHandler(caplog.handler)
+
+    def warnings():
+        records = {id(r): r for r in caplog.records if r.name == logger.name and r.levelno == logging.WARNING}
+        return [r.getMessage() for r in records.values()]
+
+    try:
+        yield warnings
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_guard_violation_reaches_vllms_log_a_build_later(plugin_log, vllm_configs, swa_hal_warnings, backend):
+    """vLLM never calls check(): the swa_hal builder's build polls the violation record without a sync and
+    logs the typed error once per kind, naming the field, request and value, through the plugin's logger."""
+    builder = _vllms_builder(vllm_configs, backend)
+    good, short, negative = _steps(builder.swa_config.block_size)
+    for _ in range(2):
+        builder.build(0, H.common_metadata(good))
+    assert swa_hal_warnings() == []
+    md = builder.build(0, H.common_metadata(short))
+    assert int(md.prefill_swa_lens[:5].abs().sum()) == 0  # request 1's rows handed out empty
+    assert swa_hal_warnings() == []  # a build later, never by a sync in this one
+    builder.build(0, H.common_metadata(good))
+    assert swa_hal_warnings() == [SEQ_SHORT_LINE]
+    for _ in range(2):  # the same kind again: not logged again
+        builder.build(0, H.common_metadata(short))
+    builder.build(0, H.common_metadata(good))
+    assert swa_hal_warnings() == [SEQ_SHORT_LINE]
+    builder.build(0, H.common_metadata(negative))
+    builder.build(0, H.common_metadata(good))
+    got = swa_hal_warnings()
+    assert len(got) == 2 and "[field=block_table request=0 value=-3]" in got[1], got
+    assert "BatchRangeError: block_table: request 0's window reads block id -3" in got[1]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_guard_violation_raises_at_the_next_vllm_build_when_strict(
+    plugin_log, vllm_configs, swa_hal_warnings, monkeypatch, backend
+):
+    monkeypatch.setenv("SWA_HAL_STRICT", "1")
+    builder = _vllms_builder(vllm_configs, backend)
+    good, short, negative = _steps(builder.swa_config.block_size)
+    builder.build(0, H.common_metadata(good))
+    builder.build(0, H.common_metadata(short))
+    with pytest.raises(BatchRangeError, match=r"seq_lens\[1\]=3 is shorter than its query length") as info:
+        builder.build(0, H.common_metadata(good))
+    assert info.value.field == "seq_lens" and info.value.index == 1
+    builder.build(0, H.common_metadata(good))  # raised once
+    builder.build(0, H.common_metadata(negative))
+    with pytest.raises(BatchRangeError, match="block id -3") as info:
+        builder.build(0, H.common_metadata(good))
+    assert info.value.field == "block_table" and info.value.index == 0
+    assert swa_hal_warnings() == []
+
+
 def test_dspark_row_wider_than_its_width_native_cuts_swa_hal_refuses(plugin_log, vllm_configs):
     native, ours, cfg = builders(
         sparse_swa.DeepseekSparseSWAMetadataBuilder, "v4_dspark3_w61b16", vllm_configs, backend="torch"

@@ -16,6 +16,10 @@ imports it on first use, after checking vLLM's version; importing it directly ch
 * The step's batch comes from ``engine.batch_from_common_metadata``, the conversion (and padding rule)
   every engine adapter uses; vLLM's metadata covers the first ``num_actual_tokens`` token rows of it
   (``engine_rows``) and ``is_valid_token`` every slot row, as vLLM's own builder hands them out.
+* Prefill context parallelism (V4.1 only): vLLM's V4.1 ``build`` hands swa_hal's the rank-local step (its
+  chunk of the gathered slot mapping) and adds ``cache_slot_mapping`` / ``cache_positions`` itself; swa_hal's
+  builder is sized for the rank's up to ``2 * max_num_seqs`` request segments
+  (docs/semantics.md #context-parallel-ranks).
 """
 
 from __future__ import annotations
@@ -137,6 +141,15 @@ def _is_v41(cls: type) -> bool:
     return any(c.__name__ == "DeepseekV41SparseSWAMetadataBuilder" for c in cls.__mro__)
 
 
+# The prefill context parallel sizes the plugin is checked at against vLLM's V4.1 builder, on every rank.
+PCP_SIZES = (2, 4)
+
+
+def pcp_size(vllm_config: Any) -> int:
+    """vLLM's prefill context parallel size (1: none)."""
+    return int(getattr(vllm_config.parallel_config, "prefill_context_parallel_size", 1) or 1)
+
+
 def swa_config_from_vllm(builder: Any) -> SWAConfig:
     """The SWAConfig of a vLLM SWA builder, from the values vLLM's own ``__init__`` derived
     (window, block size, image tokens, drafting, capacities) and the model's compress ratios."""
@@ -166,7 +179,9 @@ def swa_config_from_vllm(builder: Any) -> SWAConfig:
         compress_ratios=tuple(int(r) for r in ratios),
         max_model_len=int(builder.max_model_len),
         max_num_batched_tokens=int(builder.max_num_batched_tokens),
-        max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
+        # Under PCP a rank's batch holds up to two segments of each request (docs/semantics.md
+        # #context-parallel-ranks; vLLM's PCPManager sizes its rank-local request buffers the same).
+        max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs) * (2 if pcp_size(vllm_config) > 1 else 1),
         num_speculative_tokens=k,
         parallel_drafting=parallel,
         speculative_method=method,
@@ -212,14 +227,16 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        pcp = getattr(self.vllm_config.parallel_config, "prefill_context_parallel_size", 1) or 1
-        if pcp > 1:
-            # V4.1's PCP build hands the base a rank-local slot mapping shorter than the step's
-            # tokens; swa_hal's builder has not been checked against it.
+        pcp = pcp_size(self.vllm_config)
+        if pcp > 1 and (pcp not in PCP_SIZES or not _is_v41(type(self))):
+            # Only vLLM's V4.1 builder takes this rank's chunk of the gathered slot mapping before the
+            # base build (and only V4.1's FlashMLA SWA backend declares PCP support); a V4 builder
+            # would hand swa_hal every rank's rows as its own. Other sizes are untested.
+            sizes = " and ".join(map(str, PCP_SIZES))
             raise ConfigError(
                 "prefill_context_parallel_size",
-                f"{pcp}: prefill context parallelism is not supported by swa_hal's vLLM plugin yet; "
-                f"set {plugin.ENV_SWITCH}=0 to run vLLM's own builders",
+                f"{pcp}: prefill context parallelism is supported by swa_hal's vLLM plugin for "
+                f"DeepSeek-V4.1 at sizes {sizes} only; set {plugin.ENV_SWITCH}=0 to run vLLM's own builders",
             )
         if isinstance(platform, str):
             platform = PlatformInfo.from_assume(platform)

@@ -19,6 +19,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -33,6 +34,7 @@ import vllm_harness as H
 from vllm.models.deepseek_v4.cpu.cpu_mla import DeepseekV4CPUSparseSWAMetadataBuilder
 from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as v4_flashinfer
 from vllm.models.deepseek_v4.nvidia import flashmla as v4_flashmla
+from vllm.models.deepseek_v41 import sparse_mla as v41_sparse_mla
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as v41_flashinfer
 from vllm.models.deepseek_v41.nvidia import flashmla as v41_flashmla
 from vllm.models.deepseek_v41.sparse_mla import DeepseekV41SparseSWAMetadataBuilder
@@ -43,6 +45,7 @@ from vllm.v1.attention.ops.flashmla import FlashMLASchedMeta
 from swa_hal import AttentionBatch
 from swa_hal.errors import BatchRangeError, ConfigError, SpeculativeModeError
 from swa_hal.integrations import vllm as integ
+from swa_hal.reference import build_reference
 
 CPU = torch.device("cpu")
 SEED = 20261130
@@ -407,16 +410,56 @@ def test_configure_sets_the_backend_of_builders_vllm_constructs(plugin_log, vllm
         integ.configure(previous.backend, previous.platform, previous.validate)
 
 
-def test_prefill_context_parallelism_is_refused_clearly(plugin_log, vllm_configs):
-    vc = vllm_configs["v41_w8b4"]
+@contextlib.contextmanager
+def pcp_config(vc, size):
+    """The session's VllmConfig with ``prefill_context_parallel_size`` set (the builders read it when made)."""
     before = vc.parallel_config.prefill_context_parallel_size
-    object.__setattr__(vc.parallel_config, "prefill_context_parallel_size", 2)
+    object.__setattr__(vc.parallel_config, "prefill_context_parallel_size", size)
     try:
-        cls = integ.swa_hal_builder_cls(sparse_swa.DeepseekSparseSWAMetadataBuilder)
-        with pytest.raises(ConfigError, match="prefill context parallelism.*SWA_HAL_VLLM=0"):
-            cls(H.make_kv_spec(ALL_VARIANTS["v41_w8b4"]), ["layer"], vc, CPU)
+        yield vc
     finally:
         object.__setattr__(vc.parallel_config, "prefill_context_parallel_size", before)
+
+
+@pytest.mark.parametrize(
+    "native, variant, pcp",
+    [
+        (sparse_swa.DeepseekSparseSWAMetadataBuilder, "v4_w8b4", 2),
+        (v4_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, "v4_w8b4", 4),
+        (v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, "v41_w8b4", 8),
+        (DeepseekV41SparseSWAMetadataBuilder, "v41_w8b4", 3),
+    ],
+    ids=["v4-base-2", "v4-flashmla-4", "v41-flashmla-8", "v41-base-3"],
+)
+def test_prefill_context_parallelism_is_refused_where_unchecked(
+    plugin_log, vllm_configs, monkeypatch, native, variant, pcp
+):
+    """vLLM's V4 builders build over the whole slot mapping (only its V4.1 builder takes the rank's
+    chunk), so swa_hal under them refuses PCP; under V4.1 it takes the sizes it is tested at."""
+    monkeypatch.setattr(v41_sparse_mla, "get_pcp_group", lambda: H.FakePCPGroup(0, [torch.zeros(0)] * pcp))
+    with pcp_config(vllm_configs[variant], pcp) as vc:
+        cls = integ.swa_hal_builder_cls(native)
+        with pytest.raises(
+            ConfigError, match=r"prefill context parallelism.*V4\.1 at sizes 2 and 4 only.*SWA_HAL_VLLM=0"
+        ):
+            cls(H.make_kv_spec(ALL_VARIANTS[variant]), ["layer"], vc, CPU)
+
+
+@pytest.mark.parametrize("pcp", [2, 4])
+def test_pcp_v41_builders_hold_twice_the_requests(plugin_log, vllm_configs, rocm, monkeypatch, pcp):
+    """A PCP rank's batch holds up to two segments per request: vLLM's V4.1 builder sizes its no-replay
+    bounds 2 * max_num_seqs + 1, and swa_hal's builder under each V4.1 class takes 2 * max_num_seqs."""
+    group = H.FakePCPGroup(pcp - 1, [torch.zeros(0, dtype=torch.int64)] * pcp)
+    monkeypatch.setattr(v41_sparse_mla, "get_pcp_group", lambda: group)
+    with pcp_config(vllm_configs["v41_w8b4"], pcp):
+        for native_cls in natives_for("v41_w8b4", rocm):
+            native, ours, _ = builders(native_cls, "v41_w8b4", vllm_configs, backend="torch")
+            seqs = vllm_configs["v41_w8b4"].scheduler_config.max_num_seqs
+            assert native.pcp_rank == ours.pcp_rank == pcp - 1
+            assert native.no_replay_start.shape[0] == ours.no_replay_start.shape[0] == 2 * seqs + 1
+            assert ours.swa_config.max_num_seqs == 2 * seqs
+    _, plain, _ = builders(DeepseekV41SparseSWAMetadataBuilder, "v41_w8b4", vllm_configs, backend="torch")
+    assert plain.swa_config.max_num_seqs == vllm_configs["v41_w8b4"].scheduler_config.max_num_seqs
 
 
 def test_without_vllm_the_module_says_so(plugin_log, monkeypatch):
@@ -494,6 +537,179 @@ def test_parity_triton_backends(plugin_log, vllm_configs, rocm, variant, backend
             assert not diffs, f"{backend} {type(native).__name__} {kind} #{i}:\n" + "\n".join(diffs)
             tally(kind, batch, ranges, got_native)
             COUNTS[f"backend:{backend}"] += 1
+
+
+# -- prefill context parallelism --------------------------------------------------------------
+
+PCP_VARIANTS = ["v41_w8b4", "v41_mtp1_w7b16", "v41_dspark2_w6b4"]
+PCP_BATCHES = 2  # per (variant, kind, size), each built on every rank
+
+
+def pcp_kinds(variant_name):
+    # No "padded": under PCP vLLM pads each rank's rows itself (the partition makes them).
+    return [k for k in kinds_for(variant_name) if k != "padded"]
+
+
+class PCPRanks:
+    """A native and a swa_hal builder per PCP rank, under vLLM's V4.1 module's ``get_pcp_group`` faked
+    per rank: each rank's builds run in this one process, its all-gather of positions answered from
+    every rank's positions of the current step."""
+
+    # The group vLLM's V4.1 module sees now (one for all instances: one accessor is patched).
+    active: H.FakePCPGroup | None = None
+
+    def __init__(self, monkeypatch, native_cls, variant, vllm_configs, pcp, **swa_hal_kw):
+        self.pcp = pcp
+        self.groups = [H.FakePCPGroup(r, [torch.zeros(0, dtype=torch.int64)] * pcp) for r in range(pcp)]
+        monkeypatch.setattr(v41_sparse_mla, "get_pcp_group", lambda: PCPRanks.active)
+        self.pairs = []
+        with pcp_config(vllm_configs[variant], pcp):
+            for group in self.groups:
+                PCPRanks.active = group
+                self.pairs.append(builders(native_cls, variant, vllm_configs, **swa_hal_kw)[:2])
+
+    def build(self, ranks):
+        """Every rank's (native, swa_hal) metadata of one step (``H.pcp_partition``'s ranks)."""
+        positions = [r.positions for r in ranks]
+        out = []
+        for r, group, (native, ours) in zip(ranks, self.groups, self.pairs):
+            group.positions = positions
+            PCPRanks.active = group
+            cms = [H.common_metadata(r.batch, num_actual_tokens=r.num_actual_tokens, **r.cm_kwargs) for _ in range(2)]
+            before = group.gathers
+            got = (
+                native.build(0, cms[0], replay_start=r.batch.replay_start),
+                ours.build(0, cms[1], replay_start=r.batch.replay_start),
+            )
+            assert group.gathers == before + 2, "each build all-gathers the positions once"
+            out.append(got)
+        return out
+
+
+def pcp_diffs(rank, got_native, got_ours, variant, swa_config):
+    """``H.compare`` over the rank's own rows, plus the fields V4.1 adds under PCP: ``cache_slot_mapping``
+    the whole gathered slot mapping (the step's own tensor), ``cache_positions`` every rank's positions."""
+    diffs = H.compare(got_native, got_ours, rank.batch, **chunk_args(variant))
+    rows = rank.batch.slot_mapping.shape[0]
+    for md, who in ((got_native, "native"), (got_ours, "swa_hal")):
+        if md.is_valid_token.shape[0] != rows:
+            diffs.append(f"{who} is_valid_token has {md.is_valid_token.shape[0]} rows, the rank has {rows}")
+        if md.slot_mapping.shape[0] != rows:
+            diffs.append(f"{who} slot_mapping has {md.slot_mapping.shape[0]} rows, the rank has {rows}")
+        if md.cache_slot_mapping is not rank.gathered_slots:
+            diffs.append(f"{who} cache_slot_mapping is not the gathered slot mapping")
+    if not torch.equal(got_native.cache_positions, got_ours.cache_positions):
+        diffs.append(f"cache_positions: {got_native.cache_positions.tolist()} vs {got_ours.cache_positions.tolist()}")
+    return diffs + reference_diffs(rank, got_native, swa_config)
+
+
+def reference_diffs(rank, native, swa_config):
+    """docs/semantics.md #context-parallel-ranks: the reference over the rank-local batch is the rank's
+    metadata (vLLM's rows cover its first num_actual_tokens rows, is_valid_token every row)."""
+    ref = build_reference(swa_config, rank.batch)
+    ndt, npt, npf = native.num_decode_tokens, native.num_prefill_tokens, native.num_prefills
+    pairs = [("is_valid_token", native.is_valid_token, ref.is_valid)]
+    if ndt:  # (an empty rank's zero decode rows have the causal width in vLLM, whatever `causal` says)
+        pairs += [
+            ("decode_swa_indices", native.decode_swa_indices, ref.decode_indices[:ndt]),
+            ("decode_swa_lens", native.decode_swa_lens, ref.decode_lens[:ndt]),
+        ]
+    if npt:
+        pairs += [
+            ("prefill_swa_indices", native.prefill_swa_indices, ref.prefill_indices[:npt]),
+            ("prefill_swa_lens", native.prefill_swa_lens, ref.prefill_lens[:npt]),
+            ("prefill_gather_lens", native.prefill_gather_lens, ref.prefill_gather_lens[:npf]),
+        ]
+    return [f"reference {name}: {a.tolist()} vs {b.tolist()}" for name, a, b in pairs if not _same(a, b)]
+
+
+def pcp_parity(monkeypatch, vllm_configs, rocm, variant, pcp, seed, batches, **swa_hal_kw):
+    rng = random.Random(seed)
+    natives = natives_for(variant, rocm)
+    ranks_by_native = [PCPRanks(monkeypatch, n, variant, vllm_configs, pcp, **swa_hal_kw) for n in natives]
+    cfg = H.swa_config_for(ALL_VARIANTS[variant], vllm_configs[variant])
+    for j, kind in enumerate(pcp_kinds(variant)):
+        for i in range(batches):
+            per_rank = ranks_by_native[(i + j) % len(natives)]
+            batch, _ = H.draw(cfg, rng, kind, replay=0.5)
+            # PCP-only serving owns each decode on one rank; with DCP every rank runs it (and short
+            # prefills), and only rank 0 writes the replicated rows.
+            shard = (i + j) % 2 == 0
+            ranks = H.pcp_partition(
+                batch,
+                pcp,
+                decode_threshold=cfg.decode_threshold,
+                max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                shard_decode_requests=shard,
+                dcp=1 if shard else pcp,
+            )
+            for rank, (got_native, got_ours) in zip(ranks, per_rank.build(ranks)):
+                assert type(got_ours) is type(got_native)
+                diffs = pcp_diffs(rank, got_native, got_ours, variant, per_rank.pairs[0][1].swa_config)
+                name = type(per_rank.pairs[0][0]).__name__
+                assert not diffs, f"PCP={pcp} rank {rank.rank} {name} {kind} #{i} shard={shard}:\n" + "\n".join(diffs)
+                COUNTS[f"pcp{pcp}_rank_builds"] += 1
+                COUNTS["pcp_prefill_rank_builds"] += got_native.num_prefills > 0
+                COUNTS["pcp_rank_builds_with_unwritten_rows"] += bool((rank.batch.slot_mapping < 0).any())
+
+
+@pytest.mark.parametrize("pcp", [2, 4])
+@pytest.mark.parametrize("variant", PCP_VARIANTS)
+def test_pcp_parity_torch_backend(plugin_log, vllm_configs, rocm, monkeypatch, variant, pcp):
+    pcp_parity(
+        monkeypatch, vllm_configs, rocm, variant, pcp, f"{SEED}-pcp{pcp}-{variant}", PCP_BATCHES, backend="torch"
+    )
+
+
+@pytest.mark.parametrize("pcp", [2, 4])
+def test_pcp_parity_cuda_backend(plugin_log, vllm_configs, rocm, monkeypatch, pcp):
+    pcp_parity(
+        monkeypatch,
+        vllm_configs,
+        rocm,
+        "v41_mtp1_w7b16",
+        pcp,
+        f"{SEED}-pcp{pcp}-cuda",
+        1,
+        backend="cuda",
+        platform=TRITON_BACKENDS["cuda"],
+    )
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("pcp", [2, 4])
+def test_pcp_rank_with_two_segments_of_every_request(plugin_log, vllm_configs, rocm, monkeypatch, pcp, backend):
+    """max_num_seqs prefills, each long enough for all 2P chunks: every rank's batch holds two segments
+    of each, 2 * max_num_seqs requests, which vLLM's V4.1 builder takes and so must swa_hal's."""
+    variant = "v41_w8b4"
+    v = ALL_VARIANTS[variant]
+    cfg = H.swa_config_for(v, vllm_configs[variant])
+    n = cfg.max_num_seqs
+    query_lens = [4 * pcp] * n  # 2P whole chunks of 2 tokens: longer than a decode, none empty
+    seq_lens = [q + 3 * r for r, q in enumerate(query_lens)]
+    pages = [-(-s // v.block_size) for s in seq_lens]
+    width = max(pages)
+    block_table = [[sum(pages[:r]) + i if i < pages[r] else 0 for i in range(width)] for r in range(n)]
+    batch = AttentionBatch.from_lists(seq_lens, query_lens, block_table, block_size=v.block_size)
+    ranks = H.pcp_partition(
+        batch,
+        pcp,
+        decode_threshold=cfg.decode_threshold,
+        max_num_seqs=n,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+    )
+    assert all(r.batch.query_start_loc_cpu.shape[0] - 1 == 2 * n for r in ranks)
+    kw = dict(backend=backend)
+    if backend != "torch":
+        kw["platform"] = TRITON_BACKENDS[backend]
+    per_rank = PCPRanks(
+        monkeypatch, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, variant, vllm_configs, pcp, **kw
+    )
+    for rank, (got_native, got_ours) in zip(ranks, per_rank.build(ranks)):
+        assert got_native.num_prefills == 2 * n
+        diffs = pcp_diffs(rank, got_native, got_ours, variant, per_rank.pairs[0][1].swa_config)
+        assert not diffs, f"PCP={pcp} rank {rank.rank}:\n" + "\n".join(diffs)
 
 
 DRAFT_VARIANTS = ["v4_w8b4", "v4_mtp2_w6b8", "v4_dspark3_w5b4", "v41_mtp1_w7b16", "v41_dspark2_w6b4"]

@@ -151,13 +151,15 @@ def common_metadata(
     *,
     num_actual_tokens: int | None = None,
     image_ranges: dict[int, list[tuple[int, int]]] | None = None,
+    **extra: Any,
 ) -> Any:
-    """vLLM's CommonAttentionMetadata over the batch's own tensors (no copies)."""
+    """vLLM's CommonAttentionMetadata over the batch's own tensors (no copies); ``extra`` sets further
+    fields (``positions``, ``is_prefilling``, ``slot_mapping``, ...)."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     num_reqs = batch.query_start_loc_cpu.shape[0] - 1
     seq_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
-    return CommonAttentionMetadata(
+    fields: dict[str, Any] = dict(
         query_start_loc=batch.query_start_loc,
         query_start_loc_cpu=batch.query_start_loc_cpu,
         seq_lens=batch.seq_lens,
@@ -171,6 +173,8 @@ def common_metadata(
         causal=batch.causal,
         mm_req_doc_ranges=image_ranges,
     )
+    fields.update(extra)
+    return CommonAttentionMetadata(**fields)
 
 
 def draw(cfg: SWAConfig, rng: random.Random, kind: str, **kw: Any) -> tuple[AttentionBatch, dict | None]:
@@ -201,6 +205,164 @@ def draw(cfg: SWAConfig, rng: random.Random, kind: str, **kw: Any) -> tuple[Atte
     return batch, ranges
 
 
+# -- prefill context parallelism ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PCPRank:
+    """One PCP rank's view of a step, as vLLM's model runner hands it to the SWA builders.
+
+    ``batch``: the rank-local batch with the rank's own token rows (the rank-th of P equal parts of
+    ``gathered_slots``), what swa_hal builds from; ``cm_kwargs``: the rank's further CommonAttentionMetadata
+    fields (with ``num_actual_tokens``), whose ``slot_mapping`` is the whole gathered one (vLLM's V4.1
+    builder chunks it itself)."""
+
+    rank: int
+    batch: AttentionBatch
+    gathered_slots: torch.Tensor
+    positions: torch.Tensor
+    num_actual_tokens: int
+    cm_kwargs: dict[str, Any]
+
+
+def pcp_partition(
+    batch: AttentionBatch,
+    pcp: int,
+    *,
+    decode_threshold: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    shard_decode_requests: bool = True,
+    dcp: int = 1,
+) -> list[PCPRank]:
+    """The global ``batch`` cut into ``pcp`` rank-local batches by vLLM's own ``PCPManager.partition_batch``
+    (DualChunkSwap: each prefill in 2P chunks, rank r holding chunks r and 2P-1-r; decodes, and with DCP
+    short prefills, on one owner or replicated), its gathered slot mapping
+    (``_convert_to_gathered_slot_mappings``: rank-major, P equal parts, -1 where the rank does not write)
+    and each rank's block table rows and replay bounds as vLLM's runner and V4.1 model state make them.
+
+    The global batch's requests before the first query longer than ``decode_threshold`` are its decodes
+    (not prefilling), the rest its prefills (prefilling to their seq_len); its slot mapping's scheduled
+    rows are the global slot mapping. PCP=1's padding rows do not exist here: vLLM pads each rank itself.
+    """
+    import numpy as np
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu.input_batch import InputBatch
+    from vllm.v1.worker.gpu.pcp_manager import PCPManager
+
+    qsl = batch.query_start_loc_cpu.to(torch.int64)
+    num_reqs = qsl.shape[0] - 1
+    num_tokens = int(qsl[-1])
+    seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens).cpu().to(torch.int64)
+    qlens = (qsl[1:] - qsl[:-1]).numpy().astype(np.int32)
+    computed = (seq_lens.numpy() - qlens).astype(np.int32)
+    long = np.flatnonzero(qlens > decode_threshold)
+    first_prefill = int(long[0]) if long.size else num_reqs
+    is_prefilling = np.arange(num_reqs) >= first_prefill
+    prefill_len = np.where(is_prefilling, seq_lens.numpy(), computed).astype(np.int32)
+    req = torch.repeat_interleave(torch.arange(num_reqs), qsl[1:] - qsl[:-1])
+    positions = (torch.arange(num_tokens) - qsl[req] + torch.from_numpy(computed).to(torch.int64)[req]).to(torch.int64)
+    idx_np = np.arange(num_reqs, dtype=np.intp)
+    global_batch = InputBatch(
+        req_ids=[f"r{i}" for i in range(num_reqs)],
+        num_reqs=num_reqs,
+        num_reqs_after_padding=num_reqs,
+        idx_mapping=torch.from_numpy(idx_np.astype(np.int64)),
+        idx_mapping_np=idx_np,
+        expanded_idx_mapping=torch.from_numpy(idx_np.astype(np.int64)),
+        expanded_local_pos=torch.zeros(num_reqs, dtype=torch.int32),
+        num_scheduled_tokens=qlens,
+        num_tokens=num_tokens,
+        num_tokens_after_padding=num_tokens,
+        num_draft_tokens=0,
+        num_draft_tokens_per_req=None,
+        query_start_loc=qsl.to(torch.int32),
+        query_start_loc_np=qsl.numpy().astype(np.int32),
+        seq_lens=seq_lens.to(torch.int32),
+        seq_lens_cpu_upper_bound=seq_lens.to(torch.int32),
+        dcp_local_seq_lens=None,
+        num_computed_tokens_np=computed,
+        prefill_len_np=prefill_len,
+        num_computed_prefill_tokens_np=np.minimum(computed, prefill_len),
+        is_prefilling_np=is_prefilling,
+        has_prefill=bool(is_prefilling.any()),
+        decode_graph_eligible=not bool(is_prefilling.any()),
+        input_ids=torch.zeros(num_tokens, dtype=torch.int32),
+        positions=positions,
+        is_padding=torch.zeros(num_tokens, dtype=torch.bool),
+        logits_indices=qsl[1:].to(torch.int32) - 1,
+        cu_num_logits=torch.arange(num_reqs + 1, dtype=torch.int32),
+        cu_num_logits_np=np.arange(num_reqs + 1, dtype=np.int32),
+        has_structured_output_reqs=False,
+        prompt_lens=None,
+    )
+    desc = type("Desc", (), {"cg_mode": CUDAGraphMode.NONE, "num_tokens": 0, "num_reqs": 0})()
+    global_slots = batch.slot_mapping[:num_tokens].to(torch.int64).view(1, -1)
+    replay = batch.replay_start
+    ranks = []
+    for rank in range(pcp):
+        mgr = PCPManager(
+            pcp,
+            rank,
+            torch.device("cpu"),
+            shard_decode_requests,
+            max_num_reqs=max_num_seqs,
+            max_num_tokens=max_num_batched_tokens,
+            dcp_world_size=dcp,
+        )
+        local = mgr.partition_batch(global_batch, desc)
+        gathered = mgr._convert_to_gathered_slot_mappings(global_slots)[0].clone()
+        n = local.num_reqs
+        idx = torch.from_numpy(local.idx_mapping_np[:n].astype(np.int64))
+        block_table = batch.block_table.index_select(0, idx)
+        # vLLM's V4.1 model state: a rank's request segments carry their request's bound when prefilling.
+        local_replay = None
+        if replay is not None:
+            local_replay = torch.where(torch.from_numpy(local.is_prefilling_np[:n].copy()), replay.cpu()[idx], 0).to(
+                torch.int32
+            )
+        own = gathered.chunk(pcp)[rank]
+        seq_cpu = local.seq_lens_cpu_upper_bound[:n]
+        rank_batch = AttentionBatch(
+            seq_lens=local.seq_lens[:n],
+            query_start_loc=local.query_start_loc[: n + 1],
+            query_start_loc_cpu=torch.from_numpy(local.query_start_loc_np[: n + 1].copy()),
+            seq_lens_cpu=seq_cpu,
+            block_table=block_table,
+            slot_mapping=own,
+            max_query_len=int(local.num_scheduled_tokens.max()),
+            num_tokens=own.shape[0],
+            causal=batch.causal,
+            replay_start=local_replay,
+        )
+        cm_kwargs = dict(
+            slot_mapping=gathered,
+            positions=local.positions,
+            is_prefilling=torch.from_numpy(local.is_prefilling_np[:n].copy()),
+        )
+        ranks.append(PCPRank(rank, rank_batch, gathered, local.positions, local.num_tokens, cm_kwargs))
+    assert all(r.gathered_slots.shape == ranks[0].gathered_slots.shape for r in ranks)
+    assert all(torch.equal(r.gathered_slots, ranks[0].gathered_slots) for r in ranks)
+    return ranks
+
+
+class FakePCPGroup:
+    """vLLM's PCP group coordinator as the V4.1 builder uses it (``rank_in_group``, ``world_size``,
+    ``all_gather(t, dim=0)``), for one rank of a one-process test: the all-gather hands back every
+    rank's ``positions`` in rank order, after checking it was given this rank's own."""
+
+    def __init__(self, rank: int, positions: list[torch.Tensor]):
+        self.rank_in_group = rank
+        self.world_size = len(positions)
+        self.positions = positions
+        self.gathers = 0
+
+    def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        assert dim == 0 and torch.equal(t, self.positions[self.rank_in_group])
+        self.gathers += 1
+        return torch.cat(self.positions, dim=0)
+
+
 def import_rocm_modules() -> tuple[Any, Any]:
     """vLLM's ROCm AITER modules (V4, V4.1). ``vllm.platforms.rocm`` reads the GPU's architecture when
     imported (amdsmi, then torch.cuda); on this CPU-only torch it is told gfx942 for that one call.
@@ -225,6 +387,21 @@ def import_rocm_modules() -> tuple[Any, Any]:
 
 def _t(x: Any) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+
+def same_memory(a: Any, b: Any) -> bool:
+    """The same tensor, or two views of the same memory (vLLM's V4.1 builder takes its PCP slot chunk
+    with a fresh view at each build)."""
+    if a is b:
+        return True
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
 
 
 def compare(
@@ -266,7 +443,7 @@ def compare(
     ):
         check(f, getattr(native, f), getattr(ours, f))
     for f in ("seq_lens", "query_start_loc", "query_start_loc_cpu", "block_table", "slot_mapping"):
-        if getattr(native, f) is not getattr(ours, f):
+        if not same_memory(getattr(native, f), getattr(ours, f)):
             diffs.append(f"{f}: not the step's own tensor")
     ndt, npt = native.num_decode_tokens, native.num_prefill_tokens
     n = ndt + npt

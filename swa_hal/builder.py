@@ -507,6 +507,8 @@ class SWAMetadataBuilder:
     def _tails(self, seq_lens: torch.Tensor, seq_cpu: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``seq_lens[start:]`` and ``seq_cpu[start:]``, reused for the same memory seen the same way
         (swa_hal/cache.py)."""
+        if not start:  # every request a prefill: the tails are the tensors themselves
+            return seq_lens, seq_cpu
         # seq_lens passed the preflight (int32, unit stride, the builder's device): its address and
         # shape name it; the host copy is unchecked, so it is keyed in full.
         key = ("tails", start, seq_lens.data_ptr(), seq_lens.shape, tensor_key(seq_cpu))

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .cache import HostCache, tensor_key
+from .cache import HostCache
 from .errors import BatchCapacityError, BatchShapeError
 from .preflight import preflight_tensor
 
@@ -129,7 +129,9 @@ def _stacked(
     _shapes("block_tables", ts, "slot_mappings", ss[1], num_reqs, num_tokens)
     # An engine hands in a slice of its buffers per step ([:, :num_reqs], [:, :num_tokens]): tables and
     # slot mappings are kept apart (their lengths vary independently), each pair's rows once more.
-    tkey, skey = tensor_key(tables), tensor_key(slots)
+    # Identity keys (swa_hal/cache.py) from the shapes and strides read above; the checks fixed the
+    # dtypes and the device.
+    tkey, skey = (tables.data_ptr(), ts, tst), (slots.data_ptr(), ss, sst)
     found = cache.get(("group pair", tkey, skey))
     if found is None:
         table_views, table_addresses = _unbound(cache, tkey, tables)

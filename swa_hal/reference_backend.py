@@ -345,7 +345,9 @@ class TorchBackend(Backend):
         return True
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
-        plan = update_plan(metadata)
+        # An update rebuilds the decode requests only, so only they are checked: a prefill's violation
+        # belongs to the build that handed its rows out (the kernels' decode programs see no prefill).
+        plan = update_plan(metadata)._replace(num_reqs=metadata.num_decodes)
         batch = _UpdateInputs(metadata)
         with one_thread():
             self._compute(plan, batch, buffers)  # type: ignore[arg-type]
@@ -367,10 +369,10 @@ class _UpdateInputs:
     __slots__ = ("query_start_loc", "seq_lens", "block_table", "slot_mapping", "replay_start")
 
     def __init__(self, metadata: SWAMetadata):
-        ndt = metadata.num_decode_tokens
+        ndt, nd = metadata.num_decode_tokens, metadata.num_decodes
         self.replay_start = metadata.replay_start
-        self.query_start_loc = metadata.query_start_loc
-        self.seq_lens = metadata.seq_lens
+        self.query_start_loc = metadata.query_start_loc[: nd + 1]
+        self.seq_lens = metadata.seq_lens[:nd]
         self.block_table = metadata.block_table
         self.slot_mapping = metadata.slot_mapping[:ndt]
 

@@ -355,12 +355,29 @@ def _window_rows(
                 zero = tl.zeros([BLOCK_T], dtype=tl.int32)
                 tl.store(left_ptr + tok_at, zero, mask=shared)
                 tl.store(right_ptr + tok_at, zero, mask=shared)
+                if GUARD:
+                    # Rule 4 holds for every request, decodes included: a decode whose span breaks it is
+                    # emptied and recorded (decode rows never use spans, but the request is malformed).
+                    bad_span = _image_visibility(
+                        pos,
+                        req,
+                        row_ok,
+                        seq,
+                        prefix,
+                        span_indptr_ptr,
+                        span_starts_ptr,
+                        span_ends_ptr,
+                        num_spans,
+                        BLOCK_T,
+                        MAX_IMAGE,
+                        GUARD,
+                    )[2]
         start = tl.maximum(start, bound)
         # Never negative: a replay bound past p leaves an empty row.
         lens = tl.maximum(last + 1 - start, 0)
         if GUARD:
             kind, value = _flag(kind, value, checked & ((bound < 0) | (bound > prefix)), 3, bound)  # REPLAY
-            if IMAGES:
+            if IMAGES or CLEAR_IMAGES:
                 kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), 4, bad_span)  # SPAN
     if GUARD:
         kind, value = _flag(kind, value, checked & (lens > WIDTH), 7, lens)  # ROW_WIDTH
@@ -650,6 +667,24 @@ def swa_metadata_kernel(
             kind, value = _flag(kind, value, real & (query < 0), 1, query)  # QUERY_ORDER
             kind, value = _flag(kind, value, real & (seq < query), 2, seq)  # SEQ_SHORT
             kind, value = _flag(kind, value, real & ((bound < 0) | (bound > seq - query)), 3, bound)  # REPLAY
+            if MAX_IMAGE > 0:
+                # A prefill whose spans break rule 4 gets gather length 0 like any other broken prefill
+                # (its rows are emptied by the row programs, which this program cannot see).
+                bad_span = _image_visibility(
+                    tl.zeros([GATHER_BLOCK], dtype=tl.int32),
+                    req,
+                    real,
+                    seq,
+                    seq - query,
+                    span_indptr_ptr,
+                    span_starts_ptr,
+                    span_ends_ptr,
+                    num_spans,
+                    GATHER_BLOCK,
+                    MAX_IMAGE,
+                    GUARD,
+                )[2]
+                kind, value = _flag(kind, value, real & (bad_span != NO_SPAN), 4, bad_span)  # SPAN
             gather = tl.where(kind > 0, 0, gather)
             _record(violation_ptr, kind, req, value, i)
         tl.store(gather_lens_ptr + i, gather, mask=real)

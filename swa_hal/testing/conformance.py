@@ -8,9 +8,9 @@
         opt_out = {"draft_update_matches_a_fresh_build": "Acme graphs cannot update in place yet"}
 
 Run it with ``pytest -p swa_hal.testing.plugin`` (add ``--swa-hal-interpret`` to run Triton kernels on a CPU).
-Outputs are compared with ``swa_hal.reference`` bit for bit on the worked vectors (docs/semantics.md) and on
-random batches of every kind, on the backend's own device, or on the CPU through the Triton interpreter when
-the backend says its kernels are Triton. Tests that check a claim (``clamps_addresses``, ``cuda_graphs``,
+Outputs are compared with ``swa_hal.reference`` bit for bit on the worked vectors (docs/semantics.md), on
+random batches of every kind and on the guarded output of malformed ones, on the backend's own device, or on
+the CPU through the Triton interpreter when the backend says its kernels are Triton. Tests that check a claim (``clamps_addresses``, ``cuda_graphs``,
 in-place draft updates) are collected only for backends that make it; ``opt_out`` turns off any test by
 name, with the reason shown in the report.
 
@@ -25,6 +25,7 @@ from .draft_updates import DraftUpdateTests
 from .fixtures import CONFORMANCE_CONFIGS, PLATFORM_GRID, BackendFixtures, Target, requires
 from .graphs import GraphTests
 from .groups import GroupBuildTests
+from .guarded import GuardedOutputTests
 from .random_batches import RandomBatchTests
 from .selection import SelectionTests
 from .slot_rows import SlotRowTests
@@ -39,6 +40,7 @@ __all__ = [
     "DraftUpdateTests",
     "GraphTests",
     "GroupBuildTests",
+    "GuardedOutputTests",
     "RandomBatchTests",
     "SelectionTests",
     "SlotRowTests",
@@ -57,6 +59,7 @@ class BackendConformance(
     AddressRuleTests,
     GraphTests,
     SlotRowTests,
+    GuardedOutputTests,
 ):
     """Every topic of the kit. Set ``backend_name`` (or pass ``--swa-hal-backend``); optionally
     ``platform``, ``device``, ``batches_per_case``, ``opt_out``, ``configs`` (see ``BackendFixtures``)."""

@@ -1,0 +1,364 @@
+"""Conformance topic: guarded output (docs/semantics.md #guarded-builds). A guarded build of a malformed
+batch hands out exactly what the torch reference hands out, bit for bit (rows, lens, gather lengths,
+per-token helpers, visibility arrays), and records a violation exactly when the reference does. Checked
+for ``build``, ``build_groups``, single and grouped draft updates and ``build_slot_rows``, on a handful of
+fixed malformed inputs drawn from a seeded RNG, against a torch builder of the same config."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from ..batch import AttentionBatch, ImageSpans
+from ..builder import SWAMetadataBuilder
+from ..config import SWAConfig
+from ..errors import BatchValidationError
+from ..metadata import SWAMetadata
+from ..platform import PlatformInfo
+from ..slot_rows import SlotRows, slot_limit
+from .fixtures import BackendFixtures, Target
+from .slot_rows import random_slot_rows, slot_rows_config
+
+# A small geometry whose malformed batches reach every rule of docs/semantics.md #guarded-builds.
+GUARDED_CONFIG = SWAConfig(
+    window_size=5,
+    block_size=4,
+    max_model_len=128,
+    max_num_batched_tokens=48,
+    max_num_seqs=6,
+    num_speculative_tokens=1,
+    speculative_method="mtp",
+    num_kv_blocks=24,
+    max_image_tokens=3,
+    num_kv_groups=3,
+)
+# The SWAMetadata fields that are not outputs of the build (host objects, names).
+_NOT_COMPARED = {"tile_sched", "backend", "extras"}
+
+
+def reference_builder(config: SWAConfig, **kw: Any) -> SWAMetadataBuilder:
+    """The torch reference on the CPU, guarded (the default)."""
+    return SWAMetadataBuilder(
+        config, device="cpu", backend="torch", platform=PlatformInfo.from_assume("vendor=cpu"), **kw
+    )
+
+
+def metadata_differences(got: SWAMetadata, want: SWAMetadata) -> list[str]:
+    """Every field of ``want`` that ``got`` has and that differs: tensors bit for bit (shape, dtype and
+    values, on the CPU), everything else by equality. Backend extras are not compared (the reference has
+    none)."""
+    problems = []
+    for name, value in vars(want).items():
+        if name in _NOT_COMPARED or name not in vars(got):
+            continue
+        other = vars(got)[name]
+        if isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor):
+            a, b = other.detach().cpu(), value.detach().cpu()
+            if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+                problems.append(f"{name}: backend {_show(a)}, reference {_show(b)}")
+        elif isinstance(value, torch.Tensor) or isinstance(other, torch.Tensor):
+            problems.append(f"{name}: backend {other!r}, reference {value!r}")
+        elif other != value:
+            problems.append(f"{name}: backend {other!r}, reference {value!r}")
+    return problems
+
+
+def _show(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)} {t.dtype} {t.tolist()}"
+
+
+def recorded(builder: SWAMetadataBuilder) -> bool:
+    """Whether the builder recorded a violation since the last check (and clears it): whether ``check()``
+    raises a validation error."""
+    try:
+        builder.check()
+    except BatchValidationError:
+        return True
+    return False
+
+
+def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, type[BaseException] | None]:
+    """``fn(*args, **kwargs)``'s result, or the type of the validation error it raised (the host preflight's
+    answer)."""
+    try:
+        return fn(*args, **kwargs), None
+    except BatchValidationError as exc:
+        return None, type(exc)
+
+
+# Malformed inputs whose guarded output docs/semantics.md #guarded-builds leaves unsettled (the Triton
+# kernels and the reference still differ there), by name. ``unsettled`` tells a batch's.
+UNSETTLED = {
+    "decreasing query_start_loc": "the owner of a token (token_to_req_indices, and the rows and record that "
+    "follow from it) where query_start_loc decreases",
+    "decreasing image-span CSR": "the spans a request owns where image_spans.indptr decreases",
+    "broken request without a checked row": "whether a violation is recorded for a request that broke a rule "
+    "but has no query token with a slot (its outputs are equal: it hands out nothing)",
+}
+
+
+def unsettled(batch: AttentionBatch) -> str | None:
+    """The ``UNSETTLED`` name of a batch whose guarded outputs are not settled, or None."""
+    qsl = batch.query_start_loc_cpu.tolist()
+    if any(b < a for a, b in zip(qsl, qsl[1:])):
+        return "decreasing query_start_loc"
+    spans = batch.image_spans
+    if spans is not None and spans.starts.shape[0]:
+        ptr = spans.indptr.cpu().tolist()[: len(qsl)]
+        if any(b < a for a, b in zip(ptr, ptr[1:])):
+            return "decreasing image-span CSR"
+    return None
+
+
+def unchecked_request(batch: AttentionBatch, record: list[int], num_reqs: int | None = None) -> bool:
+    """Whether ``record`` (a reference's ``[count, kind, request, value]``) names a request of a build or
+    update (its first ``num_reqs``) that has no query token with a slot: the kernels check a request's
+    rules on its tokens, so they see no such request (``UNSETTLED``)."""
+    if not record[0] or record[1] > 7:
+        return False
+    qsl, slots = batch.query_start_loc_cpu.tolist(), batch.slot_mapping.cpu().tolist()
+    r = record[2]
+    if num_reqs is not None and r >= num_reqs:
+        return False
+    return not any(slots[t] >= 0 for t in range(qsl[r], min(qsl[r + 1], len(slots))))
+
+
+def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG, *, settled: bool = False) -> AttentionBatch:
+    """A structurally plausible batch (it passes the host preflight of ``config``) with malformed values:
+    decreasing offsets, short sequences, out-of-range block ids, bad replay bounds and image spans.
+
+    ``settled``: only malformations whose guarded output docs/semantics.md #guarded-builds settles
+    (``UNSETTLED`` lists the others): offsets and the span CSR non-decreasing, every request with a query
+    token, every scheduled token with a slot."""
+    num_reqs = rng.randint(1, min(5, config.max_num_seqs))
+    queries = [rng.randint(1 if settled else 0, 7) for _ in range(num_reqs)]
+    qsl = [0]
+    for q in queries:
+        qsl.append(qsl[-1] + q)
+    if not settled and rng.random() < 0.4:  # break monotonicity somewhere
+        i = rng.randint(1, num_reqs)
+        qsl[i] = max(0, qsl[i] - rng.randint(1, 9))
+    num_tokens = max(1, max(qsl)) + rng.randint(0, 3)
+    seqs = [max(0, q + rng.randint(-3, 40)) for q in queries]
+    width = rng.randint(1, 12)
+    table = [[rng.randint(-2, 30) for _ in range(width)] for _ in range(num_reqs)]
+    slots = [rng.randint(0 if settled and t < qsl[-1] else -1, 90) for t in range(num_tokens)]
+    replay = [rng.randint(-2, 45) for _ in range(num_reqs)] if rng.random() < 0.5 else None
+    n_spans = rng.randint(0, 3) if config.max_image_tokens else 0
+    span_ptr = [rng.randint(0, n_spans + 3) for _ in range(num_reqs + 1)]
+    if settled or rng.random() < 0.5:
+        span_ptr = sorted(span_ptr)
+        span_ptr[0] = 0
+    starts = [rng.randint(-1, 45) for _ in range(n_spans)]
+    ends = [rng.randint(-1, 45) for _ in range(n_spans)]
+    return make_batch(qsl, seqs, table, slots, rng.randint(0, 8), num_tokens, replay, (span_ptr, starts, ends))
+
+
+def make_batch(
+    qsl: list[int],
+    seqs: list[int],
+    table: list[list[int]],
+    slots: list[int],
+    max_query_len: int,
+    num_tokens: int,
+    replay: list[int] | None = None,
+    image_spans: tuple[list[int], list[int], list[int]] | None = None,
+) -> AttentionBatch:
+    """A batch of exactly these values (no validation): ``image_spans`` is ``(indptr, starts, ends)``,
+    dropped when it has no span."""
+
+    def t32(v: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(v, dtype=torch.int32)
+
+    qsl_t = t32(qsl)
+    spans = None
+    if image_spans is not None and image_spans[1]:
+        spans = ImageSpans(t32(image_spans[0]), t32(image_spans[1]), t32(image_spans[2]))
+    return AttentionBatch(
+        seq_lens=t32(seqs),
+        query_start_loc=qsl_t,
+        query_start_loc_cpu=qsl_t.clone(),
+        seq_lens_cpu=t32(seqs),
+        block_table=t32(table) if table and table[0] else torch.zeros((len(seqs), 0), dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        max_query_len=max_query_len,
+        num_tokens=num_tokens,
+        causal=True,
+        replay_start=None if replay is None else t32(replay),
+        image_spans=spans,
+    )
+
+
+def malformed_groups(
+    rng: random.Random, batch: AttentionBatch, groups: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The batch's own table and slots, then ``groups - 1`` other groups' of other widths and values, as
+    malformed as the batch's (block ids past the cache, negative ones, tables too narrow)."""
+    tables, slots = [batch.block_table], [batch.slot_mapping]
+    num_reqs = batch.query_start_loc_cpu.shape[0] - 1
+    for _ in range(groups - 1):
+        width = rng.randint(1, 12)
+        table = [[rng.randint(-2, 30) for _ in range(width)] for _ in range(num_reqs)]
+        tables.append(torch.tensor(table, dtype=torch.int32))
+        # The same tokens without a slot in every group (as an engine's groups have).
+        own = [rng.randint(0, 90) for _ in range(batch.num_tokens)]
+        slots.append(torch.where(batch.slot_mapping.cpu() >= 0, torch.tensor(own, dtype=torch.int64), -1))
+    return tables, slots
+
+
+def draft_step(rng: random.Random, batch: AttentionBatch, md: SWAMetadata) -> None:
+    """The engine's draft step, in place, as a buggy engine might do it: the decode requests' seq_lens
+    advance by one, or by a random amount that can make a sequence shorter than its query."""
+    n = md.num_decodes
+    if not n:
+        return
+    if rng.random() < 0.5:
+        delta = torch.ones(n, dtype=torch.int32)
+    else:
+        delta = torch.tensor([rng.randint(-4, 6) for _ in range(n)], dtype=torch.int32)
+    batch.seq_lens[:n] += delta.to(batch.seq_lens.device)
+    if batch.seq_lens_cpu is not None:
+        batch.seq_lens_cpu[:n] += delta
+
+
+def malformed_slot_rows(rng: random.Random, window: int, limit: int) -> SlotRows:
+    """A random token-slot rows call (``random_slot_rows``) with some values broken: pool indices past
+    ``req_to_token``, rows reading past its width, token slots past ``slot_map``, cache slots past
+    ``limit``."""
+    rows = random_slot_rows(rng, window, rng.choice((torch.int32, torch.int64)))
+    pools, rt = rows.pools.clone(), rows.req_to_token.clone()
+    ends, slot_map = rows.row_ends.clone(), rows.slot_map.clone()
+    block_slots = None if rows.block_slots is None else rows.block_slots.clone()
+    for _ in range(rng.randint(1, 3)):
+        what = rng.randrange(5)
+        if what == 0:
+            pools[rng.randrange(pools.shape[0])] = rng.choice((-1, rt.shape[0], rt.shape[0] + 3))
+        elif what == 1:
+            ends[rng.randrange(ends.shape[0])] = rt.shape[1] + rng.randint(1, 4)
+        elif what == 2:
+            rt.view(-1)[rng.randrange(rt.numel())] = rng.choice((-2, slot_map.shape[0], slot_map.shape[0] + 7))
+        elif what == 3:
+            slot_map[rng.randrange(slot_map.shape[0])] = rng.choice((-5, limit, limit + 9))
+        elif block_slots is not None:
+            block_slots[rng.randrange(block_slots.shape[0])] = rng.choice((-3, slot_map.shape[0]))
+        else:
+            ends[rng.randrange(ends.shape[0])] = rng.randint(-3, 2)
+    return dataclasses.replace(
+        rows, pools=pools, req_to_token=rt, row_ends=ends, slot_map=slot_map, block_slots=block_slots
+    )
+
+
+def guarded_slot_rows_config(window: int) -> SWAConfig:
+    """A token-slot rows config that knows its cache (so rule 11 has a bound)."""
+    return slot_rows_config(window, num_kv_blocks=80)
+
+
+class GuardedOutputTests(BackendFixtures):
+    """Seeded malformed inputs through every guarded entry point, compared with a torch builder."""
+
+    # Malformed inputs per test (each runs every entry point it covers).
+    guarded_cases: ClassVar[int] = 6
+
+    def _both(
+        self, make_builder: Callable[..., SWAMetadataBuilder], config: SWAConfig
+    ) -> tuple[SWAMetadataBuilder, SWAMetadataBuilder]:
+        return make_builder(config), reference_builder(config)
+
+    def test_guarded_builds_equal_the_reference(
+        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
+    ) -> None:
+        builder, ref = self._both(make_builder, GUARDED_CONFIG)
+        rng = random.Random(f"guarded-build-{name}")
+        for k in range(self.guarded_cases):
+            batch = malformed_batch(rng, settled=True)
+            want, want_error = attempt(ref.build, batch, validate=False)
+            moved = batch.to(target.device)
+            got, error = attempt(builder.build, moved, validate=False)
+            where = f"malformed batch {k} ({batch_summary(batch)})"
+            assert error == want_error, f"{where}: the backend raised {error}, the reference {want_error}"
+            if want is None:
+                continue
+            problems = metadata_differences(got, want)
+            assert not problems, f"{where}: " + "; ".join(problems)
+            assert recorded(builder) == recorded(ref), f"{where}: only one of the two recorded a violation"
+            if not got.num_decode_tokens or not builder.supports_draft_decode_metadata_update:
+                continue
+            for step in range(2):  # draft steps on the metadata just compared
+                draft_step(rng, batch, want)
+                if moved.seq_lens is not batch.seq_lens:
+                    moved.seq_lens.copy_(batch.seq_lens)
+                got_update = attempt(builder.update_draft_decode_metadata, got)[1]
+                want_update = attempt(ref.update_draft_decode_metadata, want)[1]
+                at = f"{where}, draft step {step + 1}"
+                assert got_update == want_update, f"{at}: the backend raised {got_update}, the reference {want_update}"
+                problems = metadata_differences(got, want)
+                assert not problems, f"{at}: " + "; ".join(problems)
+                assert recorded(builder) == recorded(ref), f"{at}: only one of the two recorded a violation"
+
+    def test_guarded_group_builds_equal_the_reference(
+        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
+    ) -> None:
+        builder, ref = self._both(make_builder, GUARDED_CONFIG)
+        rng = random.Random(f"guarded-groups-{name}")
+        groups = GUARDED_CONFIG.num_kv_groups
+        for k in range(self.guarded_cases):
+            batch = malformed_batch(rng, settled=True)
+            tables, slots = malformed_groups(rng, batch, groups)
+            moved = batch.to(target.device)
+            dev_tables, dev_slots = [t.to(target.device) for t in tables], [s.to(target.device) for s in slots]
+            want, want_error = attempt(ref.build_groups, batch, tables, slots, validate=False)
+            got, error = attempt(builder.build_groups, moved, dev_tables, dev_slots, validate=False)
+            where = f"malformed group batch {k} ({batch_summary(batch)})"
+            assert error == want_error, f"{where}: the backend raised {error}, the reference {want_error}"
+            if want is None:
+                continue
+            for g, (md, want_md) in enumerate(zip(got, want)):
+                problems = metadata_differences(md, want_md)
+                assert not problems, f"{where}, group {g}: " + "; ".join(problems)
+            assert recorded(builder) == recorded(ref), f"{where}: only one of the two recorded a violation"
+            if not want[0].num_decode_tokens or not builder.supports_draft_decode_metadata_update:
+                continue
+            draft_step(rng, batch, want[0])
+            if moved.seq_lens is not batch.seq_lens:
+                moved.seq_lens.copy_(batch.seq_lens)
+            got_update = attempt(builder.update_draft_decode_metadata, got)[1]
+            want_update = attempt(ref.update_draft_decode_metadata, want)[1]
+            assert got_update == want_update, f"{where}, draft step: the backend raised {got_update}"
+            for g, (md, want_md) in enumerate(zip(got, want)):
+                problems = metadata_differences(md, want_md)
+                assert not problems, f"{where}, group {g} after a draft step: " + "; ".join(problems)
+            assert recorded(builder) == recorded(ref), f"{where}, draft step: only one recorded a violation"
+
+    def test_guarded_slot_rows_equal_the_reference(
+        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
+    ) -> None:
+        rng = random.Random(f"guarded-slot-rows-{name}")
+        for window in (8, 20):
+            config = guarded_slot_rows_config(window)
+            builder, ref = self._both(make_builder, config)
+            for k in range(self.guarded_cases):
+                rows = malformed_slot_rows(rng, window, slot_limit(config))
+                want, want_error = attempt(ref.build_slot_rows, rows)
+                got, error = attempt(builder.build_slot_rows, rows.to(target.device))
+                where = f"malformed token-slot rows call {k} (window {window}, block {rows.block})"
+                assert error == want_error, f"{where}: the backend raised {error}, the reference {want_error}"
+                if want is None:
+                    continue
+                for what, a, b in (("rows", got[0], want[0]), ("lens", got[1], want[1])):
+                    a = a.cpu()
+                    assert torch.equal(a, b), f"{where}: {what} differ: backend {a.tolist()}, reference {b.tolist()}"
+                assert recorded(builder) == recorded(ref), f"{where}: only one of the two recorded a violation"
+
+
+def batch_summary(batch: AttentionBatch) -> str:
+    spans = batch.image_spans
+    return (
+        f"qsl={batch.query_start_loc_cpu.tolist()} seq={batch.seq_lens_cpu.tolist() if batch.seq_lens_cpu is not None else None} "
+        f"table={batch.block_table.tolist()} slots={batch.slot_mapping.tolist()} max_query_len={batch.max_query_len} "
+        f"num_tokens={batch.num_tokens} replay={None if batch.replay_start is None else batch.replay_start.tolist()} "
+        f"spans={None if spans is None else (spans.indptr.tolist(), spans.starts.tolist(), spans.ends.tolist())}"
+    )

@@ -20,6 +20,7 @@ from swa_hal import errors as E
 from swa_hal.guard import block_limit
 from swa_hal.slot_rows import slot_limit
 from swa_hal.testing.guarded import (
+    GUARDED_CONFIG,
     UNSETTLED,
     attempt,
     batch_summary,
@@ -384,17 +385,8 @@ class _null:
 
 # -- fuzzing the default path ------------------------------------------------------------------------------
 
-FUZZ = SWAConfig(
-    window_size=5,
-    block_size=4,
-    max_model_len=128,
-    max_num_batched_tokens=48,
-    max_num_seqs=6,
-    num_speculative_tokens=1,
-    speculative_method="mtp",
-    num_kv_blocks=24,
-    max_image_tokens=3,
-)
+# The kit's guarded-output geometry (swa_hal.testing.guarded), one KV-cache group.
+FUZZ = dataclasses.replace(GUARDED_CONFIG, num_kv_groups=1)
 EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40"))
 
 
@@ -476,7 +468,7 @@ def test_fuzz_malformed_batches_on_the_default_path(batch, backend):
 # -- guarded output equals the reference (docs/semantics.md #guarded-builds) ---------------------------------
 
 PARITY_EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "25"))
-GROUPED = dataclasses.replace(FUZZ, num_kv_groups=3)
+GROUPED = GUARDED_CONFIG
 PARITY = settings(
     max_examples=PARITY_EXAMPLES,
     deadline=None,

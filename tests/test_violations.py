@@ -10,22 +10,15 @@ import logging
 import pytest
 import torch
 from helpers import make_builder
+from test_guard import CFG as GUARD_CFG
 
-from swa_hal import AttentionBatch, SWAConfig
+from swa_hal import AttentionBatch
 from swa_hal import errors as E
 from swa_hal.guard import Violation
 from swa_hal.violations import ViolationWatch, describe
 
-CFG = SWAConfig(
-    window_size=4,
-    block_size=4,
-    max_model_len=64,
-    max_num_batched_tokens=32,
-    max_num_seqs=6,
-    num_speculative_tokens=1,
-    speculative_method="mtp",
-    num_kv_blocks=16,
-)
+# The guard tests' geometry without image tokens.
+CFG = dataclasses.replace(GUARD_CFG, max_image_tokens=0)
 LOGGER = "swa_hal"
 SEQ_SHORT_LINE = (
     "swa_hal: a guarded build handed out empty rows: BatchRangeError: seq_lens[1]=3 is shorter than its query "

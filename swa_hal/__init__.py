@@ -23,6 +23,7 @@ from .errors import (
 from .hookspecs import hookimpl, hookspec
 from .metadata import SWAMetadata
 from .platform import PlatformInfo, probe_platform
+from .request_window import RequestWindowLayout, RequestWindowRows
 from .selection import Selection, select_backend
 from .slot_rows import SlotRows
 
@@ -45,6 +46,8 @@ __all__ = [
     "LAYER_TYPES",
     "PlatformInfo",
     "PluginError",
+    "RequestWindowLayout",
+    "RequestWindowRows",
     "SWAConfig",
     "SWAHalError",
     "SWAMetadata",

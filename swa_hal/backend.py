@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .config import SWAConfig
     from .metadata import SWAMetadata
     from .platform import PlatformInfo
+    from .request_window import RequestWindowLayout, RequestWindowRows
     from .slot_rows import SlotRows
 
 API_VERSION = 1
@@ -251,6 +252,13 @@ class Backend:
         from .slot_rows import build_slot_rows
 
         build_slot_rows(rows, self.config.window_size, out, lens, record, guard=self.guard, limit=limit)
+
+    def compute_request_window(self, rows: RequestWindowRows) -> RequestWindowLayout:
+        """A request-window layout (docs/semantics.md #request-window-layouts), in new tensors.
+        Default: the vectorised torch build; backends with a kernel override it."""
+        from .request_window import build_request_window
+
+        return build_request_window(rows, self.config.window_size)
 
     def make_tile_schedulers(self, num_decode_tokens: int) -> Mapping[str, Any]:
         """One fresh planner object per layer type the model has, None for the rest (the default:

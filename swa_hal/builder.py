@@ -33,6 +33,12 @@ from .metadata import SWAMetadata, group_views, shape_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
 from .preflight import preflight_batch, preflight_update
+from .request_window import (
+    RequestWindowLayout,
+    RequestWindowRows,
+    preflight_request_window,
+    validate_request_window,
+)
 from .selection import select_backend
 from .slot_rows import SlotRows, check_outputs, preflight_slot_rows, slot_limit
 from .split import split_decodes_and_prefills
@@ -277,6 +283,22 @@ class SWAMetadataBuilder:
             with self._on_device:
                 self.backend.compute_slot_rows(rows, out, lens, self.buffers.violation, self._slot_limit)
             return out, lens
+        finally:
+            self._busy.release()
+
+    def build_request_window(self, rows: RequestWindowRows, validate: bool | None = None) -> RequestWindowLayout:
+        """A request-window layout (docs/semantics.md #request-window-layouts): DeepSeek-V4.1's window
+        rows over a per-request workspace of history rows, all of SGLang's ``WindowLayout`` fields, in
+        new tensors, without a host sync. ``validate`` (default: the builder's) also checks the rules
+        that need the data (a host sync): the runs fit ``num_groups``, positions ascend within a run."""
+        preflight_request_window(rows, self.config.window_size, self.device)
+        if validate if validate is not None else self.validate:
+            validate_request_window(rows)
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentBuildError(self._concurrent_message("build_request_window"))
+        try:
+            with self._on_device:
+                return self.backend.compute_request_window(rows)
         finally:
             self._busy.release()
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .batch import AttentionBatch
     from .buffers import MetadataBuffers
     from .metadata import SWAMetadata
+    from .request_window import RequestWindowLayout, RequestWindowRows
     from .slot_rows import SlotRows
 
 
@@ -357,6 +358,10 @@ class TorchBackend(Backend):
     ) -> None:
         with one_thread():
             super().compute_slot_rows(rows, out, lens, record, limit)
+
+    def compute_request_window(self, rows: RequestWindowRows) -> RequestWindowLayout:
+        with one_thread():
+            return super().compute_request_window(rows)
 
     def status(self) -> dict[str, str]:
         return {"kernel": "PyTorch reference (vectorized, any device)"}

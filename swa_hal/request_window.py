@@ -1,0 +1,257 @@
+"""Request-window layouts (docs/semantics.md #request-window-layouts): the window rows of DeepSeek-V4.1,
+whose attention reads one step's workspace (history rows copied from a per-request ring, then the step's
+own query rows) instead of the paged SWA cache.
+
+The inputs are one row per query token (its request's ring slot and its position, optionally its floor);
+rows of one request follow each other as a *run*. The outputs say where each query row writes in the
+workspace, which workspace rows it reads (newest first), which ring row each history row is copied from,
+and which query rows commit back to the ring. This module holds the inputs, their O(1) host preflight,
+the syncing validation of ``validate=True`` builds, and the vectorised torch build every backend runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import torch
+
+from .config import INT32_LIMIT
+from .errors import BatchCapacityError, BatchConsistencyError, BatchRangeError, BatchShapeError
+from .slot_rows import _index_tensor
+
+# SGLang's ring rows per request (``RequestWindow``'s capacity).
+DEFAULT_CAPACITY = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestWindowRows:
+    """One call's inputs (docs/semantics.md #request-window-layouts).
+
+    req: [n] each query row's request (its ring slot); a run is a maximal stretch of equal values.
+    pos: [n] each query row's position; within a run they ascend by one.
+    zero_row: the ring row an invalid history row copies from (a row of zeros).
+    capacity: ring rows per request; ring row of (request, position) is ``req * capacity + pos % capacity``.
+    floors: [>= n] each query row's lowest readable position, or None (0).
+    num_groups: history groups of ``W`` rows in the workspace (None: n); at least the number of runs.
+    padded_rows: query rows of the layout (a prefill graph pads past n); None or <= n: n.
+    """
+
+    req: torch.Tensor
+    pos: torch.Tensor
+    zero_row: int
+    capacity: int = DEFAULT_CAPACITY
+    floors: torch.Tensor | None = None
+    num_groups: int | None = None
+    padded_rows: int | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.pos.shape[0]
+
+    def groups(self) -> int:
+        return self.num_rows if self.num_groups is None else self.num_groups
+
+    def padded(self) -> int:
+        return max(self.num_rows, self.padded_rows or 0)
+
+    def to(self, device: str | torch.device) -> RequestWindowRows:
+        """The same call with every tensor on ``device``."""
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **moved)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestWindowLayout:
+    """One call's outputs: SGLang's ``WindowLayout`` fields, same dtypes, plus ``runs``.
+
+    Query rows (``P = padded`` of them; rows past n are padding): ``req``, ``pos`` (int64 [P]),
+    ``write_loc`` (int32 [P]), ``indices`` (int32 [P, W], newest first, -1 past lengths), ``lengths``
+    (int32 [P]), ``commit_mask`` (bool [P]). History rows (``G * W``): ``history_req``, ``history_pos``,
+    ``history_loc``, ``history_src`` (int64), ``history_valid`` (bool). ``size`` = G * W + P, the
+    workspace rows. ``runs`` (int64 [1], on the device): how many runs the rows hold, for the check
+    ``runs <= G`` that needs no host sync.
+    """
+
+    req: torch.Tensor
+    pos: torch.Tensor
+    write_loc: torch.Tensor
+    indices: torch.Tensor
+    lengths: torch.Tensor
+    history_req: torch.Tensor
+    history_pos: torch.Tensor
+    history_loc: torch.Tensor
+    history_valid: torch.Tensor
+    history_src: torch.Tensor
+    commit_mask: torch.Tensor
+    size: int
+    runs: torch.Tensor
+
+    # SGLang's WindowLayout fields, in its order (runs is swa_hal's own).
+    FIELDS = (
+        "req",
+        "pos",
+        "write_loc",
+        "indices",
+        "lengths",
+        "history_req",
+        "history_pos",
+        "history_loc",
+        "history_valid",
+        "history_src",
+        "commit_mask",
+        "size",
+    )
+
+    def fields(self) -> dict[str, torch.Tensor | int]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+def _count(name: str, value: object, low: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        kind = "a non-negative integer" if low == 0 else "a positive integer"
+        raise BatchRangeError(name, f"{name}={value!r} must be {kind}{' or None' if allow_none else ''}")
+
+
+def preflight_request_window(rows: RequestWindowRows, window: int, device: torch.device) -> None:
+    """The O(1) host checks of a call: dtypes, devices, ranks, strides, lengths, the scalar settings, and
+    that every workspace row fits int32 (``write_loc``). The rules that need the data are
+    ``validate_request_window``'s."""
+    n = _index_tensor("pos", rows.pos, device, 1).shape[0]
+    req = _index_tensor("req", rows.req, device, 1)
+    if req.shape[0] != n:
+        raise BatchShapeError("req", f"req has {req.shape[0]} rows; pos has {n}")
+    if n == 0:
+        raise BatchShapeError("pos", "a request-window layout needs at least one query row (pos is empty)")
+    if rows.floors is not None and _index_tensor("floors", rows.floors, device, 1).shape[0] < n:
+        raise BatchShapeError("floors", f"floors has {rows.floors.shape[0]} rows; pos has {n}")
+    _count("zero_row", rows.zero_row, 0)
+    _count("capacity", rows.capacity, 1)
+    _count("num_groups", rows.num_groups, 1, allow_none=True)
+    _count("padded_rows", rows.padded_rows, 0, allow_none=True)
+    size = rows.groups() * window + rows.padded()
+    if size > INT32_LIMIT:
+        raise BatchCapacityError(
+            "num_groups",
+            f"the workspace has {size} rows ({rows.groups()} groups of {window} + {rows.padded()} query rows); "
+            f"write_loc is int32 (at most {INT32_LIMIT})",
+        )
+
+
+def validate_request_window(rows: RequestWindowRows) -> None:
+    """The rules that need the data (a host sync; ``validate=True`` builds): the runs fit the history
+    groups, and positions ascend by one within a run (a run's history starts at its first position)."""
+    req = rows.req.to(torch.int64).cpu()
+    pos = rows.pos.to(torch.int64).cpu()
+    starts = torch.ones(req.shape[0], dtype=torch.bool)
+    starts[1:] = req[1:] != req[:-1]
+    run_rows = torch.nonzero(starts)[:, 0]
+    groups = rows.groups()
+    if run_rows.shape[0] > groups:
+        at = int(run_rows[groups])
+        raise BatchCapacityError(
+            "req",
+            f"req[{at}] starts run {groups + 1}, past num_groups={groups} (the runs past it get no history)",
+            at,
+        )
+    broken = torch.nonzero(~starts[1:] & (pos[1:] != pos[:-1] + 1))
+    if broken.shape[0]:
+        at = int(broken[0, 0]) + 1
+        raise BatchConsistencyError(
+            "pos",
+            f"pos[{at}]={int(pos[at])} does not follow pos[{at - 1}]={int(pos[at - 1])} within the run of "
+            f"request {int(req[at])} (positions of a run ascend by one)",
+            at,
+        )
+
+
+def build_request_window(rows: RequestWindowRows, window: int) -> RequestWindowLayout:
+    """The torch build (no host sync; a fixed number of operations whatever the rows). A run past the
+    history groups (the invariant SGLang reports as ``dsv41.window_groups_fit``) gets no history rows;
+    its query rows are computed by the same rule, as SGLang's Triton op does."""
+    i64 = torch.int64
+    req = rows.req.to(i64)
+    pos = rows.pos.to(i64)
+    n = pos.shape[0]
+    dev = pos.device
+    groups = rows.groups()
+    padded = rows.padded()
+    capacity = rows.capacity
+    history_rows = groups * window
+    offset = torch.arange(n, device=dev)
+    # Runs: the start of each, each row's run number, and its run's first and last rows.
+    starts = torch.ones(n, dtype=torch.bool, device=dev)
+    starts[1:] = req[1:] != req[:-1]
+    group = starts.cumsum(0) - 1
+    first = torch.cummax(torch.where(starts, offset, 0), 0).values
+    ends = torch.ones(n, dtype=torch.bool, device=dev)
+    ends[:-1] = starts[1:]
+    last = torch.cummin(torch.where(ends, offset, n - 1).flip(0), 0).values.flip(0)
+    first_pos = pos - (offset - first)
+
+    lookback = torch.arange(window, device=dev)
+    seen = pos[:, None] - lookback
+    valid = seen >= 0
+    floors = None if rows.floors is None else rows.floors[:n].to(i64)
+    if floors is not None:
+        valid &= seen >= floors[:, None]
+    from_first = seen - first_pos[:, None]
+    # Before the run's first position: its history group; from it on: the run's own query rows.
+    loc = torch.where(
+        from_first < 0, group[:, None] * window + window + from_first, history_rows + first[:, None] + from_first
+    )
+    indices = torch.where(valid, loc, -1).to(torch.int32)
+    lengths = valid.sum(-1, dtype=torch.int32)
+    commit = (last - offset) < capacity
+
+    # History: group g is run g's (g < groups); its last row stands for the run, as in SGLang's op.
+    slot = torch.where(starts & (group < groups), group, groups)
+    run_start = torch.full((groups + 1,), -1, dtype=i64, device=dev).scatter_(0, slot, offset)[:groups]
+    live = run_start >= 0
+    start = run_start.clamp_min(0)
+    end = last.index_select(0, start)
+    g_req = torch.where(live, req.index_select(0, end), 0)
+    g_first = torch.where(live, pos.index_select(0, end) - end + start, 0)
+    history_pos = (g_first[:, None] - window + lookback).reshape(-1)
+    history_req = g_req[:, None].expand(groups, window).reshape(-1)
+    history_valid = (history_pos >= 0) & live[:, None].expand(groups, window).reshape(-1)
+    if floors is not None:
+        g_floor = torch.where(live, floors.index_select(0, end), 0)
+        history_valid &= history_pos >= g_floor[:, None].expand(groups, window).reshape(-1)
+    history_src = torch.where(history_valid, history_req * capacity + history_pos % capacity, rows.zero_row)
+
+    write_loc = torch.arange(history_rows, history_rows + padded, dtype=torch.int32, device=dev)
+    pad = padded - n
+    if pad:
+        # Padding rows write the workspace past the live rows, read nothing and commit nowhere.
+        req_out = torch.cat([req, req.new_zeros(pad)])
+        pos_out = torch.cat([pos, pos.new_zeros(pad)])
+        indices = torch.cat([indices, indices.new_full((pad, window), -1)])
+        lengths = torch.cat([lengths, lengths.new_zeros(pad)])
+        commit = torch.cat([commit, commit.new_zeros(pad)])
+    else:
+        # New tensors even where the inputs are int64 already: the caller keeps them (a graph replay
+        # copies into them), so they must not alias the engine's inputs.
+        req_out = req.clone() if req is rows.req else req
+        pos_out = pos.clone() if pos is rows.pos else pos
+    return RequestWindowLayout(
+        req=req_out,
+        pos=pos_out,
+        write_loc=write_loc,
+        indices=indices,
+        lengths=lengths,
+        history_req=history_req,
+        history_pos=history_pos,
+        history_loc=torch.arange(history_rows, device=dev),
+        history_valid=history_valid,
+        history_src=history_src,
+        commit_mask=commit,
+        size=history_rows + padded,
+        runs=group[-1:] + 1,
+    )

@@ -1,0 +1,123 @@
+"""Request-window layouts (docs/semantics.md #request-window-layouts): the worked vectors of the section on
+every backend, the host preflight's typed errors, and the syncing validation's rules. Equality with
+SGLang's own ``window_layout`` (its torch path and its Triton op) is tests/engines/test_sglang.py's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import BACKEND_PLATFORMS, make_builder
+
+from swa_hal import RequestWindowRows, SWAConfig
+from swa_hal.errors import BatchCapacityError, BatchConsistencyError, BatchDtypeError, BatchRangeError, BatchShapeError
+
+T, F = True, False
+
+
+def config(window: int) -> SWAConfig:
+    return SWAConfig(window_size=window, block_size=64, max_model_len=4096, max_num_batched_tokens=16, max_num_seqs=16)
+
+
+def t(values, dtype=torch.int64):
+    return torch.tensor(values, dtype=dtype)
+
+
+def check(got, want: dict) -> None:
+    for name, value in want.items():
+        have = getattr(got, name)
+        if isinstance(value, int):
+            assert have == value, name
+            continue
+        assert torch.equal(have, torch.tensor(value, dtype=have.dtype)), (name, have, value)
+
+
+@pytest.mark.parametrize("backend", tuple(BACKEND_PLATFORMS))
+@pytest.mark.parametrize("dtype", (torch.int32, torch.int64))
+def test_worked_vector_1(backend, dtype):
+    builder = make_builder(config(4), backend)
+    rows = RequestWindowRows(t([3, 3, 3, 5], dtype), t([4, 5, 6, 0], dtype), zero_row=99, capacity=8, num_groups=3,
+                             padded_rows=6)
+    got = builder.build_request_window(rows)
+    check(got, dict(
+        req=[3, 3, 3, 5, 0, 0], pos=[4, 5, 6, 0, 0, 0], write_loc=[12, 13, 14, 15, 16, 17],
+        indices=[[12, 3, 2, 1], [13, 12, 3, 2], [14, 13, 12, 3], [15, -1, -1, -1], [-1] * 4, [-1] * 4],
+        lengths=[4, 4, 4, 1, 0, 0], commit_mask=[T, T, T, T, F, F],
+        history_req=[3] * 4 + [5] * 4 + [0] * 4, history_pos=[0, 1, 2, 3] + [-4, -3, -2, -1] * 2,
+        history_loc=list(range(12)), history_valid=[T] * 4 + [F] * 8, history_src=[24, 25, 26, 27] + [99] * 8,
+        size=18, runs=[2],
+    ))
+    assert got.req.dtype == got.pos.dtype == got.history_src.dtype == torch.int64
+    assert got.write_loc.dtype == got.indices.dtype == got.lengths.dtype == torch.int32
+
+
+@pytest.mark.parametrize("backend", tuple(BACKEND_PLATFORMS))
+def test_worked_vector_2(backend):
+    builder = make_builder(config(4), backend)
+    rows = RequestWindowRows(t([7, 7, 7, 7, 7, 2]), t([9, 10, 11, 12, 13, 3]), zero_row=50, capacity=4,
+                             floors=t([8, 8, 8, 8, 8, 2]))
+    got = builder.build_request_window(rows)
+    check(got, dict(
+        write_loc=[24, 25, 26, 27, 28, 29],
+        indices=[[24, 3, -1, -1], [25, 24, 3, -1], [26, 25, 24, 3], [27, 26, 25, 24], [28, 27, 26, 25],
+                 [29, 7, -1, -1]],
+        lengths=[2, 3, 4, 4, 4, 2], commit_mask=[F, T, T, T, T, T],
+        history_req=[7] * 4 + [2] * 4 + [0] * 16, history_pos=[5, 6, 7, 8, -1, 0, 1, 2] + [-4, -3, -2, -1] * 4,
+        history_valid=[F, F, F, T, F, F, F, T] + [F] * 16, history_src=[50, 50, 50, 28, 50, 50, 50, 10] + [50] * 16,
+        size=30, runs=[2],
+    ))
+
+
+def test_outputs_never_alias_the_inputs():
+    builder = make_builder(config(4), "torch")
+    req, pos = t([1, 1]), t([5, 6])
+    got = builder.build_request_window(RequestWindowRows(req, pos, zero_row=0))
+    got.req.fill_(9)
+    got.pos.fill_(9)
+    assert req.tolist() == [1, 1] and pos.tolist() == [5, 6]
+
+
+def test_runs_past_the_groups_get_no_history():
+    # Three runs, two groups: the third run's rows keep the rule (its history indices point past H = 8,
+    # into the query rows) and no history group is its.
+    builder = make_builder(config(4), "torch")
+    got = builder.build_request_window(RequestWindowRows(t([1, 2, 3]), t([5, 5, 5]), zero_row=0, num_groups=2))
+    assert got.runs.tolist() == [3]
+    assert got.indices[2].tolist() == [10, 2 * 4 + 3, 2 * 4 + 2, 2 * 4 + 1]
+    assert got.history_req.tolist() == [1] * 4 + [2] * 4
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "field"),
+    [
+        (dict(pos=t([], torch.int64), req=t([], torch.int64)), BatchShapeError, "pos"),
+        (dict(req=t([1])), BatchShapeError, "req"),
+        (dict(pos=t([1, 2], torch.int16)), BatchDtypeError, "pos"),
+        (dict(req=t([[1, 1]])), BatchShapeError, "req"),
+        (dict(floors=t([0])), BatchShapeError, "floors"),
+        (dict(zero_row=-1), BatchRangeError, "zero_row"),
+        (dict(capacity=0), BatchRangeError, "capacity"),
+        (dict(capacity=True), BatchRangeError, "capacity"),
+        (dict(num_groups=0), BatchRangeError, "num_groups"),
+        (dict(padded_rows=-2), BatchRangeError, "padded_rows"),
+        (dict(num_groups=2**30), BatchCapacityError, "num_groups"),
+    ],
+)
+def test_preflight_names_the_field(change, error, field):
+    builder = make_builder(config(4), "torch")
+    base = dict(req=t([1, 1]), pos=t([3, 4]), zero_row=0)
+    with pytest.raises(error) as info:
+        builder.build_request_window(RequestWindowRows(**{**base, **change}))
+    assert info.value.field == field
+
+
+def test_validation_names_the_row():
+    builder = make_builder(config(4), "torch", validate=True)
+    with pytest.raises(BatchCapacityError) as info:
+        builder.build_request_window(RequestWindowRows(t([1, 2, 1]), t([0, 0, 1]), zero_row=0, num_groups=2))
+    assert (info.value.field, info.value.index) == ("req", 2)
+    with pytest.raises(BatchConsistencyError) as info:
+        builder.build_request_window(RequestWindowRows(t([1, 1, 1, 2]), t([3, 4, 6, 0]), zero_row=0))
+    assert (info.value.field, info.value.index) == ("pos", 2)
+    # Unvalidated builds read no value: the same rows build.
+    plain = make_builder(config(4), "torch")
+    assert plain.build_request_window(RequestWindowRows(t([1, 1, 1, 2]), t([3, 4, 6, 0]), zero_row=0)).size == 20

@@ -35,6 +35,7 @@ from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
 from ..errors import ConfigError
 from ..platform import PlatformInfo
+from ..request_window import DEFAULT_CAPACITY, RequestWindowLayout, RequestWindowRows
 from ..slot_rows import SlotRows
 from ._common import InstallOnce, announce, auto_backend, enabled, require_version
 
@@ -171,6 +172,24 @@ class SGLangSWAIndices:
             width=_align(self.window_size + block, align),
         )
         return self.builder.build_slot_rows(rows)
+
+    def window_layout(
+        self,
+        req: torch.Tensor,
+        pos: torch.Tensor,
+        *,
+        zero_row: int,
+        capacity: int = DEFAULT_CAPACITY,
+        floor: torch.Tensor | None = None,
+        num_groups: int | None = None,
+        padded_rows: int | None = None,
+    ) -> RequestWindowLayout:
+        """What SGLang's DeepSeek-V4.1 ``window_layout`` returns (docs/semantics.md
+        #request-window-layouts), for this adapter's window: every ``WindowLayout`` field, plus ``runs``."""
+        rows = RequestWindowRows(
+            req, pos, zero_row, capacity=capacity, floors=floor, num_groups=num_groups, padded_rows=padded_rows
+        )
+        return self.builder.build_request_window(rows)
 
 
 # -- the adapters the hooks use ------------------------------------------------------------------------

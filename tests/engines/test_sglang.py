@@ -72,6 +72,11 @@ class _CountsSummary:
             "swa_hal vs SGLang parity, batches per backend: " + ", ".join(f"{k}={v}" for k, v in by_backend.items())
         )
         terminalreporter.write_line("  by kind: " + ", ".join(f"{k}={v}" for k, v in sorted(H.COUNTS.items())))
+        if H.WINDOW_COUNTS:
+            terminalreporter.write_line(
+                "request-window layouts vs SGLang's window_layout: "
+                + ", ".join(f"{k}={v}" for k, v in sorted(H.WINDOW_COUNTS.items()))
+            )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -370,3 +375,98 @@ def test_one_launch_per_call_same_builder_new_outputs(loaded):
     assert builder.backend._slot_rows.launches == launches + 1
     assert first.swa_page_indices.data_ptr() != second.swa_page_indices.data_ptr()
     assert torch.equal(first.swa_page_indices, second.swa_page_indices)
+
+# -- DeepSeek-V4.1 request-window layouts --------------------------------------------------------------------
+
+# Random V4.1 steps compared with SGLang's torch path (per backend; a layout is cheap) and with its Triton
+# op, which runs in the interpreter and takes about a second a step: fewer of those.
+WINDOW_STEPS = {"torch": 200, **dict.fromkeys(TRITON_BACKENDS, 20)}
+WINDOW_OP_STEPS = 30
+
+
+def _window_window(rng: random.Random) -> int:
+    return rng.choice((4, 8, 16, 100)) if rng.random() < 0.4 else H.SWA_WINDOW
+
+
+def _check_window(case, got, want, where: str) -> None:
+    """Every WindowLayout field: the same dtype, shape and values (``want`` is SGLang's WindowLayout or
+    its op's dict)."""
+    for name in integ.RequestWindowLayout.FIELDS:
+        have = getattr(got, name)
+        expected = want[name] if isinstance(want, dict) else getattr(want, name)
+        label = f"{where} {case.kind} {name}"
+        if name == "size":
+            assert have == expected, (label, have, expected)
+            continue
+        assert have.dtype == expected.dtype, (label, have.dtype, expected.dtype)
+        torch.testing.assert_close(have, expected, rtol=0, atol=0, msg=lambda m, label=label: f"{label}: {m}")
+    assert int(got.runs) == H.window_runs(case)
+
+
+def _window_through_swa_hal(case):
+    adapter = integ.adapter_for(case.pos.device, case.window)
+    return adapter.window_layout(
+        case.req, case.pos, zero_row=case.zero_row, capacity=case.capacity, floor=case.floor,
+        num_groups=case.num_groups, padded_rows=case.padded_rows,
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_window_layout_equals_sglangs_torch_path(loaded, backend):
+    _use_backend(backend)
+    rng = random.Random(f"sglang-window-{backend}")
+    for i in range(WINDOW_STEPS[backend]):
+        kind = H.WINDOW_KINDS[i % len(H.WINDOW_KINDS)]
+        case = H.window_case(rng, kind, window=_window_window(rng))
+        _check_window(case, _window_through_swa_hal(case), H.sglang_window_torch(case), "torch path")
+        H.WINDOW_COUNTS[f"torch path:{kind}"] += 1
+
+
+def test_window_layout_equals_sglangs_triton_op(loaded):
+    """SGLang's CUDA path: its op ``build_window_layout`` (interpreter). Every third step has more runs
+    than groups, which only the op takes (the torch path fails: the next test)."""
+    _use_backend("torch")
+    rng = random.Random("sglang-window-op")
+    for i in range(WINDOW_OP_STEPS):
+        kind = H.WINDOW_KINDS[i % len(H.WINDOW_KINDS)]
+        overfull = i % 3 == 2
+        case = H.window_case(rng, kind, window=_window_window(rng), overfull=overfull)
+        assert not overfull or H.window_runs(case) > case.num_groups
+        _check_window(case, _window_through_swa_hal(case), H.sglang_window_triton(case), "op")
+        H.WINDOW_COUNTS[f"op:{'overfull' if overfull else kind}"] += 1
+
+
+def test_window_layout_runs_past_the_groups_sglang_torch_path_fails(loaded):
+    """Where the runs outnumber the groups SGLang's torch path (every device but CUDA) fails; swa_hal gives
+    its CUDA op's values on every device (docs/semantics.md #engine-parity)."""
+    rng = random.Random("sglang-window-overfull")
+    case = H.window_case(rng, "decode", window=8, overfull=True)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        H.sglang_window_torch(case)
+    _use_backend("torch")
+    _check_window(case, _window_through_swa_hal(case), H.sglang_window_triton(case), "op")
+
+
+def test_window_layout_worked_vectors_are_sglangs(loaded):
+    """The two vectors of docs/semantics.md #request-window-layouts, as SGLang computes them."""
+    t = torch.tensor
+    vectors = [
+        H.WindowCase("vector 1", t([3, 3, 3, 5]), t([4, 5, 6, 0]), 99, 4, 8, None, 3, 6),
+        H.WindowCase("vector 2", t([7, 7, 7, 7, 7, 2]), t([9, 10, 11, 12, 13, 3]), 50, 4, 4, t([8, 8, 8, 8, 8, 2]),
+                     None, None),
+    ]
+    _use_backend("torch")
+    for case in vectors:
+        got = _window_through_swa_hal(case)
+        _check_window(case, got, H.sglang_window_torch(case), "torch path")
+        _check_window(case, got, H.sglang_window_triton(case), "op")
+    assert got.indices[5].tolist() == [29, 7, -1, -1] and got.history_src[:8].tolist() == [50, 50, 50, 28, 50, 50, 50, 10]
+
+
+def test_at_least_200_window_steps():
+    if not H.WINDOW_COUNTS:
+        pytest.skip("the request-window parity tests did not run in this session")
+    torch_path = sum(v for k, v in H.WINDOW_COUNTS.items() if k.startswith("torch path:"))
+    assert torch_path >= 200, torch_path
+    assert all(H.WINDOW_COUNTS[f"torch path:{kind}"] for kind in H.WINDOW_KINDS)
+    assert H.WINDOW_COUNTS["op:overfull"] >= 10

@@ -6,7 +6,9 @@ extend and mixed batches, target verify, draft extend, late-layer tails; ``Compu
 ``BuildDsparkSwaPageIndices`` for DSpark draft blocks). This module gives the same rows and lens from
 swa_hal's auto-selected backend, and installs itself through SGLang's plugin framework: the entry point
 ``swa_hal`` of the group ``sglang.srt.plugins`` (select it with ``SGLANG_PLUGINS=swa_hal``; turn it off
-with ``SWA_HAL_SGLANG=0``) registers three hooks with ``sglang.srt.plugins.hook_registry.HookRegistry``.
+with ``SWA_HAL_SGLANG=0``) registers four hooks with ``sglang.srt.plugins.hook_registry.HookRegistry``.
+The fourth gives DeepSeek-V4.1's request-window layout (``window_layout``, docs/semantics.md
+#request-window-layouts) from ``SWAMetadataBuilder.build_request_window``.
 
 SGLang's inputs are exactly swa_hal's token-slot rows (docs/semantics.md #token-slot-rows): one row per
 query token given by its position (``seq_lens_casual - 1``), its request-pool row and its floor
@@ -56,7 +58,10 @@ _BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
 TARGET_CAUSAL = f"{_OPS}.BuildCausalSwaPageIndices.execute"
 TARGET_CORE = f"{_BACKEND}.DeepseekV4AttnBackend.make_core_attn_metadata"
 TARGET_DSPARK = f"{_BACKEND}.DeepseekV4AttnBackend.get_dspark_swa_page_indices"
-TARGETS = (TARGET_CAUSAL, TARGET_CORE, TARGET_DSPARK)
+# DeepSeek-V4.1's request window: the layout both V4 attention backends (and the idle forward) build.
+_REQUEST_WINDOW = "sglang.srt.mem_cache.dsv41_request_window"
+TARGET_WINDOW = f"{_REQUEST_WINDOW}.window_layout"
+TARGETS = (TARGET_CAUSAL, TARGET_CORE, TARGET_DSPARK, TARGET_WINDOW)
 
 
 def _align(n: int, to: int) -> int:
@@ -336,6 +341,35 @@ def dspark_indices_around(
     )
 
 
+def window_layout_around(
+    original: Callable[..., Any],
+    req: torch.Tensor,
+    pos: torch.Tensor,
+    *,
+    zero_row: int,
+    window: int = SGLANG_SWA_WINDOW,
+    capacity: int = DEFAULT_CAPACITY,
+    floor: torch.Tensor | None = None,
+    num_groups: int | None = None,
+    padded_rows: int | None = None,
+) -> Any:
+    """AROUND hook of DeepSeek-V4.1's ``window_layout``: swa_hal's layout (docs/semantics.md
+    #request-window-layouts), as SGLang's ``WindowLayout``, on every device (SGLang itself takes its
+    Triton op on CUDA, a torch path of small ops elsewhere). SGLang's invariant
+    ``dsv41.window_groups_fit`` is checked as its CUDA path checks it (its own ``expect``, its level,
+    not while capturing a graph), now on every device; ``dsv41.swa_history_present`` stays where SGLang
+    checks it, on the history rows this layout names."""
+    module = sys.modules[_REQUEST_WINDOW]
+    got = adapter_for(pos.device, window).window_layout(
+        req, pos, zero_row=zero_row, capacity=capacity, floor=floor, num_groups=num_groups, padded_rows=padded_rows
+    )
+    if num_groups is not None and module.resolve_level() >= module.InvariantCheckLevel.WARN and not module._capturing():
+        # The same predicate as SGLang's (its last row's run < num_groups), from the count the build
+        # already holds on the device: no host sync.
+        module.expect(module._WINDOW_GROUPS_FIT, got.runs <= num_groups, msg="request runs")
+    return module.WindowLayout(**got.fields())
+
+
 # -- the plugin ----------------------------------------------------------------------------------------
 
 _install_once = InstallOnce()
@@ -350,7 +384,8 @@ def _install() -> str:
     HookRegistry.register(TARGET_CAUSAL, causal_execute, HookType.REPLACE)
     HookRegistry.register(TARGET_CORE, core_attn_metadata_around, HookType.AROUND)
     HookRegistry.register(TARGET_DSPARK, dspark_indices_around, HookType.AROUND)
-    return announce(log, ENGINE, version, "DeepSeek-V4 SWA indices and lens", name, where)
+    HookRegistry.register(TARGET_WINDOW, window_layout_around, HookType.AROUND)
+    return announce(log, ENGINE, version, "DeepSeek-V4 SWA indices and lens, V4.1 request-window layouts", name, where)
 
 
 def load_plugin() -> str | None:

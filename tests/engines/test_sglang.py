@@ -14,6 +14,7 @@ Where SGLang's own behaviour differs from swa_hal's safe behaviour, the test say
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -155,6 +156,7 @@ def test_sglang_loader_activates_swa_hal(loaded):
     # The ops hook is applied by SGLang's registry; the two backend-method hooks are registered (they
     # apply where the backend module imports, i.e. with SGLang's GPU stack, not in this environment).
     assert integ.TARGET_CAUSAL in HookRegistry._patched
+    assert integ.TARGET_WINDOW in HookRegistry._patched  # its module imports here (no GPU stack needed)
     assert set(integ.TARGETS) <= set(HookRegistry._hooks)
     assert all(len(HookRegistry._hooks[t]) == 1 for t in integ.TARGETS)
     wrapped = BuildCausalSwaPageIndices.__dict__["execute"]
@@ -470,3 +472,72 @@ def test_at_least_200_window_steps():
     assert torch_path >= 200, torch_path
     assert all(H.WINDOW_COUNTS[f"torch path:{kind}"] for kind in H.WINDOW_KINDS)
     assert H.WINDOW_COUNTS["op:overfull"] >= 10
+
+
+def test_window_layout_through_the_hook(loaded, monkeypatch):
+    """SGLang's own ``window_layout`` (what its V4.1 backends and the idle forward call) now returns
+    swa_hal's layout as SGLang's WindowLayout, equal to SGLang's own on random steps."""
+    import sglang.srt.mem_cache.dsv41_request_window as sgl_window
+
+    hooked = sgl_window.window_layout
+    assert hooked.__wrapped__ is not hooked and hooked.__wrapped__.__module__ == sgl_window.__name__
+    _use_backend("torch")
+    calls = []
+    real = integ.SGLangSWAIndices.window_layout
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.window_size)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(integ.SGLangSWAIndices, "window_layout", counted)
+    rng = random.Random("sglang-window-hook")
+    for i in range(len(H.WINDOW_KINDS)):
+        case = H.window_case(rng, H.WINDOW_KINDS[i], window=_window_window(rng))
+        args = case.kwargs()
+        if case.window == H.SWA_WINDOW:
+            del args["window"]  # SGLang's callers leave it at its default
+        got = hooked(case.req, case.pos, **args)
+        assert isinstance(got, sgl_window.WindowLayout)
+        want = H.sglang_window_torch(case)
+        for name in integ.RequestWindowLayout.FIELDS:
+            have, expected = getattr(got, name), getattr(want, name)
+            if name == "size":
+                assert have == expected
+            else:
+                assert have.dtype == expected.dtype and torch.equal(have, expected), name
+        # SGLang's own methods keep working on it (a prefill graph's leading rows).
+        assert torch.equal(got.leading_rows(1).indices, want.indices[:1])
+    assert len(calls) == len(H.WINDOW_KINDS)  # every call was swa_hal's
+    # Runs past the groups: SGLang's torch path would fail here; through the hook the op's values come back.
+    case = H.window_case(rng, "decode", window=8, overfull=True)
+    got = hooked(case.req, case.pos, **case.kwargs())
+    want = H.sglang_window_triton(case)
+    assert all(torch.equal(getattr(got, k), want[k]) for k in integ.RequestWindowLayout.FIELDS if k != "size")
+
+
+def test_window_layout_hook_keeps_sglangs_invariant(loaded, monkeypatch):
+    """``dsv41.window_groups_fit`` through SGLang's own ``expect``: silent when the runs fit, and at
+    SGLang's STRICT level a failure when they do not (on the CPU its async assert raises at once)."""
+    import sglang.srt.mem_cache.dsv41_request_window as sgl_window
+
+    _use_backend("torch")
+    fits = H.window_case(random.Random(3), "extend", window=8)
+    fits = dataclasses.replace(fits, num_groups=H.window_runs(fits))
+    overfull = H.window_case(random.Random(4), "decode", window=8, overfull=True)
+    seen = []
+    real_expect = sgl_window.expect
+
+    def watched(inv, value, **kwargs):
+        seen.append((inv.name, value.tolist()))
+        return real_expect(inv, value, **kwargs)
+
+    monkeypatch.setattr(sgl_window, "expect", watched)
+    monkeypatch.setenv("SGLANG_INVARIANT_CHECK", "0")
+    sgl_window.window_layout(overfull.req, overfull.pos, **overfull.kwargs())
+    assert seen == []  # OFF: SGLang builds no predicate, neither do we
+    monkeypatch.setenv("SGLANG_INVARIANT_CHECK", "2")
+    sgl_window.window_layout(fits.req, fits.pos, **fits.kwargs())
+    assert seen == [("dsv41.window_groups_fit", [True])]
+    with pytest.raises(RuntimeError, match="dsv41.window_groups_fit"):
+        sgl_window.window_layout(overfull.req, overfull.pos, **overfull.kwargs())
+    assert seen[-1] == ("dsv41.window_groups_fit", [False])

@@ -6,7 +6,9 @@ The inputs are one row per query token (its request's ring slot and its position
 rows of one request follow each other as a *run*. The outputs say where each query row writes in the
 workspace, which workspace rows it reads (newest first), which ring row each history row is copied from,
 and which query rows commit back to the ring. This module holds the inputs, their O(1) host preflight,
-the syncing validation of ``validate=True`` builds, and the vectorised torch build every backend runs.
+the syncing validation of ``validate=True`` builds, and the vectorised torch build: the reference, and
+what every backend without a kernel of its own runs (the Triton backends launch
+``kernels/request_window.py``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from .backend import Backend, BuildPlan, update_plan
 from .envs import env_flag
 from .errors import BackendUnavailableError
 from .groups import group_rows
+from .kernels.request_window_launch import RequestWindowArgs, RequestWindowKey, request_window_key
 from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsKey, rows_key, rows_keys
 from .kernels.slot_rows_launch import SlotRowsArgs, SlotRowsKey, slot_rows_key
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from .config import SWAConfig
     from .metadata import SWAMetadata
     from .platform import PlatformInfo
+    from .request_window import RequestWindowLayout, RequestWindowRows
     from .slot_rows import SlotRows
 
 
@@ -106,16 +108,19 @@ class TritonBackend(Backend):
                 f"set TRITON_INTERPRET=1 before triton is imported"
             )
         try:
+            from .kernels.request_window_launch import RequestWindowLaunch
             from .kernels.rows_launch import RowsLaunch
             from .kernels.slot_rows_launch import SlotRowsLaunch
 
             self._rows = RowsLaunch(device)
             self._slot_rows = SlotRowsLaunch(device)
+            self._request_window = RequestWindowLaunch(device)
         except ImportError as exc:
             raise BackendUnavailableError(f"backend {self.name!r} needs triton: {exc}") from exc
         self.guard = False
         self._keys: dict[tuple[bool, bool, bool], RowsKey] = {}
         self._slot_keys: dict[tuple[Any, ...], SlotRowsKey] = {}
+        self._window_keys: dict[tuple[Any, ...], RequestWindowKey] = {}
         self._buffers: MetadataBuffers | None = None
         self._records: dict[bool, RowsArgs] = {}
         self._no_spans: tuple[Any, Any, Any] = (None, None, None)
@@ -299,6 +304,69 @@ class TritonBackend(Backend):
             map_len=slot_map.shape[0],
         )
         self._slot_rows(key, self._slot_rows.programs(key, args), args)
+
+    # -- request-window layouts -------------------------------------------------------------------
+
+    def compute_request_window(self, rows: RequestWindowRows) -> RequestWindowLayout:
+        """One launch (docs/semantics.md #request-window-layouts, ``kernels/request_window.py``) into
+        new tensors."""
+        from .request_window import RequestWindowLayout
+
+        window = self.config.window_size
+        n, groups, padded = rows.num_rows, rows.groups(), rows.padded()
+        # Absent floors read pos instead (never, with the flag off).
+        floors = rows.pos if rows.floors is None else rows.floors
+        dtypes = (rows.req.dtype, rows.pos.dtype, floors.dtype)
+        spec = (rows.floors is not None, dtypes)
+        key = self._window_keys.get(spec)
+        if key is None:
+            key = self._window_keys[spec] = request_window_key(
+                window, has_floors=rows.floors is not None, device_type=self.device.type, dtypes=dtypes
+            )
+        dev, i64 = self.device, torch.int64
+        history = groups * window
+        out = RequestWindowLayout(
+            req=torch.empty(padded, dtype=i64, device=dev),
+            pos=torch.empty(padded, dtype=i64, device=dev),
+            write_loc=torch.empty(padded, dtype=torch.int32, device=dev),
+            indices=torch.empty((padded, window), dtype=torch.int32, device=dev),
+            lengths=torch.empty(padded, dtype=torch.int32, device=dev),
+            history_req=torch.empty(history, dtype=i64, device=dev),
+            history_pos=torch.empty(history, dtype=i64, device=dev),
+            history_loc=torch.empty(history, dtype=i64, device=dev),
+            history_valid=torch.empty(history, dtype=torch.bool, device=dev),
+            history_src=torch.empty(history, dtype=i64, device=dev),
+            commit_mask=torch.empty(padded, dtype=torch.bool, device=dev),
+            size=history + padded,
+            runs=torch.empty(1, dtype=i64, device=dev),
+        )
+        launch = self._request_window
+        ptr = launch.pointer
+        args = RequestWindowArgs(
+            req_ptr=ptr(rows.req),
+            pos_ptr=ptr(rows.pos),
+            floors_ptr=ptr(floors),
+            out_req_ptr=ptr(out.req),
+            out_pos_ptr=ptr(out.pos),
+            write_ptr=ptr(out.write_loc),
+            indices_ptr=ptr(out.indices),
+            lengths_ptr=ptr(out.lengths),
+            commit_ptr=ptr(out.commit_mask),
+            hist_req_ptr=ptr(out.history_req),
+            hist_pos_ptr=ptr(out.history_pos),
+            hist_loc_ptr=ptr(out.history_loc),
+            hist_valid_ptr=ptr(out.history_valid),
+            hist_src_ptr=ptr(out.history_src),
+            runs_ptr=ptr(out.runs),
+            n_rows=n,
+            padded=padded,
+            groups=groups,
+            capacity=rows.capacity,
+            zero_row=rows.zero_row,
+            query_programs=launch.query_programs(key, padded),
+        )
+        launch(key, launch.programs(key, args), args)
+        return out
 
     # -- warmup ----------------------------------------------------------------------------------
 

@@ -12,7 +12,16 @@ import random
 import pytest
 
 from helpers import make_builder
-from swa_hal.kernels import ragged, ragged_launch, rows_launch, slot_rows, slot_rows_launch, swa_metadata
+from swa_hal.kernels import (
+    ragged,
+    ragged_launch,
+    request_window,
+    request_window_launch,
+    rows_launch,
+    slot_rows,
+    slot_rows_launch,
+    swa_metadata,
+)
 from swa_hal.kernels.launch import TritonLaunch, record_fields
 from swa_hal.testing import CONFORMANCE_CONFIGS, KINDS, random_batch
 
@@ -32,6 +41,11 @@ CONTRACTS = [
     (slot_rows.slot_rows_kernel, slot_rows_launch.SlotRowsKey, slot_rows_launch.SlotRowsLaunch),
     (ragged.ragged_rows_kernel, ragged_launch.RaggedKey, ragged_launch.RaggedLaunch),
     (ragged.ragged_indptr_kernel, ragged_launch.IndptrKey, ragged_launch.IndptrLaunch),
+    (
+        request_window.request_window_kernel,
+        request_window_launch.RequestWindowKey,
+        request_window_launch.RequestWindowLaunch,
+    ),
 ]
 
 

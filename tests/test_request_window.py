@@ -1,14 +1,20 @@
 """Request-window layouts (docs/semantics.md #request-window-layouts): the worked vectors of the section on
-every backend, the host preflight's typed errors, and the syncing validation's rules. Equality with
+every backend, the Triton backends' kernel (``kernels/request_window.py``, through the interpreter,
+address-strict) against the torch build on random calls, the host preflight's typed errors, and the
+syncing validation's rules. Equality with
 SGLang's own ``window_layout`` (its torch path and its Triton op) is tests/engines/test_sglang.py's."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, make_builder
+from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder
 
 from swa_hal import RequestWindowRows, SWAConfig
+from swa_hal.request_window import build_request_window
+from swa_hal.testing import address_strict
 from swa_hal.errors import BatchCapacityError, BatchConsistencyError, BatchDtypeError, BatchRangeError, BatchShapeError
 
 T, F = True, False
@@ -121,3 +127,46 @@ def test_validation_names_the_row():
     # Unvalidated builds read no value: the same rows build.
     plain = make_builder(config(4), "torch")
     assert plain.build_request_window(RequestWindowRows(t([1, 1, 1, 2]), t([3, 4, 6, 0]), zero_row=0)).size == 20
+
+
+def random_rows(rng: random.Random) -> RequestWindowRows:
+    """Runs of one to a ring and more rows (so some rows do not commit), floors anywhere, the groups
+    exact, spare, missing (fewer than the runs) or absent, padding or none, int32 or int64."""
+    req, pos = [], []
+    for _ in range(rng.randint(1, 5)):
+        slot, first = rng.randint(0, 9), rng.randint(0, 500)
+        count = rng.choice((1, rng.randint(1, 30), rng.randint(250, 300)))
+        req += [slot] * count
+        pos += range(first, first + count)
+    n = len(req)
+    dtype = rng.choice((torch.int32, torch.int64))
+    runs = 1 + sum(req[k] != req[k - 1] for k in range(1, n))
+    floors = torch.tensor([rng.randint(0, 600) for _ in range(n)], dtype=dtype) if rng.random() < 0.5 else None
+    return RequestWindowRows(
+        torch.tensor(req, dtype=dtype),
+        torch.tensor(pos, dtype=dtype),
+        zero_row=rng.randint(0, 5000),
+        capacity=rng.choice((4, 16, 256)),
+        floors=floors,
+        num_groups=rng.choice((None, runs, max(1, runs - 1), runs + 3)),
+        padded_rows=rng.choice((None, n + rng.randint(0, 7))),
+    )
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_kernel_equals_the_torch_build(backend):
+    rng = random.Random(f"request-window-{backend}")
+    for _ in range(12):
+        window = rng.choice((4, 8, 16, 128))
+        builder = make_builder(config(window), backend)
+        rows = random_rows(rng)
+        want = build_request_window(rows, window)
+        # SM12x keeps every lane's address in bounds; the others every lane the mask leaves on.
+        with address_strict(active_only=backend != "sm12x"):
+            got = builder.build_request_window(rows)
+        for name in (*want.FIELDS, "runs"):
+            have, expected = getattr(got, name), getattr(want, name)
+            if name == "size":
+                assert have == expected
+                continue
+            assert have.dtype == expected.dtype and torch.equal(have, expected), (backend, name, rows)

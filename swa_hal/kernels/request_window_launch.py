@@ -1,0 +1,124 @@
+"""The launch contract of ``request_window_kernel`` (``request_window.py``; docs/semantics.md
+#request-window-layouts): its compile key, argument record and launch object. Importable without Triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .launch import CompileKey, TritonLaunch, cdiv, record_fields
+from .tiles import next_pow2, tile
+
+# Rows of the run scans' chunks: a program walks the rows before it (and a ring's worth after) this many
+# at a time.
+CHUNK = 256
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class RequestWindowKey(CompileKey):
+    """The constexprs of ``request_window_kernel``, and the dtypes of the engine's inputs its
+    compilation is specialised on (``dtypes``: req, pos, floors)."""
+
+    WINDOW: int
+    BLOCK_W: int
+    BLOCK_T: int
+    BLOCK_G: int
+    CHUNK: int
+    HAS_FLOORS: bool
+    dtypes: tuple[torch.dtype, ...] = ()
+
+    __hash__ = CompileKey.__hash__
+
+    def constexprs(self) -> dict[str, Any]:
+        out = super().constexprs()
+        del out["dtypes"]
+        return out
+
+    def pointer_dtypes(self) -> dict[str, torch.dtype]:
+        return dict(zip(REQUEST_WINDOW_INPUTS, self.dtypes))
+
+
+@dataclasses.dataclass(slots=True, kw_only=True, eq=False)
+class RequestWindowArgs:
+    """The runtime arguments of ``request_window_kernel``, in signature order."""
+
+    req_ptr: Any
+    pos_ptr: Any
+    floors_ptr: Any
+    out_req_ptr: Any
+    out_pos_ptr: Any
+    write_ptr: Any
+    indices_ptr: Any
+    lengths_ptr: Any
+    commit_ptr: Any
+    hist_req_ptr: Any
+    hist_pos_ptr: Any
+    hist_loc_ptr: Any
+    hist_valid_ptr: Any
+    hist_src_ptr: Any
+    runs_ptr: Any
+    n_rows: int
+    padded: int
+    groups: int
+    capacity: int
+    zero_row: int
+    query_programs: int
+
+
+REQUEST_WINDOW_INPUTS = ("req_ptr", "pos_ptr", "floors_ptr")
+# The inputs' dtypes are the key's (``pointer_dtypes``); the outputs' are fixed.
+REQUEST_WINDOW_POINTERS: dict[str, torch.dtype] = {
+    **dict.fromkeys(REQUEST_WINDOW_INPUTS, torch.int64),
+    "out_req_ptr": torch.int64,
+    "out_pos_ptr": torch.int64,
+    "write_ptr": torch.int32,
+    "indices_ptr": torch.int32,
+    "lengths_ptr": torch.int32,
+    "commit_ptr": torch.bool,
+    "hist_req_ptr": torch.int64,
+    "hist_pos_ptr": torch.int64,
+    "hist_loc_ptr": torch.int64,
+    "hist_valid_ptr": torch.bool,
+    "hist_src_ptr": torch.int64,
+    "runs_ptr": torch.int64,
+}
+# Every pointer is an engine tensor: the inputs are the engine's and the outputs new on every call.
+REQUEST_WINDOW_ENGINE = tuple(REQUEST_WINDOW_POINTERS)
+REQUEST_WINDOW_INTS = [name for name in record_fields(RequestWindowArgs) if name not in REQUEST_WINDOW_ENGINE]
+
+
+def request_window_key(
+    window: int, *, has_floors: bool, device_type: str, dtypes: tuple[torch.dtype, ...]
+) -> RequestWindowKey:
+    # One row per query token (or per history group), W entries each: the decode tiles' shape.
+    block_t, _ = tile(window, device_type, decode=True)
+    return RequestWindowKey(
+        WINDOW=window,
+        BLOCK_W=next_pow2(window),
+        BLOCK_T=block_t,
+        BLOCK_G=block_t,
+        CHUNK=CHUNK,
+        HAS_FLOORS=has_floors,
+        dtypes=dtypes,
+    )
+
+
+class RequestWindowLaunch(TritonLaunch):
+    """``request_window_kernel``: one launch per ``build_request_window``."""
+
+    KERNEL = "swa_hal.kernels.request_window:request_window_kernel"
+    Args = RequestWindowArgs
+    POINTERS = REQUEST_WINDOW_POINTERS
+    ENGINE = REQUEST_WINDOW_ENGINE
+
+    @staticmethod
+    def query_programs(key: RequestWindowKey, padded: int) -> int:
+        return cdiv(padded, key.BLOCK_T)
+
+    @staticmethod
+    def programs(key: RequestWindowKey, args: RequestWindowArgs) -> int:
+        # The query rows' programs, then the history groups'.
+        return args.query_programs + cdiv(args.groups, key.BLOCK_G)

@@ -16,6 +16,11 @@ launch on the Triton backends, newest first for causal rows, context then block 
 synchronisation and no translation pass. SGLang keeps the returned tensors in its metadata (the main
 and the late-layer-tail metadata of one step live side by side), so they are new tensors on every
 call, as SGLang's own ops return.
+
+SGLang never calls ``check()``, so each call also polls the guarded builds' violation record without a
+sync (``SWAMetadataBuilder.poll_violations``, ``swa_hal.violations.ViolationWatch``): a violation a call
+recorded is logged through this module's logger (once per kind, naming the field, the row and the value)
+by a later call, or raised there under ``SWA_HAL_STRICT=1``.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ class SGLangSWAIndices:
 
     ``backend``/``platform`` go to ``SWAMetadataBuilder`` (None: ``SWA_HAL_BACKEND`` or
     auto-selection). The builder is made on first use; it keeps no per-call state beyond the guard's
-    violation record (``check()``)."""
+    violation record, which every call polls (``check()`` reads it with a sync)."""
 
     def __init__(
         self,
@@ -107,9 +112,12 @@ class SGLangSWAIndices:
                     cfg = SWAConfig(
                         window_size=w, block_size=64, max_model_len=w + 64, max_num_batched_tokens=1, max_num_seqs=1
                     )
-                    got = self._builder = SWAMetadataBuilder(
+                    got = SWAMetadataBuilder(
                         cfg, device=self.device, backend=self.backend, platform=self.platform, validate=self.validate
                     )
+                    # Violations go to SGLang's log (this module's logger, a child of its plugin logger).
+                    got.violations.logger = log
+                    self._builder = got
         return got
 
     @property
@@ -138,7 +146,7 @@ class SGLangSWAIndices:
             floors=swa_replay_start,
             width=_align(self.window_size, _setting("page_index_aligned_size", page_index_aligned_size)),
         )
-        return self.builder.build_slot_rows(rows)
+        return self._build(rows)
 
     def dspark(
         self,
@@ -170,7 +178,16 @@ class SGLangSWAIndices:
             block_slots=out_loc[:n],
             width=_align(self.window_size + block, align),
         )
-        return self.builder.build_slot_rows(rows)
+        return self._build(rows)
+
+    def _build(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """One build, then the poll that surfaces what an earlier build recorded: a warning per kind in
+        SGLang's log, or the typed error raised under ``SWA_HAL_STRICT=1``. The poll never syncs, so
+        a violation shows up one call late (on a GPU, once the host copy has landed)."""
+        builder = self.builder
+        out = builder.build_slot_rows(rows)
+        builder.poll_violations()
+        return out
 
 
 # -- the adapters the hooks use ------------------------------------------------------------------------

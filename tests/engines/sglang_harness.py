@@ -336,3 +336,30 @@ def dspark_case(rng: random.Random, *, with_valid_from: bool, window: int = SWA_
         out_loc,
         valid_from,
     )
+
+
+# -- malformed steps ------------------------------------------------------------------------------------------
+
+
+def decode_step(seed: int = 5) -> CausalCase:
+    """A clean decode step of two requests (pool slots 0 and 1, 300 and 40 tokens, nothing evicted):
+    row 0 reads slot 0's positions 172..299, row 1 slot 1's positions 0..39, no slot read twice."""
+    rng = random.Random(seed)
+    pool = Pool.make(rng, [300, 40] + [1] * 6, 128, [0] * 8)
+    seq = torch.tensor([300, 40], dtype=torch.int32)
+    return CausalCase("decode", pool, SWA_WINDOW, torch.tensor([0, 1]), seq)
+
+
+def corrupt(case: CausalCase, *, swa_slot: int | None = None, token_slot: int | None = None) -> CausalCase:
+    """``case`` with one bad entry under the newest token of its last row: that token's SWA slot in
+    ``full_to_swa`` set to ``swa_slot``, or its full-pool slot in ``req_to_token`` to ``token_slot``
+    (both pools are copied; ``case`` keeps its own)."""
+    pos = int(case.seq_lens_casual[-1]) - 1
+    pool_row = int(case.req_pool_indices_repeated[-1])
+    req_to_token, full_to_swa = case.pool.req_to_token.clone(), case.pool.full_to_swa.clone()
+    if swa_slot is not None:
+        full_to_swa[int(req_to_token[pool_row, pos])] = swa_slot
+    if token_slot is not None:
+        req_to_token[pool_row, pos] = token_slot
+    pool = dataclasses.replace(case.pool, req_to_token=req_to_token, full_to_swa=full_to_swa)
+    return dataclasses.replace(case, pool=pool)

@@ -33,6 +33,7 @@ from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import BuildCausalS
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from swa_hal import PlatformInfo  # noqa: E402
+from swa_hal.errors import BatchRangeError  # noqa: E402
 from swa_hal.integrations import _common  # noqa: E402
 from swa_hal.integrations import sglang as integ  # noqa: E402
 
@@ -370,3 +371,81 @@ def test_one_launch_per_call_same_builder_new_outputs(loaded):
     assert builder.backend._slot_rows.launches == launches + 1
     assert first.swa_page_indices.data_ptr() != second.swa_page_indices.data_ptr()
     assert torch.equal(first.swa_page_indices, second.swa_page_indices)
+
+# -- guard violations in SGLang's log ---------------------------------------------------------------------------
+
+CACHE_SLOT_LINE = (
+    "swa_hal: a guarded build handed out empty rows: BatchRangeError: slot_map: row 1's window reads cache slot "
+    "-7, outside the cache (found by a guarded build, which handed the offending rows out empty) "
+    "[field=slot_map request=1 value=-7]; logged once per kind, SWA_HAL_STRICT=1 raises instead"
+)
+
+
+@pytest.fixture
+def swa_hal_warnings(caplog):
+    """The plugin's warnings, each once: caplog listens at the root, which SGLang's logging configuration
+    may cut off from SGLang's loggers, so its handler also listens on the plugin's logger."""
+    logger = logging.getLogger(integ.log.name)
+    logger.addHandler(caplog.handler)
+
+    def warnings():
+        records = {id(r): r for r in caplog.records if r.name == logger.name and r.levelno == logging.WARNING}
+        return [r.getMessage() for r in records.values()]
+
+    try:
+        yield warnings
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def _steps():
+    """A clean decode step and two malformed ones (the harness's ``corrupt``): row 1's newest token maps
+    to SWA slot -7; row 1's newest token sits at full-pool slot 10**6, past ``full_to_swa``."""
+    good = H.decode_step()
+    assert good.pool.full_to_swa.shape[0] < 10**6
+    return good, H.corrupt(good, swa_slot=-7), H.corrupt(good, token_slot=10**6)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_guard_violation_reaches_sglangs_log_a_call_later(loaded, swa_hal_warnings, backend):
+    """SGLang never calls check(): each hooked call polls the violation record without a sync, so a
+    malformed step is logged by the next call (once per kind), naming the field, the row and the value,
+    through the plugin's logger; the offending row is handed out empty meanwhile."""
+    _use_backend(backend)
+    good, bad_slot, bad_token = _steps()
+    for _ in range(2):
+        _check_causal(good, _through_swa_hal(good), H.sglang_causal(good))
+    assert swa_hal_warnings() == []
+    got = _through_swa_hal(bad_slot)
+    assert got.swa_topk_lengths.tolist() == [128, 0]  # row 1 handed out empty, row 0 untouched
+    assert (got.swa_page_indices[1] == -1).all()
+    assert swa_hal_warnings() == []  # a call later, never by a sync in this one
+    _through_swa_hal(good)
+    assert swa_hal_warnings() == [CACHE_SLOT_LINE]
+    for _ in range(2):  # the same kind again: not logged again
+        _through_swa_hal(bad_slot)
+    _through_swa_hal(good)
+    assert swa_hal_warnings() == [CACHE_SLOT_LINE]
+    _through_swa_hal(bad_token)
+    _through_swa_hal(good)
+    warned = swa_hal_warnings()
+    assert len(warned) == 2 and "[field=req_to_token request=1 value=1000000]" in warned[1], warned
+    assert "BatchRangeError: req_to_token: row 1's window reads token slot 1000000" in warned[1]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_guard_violation_raises_at_the_next_sglang_call_when_strict(loaded, swa_hal_warnings, monkeypatch, backend):
+    monkeypatch.setenv("SWA_HAL_STRICT", "1")
+    _use_backend(backend)
+    good, bad_slot, bad_token = _steps()
+    _through_swa_hal(good)
+    _through_swa_hal(bad_slot)
+    with pytest.raises(BatchRangeError, match="row 1's window reads cache slot -7") as info:
+        _through_swa_hal(good)
+    assert info.value.field == "slot_map" and info.value.index == 1
+    _through_swa_hal(good)  # raised once
+    _through_swa_hal(bad_token)
+    with pytest.raises(BatchRangeError, match="token slot 1000000") as info:
+        _through_swa_hal(good)
+    assert info.value.field == "req_to_token" and info.value.index == 1
+    assert swa_hal_warnings() == []

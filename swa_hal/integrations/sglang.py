@@ -26,6 +26,7 @@ by a later call, or raised there under ``SWA_HAL_STRICT=1``.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import inspect
 import logging
 import numbers
@@ -39,7 +40,7 @@ import torch
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
 from ..errors import ConfigError
-from ..platform import PlatformInfo
+from ..platform import PlatformInfo, probe_platform
 from ..slot_rows import SlotRows
 from ._common import InstallOnce, announce, auto_backend, enabled, require_version
 
@@ -203,6 +204,27 @@ _adapters: dict[tuple[int, str, int, int], SGLangSWAIndices] = {}
 _adapters_lock = threading.Lock()
 
 
+def sglang_platform(device: torch.device | None = None) -> PlatformInfo | None:
+    """swa_hal's platform for the platform SGLang runs on, where swa_hal's own probe of ``device`` would
+    not say it; None: that probe decides. SGLang's DeepSeek-V4 backend picks its XPU attention kernels by
+    ``sglang.srt.utils.is_xpu()``, and on XPU its dsv4 metadata ops take their torch references (their
+    Triton paths run for CUDA tensors only). So the same check picks swa_hal's ``xpu`` backend: the rows
+    SGLang's XPU kernels read come from swa_hal's Triton kernel, whatever device the probe sees."""
+    try:
+        from sglang.srt.utils import is_xpu
+    except ImportError:  # no SGLang (swa_hal's own tests, direct use): the probe decides
+        return None
+    if not is_xpu():
+        return None
+    plat = probe_platform(device)
+    return plat if plat.vendor == "xpu" else dataclasses.replace(plat, vendor="xpu")
+
+
+def _platform(device: torch.device | None = None) -> PlatformInfo | None:
+    """The platform the adapters and the start-up line use: ``configure``'s, else SGLang's."""
+    return _settings.platform if _settings.platform is not None else sglang_platform(device)
+
+
 def configure(*, backend: str | None = None, platform: PlatformInfo | None = None) -> None:
     """Settings for the adapters the hooks create from now on (tests force a backend this way;
     ``SWA_HAL_BACKEND`` does the same for a server). Forgets the adapters made so far."""
@@ -231,7 +253,7 @@ def adapter_for(device: torch.device, window_size: int = SGLANG_SWA_WINDOW) -> S
                     window_size,
                     device,
                     backend=_settings.backend,
-                    platform=_settings.platform,
+                    platform=_platform(device),
                 )
     return got
 
@@ -344,7 +366,7 @@ def _install() -> str:
 
     version = require_version(ENGINE, DISTRIBUTION, SUPPORTED_VERSIONS, switch=SWITCH)
     # Select first: a backend that cannot start is an error before SGLang is touched.
-    name, where = auto_backend(backend=_settings.backend, platform=_settings.platform)
+    name, where = auto_backend(backend=_settings.backend, platform=_platform())
     HookRegistry.register(TARGET_CAUSAL, causal_execute, HookType.REPLACE)
     HookRegistry.register(TARGET_CORE, core_attn_metadata_around, HookType.AROUND)
     HookRegistry.register(TARGET_DSPARK, dspark_indices_around, HookType.AROUND)

@@ -148,16 +148,24 @@ def sglang_causal(case: CausalCase) -> SimpleNamespace:
     return sglang_causal_branch(case, BuildCausalSwaPageIndices.torch)
 
 
-def sglang_dspark(case: DsparkCase) -> tuple[torch.Tensor, torch.Tensor]:
-    """``get_dspark_swa_page_indices`` of the paged pool, as the backend composes SGLang's ops."""
-    gather = ComputeDsparkWindowGather.torch(
+def sglang_causal_cuda_path(case: CausalCase) -> SimpleNamespace:
+    """SGLang's rows and lens on its CUDA path: its Triton kernel (here in the interpreter), which the op
+    dispatches to for CUDA tensors only."""
+    return sglang_causal_branch(case, BuildCausalSwaPageIndices.triton)
+
+
+def sglang_dspark(case: DsparkCase, *, path: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """``get_dspark_swa_page_indices`` of the paged pool, as the backend composes SGLang's ops: their torch
+    references (``path="torch"``, what CPU and XPU tensors get) or their Triton kernels (``"triton"``, the
+    CUDA path)."""
+    gather = getattr(ComputeDsparkWindowGather, path)(
         seq_lens_casual=case.seq_lens_casual,
         req_pool_indices_repeated=case.req_pool_indices_repeated,
         block_size=case.block_size,
         swa_window=case.window,
         valid_from=case.valid_from,
     )
-    return BuildDsparkSwaPageIndices.torch(
+    return getattr(BuildDsparkSwaPageIndices, path)(
         req_to_token=case.pool.req_to_token,
         full_to_swa_mapping=case.pool.full_to_swa,
         req_pool_indices_per_request=gather.req_pool_indices_per_request,

@@ -9,7 +9,9 @@ are driven with stand-ins that carry the attributes the hooks read, and the caus
 ``make_core_attn_metadata`` is reproduced from SGLang's ops (``sglang_harness.sglang_causal_branch``).
 
 Where SGLang's own behaviour differs from swa_hal's safe behaviour, the test says so by name:
-``test_draft_extend_padding_rows_sglang_gives_negative_lens``.
+``test_draft_extend_padding_rows_sglang_gives_negative_lens``,
+``test_sglang_xpu_padding_rows_read_no_wrapped_index``. Malformed steps reach SGLang's log a call later (or
+raise under SWA_HAL_STRICT=1); SGLang's XPU platform, forced on the CPU, gets swa_hal's xpu backend.
 """
 
 from __future__ import annotations

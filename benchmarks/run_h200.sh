@@ -7,7 +7,8 @@
 #     --platform manylinux_2_28_x86_64 -d .whl tokenspeed-flashmla==1.0.0.post20260429
 # Outputs land in $OUT (default benchmarks/out/h200, which git ignores; OUT=benchmarks/results/h200 replaces
 # the recorded figures, benchmarks/results/README.md says which file each step writes).
-# STEPS="info bench" runs only some steps; TARGET_ARGS="--reps 5", BENCH_ARGS and PYTEST_ARGS pass options on.
+# STEPS="info bench" runs only some steps (fuzz and memcheck run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS
+# and PYTEST_ARGS pass options on.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out/h200}
 mkdir -p "$OUT"
@@ -48,6 +49,28 @@ for step in $STEPS; do
     slotrows)
       # SGLang's own dsv4 ops are compared when importable (put them on PYTHONPATH).
       timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/sglang_rows.py 2>&1 | tee "$OUT/sglang_rows.txt" | tail -30
+      ;;
+    fuzz)
+      # The guarded-output fuzz, natively, one process per backend side by side (each pinned to its cores).
+      for b in cuda sm12x rocm xpu torch; do
+        timeout ${FUZZ_TIMEOUT:-540} python3 benchmarks/fuzz_guarded.py --device cuda --backends $b \
+          --cases ${FUZZ_CASES:-7000} --seed ${FUZZ_SEED:-long} > "$OUT/fuzz_$b.part" 2>&1 &
+      done
+      wait
+      cat "$OUT"/fuzz_*.part | grep -v Warning > "$OUT/fuzz_guarded.txt"; rm -f "$OUT"/fuzz_*.part
+      grep -E "cases|total" "$OUT/fuzz_guarded.txt"
+      ;;
+    memcheck)
+      # A slice of the same fuzz under compute-sanitizer's memcheck, one allocation per tensor (no caching
+      # allocator, so a read past a tensor is past its allocation), one process per Triton backend.
+      for b in cuda sm12x rocm xpu; do
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${MEMCHECK_TIMEOUT:-540} compute-sanitizer --tool memcheck \
+          --print-limit 20 python3 benchmarks/fuzz_guarded.py --device cuda --backends $b \
+          --cases ${MEMCHECK_CASES:-60} --seed memcheck > "$OUT/memcheck_$b.part" 2>&1 &
+      done
+      wait
+      cat "$OUT"/memcheck_*.part | grep -v Warning > "$OUT/fuzz_memcheck.txt"; rm -f "$OUT"/memcheck_*.part
+      grep -E "cases|total|ERROR SUMMARY" "$OUT/fuzz_memcheck.txt"
       ;;
     bench)
       timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --targets no --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30

@@ -149,11 +149,12 @@ def record_first(record: torch.Tensor, kind: torch.Tensor, value: torch.Tensor) 
 
 # -- the torch backend's guard -----------------------------------------------------------------------------
 
-# Rows of TorchGuard.rules (int64 [RULE_ROWS, R + 1]), one column per request. Rows 0-6 are the quantities
-# that are negative where a rule is broken, in the order the rules are checked (row 6, always -1, stands
-# for "none"); the rest hold values a violation reports, and query_start_loc.
-QUERY, PREFIX, BOUND, HEADROOM, SPAN_BAD, WIDTH_LEFT, NONE, SEQ, FIRST_SPAN, NEED, QSL = range(11)
-RULE_ROWS = 11
+# Rows of a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``), one column per
+# request. Rows 0-6 are the quantities that are negative where a rule is broken, in the order the rules are
+# checked (row 6, always -1, stands for "none"); the rest hold values a violation reports. query_start_loc
+# (R + 1 entries) has its own vector.
+QUERY, PREFIX, BOUND, HEADROOM, SPAN_BAD, WIDTH_LEFT, NONE, SEQ, FIRST_SPAN, NEED = range(10)
+RULE_ROWS = 10
 # Per checked row: the kind it stands for and the row of the value reported.
 ROW_KINDS = (
     Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
@@ -168,9 +169,15 @@ VALUE_ROWS = (QUERY, SEQ, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
 
 
 class _RequestViews:
-    """One request count's cut of a TorchGuard (made once per count: slices cost as much as small ops)."""
+    """One request count's cut of a TorchGuard (made once per count: slices cost as much as small ops).
+
+    Its rules table is its own, not a cut of one table for every count: so the quantities a guarded CPU
+    build tests first (``TorchGuard.requests_clean``) are one contiguous block, whose minimum costs a
+    fifth of a strided one's. ``filled``: the rows an earlier build of this count filled (``_clear``)."""
 
     __slots__ = (
+        "filled",
+        "flat_quantities",
         "qsl",
         "begin",
         "end",
@@ -214,6 +221,8 @@ class _RequestViews:
     width_left: torch.Tensor
     checked: torch.Tensor
     quantities: torch.Tensor
+    flat_quantities: torch.Tensor
+    filled: set[int]
     rules: torch.Tensor
     negative: torch.Tensor
     any: torch.Tensor
@@ -252,8 +261,6 @@ class TorchGuard:
         self.table[0, 1:] = 1
         self.table[2] = NO_KEY
         self.table[2, 0] = NO_KEY - 1
-        self.rules = torch.zeros((RULE_ROWS, max_reqs + 1), dtype=torch.int64, device=device)
-        self.rules[NONE] = -1
         self.negative = torch.empty((NONE + 1, max_reqs), dtype=torch.bool, device=device)
         self.any = torch.empty(max_reqs, dtype=torch.bool, device=device)
         self.rule = torch.empty(max_reqs, dtype=torch.int64, device=device)
@@ -272,9 +279,6 @@ class TorchGuard:
         self.chosen = torch.zeros((RECORD_LEN, 1), **i32)
         self.chosen_flag, self.chosen_flat = self.chosen[0], self.chosen[:, 0]
         self.take = torch.zeros(1, dtype=torch.bool, device=device)
-        # Rows some earlier build filled that this one may not (replay bounds, spans, DSpark widths): they
-        # are zeroed before a build that does not fill them reads them.
-        self._filled: set[int] = set()
         self._views: dict[int, _RequestViews] = {}
         self._row_views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._record_views: dict[int, torch.Tensor] = {}
@@ -288,14 +292,19 @@ class TorchGuard:
             self._views.clear()
         r = num_reqs
         v = self._views[r] = _RequestViews()
-        rules = self.rules
-        v.qsl = rules[QSL, : r + 1]
-        v.begin, v.end = rules[QSL, :r], rules[QSL, 1 : r + 1]
-        v.seq, v.query, v.prefix = rules[SEQ, :r], rules[QUERY, :r], rules[PREFIX, :r]
-        v.bound, v.headroom = rules[BOUND, :r], rules[HEADROOM, :r]
-        v.span_bad, v.first_span = rules[SPAN_BAD, :r], rules[FIRST_SPAN, :r]
-        v.need, v.width_left = rules[NEED, :r], rules[WIDTH_LEFT, :r]
-        v.checked, v.quantities, v.rules = rules[: NONE + 1, :r], rules[:NONE, :r], rules[:, :r]
+        rules = torch.zeros((RULE_ROWS, r), dtype=torch.int64, device=self.device)
+        rules[NONE] = -1
+        # Rows some earlier build filled that this one may not (replay bounds, spans, DSpark widths): they
+        # are zeroed before a build that does not fill them reads them.
+        v.filled = set()
+        v.qsl = torch.zeros(r + 1, dtype=torch.int64, device=self.device)
+        v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
+        v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
+        v.bound, v.headroom = rules[BOUND], rules[HEADROOM]
+        v.span_bad, v.first_span = rules[SPAN_BAD], rules[FIRST_SPAN]
+        v.need, v.width_left = rules[NEED], rules[WIDTH_LEFT]
+        v.checked, v.quantities, v.rules = rules[: NONE + 1], rules[:NONE], rules
+        v.flat_quantities = v.quantities.view(-1)
         v.negative = self.negative[:, :r]
         v.any, v.rule = self.any[:r], self.rule[:r]
         v.value_row, v.value = self.value_row[:r], self.value[:r]
@@ -304,12 +313,13 @@ class TorchGuard:
         v.broken, v.arange = self.broken[:r], self.arange[:r]
         return v
 
-    def _clear(self, row: int, fill: bool) -> None:
+    @staticmethod
+    def _clear(v: _RequestViews, row: int, fill: bool) -> None:
         if fill:
-            self._filled.add(row)
-        elif row in self._filled:
-            self.rules[row].zero_()
-            self._filled.discard(row)
+            v.filled.add(row)
+        elif row in v.filled:
+            v.rules[row].zero_()
+            v.filled.discard(row)
 
     def request_checks(
         self,
@@ -352,19 +362,19 @@ class TorchGuard:
         if checks_spans or not causal:
             v.seq.copy_(seq_lens)
         replay = causal and replay_start is not None
-        self._clear(BOUND, replay)
-        self._clear(HEADROOM, replay)
+        self._clear(v, BOUND, replay)
+        self._clear(v, HEADROOM, replay)
         if replay:
             assert replay_start is not None
             v.bound.copy_(replay_start)
             torch.sub(v.prefix, v.bound, out=v.headroom)
-        self._clear(SPAN_BAD, checks_spans)
+        self._clear(v, SPAN_BAD, checks_spans)
         if checks_spans:
             assert spans is not None
             bad_req, first_span = _span_checks(config, spans, v.prefix, v.seq, num_reqs)
             torch.mul(bad_req, -1, out=v.span_bad)
             v.first_span.copy_(first_span)
-        self._clear(WIDTH_LEFT, not causal)
+        self._clear(v, WIDTH_LEFT, not causal)
         if not causal:
             torch.minimum(v.seq, v.query + config.window_size, out=v.need)
             torch.sub(v.need, config.noncausal_index_width, out=v.width_left).neg_()
@@ -372,7 +382,7 @@ class TorchGuard:
     def requests_clean(self, num_reqs: int) -> bool:
         """Whether no request broke a rule, from ``request_quantities``: a host read, so only for a
         device where reading a value costs no sync (the CPU)."""
-        return int(self._request_views(num_reqs).quantities.amin()) >= 0
+        return int(self._request_views(num_reqs).flat_quantities.min()) >= 0
 
     def first_broken(self, num_reqs: int) -> torch.Tensor:
         """The second half of ``request_checks``: each request's first broken rule into its candidate;

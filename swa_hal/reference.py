@@ -303,7 +303,7 @@ class RowProbe:
     def see(self, blocks: torch.Tensor, last_page: torch.Tensor, table_width: int) -> None:
         lowest, highest = torch.aminmax(blocks)
         self.clean = (
-            self.clean and int(lowest) >= 0 and int(highest) < self.limit and int(last_page.amax()) < table_width
+            self.clean and int(lowest) >= 0 and int(highest) < self.limit and int(last_page.max()) < table_width
         )
 
 

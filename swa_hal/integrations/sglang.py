@@ -18,11 +18,17 @@ launch on the Triton backends, newest first for causal rows, context then block 
 synchronisation and no translation pass. SGLang keeps the returned tensors in its metadata (the main
 and the late-layer-tail metadata of one step live side by side), so they are new tensors on every
 call, as SGLang's own ops return.
+
+SGLang never calls ``check()``, so each call also polls the guarded builds' violation record without a
+sync (``SWAMetadataBuilder.poll_violations``, ``swa_hal.violations.ViolationWatch``): a violation a call
+recorded is logged through this module's logger (once per kind, naming the field, the row and the value)
+by a later call, or raised there under ``SWA_HAL_STRICT=1``.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import inspect
 import logging
 import numbers
@@ -36,7 +42,7 @@ import torch
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
 from ..errors import ConfigError
-from ..platform import PlatformInfo
+from ..platform import PlatformInfo, probe_platform
 from ..request_window import DEFAULT_CAPACITY, RequestWindowLayout, RequestWindowRows
 from ..slot_rows import SlotRows
 from ._common import InstallOnce, announce, auto_backend, enabled, require_version
@@ -81,7 +87,7 @@ class SGLangSWAIndices:
 
     ``backend``/``platform`` go to ``SWAMetadataBuilder`` (None: ``SWA_HAL_BACKEND`` or
     auto-selection). The builder is made on first use; it keeps no per-call state beyond the guard's
-    violation record (``check()``)."""
+    violation record, which every call polls (``check()`` reads it with a sync)."""
 
     def __init__(
         self,
@@ -113,9 +119,12 @@ class SGLangSWAIndices:
                     cfg = SWAConfig(
                         window_size=w, block_size=64, max_model_len=w + 64, max_num_batched_tokens=1, max_num_seqs=1
                     )
-                    got = self._builder = SWAMetadataBuilder(
+                    got = SWAMetadataBuilder(
                         cfg, device=self.device, backend=self.backend, platform=self.platform, validate=self.validate
                     )
+                    # Violations go to SGLang's log (this module's logger, a child of its plugin logger).
+                    got.violations.logger = log
+                    self._builder = got
         return got
 
     @property
@@ -144,7 +153,7 @@ class SGLangSWAIndices:
             floors=swa_replay_start,
             width=_align(self.window_size, _setting("page_index_aligned_size", page_index_aligned_size)),
         )
-        return self.builder.build_slot_rows(rows)
+        return self._build(rows)
 
     def dspark(
         self,
@@ -176,7 +185,16 @@ class SGLangSWAIndices:
             block_slots=out_loc[:n],
             width=_align(self.window_size + block, align),
         )
-        return self.builder.build_slot_rows(rows)
+        return self._build(rows)
+
+    def _build(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """One build, then the poll that surfaces what an earlier build recorded: a warning per kind in
+        SGLang's log, or the typed error raised under ``SWA_HAL_STRICT=1``. The poll never syncs, so
+        a violation shows up one call late (on a GPU, once the host copy has landed)."""
+        builder = self.builder
+        out = builder.build_slot_rows(rows)
+        builder.poll_violations()
+        return out
 
     def window_layout(
         self,
@@ -210,6 +228,27 @@ _adapters: dict[tuple[int, str, int, int], SGLangSWAIndices] = {}
 _adapters_lock = threading.Lock()
 
 
+def sglang_platform(device: torch.device | None = None) -> PlatformInfo | None:
+    """swa_hal's platform for the platform SGLang runs on, where swa_hal's own probe of ``device`` would
+    not say it; None: that probe decides. SGLang's DeepSeek-V4 backend picks its XPU attention kernels by
+    ``sglang.srt.utils.is_xpu()``, and on XPU its dsv4 metadata ops take their torch references (their
+    Triton paths run for CUDA tensors only). So the same check picks swa_hal's ``xpu`` backend: the rows
+    SGLang's XPU kernels read come from swa_hal's Triton kernel, whatever device the probe sees."""
+    try:
+        from sglang.srt.utils import is_xpu
+    except ImportError:  # no SGLang (swa_hal's own tests, direct use): the probe decides
+        return None
+    if not is_xpu():
+        return None
+    plat = probe_platform(device)
+    return plat if plat.vendor == "xpu" else dataclasses.replace(plat, vendor="xpu")
+
+
+def _platform(device: torch.device | None = None) -> PlatformInfo | None:
+    """The platform the adapters and the start-up line use: ``configure``'s, else SGLang's."""
+    return _settings.platform if _settings.platform is not None else sglang_platform(device)
+
+
 def configure(*, backend: str | None = None, platform: PlatformInfo | None = None) -> None:
     """Settings for the adapters the hooks create from now on (tests force a backend this way;
     ``SWA_HAL_BACKEND`` does the same for a server). Forgets the adapters made so far."""
@@ -238,7 +277,7 @@ def adapter_for(device: torch.device, window_size: int = SGLANG_SWA_WINDOW) -> S
                     window_size,
                     device,
                     backend=_settings.backend,
-                    platform=_settings.platform,
+                    platform=_platform(device),
                 )
     return got
 
@@ -380,7 +419,7 @@ def _install() -> str:
 
     version = require_version(ENGINE, DISTRIBUTION, SUPPORTED_VERSIONS, switch=SWITCH)
     # Select first: a backend that cannot start is an error before SGLang is touched.
-    name, where = auto_backend(backend=_settings.backend, platform=_settings.platform)
+    name, where = auto_backend(backend=_settings.backend, platform=_platform())
     HookRegistry.register(TARGET_CAUSAL, causal_execute, HookType.REPLACE)
     HookRegistry.register(TARGET_CORE, core_attn_metadata_around, HookType.AROUND)
     HookRegistry.register(TARGET_DSPARK, dspark_indices_around, HookType.AROUND)

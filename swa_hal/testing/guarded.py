@@ -6,9 +6,11 @@ fixed malformed inputs drawn from a seeded RNG, against a torch builder of the s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -257,101 +259,179 @@ def guarded_slot_rows_config(window: int) -> SWAConfig:
     return slot_rows_config(window, num_kv_blocks=80)
 
 
+def unchecked(extra: Any = ()) -> AbstractContextManager[Any]:
+    """No check: the default ``strict`` of the ``*_case`` functions."""
+    return contextlib.nullcontext()
+
+
+def build_case(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rng: random.Random,
+    device: torch.device,
+    k: int,
+    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
+) -> list[str]:
+    """One malformed batch (``malformed_batch(settled=True)``) through ``build`` and two draft-step updates
+    of ``builder`` and of the reference ``ref``: what differs (empty: nothing), each naming the case.
+    ``strict(extra=...)``: a context the backend's calls run in (``interpreter.address_strict``), given the
+    tensors a kernel reaches through a table of addresses; the ``*_case`` functions all take it."""
+    batch = malformed_batch(rng, settled=True)
+    want, want_error = attempt(ref.build, batch, validate=False)
+    moved = batch.to(device)
+    with strict():
+        got, error = attempt(builder.build, moved, validate=False)
+    where = f"malformed batch {k} ({batch_summary(batch)})"
+    if error != want_error:
+        return [f"{where}: the backend raised {error}, the reference {want_error}"]
+    if want is None:
+        return []
+    problems = _compared(where, got, want, builder, ref)
+    if problems or not got.num_decode_tokens or not builder.supports_draft_decode_metadata_update:
+        return problems
+    for step in range(2):  # draft steps on the metadata just compared
+        draft_step(rng, batch, want)
+        if moved.seq_lens is not batch.seq_lens:
+            moved.seq_lens.copy_(batch.seq_lens)
+        with strict():
+            got_update = attempt(builder.update_draft_decode_metadata, got)[1]
+        want_update = attempt(ref.update_draft_decode_metadata, want)[1]
+        at = f"{where}, draft step {step + 1}"
+        if got_update != want_update:
+            return [f"{at}: the backend raised {got_update}, the reference {want_update}"]
+        problems = _compared(at, got, want, builder, ref)
+        if problems:
+            return problems
+    return []
+
+
+def group_case(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rng: random.Random,
+    device: torch.device,
+    k: int,
+    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
+) -> list[str]:
+    """One malformed batch with ``num_kv_groups`` malformed groups (``malformed_groups``) through
+    ``build_groups`` and one grouped draft-step update: what differs from the reference."""
+    groups = ref.config.num_kv_groups
+    batch = malformed_batch(rng, settled=True)
+    tables, slots = malformed_groups(rng, batch, groups)
+    moved = batch.to(device)
+    dev_tables, dev_slots = [t.to(device) for t in tables], [s.to(device) for s in slots]
+    want, want_error = attempt(ref.build_groups, batch, tables, slots, validate=False)
+    with strict(extra=dev_tables + dev_slots):
+        got, error = attempt(builder.build_groups, moved, dev_tables, dev_slots, validate=False)
+    where = f"malformed group batch {k} ({batch_summary(batch)})"
+    if error != want_error:
+        return [f"{where}: the backend raised {error}, the reference {want_error}"]
+    if want is None:
+        return []
+    problems = _compared_groups(where, got, want, builder, ref)
+    if problems or not want[0].num_decode_tokens or not builder.supports_draft_decode_metadata_update:
+        return problems
+    draft_step(rng, batch, want[0])
+    if moved.seq_lens is not batch.seq_lens:
+        moved.seq_lens.copy_(batch.seq_lens)
+    with strict(extra=dev_tables + dev_slots):
+        got_update = attempt(builder.update_draft_decode_metadata, got)[1]
+    want_update = attempt(ref.update_draft_decode_metadata, want)[1]
+    if got_update != want_update:
+        return [f"{where}, draft step: the backend raised {got_update}, the reference {want_update}"]
+    return _compared_groups(f"{where} after a draft step", got, want, builder, ref)
+
+
+def slot_rows_case(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rng: random.Random,
+    device: torch.device,
+    k: int,
+    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
+) -> list[str]:
+    """One malformed token-slot rows call (``malformed_slot_rows``) of the builders' config (made by
+    ``guarded_slot_rows_config``): what differs from the reference."""
+    config = ref.config
+    rows = malformed_slot_rows(rng, config.window_size, slot_limit(config))
+    want, want_error = attempt(ref.build_slot_rows, rows)
+    with strict():
+        got, error = attempt(builder.build_slot_rows, rows.to(device))
+    where = f"malformed token-slot rows call {k} (window {config.window_size}, block {rows.block})"
+    if error != want_error:
+        return [f"{where}: the backend raised {error}, the reference {want_error}"]
+    if want is None:
+        return []
+    problems = []
+    for what, a, b in (("rows", got[0], want[0]), ("lens", got[1], want[1])):
+        a = a.cpu()
+        if not torch.equal(a, b):
+            problems.append(f"{where}: {what} differ: backend {a.tolist()}, reference {b.tolist()}")
+    if recorded(builder) != recorded(ref):
+        problems.append(f"{where}: only one of the two recorded a violation")
+    return problems
+
+
+def _compared(
+    where: str, got: SWAMetadata, want: SWAMetadata, builder: SWAMetadataBuilder, ref: SWAMetadataBuilder
+) -> list[str]:
+    problems = [f"{where}: {p}" for p in metadata_differences(got, want)]
+    if recorded(builder) != recorded(ref):
+        problems.append(f"{where}: only one of the two recorded a violation")
+    return problems
+
+
+def _compared_groups(
+    where: str, got: list[SWAMetadata], want: list[SWAMetadata], builder: SWAMetadataBuilder, ref: SWAMetadataBuilder
+) -> list[str]:
+    problems = [
+        f"{where}, group {g}: {p}" for g, (a, b) in enumerate(zip(got, want)) for p in metadata_differences(a, b)
+    ]
+    if recorded(builder) != recorded(ref):
+        problems.append(f"{where}: only one of the two recorded a violation")
+    return problems
+
+
+# The token-slot rows windows the cases cover (a row shorter and one longer than a page of 16).
+SLOT_ROW_WINDOWS = (8, 20)
+
+
 class GuardedOutputTests(BackendFixtures):
     """Seeded malformed inputs through every guarded entry point, compared with a torch builder."""
 
     # Malformed inputs per test (each runs every entry point it covers).
     guarded_cases: ClassVar[int] = 6
 
-    def _both(
-        self, make_builder: Callable[..., SWAMetadataBuilder], config: SWAConfig
-    ) -> tuple[SWAMetadataBuilder, SWAMetadataBuilder]:
-        return make_builder(config), reference_builder(config)
+    def _run(
+        self,
+        case: Callable[..., list[str]],
+        config: SWAConfig,
+        seed: str,
+        make_builder: Callable[..., SWAMetadataBuilder],
+        target: Target,
+    ) -> None:
+        builder, ref = make_builder(config), reference_builder(config)
+        rng = random.Random(seed)
+        for k in range(self.guarded_cases):
+            problems = case(builder, ref, rng, target.device, k)
+            assert not problems, "; ".join(problems)
 
     def test_guarded_builds_equal_the_reference(
         self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
     ) -> None:
-        builder, ref = self._both(make_builder, GUARDED_CONFIG)
-        rng = random.Random(f"guarded-build-{name}")
-        for k in range(self.guarded_cases):
-            batch = malformed_batch(rng, settled=True)
-            want, want_error = attempt(ref.build, batch, validate=False)
-            moved = batch.to(target.device)
-            got, error = attempt(builder.build, moved, validate=False)
-            where = f"malformed batch {k} ({batch_summary(batch)})"
-            assert error == want_error, f"{where}: the backend raised {error}, the reference {want_error}"
-            if want is None:
-                continue
-            problems = metadata_differences(got, want)
-            assert not problems, f"{where}: " + "; ".join(problems)
-            assert recorded(builder) == recorded(ref), f"{where}: only one of the two recorded a violation"
-            if not got.num_decode_tokens or not builder.supports_draft_decode_metadata_update:
-                continue
-            for step in range(2):  # draft steps on the metadata just compared
-                draft_step(rng, batch, want)
-                if moved.seq_lens is not batch.seq_lens:
-                    moved.seq_lens.copy_(batch.seq_lens)
-                got_update = attempt(builder.update_draft_decode_metadata, got)[1]
-                want_update = attempt(ref.update_draft_decode_metadata, want)[1]
-                at = f"{where}, draft step {step + 1}"
-                assert got_update == want_update, f"{at}: the backend raised {got_update}, the reference {want_update}"
-                problems = metadata_differences(got, want)
-                assert not problems, f"{at}: " + "; ".join(problems)
-                assert recorded(builder) == recorded(ref), f"{at}: only one of the two recorded a violation"
+        self._run(build_case, GUARDED_CONFIG, f"guarded-build-{name}", make_builder, target)
 
     def test_guarded_group_builds_equal_the_reference(
         self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
     ) -> None:
-        builder, ref = self._both(make_builder, GUARDED_CONFIG)
-        rng = random.Random(f"guarded-groups-{name}")
-        groups = GUARDED_CONFIG.num_kv_groups
-        for k in range(self.guarded_cases):
-            batch = malformed_batch(rng, settled=True)
-            tables, slots = malformed_groups(rng, batch, groups)
-            moved = batch.to(target.device)
-            dev_tables, dev_slots = [t.to(target.device) for t in tables], [s.to(target.device) for s in slots]
-            want, want_error = attempt(ref.build_groups, batch, tables, slots, validate=False)
-            got, error = attempt(builder.build_groups, moved, dev_tables, dev_slots, validate=False)
-            where = f"malformed group batch {k} ({batch_summary(batch)})"
-            assert error == want_error, f"{where}: the backend raised {error}, the reference {want_error}"
-            if want is None:
-                continue
-            for g, (md, want_md) in enumerate(zip(got, want)):
-                problems = metadata_differences(md, want_md)
-                assert not problems, f"{where}, group {g}: " + "; ".join(problems)
-            assert recorded(builder) == recorded(ref), f"{where}: only one of the two recorded a violation"
-            if not want[0].num_decode_tokens or not builder.supports_draft_decode_metadata_update:
-                continue
-            draft_step(rng, batch, want[0])
-            if moved.seq_lens is not batch.seq_lens:
-                moved.seq_lens.copy_(batch.seq_lens)
-            got_update = attempt(builder.update_draft_decode_metadata, got)[1]
-            want_update = attempt(ref.update_draft_decode_metadata, want)[1]
-            assert got_update == want_update, f"{where}, draft step: the backend raised {got_update}"
-            for g, (md, want_md) in enumerate(zip(got, want)):
-                problems = metadata_differences(md, want_md)
-                assert not problems, f"{where}, group {g} after a draft step: " + "; ".join(problems)
-            assert recorded(builder) == recorded(ref), f"{where}, draft step: only one recorded a violation"
+        self._run(group_case, GUARDED_CONFIG, f"guarded-groups-{name}", make_builder, target)
 
     def test_guarded_slot_rows_equal_the_reference(
         self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
     ) -> None:
-        rng = random.Random(f"guarded-slot-rows-{name}")
-        for window in (8, 20):
+        for window in SLOT_ROW_WINDOWS:
             config = guarded_slot_rows_config(window)
-            builder, ref = self._both(make_builder, config)
-            for k in range(self.guarded_cases):
-                rows = malformed_slot_rows(rng, window, slot_limit(config))
-                want, want_error = attempt(ref.build_slot_rows, rows)
-                got, error = attempt(builder.build_slot_rows, rows.to(target.device))
-                where = f"malformed token-slot rows call {k} (window {window}, block {rows.block})"
-                assert error == want_error, f"{where}: the backend raised {error}, the reference {want_error}"
-                if want is None:
-                    continue
-                for what, a, b in (("rows", got[0], want[0]), ("lens", got[1], want[1])):
-                    a = a.cpu()
-                    assert torch.equal(a, b), f"{where}: {what} differ: backend {a.tolist()}, reference {b.tolist()}"
-                assert recorded(builder) == recorded(ref), f"{where}: only one of the two recorded a violation"
+            self._run(slot_rows_case, config, f"guarded-slot-rows-{name}-{window}", make_builder, target)
 
 
 def batch_summary(batch: AttentionBatch) -> str:

@@ -148,16 +148,24 @@ def sglang_causal(case: CausalCase) -> SimpleNamespace:
     return sglang_causal_branch(case, BuildCausalSwaPageIndices.torch)
 
 
-def sglang_dspark(case: DsparkCase) -> tuple[torch.Tensor, torch.Tensor]:
-    """``get_dspark_swa_page_indices`` of the paged pool, as the backend composes SGLang's ops."""
-    gather = ComputeDsparkWindowGather.torch(
+def sglang_causal_cuda_path(case: CausalCase) -> SimpleNamespace:
+    """SGLang's rows and lens on its CUDA path: its Triton kernel (here in the interpreter), which the op
+    dispatches to for CUDA tensors only."""
+    return sglang_causal_branch(case, BuildCausalSwaPageIndices.triton)
+
+
+def sglang_dspark(case: DsparkCase, *, path: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """``get_dspark_swa_page_indices`` of the paged pool, as the backend composes SGLang's ops: their torch
+    references (``path="torch"``, what CPU and XPU tensors get) or their Triton kernels (``"triton"``, the
+    CUDA path)."""
+    gather = getattr(ComputeDsparkWindowGather, path)(
         seq_lens_casual=case.seq_lens_casual,
         req_pool_indices_repeated=case.req_pool_indices_repeated,
         block_size=case.block_size,
         swa_window=case.window,
         valid_from=case.valid_from,
     )
-    return BuildDsparkSwaPageIndices.torch(
+    return getattr(BuildDsparkSwaPageIndices, path)(
         req_to_token=case.pool.req_to_token,
         full_to_swa_mapping=case.pool.full_to_swa,
         req_pool_indices_per_request=gather.req_pool_indices_per_request,
@@ -442,3 +450,30 @@ def sglang_window_triton(case: WindowCase) -> dict[str, Any]:
 
     group, first, last = _first_row_offsets(case.req)
     return build_window_layout(case.req, case.pos, group, first, last, **case.kwargs())
+
+
+# -- malformed steps ------------------------------------------------------------------------------------------
+
+
+def decode_step(seed: int = 5) -> CausalCase:
+    """A clean decode step of two requests (pool slots 0 and 1, 300 and 40 tokens, nothing evicted):
+    row 0 reads slot 0's positions 172..299, row 1 slot 1's positions 0..39, no slot read twice."""
+    rng = random.Random(seed)
+    pool = Pool.make(rng, [300, 40] + [1] * 6, 128, [0] * 8)
+    seq = torch.tensor([300, 40], dtype=torch.int32)
+    return CausalCase("decode", pool, SWA_WINDOW, torch.tensor([0, 1]), seq)
+
+
+def corrupt(case: CausalCase, *, swa_slot: int | None = None, token_slot: int | None = None) -> CausalCase:
+    """``case`` with one bad entry under the newest token of its last row: that token's SWA slot in
+    ``full_to_swa`` set to ``swa_slot``, or its full-pool slot in ``req_to_token`` to ``token_slot``
+    (both pools are copied; ``case`` keeps its own)."""
+    pos = int(case.seq_lens_casual[-1]) - 1
+    pool_row = int(case.req_pool_indices_repeated[-1])
+    req_to_token, full_to_swa = case.pool.req_to_token.clone(), case.pool.full_to_swa.clone()
+    if swa_slot is not None:
+        full_to_swa[int(req_to_token[pool_row, pos])] = swa_slot
+    if token_slot is not None:
+        req_to_token[pool_row, pos] = token_slot
+    pool = dataclasses.replace(case.pool, req_to_token=req_to_token, full_to_swa=full_to_swa)
+    return dataclasses.replace(case, pool=pool)

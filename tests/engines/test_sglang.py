@@ -9,7 +9,9 @@ are driven with stand-ins that carry the attributes the hooks read, and the caus
 ``make_core_attn_metadata`` is reproduced from SGLang's ops (``sglang_harness.sglang_causal_branch``).
 
 Where SGLang's own behaviour differs from swa_hal's safe behaviour, the test says so by name:
-``test_draft_extend_padding_rows_sglang_gives_negative_lens``.
+``test_draft_extend_padding_rows_sglang_gives_negative_lens``,
+``test_sglang_xpu_padding_rows_read_no_wrapped_index``. Malformed steps reach SGLang's log a call later (or
+raise under SWA_HAL_STRICT=1); SGLang's XPU platform, forced on the CPU, gets swa_hal's xpu backend.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import BuildCausalS
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from swa_hal import PlatformInfo  # noqa: E402
+from swa_hal.errors import BatchRangeError  # noqa: E402
 from swa_hal.integrations import _common  # noqa: E402
 from swa_hal.integrations import sglang as integ  # noqa: E402
 
@@ -544,3 +547,178 @@ def test_window_layout_hook_keeps_sglangs_invariant(loaded, monkeypatch):
     with pytest.raises(RuntimeError, match="dsv41.window_groups_fit"):
         sgl_window.window_layout(overfull.req, overfull.pos, **overfull.kwargs())
     assert seen[-1] == ("dsv41.window_groups_fit", [False])
+
+
+# -- guard violations in SGLang's log ---------------------------------------------------------------------------
+
+CACHE_SLOT_LINE = (
+    "swa_hal: a guarded build handed out empty rows: BatchRangeError: slot_map: row 1's window reads cache slot "
+    "-7, outside the cache (found by a guarded build, which handed the offending rows out empty) "
+    "[field=slot_map request=1 value=-7]; logged once per kind, SWA_HAL_STRICT=1 raises instead"
+)
+
+
+@pytest.fixture
+def swa_hal_warnings(caplog):
+    """The plugin's warnings, each once: caplog listens at the root, which SGLang's logging configuration
+    may cut off from SGLang's loggers, so its handler also listens on the plugin's logger."""
+    logger = logging.getLogger(integ.log.name)
+    logger.addHandler(caplog.handler)
+
+    def warnings():
+        records = {id(r): r for r in caplog.records if r.name == logger.name and r.levelno == logging.WARNING}
+        return [r.getMessage() for r in records.values()]
+
+    try:
+        yield warnings
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def _steps():
+    """A clean decode step and two malformed ones (the harness's ``corrupt``): row 1's newest token maps
+    to SWA slot -7; row 1's newest token sits at full-pool slot 10**6, past ``full_to_swa``."""
+    good = H.decode_step()
+    assert good.pool.full_to_swa.shape[0] < 10**6
+    return good, H.corrupt(good, swa_slot=-7), H.corrupt(good, token_slot=10**6)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_guard_violation_reaches_sglangs_log_a_call_later(loaded, swa_hal_warnings, backend):
+    """SGLang never calls check(): each hooked call polls the violation record without a sync, so a
+    malformed step is logged by the next call (once per kind), naming the field, the row and the value,
+    through the plugin's logger; the offending row is handed out empty meanwhile."""
+    _use_backend(backend)
+    good, bad_slot, bad_token = _steps()
+    for _ in range(2):
+        _check_causal(good, _through_swa_hal(good), H.sglang_causal(good))
+    assert swa_hal_warnings() == []
+    got = _through_swa_hal(bad_slot)
+    assert got.swa_topk_lengths.tolist() == [128, 0]  # row 1 handed out empty, row 0 untouched
+    assert (got.swa_page_indices[1] == -1).all()
+    assert swa_hal_warnings() == []  # a call later, never by a sync in this one
+    _through_swa_hal(good)
+    assert swa_hal_warnings() == [CACHE_SLOT_LINE]
+    for _ in range(2):  # the same kind again: not logged again
+        _through_swa_hal(bad_slot)
+    _through_swa_hal(good)
+    assert swa_hal_warnings() == [CACHE_SLOT_LINE]
+    _through_swa_hal(bad_token)
+    _through_swa_hal(good)
+    warned = swa_hal_warnings()
+    assert len(warned) == 2 and "[field=req_to_token request=1 value=1000000]" in warned[1], warned
+    assert "BatchRangeError: req_to_token: row 1's window reads token slot 1000000" in warned[1]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_guard_violation_raises_at_the_next_sglang_call_when_strict(loaded, swa_hal_warnings, monkeypatch, backend):
+    monkeypatch.setenv("SWA_HAL_STRICT", "1")
+    _use_backend(backend)
+    good, bad_slot, bad_token = _steps()
+    _through_swa_hal(good)
+    _through_swa_hal(bad_slot)
+    with pytest.raises(BatchRangeError, match="row 1's window reads cache slot -7") as info:
+        _through_swa_hal(good)
+    assert info.value.field == "slot_map" and info.value.index == 1
+    _through_swa_hal(good)  # raised once
+    _through_swa_hal(bad_token)
+    with pytest.raises(BatchRangeError, match="token slot 1000000") as info:
+        _through_swa_hal(good)
+    assert info.value.field == "req_to_token" and info.value.index == 1
+    assert swa_hal_warnings() == []
+
+
+# -- SGLang's XPU platform ---------------------------------------------------------------------------------------
+
+# SGLang's torch references read full_to_swa at index -1 for every entry outside a window (a wrapped index
+# onto the mapping's trailing -1); with this there instead, a row that reads it shows it.
+WRAP_SENTINEL = 4242
+
+
+@pytest.fixture
+def sglang_on_xpu(loaded, monkeypatch):
+    """SGLang's XPU platform, forced on this CPU: its platform check (``sglang.srt.utils.is_xpu``, which
+    its DeepSeek-V4 backend reads to pick its XPU kernels) says XPU. The tensors stay on the CPU, where
+    SGLang's ops take their torch references, as they do for XPU tensors."""
+    import sglang.srt.utils as sgl_utils
+    import sglang.srt.utils.common as sgl_utils_common
+
+    assert not sgl_utils.is_xpu()
+    monkeypatch.setattr(sgl_utils, "is_xpu", lambda: True)
+    monkeypatch.setattr(sgl_utils_common, "is_xpu", lambda: True)
+    integ.configure()
+    yield
+    integ.configure()
+
+
+def test_plain_cpu_platform_gets_torch(loaded):
+    integ.configure()
+    assert integ.sglang_platform(torch.device("cpu")) is None
+    assert integ.adapter_for(torch.device("cpu")).backend_name == "torch"
+
+
+def test_sglang_xpu_platform_gets_swa_hals_xpu_backend(sglang_on_xpu, isolated_registry):
+    assert integ.sglang_platform(torch.device("cpu")).vendor == "xpu"
+    assert integ.adapter_for(torch.device("cpu")).backend_name == "xpu"
+    line = integ.load_plugin()  # the start-up line names the backend the adapters get
+    assert "swa_hal backend 'xpu' (xpu" in line, line
+    # An explicit choice still wins over SGLang's platform.
+    integ.configure(backend="torch")
+    assert integ.adapter_for(torch.device("cpu")).backend_name == "torch"
+
+
+def test_sglang_xpu_rows_equal_sglangs_cuda_path(sglang_on_xpu):
+    """On SGLang's XPU platform the hooked ops are swa_hal's xpu backend (its Triton kernel, in the
+    interpreter), and give what SGLang gives on its CUDA path (its Triton kernels), not its torch
+    reference's wrapped reads."""
+    rng = random.Random("sglang-xpu")
+    for kind in H.CAUSAL_KINDS:
+        case = H.causal_case(rng, kind, window=_window(rng))
+        case.pool.full_to_swa[-1] = WRAP_SENTINEL
+        got = _through_swa_hal(case)
+        _check_causal(case, got, H.sglang_causal_cuda_path(case))
+        assert not (got.swa_page_indices == WRAP_SENTINEL).any(), kind
+        H.COUNTS[f"xpu-platform:{kind}"] += 1
+    assert integ.adapter_for(torch.device("cpu")).backend_name == "xpu"
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the paged pool must not fall back to SGLang's own DSpark ops")
+
+    for i in range(4):
+        case = H.dspark_case(rng, with_valid_from=bool(i % 2))
+        case.pool.full_to_swa[-1] = WRAP_SENTINEL
+        want_idx, want_lens = H.sglang_dspark(case, path="triton")
+        got_idx, got_lens = integ.dspark_indices_around(
+            refuse, H.backend_stand_in(case), seq_lens_casual=case.seq_lens_casual,
+            req_pool_indices_repeated=case.req_pool_indices_repeated, out_loc=case.out_loc,
+            block_size=case.block_size,
+        )
+        torch.testing.assert_close(got_idx, want_idx, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k}: {m}")
+        torch.testing.assert_close(got_lens, want_lens, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k} lens: {m}")
+        H.COUNTS[f"xpu-platform:{case.kind}"] += 1
+    assert integ.adapter_for(torch.device("cpu"), H.SWA_WINDOW).builder.backend_name == "xpu"
+
+
+def test_sglang_xpu_padding_rows_read_no_wrapped_index(sglang_on_xpu):
+    """Draft extend's DP padding rows (positions -3..0) and a short row: SGLang's torch reference, what its
+    ops run on XPU, fills every entry outside the window from ``full_to_swa[-1]``; its CUDA path and swa_hal's
+    xpu backend write -1 there without reading the mapping."""
+    rng = random.Random(7)
+    pool = H.Pool.make(rng, [300, 1, 20] + [1] * 5, 128, [0] * 8)
+    pool.full_to_swa[-1] = WRAP_SENTINEL
+    seq = torch.tensor([300, 1, 20], dtype=torch.int32)
+    q = 4
+    casual = (seq[:, None] + torch.arange(-q + 1, 1, dtype=torch.int32)).flatten()
+    case = H.CausalCase("draft_extend", pool, H.SWA_WINDOW, torch.tensor([0, 1, 2]).repeat_interleave(q), casual)
+    reference = H.sglang_causal(case).swa_page_indices
+    cuda_path = H.sglang_causal_cuda_path(case)
+    got = _through_swa_hal(case)
+    # SGLang's torch reference: the padding rows' 128 window entries are all the wrapped read; the short
+    # request's first row (row 8: position 16, 17 tokens) reads it for its 111 entries below position 0.
+    assert (reference[4:7, :128] == WRAP_SENTINEL).all()
+    assert (reference[8, 17:128] == WRAP_SENTINEL).all() and not (reference[8, :17] == WRAP_SENTINEL).any()
+    # SGLang's CUDA path and swa_hal's xpu backend: -1 there, and equal throughout.
+    assert (cuda_path.swa_page_indices[4:7] == -1).all() and (cuda_path.swa_page_indices[8, 17:] == -1).all()
+    assert torch.equal(got.swa_page_indices, cuda_path.swa_page_indices)
+    assert got.swa_topk_lengths[4:12].tolist() == [0, 0, 0, 1, 17, 18, 19, 20]
+    assert integ.adapter_for(torch.device("cpu")).backend_name == "xpu"

@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""The long run of the guarded-output fuzz (docs/semantics.md #guarded-builds): malformed inputs through
+every guarded entry point of each backend, each compared bit for bit with the torch reference on the CPU.
+
+The cases are the conformance kit's (``swa_hal.testing.guarded``): ``build`` and two draft-step updates of
+its metadata, ``build_groups`` of three malformed groups and a grouped update, and ``build_slot_rows`` at
+windows 8 and 20. Each case is a seeded malformed input (settled malformations only: the ones whose
+guarded output the semantics fix); a case counts as clean when the backend raised what the reference raised
+and otherwise handed out every output field equal to the reference's and recorded a violation exactly when
+the reference did. On top of that every index handed out must lie in ``[-1, cache slots)``.
+
+    python benchmarks/fuzz_guarded.py --device cuda --cases 8000            # the four Triton backends and torch, natively
+    TRITON_INTERPRET=1 python benchmarks/fuzz_guarded.py --cases 200 --address-strict  # on a CPU, every lane checked
+
+Where the device is a GPU, the Triton backends other than the device's own run on it with their platform
+forced (the lanes they compute are theirs; the device only executes them). ``--address-strict`` (the CPU
+interpreter only) checks every lane address of every kernel against its tensors'
+storage (``swa_hal.testing.interpreter.address_strict``). Run it under ``compute-sanitizer --tool memcheck``
+with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` to have every device access checked against one allocation per
+tensor. It prints a line per backend and entry point, then the total; exit status 1 if any case differed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "backends")]
+
+# The platform each backend is forced onto when the device is a GPU of another (the CUDA SM90 backend
+# runs on the probed device itself).
+FORCED = {
+    "cuda": None,
+    "sm12x": "vendor=cuda,capability=12.0",
+    "rocm": "vendor=rocm,arch=gfx942,capability=9.4",
+    "xpu": "vendor=xpu",
+    "torch": None,
+}
+ENTRIES = ("build", "groups", "slot_rows")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu", help="torch device the backends run on (default cpu)")
+    p.add_argument("--backends", nargs="+", default=list(FORCED), choices=list(FORCED))
+    p.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=ENTRIES)
+    p.add_argument("--cases", type=int, default=100, help="malformed inputs per backend and entry point")
+    p.add_argument("--seed", default="long", help="seed prefix (default: long)")
+    p.add_argument("--address-strict", action="store_true", help="check every lane address (CPU interpreter)")
+    p.add_argument("--show", type=int, default=3, help="differing cases printed per line (default 3)")
+    args = p.parse_args()
+
+    import torch
+
+    from swa_hal import PlatformInfo, SWAMetadataBuilder
+    from swa_hal.slot_rows import slot_limit
+    from swa_hal.testing import guarded
+    from swa_hal.testing.interpreter import address_strict
+
+    device = torch.device(args.device)
+    cases = {"build": guarded.build_case, "groups": guarded.group_case, "slot_rows": guarded.slot_rows_case}
+    configs = {
+        "build": [guarded.GUARDED_CONFIG],
+        "groups": [guarded.GUARDED_CONFIG],
+        "slot_rows": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
+    }
+    print(f"torch {torch.__version__} on {device}; {args.cases} cases per backend and entry point; seed {args.seed!r}")
+    total = failed = outside = 0
+    for name in args.backends:
+        if device.type == "cpu":
+            platform = _own_platform(name)
+        else:
+            platform = PlatformInfo.from_assume(FORCED[name]) if FORCED[name] else None
+        # Every lane for the SM12x backend (its kernels clamp every lane's address), the lanes the mask
+        # leaves on for the others (what any GPU requires).
+        strict = partial(address_strict, active_only=name != "sm12x") if args.address_strict else guarded.unchecked
+        for entry in args.entries:
+            t0 = time.perf_counter()
+            bad: list[str] = []
+            n = 0
+            per_config = max(1, args.cases // len(configs[entry]))
+            for config in configs[entry]:
+                builder = SWAMetadataBuilder(config, device=device, backend=name, platform=platform)
+                ref = guarded.reference_builder(config)
+                limit = slot_limit(config)
+                rng = random.Random(f"{args.seed}-{name}-{entry}-{config.window_size}")
+                for k in range(per_config):
+                    problems = cases[entry](builder, ref, rng, device, k, strict=strict)
+                    n += 1
+                    if problems:
+                        bad.append(problems[0])
+                outside += _outside(builder, limit)
+            total += n
+            failed += len(bad)
+            dt = time.perf_counter() - t0
+            print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s")
+            for line in bad[: args.show]:
+                print(f"    {line[:400]}")
+    print(f"total: {total} malformed inputs, {failed} differ from the reference, {outside} indices outside the cache")
+    return 1 if failed or outside else 0
+
+
+def _own_platform(name: str):
+    """On a CPU: the backend's first declared platform (its kernels then run through the interpreter)."""
+    from swa_hal import PlatformInfo
+    from swa_hal.plugins import get_registry
+
+    spec = get_registry().backends[name].spec
+    return PlatformInfo.from_assume(spec.platforms[0]) if spec.platforms else None
+
+
+def _outside(builder, limit: int) -> int:
+    """Entries of the builder's index buffers outside [-1, limit): what a guarded build must never hand out."""
+    count = 0
+    buffers = builder.buffers
+    for buf in (buffers.group_decode_indices, buffers.group_prefill_indices):
+        count += int(((buf < -1) | (buf >= limit)).sum())
+    return count
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -318,7 +318,22 @@ DSPARK_EDGES = [
     ("dspark end 2^32 + 3", dspark([2**32 + 3, 2**32 + 4]), ([-1] * 6, 0), E.BatchCapacityError),
     # P = 7, floor 2^32 + 1: ctx = max(P - floor, 0) = 0, only the block's own slots 1, 2 -> 101, 102.
     ("dspark floor 2^32 + 1", dspark([8, 9], 2**32 + 1), ([101, 102, -1, -1, -1, -1], 2), None),
+    # P = 7, floor INT32_MIN (inside int32: a valid call): ctx = min(P, W, P - floor) = 4 although P - floor
+    # is past int32: positions 3..6 of pool 0 -> 103..106, then the block's own 101, 102.
+    ("dspark floor INT32_MIN, P = 7", dspark([8, 9], INT32_MIN), ([103, 104, 105, 106, 101, 102], 6), None),
 ]
+
+
+def inside_int32(rows: SlotRows) -> bool:
+    """Whether every row end, pool and floor is an int32 value (what an unguarded call takes)."""
+    values = [rows.row_ends, rows.pools] + ([] if rows.floors is None else [rows.floors])
+    return all(INT32_MIN <= int(v.min()) and int(v.max()) <= INT32_MAX for v in values)
+
+
+# Calls with every value inside int32 that break no rule: valid, so an unguarded call gives the same rows.
+UNGUARDED_EDGES = [(name, rows, [want, ROW1]) for name, rows, want, exc in SLOT_EDGES if exc is None]
+UNGUARDED_EDGES += [(name, rows, [want, want]) for name, rows, want, exc in DSPARK_EDGES if exc is None]
+UNGUARDED_EDGES = [e for e in UNGUARDED_EDGES if inside_int32(e[1])]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -333,8 +348,15 @@ def test_dspark_token_slot_inputs_past_int32(backend, name, rows, want, exc):
     _check_slot_rows(backend, rows, [want, want], exc)
 
 
-def _check_slot_rows(backend: str, rows: SlotRows, want: list[tuple[list[int], int]], exc) -> None:
-    builder = make_builder(SLOT_CFG, backend)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name, rows, want", UNGUARDED_EDGES, ids=[e[0] for e in UNGUARDED_EDGES])
+def test_unguarded_token_slot_rows_at_the_int32_edges(backend, name, rows, want):
+    assert len(UNGUARDED_EDGES) == 3  # INT32_MIN and INT32_MIN + 1 row ends, the INT32_MIN DSpark floor
+    _check_slot_rows(backend, rows, want, None, guard=False)
+
+
+def _check_slot_rows(backend: str, rows: SlotRows, want: list[tuple[list[int], int]], exc, guard=True) -> None:
+    builder = make_builder(SLOT_CFG, backend, guard=guard)
     with strictness(backend):
         out, lens = builder.build_slot_rows(rows)
     assert out.tolist() == [r for r, _ in want]

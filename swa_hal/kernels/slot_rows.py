@@ -78,11 +78,15 @@ def slot_rows_kernel(
     else:
         head = rows_at
     end = tl.load(ends_ptr + head, mask=row_ok, other=0)
-    # Ends at or below 0 all give p < 0, an empty row: saturated at 0, p = end - 1 and every position below
-    # stay inside int32 (p - W + 1 would wrap near INT32_MIN). Ends past int32 are saturated too; such a row
-    # reads positions past req_to_token's width (below 2^31 - 1, the preflight's) whenever it reads any, so
-    # the guard flags it by its exact end (``far``) instead.
-    p = _sat32(tl.maximum(end, 0)) - 1
+    # Ends at or below 0 all give p < 0, an empty row: raised to 0, p = end - 1 and every position below
+    # stay inside int32 (p - W + 1 would wrap near INT32_MIN). A guarded call saturates int64 ends into
+    # int32 first: a row whose end is past int32 reads positions past req_to_token's width (below
+    # 2^31 - 1, the preflight's) whenever it reads any, so it is flagged by its exact end (``far``). An
+    # unguarded call's values are inside int32 (docs/semantics.md #guarded-builds): one int32 maximum.
+    if GUARD:
+        p = _sat32(tl.maximum(end, 0)) - 1
+    else:
+        p = tl.maximum(end.to(tl.int32), 0) - 1
     far = end > 2147483647
     pool = tl.load(pools_ptr + head, mask=row_ok, other=0).to(tl.int64)
     pool_ok = (pool >= 0) & (pool < num_pools)
@@ -97,9 +101,13 @@ def slot_rows_kernel(
         if HAS_FLOORS:
             # valid_from of the block's request; a pool row outside the table is the guard's to report.
             floor = tl.load(floors_ptr + pool_at, mask=row_ok & pool_ok, other=0)
-            # min(ctx, max(p - floor, 0)) with the floor clamped into [p - W, p] first (ctx <= W), in the
-            # floor's own dtype: p - floor itself leaves int32 for a floor near INT32_MIN.
-            ctx = tl.minimum(ctx, p - tl.minimum(tl.maximum(floor, p - WINDOW), p).to(tl.int32))
+            # min(ctx, max(p - floor, 0)) with the floor clamped into [p - W, p] first (ctx <= W): p - floor
+            # itself leaves int32 for a floor near INT32_MIN. Guarded, in the floor's own dtype (exact for
+            # int64 floors past int32).
+            f = floor
+            if not GUARD:
+                f = floor.to(tl.int32)
+            ctx = tl.minimum(ctx, p - tl.minimum(tl.maximum(f, p - WINDOW), p).to(tl.int32))
             far_ctx = far & (floor < end - 1)
         row_lens = tl.where(p >= 0, ctx + BLOCK_N, 0)
         # A far block has N entries of its own whatever its context (P >= 0).
@@ -112,8 +120,12 @@ def slot_rows_kernel(
         far_live = far
         if HAS_FLOORS:
             floor = tl.load(floors_ptr + rows_at, mask=row_ok, other=0)
-            # Saturated: a floor past int32 is past every p here too (p < 2^31 - 1), one below lies below 0.
-            lo = tl.maximum(lo, _sat32(floor))
+            # Guarded, saturated: a floor past int32 is past every p here too (p < 2^31 - 1), one below
+            # lies below 0.
+            if GUARD:
+                lo = tl.maximum(lo, _sat32(floor))
+            else:
+                lo = tl.maximum(lo, floor.to(tl.int32))
             far_live = far & (floor < end)
         row_lens = tl.maximum(p + 1 - lo, 0)
         ctx = row_lens

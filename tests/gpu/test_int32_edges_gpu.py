@@ -29,6 +29,7 @@ from test_int32_edges import (  # noqa: E402
     ROW1,
     SLOT_CFG,
     SLOT_EDGES,
+    UNGUARDED_EDGES,
     last_page_batch,
 )
 
@@ -91,4 +92,11 @@ def test_token_slot_inputs_past_int32(report):
             else:
                 with pytest.raises(exc):
                     b.check()
-    report(f"{len(calls)} token-slot calls past int32 x {len(NAMES)} backends: exact")
+        unguarded = builder(name, SLOT_CFG, guard=False)
+        for _, rows, want in UNGUARDED_EDGES:
+            out, lens = unguarded.build_slot_rows(rows.to("cuda"))
+            assert out.tolist() == [r for r, _ in want] and lens.tolist() == [n for _, n in want], name
+    report(
+        f"{len(calls)} guarded and {len(UNGUARDED_EDGES)} unguarded token-slot calls at the int32 edges x "
+        f"{len(NAMES)} backends: exact"
+    )

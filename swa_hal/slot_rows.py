@@ -109,7 +109,15 @@ def preflight_slot_rows(rows: SlotRows, window: int, device: torch.device) -> in
     pools = _index_tensor("pools", rows.pools, device, 1)
     if pools.shape[0] != n:
         raise BatchShapeError("pools", f"pools has {pools.shape[0]} rows; row_ends has {n}")
-    _index_tensor("req_to_token", rows.req_to_token, device, 2)
+    positions = _index_tensor("req_to_token", rows.req_to_token, device, 2).shape[1]
+    if positions >= INT32_LIMIT:
+        # The kernels compute a row's positions and their end in int32, saturating wider inputs: a row end
+        # past int32 is then known to read past the table (docs/semantics.md #guarded-builds).
+        raise BatchCapacityError(
+            "req_to_token",
+            f"req_to_token has {positions} positions per pool row; at most {INT32_LIMIT - 1} (positions and "
+            "row ends are int32)",
+        )
     _index_tensor("slot_map", rows.slot_map, device, 1)
     block = rows.block
     if isinstance(block, bool) or not isinstance(block, int) or block < 0:

@@ -27,6 +27,14 @@ def _int32(v):
 
 
 @triton.jit
+def _sat32(v):
+    """An int64 (or int32) input saturated into int32: the row arithmetic below is int32, and a truncated
+    int64 value would stand for another position. Callers show the saturated value decides the row as the
+    exact one does, but for row ends past int32 (``far`` below)."""
+    return tl.minimum(tl.maximum(v, -2147483648), 2147483647).to(tl.int32)
+
+
+@triton.jit
 def _first_bad(bad, values, cols, BLOCK_W: tl.constexpr):
     """Per row: whether any column is bad, and the value at the first bad column."""
     first = tl.min(tl.where(bad, cols[None, :], BLOCK_W), axis=1)
@@ -69,7 +77,17 @@ def slot_rows_kernel(
         head = rows_at - rows_at % BLOCK_N
     else:
         head = rows_at
-    p = tl.load(ends_ptr + head, mask=row_ok, other=0).to(tl.int32) - 1
+    end = tl.load(ends_ptr + head, mask=row_ok, other=0)
+    # Ends at or below 0 all give p < 0, an empty row: raised to 0, p = end - 1 and every position below
+    # stay inside int32 (p - W + 1 would wrap near INT32_MIN). A guarded call saturates int64 ends into
+    # int32 first: a row whose end is past int32 reads positions past req_to_token's width (below
+    # 2^31 - 1, the preflight's) whenever it reads any, so it is flagged by its exact end (``far``). An
+    # unguarded call's values are inside int32 (docs/semantics.md #guarded-builds): one int32 maximum.
+    if GUARD:
+        p = _sat32(tl.maximum(end, 0)) - 1
+    else:
+        p = tl.maximum(end.to(tl.int32), 0) - 1
+    far = end > 2147483647
     pool = tl.load(pools_ptr + head, mask=row_ok, other=0).to(tl.int64)
     pool_ok = (pool >= 0) & (pool < num_pools)
     pool_at = pool
@@ -78,27 +96,53 @@ def slot_rows_kernel(
     cols = tl.arange(0, BLOCK_W)
     if BLOCK_N > 0:
         ctx = tl.minimum(tl.maximum(p, 0), WINDOW)
+        # Without floors a far block (P >= 2^31 - 1) has context, min(P, W) > 0.
+        far_ctx = far
         if HAS_FLOORS:
             # valid_from of the block's request; a pool row outside the table is the guard's to report.
-            floor = tl.load(floors_ptr + pool_at, mask=row_ok & pool_ok, other=0).to(tl.int32)
-            ctx = tl.minimum(ctx, tl.maximum(p - floor, 0))
+            floor = tl.load(floors_ptr + pool_at, mask=row_ok & pool_ok, other=0)
+            # min(ctx, max(p - floor, 0)) with the floor clamped into [p - W, p] first (ctx <= W): p - floor
+            # itself leaves int32 for a floor near INT32_MIN. Guarded, in the floor's own dtype (exact for
+            # int64 floors past int32).
+            f = floor
+            if not GUARD:
+                f = floor.to(tl.int32)
+            ctx = tl.minimum(ctx, p - tl.minimum(tl.maximum(f, p - WINDOW), p).to(tl.int32))
+            far_ctx = far & (floor < end - 1)
         row_lens = tl.where(p >= 0, ctx + BLOCK_N, 0)
+        # A far block has N entries of its own whatever its context (P >= 0).
+        far_live = far
         q = (p - ctx)[:, None] + cols[None, :]
         top = p - 1
     else:
         lo = tl.maximum(p - (WINDOW - 1), 0)
+        # A far row (p >= 2^31 - 1) has entries, min(W, p + 1 - floor) > 0, without floors always.
+        far_live = far
         if HAS_FLOORS:
-            lo = tl.maximum(lo, tl.load(floors_ptr + rows_at, mask=row_ok, other=0).to(tl.int32))
+            floor = tl.load(floors_ptr + rows_at, mask=row_ok, other=0)
+            # Guarded, saturated: a floor past int32 is past every p here too (p < 2^31 - 1), one below
+            # lies below 0.
+            if GUARD:
+                lo = tl.maximum(lo, _sat32(floor))
+            else:
+                lo = tl.maximum(lo, floor.to(tl.int32))
+            far_live = far & (floor < end)
         row_lens = tl.maximum(p + 1 - lo, 0)
         ctx = row_lens
+        far_ctx = far_live
         q = p[:, None] - cols[None, :]
         top = p
     row_lens = tl.where(row_ok, row_lens, 0)
     kind = tl.zeros([BLOCK_T], dtype=tl.int32)
     value = tl.zeros([BLOCK_T], dtype=tl.int32)
     if GUARD:
-        kind, value = _flag(kind, value, (row_lens > 0) & ~pool_ok, 8, _int32(pool))  # POOL
-        kind, value = _flag(kind, value, (ctx > 0) & (top >= rt_width), 9, top)  # POSITION
+        # A far row is checked by what its exact end gives (far_live, far_ctx): its saturated window can
+        # differ, but it reads past the table whenever it reads the table (its position is saturated in
+        # the value, as the record's is).
+        live_row = (row_lens > 0) | (row_ok & far_live)
+        kind, value = _flag(kind, value, live_row & ~pool_ok, 8, _int32(pool))  # POOL
+        past = ((ctx > 0) & (top >= rt_width)) | (row_ok & far_ctx)
+        kind, value = _flag(kind, value, past, 9, tl.where(far, 2147483647, top))  # POSITION
     live = cols[None, :] < row_lens[:, None]
     from_table = cols[None, :] < ctx[:, None]
     read = live & from_table

@@ -143,6 +143,14 @@ def _search_owner(
 
 
 @triton.jit
+def _capped_distance(hi, lo, CAP: tl.constexpr):
+    """min(hi - lo, CAP) for hi >= lo. As uint32 the difference is exact even where it leaves int32 (a
+    wrapped position of a malformed request inside a span near INT32_MIN), as the reference's is; the same
+    one instruction as a signed minimum."""
+    return tl.minimum((hi - lo).to(tl.uint32, bitcast=True), CAP).to(tl.int32, bitcast=True)
+
+
+@triton.jit
 def _image_visibility(
     pos,
     req,
@@ -177,8 +185,8 @@ def _image_visibility(
         e = tl.load(span_ends_ptr + i)
         mine = (i >= lo) & (i < hi)
         inside = mine & (pos >= a) & (pos <= e)
-        left = tl.where(inside, tl.minimum(pos - a, MAX_IMAGE - 1), left)
-        right = tl.where(inside, tl.minimum(e - pos, MAX_IMAGE), right)
+        left = tl.where(inside, _capped_distance(pos, a, MAX_IMAGE - 1), left)
+        right = tl.where(inside, _capped_distance(e, pos, MAX_IMAGE), right)
         if GUARD:
             broken = mine & ((a > e) | (a < prefix) | (e > seq - 1) | (e - a + 1 > MAX_IMAGE))
             bad_span = tl.where(broken & (bad_span == NO_SPAN), i, bad_span)
@@ -211,8 +219,7 @@ def _record(violation_ptr, kind, req, value, rows):
 def _page_block(
     row_table,
     pk,
-    lens,
-    end_pos,
+    need,
     max_pages,
     kind,
     value,
@@ -221,9 +228,8 @@ def _page_block(
     GUARD: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
-    """The block of each row's page ``pk`` (0 where the row does not reach it), with the guard's checks
-    of the page (rule 5) and of the block id (rule 6)."""
-    need = (lens > 0) & (pk * BLOCK_SIZE < end_pos)
+    """The block of each row's page ``pk`` (0 where the row does not reach it: not ``need``), with the
+    guard's checks of the page (rule 5) and of the block id (rule 6)."""
     if GUARD:
         in_table = (pk >= 0) & (pk < max_pages)
         kind, value = _flag(kind, value, need & ~in_table, 5, pk)  # PAGES
@@ -319,10 +325,14 @@ def _window_rows(
     kind = tl.zeros([BLOCK_T], dtype=tl.int32)
     value = tl.zeros([BLOCK_T], dtype=tl.int32)
     checked = row_ok & valid
-    prefix = seq - (end - begin)
+    query = end - begin
+    prefix = seq - query
     if GUARD:
-        kind, value = _flag(kind, value, checked & (end < begin), 1, end - begin)  # QUERY_ORDER
-        kind, value = _flag(kind, value, checked & (prefix < 0), 2, seq)  # SEQ_SHORT
+        kind, value = _flag(kind, value, checked & (end < begin), 1, query)  # QUERY_ORDER
+        # S_r < q_r compared, not S_r - q_r < 0: the difference leaves int32 at the edges (S_r near
+        # INT32_MIN) and wraps to a prefix >= 0. A query below 0 with end >= begin wrapped (begin near
+        # INT32_MIN): it is past int32, longer than any S_r.
+        kind, value = _flag(kind, value, checked & ((seq < query) | (query < 0)), 2, seq)  # SEQ_SHORT
     if NONCAUSAL:
         # DSpark rows ignore the replay bound (docs/semantics.md #dspark-rows).
         start = tl.maximum(prefix - WINDOW, 0)
@@ -396,21 +406,51 @@ def _window_rows(
         # for it, so interleaving them would make the pages dependent rounds of loads.
         first_page = start // BLOCK_SIZE
         off = start - first_page * BLOCK_SIZE
-        end_pos = start + lens  # exclusive
+        # The row reads page k when it reaches past its first k pages, off + lens > k * B: compared as
+        # lens > k * B - off, relative to the first page, since the page's first position,
+        # (first_page + k) * B, lies past int32 for a page after the last int32 page (it wrapped below the
+        # row's end, and a valid row on the last page read, or was emptied for, the page past it).
         bk0, kind, value = _page_block(
-            row_table, first_page, lens, end_pos, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
+            row_table, first_page, lens > 0, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
         )
         if ROW_PAGES > 1:
             bk1, kind, value = _page_block(
-                row_table, first_page + 1, lens, end_pos, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
+                row_table,
+                first_page + 1,
+                lens > BLOCK_SIZE - off,
+                max_pages,
+                kind,
+                value,
+                BLOCK_SIZE,
+                BLOCK_LIMIT,
+                GUARD,
+                CLAMP,
             )
         if ROW_PAGES > 2:
             bk2, kind, value = _page_block(
-                row_table, first_page + 2, lens, end_pos, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
+                row_table,
+                first_page + 2,
+                lens > 2 * BLOCK_SIZE - off,
+                max_pages,
+                kind,
+                value,
+                BLOCK_SIZE,
+                BLOCK_LIMIT,
+                GUARD,
+                CLAMP,
             )
         if ROW_PAGES > 3:
             bk3, kind, value = _page_block(
-                row_table, first_page + 3, lens, end_pos, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
+                row_table,
+                first_page + 3,
+                lens > 3 * BLOCK_SIZE - off,
+                max_pages,
+                kind,
+                value,
+                BLOCK_SIZE,
+                BLOCK_LIMIT,
+                GUARD,
+                CLAMP,
             )
         # base_k = off + (block_k - k) * BLOCK_SIZE; entry c is on page k from column k * BLOCK_SIZE - off.
         # (Each per-row value spread over the columns is one conversion: off is spread once for all pages.)
@@ -657,15 +697,18 @@ def swa_metadata_kernel(
             i = tl.minimum(i, num_prefills - 1)
         req = num_decodes + i
         seq = tl.load(seq_lens_ptr + req, mask=real, other=0)
-        query = tl.load(qsl_ptr + req + 1, mask=real, other=0) - tl.load(qsl_ptr + req, mask=real, other=0)
+        begin = tl.load(qsl_ptr + req, mask=real, other=0)
+        end = tl.load(qsl_ptr + req + 1, mask=real, other=0)
+        query = end - begin
         bound = tl.load(replay_ptr + req, mask=real, other=0)
         visible = tl.minimum(tl.maximum(seq - query - bound, 0), WINDOW - 1)
         gather = query + visible
         if GUARD:
             kind = tl.zeros([GATHER_BLOCK], dtype=tl.int32)
             value = tl.zeros([GATHER_BLOCK], dtype=tl.int32)
-            kind, value = _flag(kind, value, real & (query < 0), 1, query)  # QUERY_ORDER
-            kind, value = _flag(kind, value, real & (seq < query), 2, seq)  # SEQ_SHORT
+            # Compared, not subtracted (the row programs' rules 1 and 2): a query that wrapped is past int32.
+            kind, value = _flag(kind, value, real & (end < begin), 1, query)  # QUERY_ORDER
+            kind, value = _flag(kind, value, real & ((seq < query) | (query < 0)), 2, seq)  # SEQ_SHORT
             kind, value = _flag(kind, value, real & ((bound < 0) | (bound > seq - query)), 3, bound)  # REPLAY
             if MAX_IMAGE > 0:
                 # A prefill whose spans break rule 4 gets gather length 0 like any other broken prefill

@@ -337,7 +337,6 @@ class TorchGuard:
         is the same as bounds of 0): fills the requests' candidates. Returns the bool mask [num_reqs] of the requests that broke a rule (the caller
         empties their rows: ``reference.empty_requests``)."""
         self.request_quantities(config, query_start_loc, seq_lens, replay_start, spans, num_reqs, causal=causal)
-        self._request_views(num_reqs).seq.copy_(seq_lens)  # the value rule 2 reports
         return self.first_broken(num_reqs)
 
     def request_quantities(
@@ -357,10 +356,11 @@ class TorchGuard:
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
         torch.sub(v.end, v.begin, out=v.query)
-        torch.sub(seq_lens, v.query, out=v.prefix)
+        # seq_lens in int64 first: the value rule 2 reports, and an int32 - int64 difference would convert
+        # seq_lens into a temporary on every build.
+        v.seq.copy_(seq_lens)
+        torch.sub(v.seq, v.query, out=v.prefix)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
-        if checks_spans or not causal:
-            v.seq.copy_(seq_lens)
         replay = causal and replay_start is not None
         self._clear(v, BOUND, replay)
         self._clear(v, HEADROOM, replay)

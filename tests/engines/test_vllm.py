@@ -1268,6 +1268,180 @@ def test_vllms_own_cpu_builder_fails_swa_hals_builds(plugin_log, vllm_configs):
     assert not diffs, "\n".join(diffs)
 
 
+# -- step builds: one build per model-runner step for every SWA group -------------------------------
+
+STEP_VARIANTS = ["v4_w8b4", "v4_mtp2_w6b8", "v4_dspark3_w5b4", "v41_w8b4", "v41_mtp1_w7b16", "v41_dspark2_w6b4"]
+# Steps per variant: through the torch backend (6 variants: 216 steps) and through the cuda Triton backend
+# in the interpreter (6 variants: 36 steps; the interpreter runs a step's kernel in seconds).
+STEP_STEPS = {"torch": 36, "cuda": 6}
+STEP_LAYOUTS = 3  # per variant: the builders of a layout serve a run of its steps, as in an engine
+
+
+def step_kinds(variant_name):
+    kinds = ["decode", "mixed", "mtp", "padded"]
+    return kinds + (["dspark"] if ALL_VARIANTS[variant_name].dspark else [])
+
+
+class Calls:
+    """Calls of swa_hal's builds, group builds and updates, and of a backend's computes, by name."""
+
+    def __init__(self, monkeypatch):
+        from swa_hal.builder import SWAMetadataBuilder
+
+        self.n = {}
+        for name in ("build", "build_groups", "update_draft_decode_metadata", "_update_groups"):
+            self._count(monkeypatch, SWAMetadataBuilder, name)
+
+    def _count(self, monkeypatch, cls, name):
+        original = getattr(cls, name)
+
+        def counted(*args, **kwargs):
+            self.n[name] = self.n.get(name, 0) + 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, counted)
+
+    def launches(self, backend):
+        """Count the group computes of ``backend`` (an instance) and, on a Triton backend, its kernel
+        launches (the torch backend computes group after group: one call, no launch to count)."""
+        for name in ("compute_groups", "_launch") if hasattr(backend, "_launch") else ("compute_groups",):
+            original = getattr(backend, name)
+
+            def counted(*args, _name=name, _original=original, **kwargs):
+                self.n["launch:" + _name] = self.n.get("launch:" + _name, 0) + 1
+                return _original(*args, **kwargs)
+
+            setattr(backend, name, counted)
+
+    def take(self):
+        n, self.n = self.n, {}
+        return n
+
+
+class StepRig:
+    """One layout's groups twice: vLLM's own builders (the expected values) and the swa_hal builders vLLM
+    gets for the same class, each in its attention groups, and the model state of the variant."""
+
+    def __init__(self, variant_name, vllm_configs, native_cls, layout, **swa_hal_kw):
+        v = ALL_VARIANTS[variant_name]
+        vc = vllm_configs[variant_name]
+        spec = H.make_kv_spec(v)
+        n = len(layout.swa)
+        names = [[f"model.layers.{j}.attn.swa_cache"] for j in range(n)]
+        self.natives = [native_cls(spec, names[j], vc, CPU) for j in range(n)]
+        ours_cls = integ.swa_hal_builder_cls(native_cls)
+        self.ours = [ours_cls(spec, names[j], vc, CPU, **swa_hal_kw) for j in range(n)]
+        for a, b in zip(self.natives, self.ours):
+            if hasattr(a, "_use_aiter_sparse_mla"):
+                a._use_aiter_sparse_mla = b._use_aiter_sparse_mla = True
+        self.native_groups = H.attention_groups(self.natives, layout, spec)
+        self.our_groups = H.attention_groups(self.ours, layout, spec)
+        self.layout, self.variant, self.vc = layout, v, vc
+        self.cfg = H.swa_config_for(v, vc)
+
+    def draw(self, rng, kind):
+        """A step of ``kind``: the batch, vLLM's inputs for it and its model state."""
+        batch, _ = H.draw(self.cfg, rng, kind, replay=0.5, extra_pages=1)
+        tables, slots = H.step_inputs(batch, self.layout, self.cfg.block_size, rng, extra_tokens=rng.randint(0, 3))
+        t = slots.shape[1]
+        # vLLM's num_actual_tokens counts the padding rows; a padded step also without them.
+        num_tokens = int(batch.query_start_loc_cpu[-1]) if kind == "padded" and rng.random() < 0.5 else t
+        ib = H.input_batch(batch, num_tokens, self.cfg.decode_threshold, H.token_positions(batch))
+        cacheable = tuple(i for i in range(self.layout.num_kv_groups) if rng.random() < 0.5)
+        state = H.model_state(self.variant.version, self.vc, window=self.variant.window, cacheable=cacheable)
+        return batch, tables, slots, ib, state
+
+    def build(self, groups, batch, tables, slots, ib, state, *, causal=True, for_capture=False):
+        """The step's metadata by layer: vLLM's ``prepare_attn``; a non-causal (DSpark) step as vLLM's
+        drafter builds it, ``build_attn_metadata`` with ``causal=False``, in a step of its own."""
+        if causal:
+            return H.prepare_attn(
+                state, ib, tables, slots, groups, self.layout, batch.replay_start, for_capture=for_capture
+            )
+        from vllm.models.deepseek_v41.nvidia.model_state import ReplayAttnMetadata
+        from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
+
+        from swa_hal.integrations import vllm_step
+
+        num_reqs = ib.num_reqs
+        extra = {}
+        if batch.replay_start is not None:
+            extra["model_specific_attn_metadata"] = ReplayAttnMetadata(batch.replay_start)
+        with vllm_step.open_step(tables, slots, groups, 0):
+            return build_attn_metadata(
+                attn_groups=groups,
+                num_reqs=num_reqs,
+                num_tokens=ib.num_tokens,
+                query_start_loc_gpu=ib.query_start_loc,
+                query_start_loc_cpu=torch.from_numpy(ib.query_start_loc_np),
+                max_query_len=ib.max_query_len,
+                seq_lens=ib.seq_lens,
+                max_seq_len=int(ib.seq_lens_cpu_upper_bound.max()),
+                block_tables=tables,
+                slot_mappings=slots,
+                kv_cache_config=H.kv_cache_config(self.layout),
+                seq_lens_cpu_upper_bound=ib.seq_lens_cpu_upper_bound,
+                causal=False,
+                **extra,
+            )
+
+    def diffs(self, want, got, batch, tables, slots, variant_name):
+        out = []
+        for j, i in enumerate(self.layout.swa):
+            name = f"model.layers.{j}.attn.swa_cache"
+            step = dataclasses.replace(batch, block_table=tables[i], slot_mapping=slots[i])
+            out += [f"group {i}: {d}" for d in H.compare(want[name], got[name], step, **chunk_args(variant_name))]
+        return out
+
+
+def step_parity(monkeypatch, vllm_configs, rocm, variant, backend):
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    rng = random.Random(f"{SEED}-{variant}-{backend}-step")
+    calls = Calls(monkeypatch)
+    natives = natives_for(variant, rocm)
+    kinds = step_kinds(variant)
+    steps = STEP_STEPS[backend]
+    for layout_index in range(STEP_LAYOUTS):
+        layout = H.random_layout(rng, rng.randint(2, 8))
+        rig = StepRig(variant, vllm_configs, natives[layout_index % len(natives)], layout, **kw)
+        counted = False
+        for i in range(layout_index * steps // STEP_LAYOUTS, (layout_index + 1) * steps // STEP_LAYOUTS):
+            kind = kinds[i % len(kinds)]
+            batch, tables, slots, ib, state = rig.draw(rng, kind)
+            causal = kind != "dspark"
+            want = rig.build(rig.native_groups, batch, tables, slots, ib, state, causal=causal)
+            calls.take()
+            got = rig.build(rig.our_groups, batch, tables, slots, ib, state, causal=causal)
+            plan = rig.ours[0].swa_hal_step[0]
+            if not counted:  # the step builder exists from the first step on
+                calls.launches(plan.builder.backend)
+                calls.take()
+                got = rig.build(rig.our_groups, batch, tables, slots, ib, state, causal=causal)
+                counted = True
+            n = calls.take()
+            # One build for every SWA group of the step, one launch, no group building on its own.
+            assert n.get("build_groups") == 1 and "build" not in n, n
+            assert n.get("launch:compute_groups") == 1, n
+            assert n.get("launch:_launch", 1) == 1, n
+            assert plan.kv_ids == layout.swa
+            diffs = rig.diffs(want, got, batch, tables, slots, variant)
+            assert not diffs, f"{backend} {type(rig.natives[0]).__name__} {layout} {kind} #{i}:\n" + "\n".join(diffs)
+            COUNTS[f"step:{backend}"] += 1
+            COUNTS[f"step_groups:{backend}"] += len(layout.swa)
+            COUNTS["step_replay"] += batch.replay_start is not None and bool(batch.replay_start.any())
+            COUNTS[f"step_kind:{kind}"] += 1
+
+
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+def test_step_builds_equal_vllms_per_group_builds_torch_backend(plugin_log, vllm_configs, rocm, monkeypatch, variant):
+    step_parity(monkeypatch, vllm_configs, rocm, variant, "torch")
+
+
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+def test_step_builds_equal_vllms_per_group_builds_triton_backend(plugin_log, vllm_configs, rocm, monkeypatch, variant):
+    step_parity(monkeypatch, vllm_configs, rocm, variant, "cuda")
+
+
 def test_coverage_of_the_random_batches():
     """Runs last in the file: the parity tests above covered what the issue asks for."""
     if COUNTS["batches"] == 0:

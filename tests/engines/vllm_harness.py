@@ -180,7 +180,8 @@ def common_metadata(
 
 def draw(cfg: SWAConfig, rng: random.Random, kind: str, **kw: Any) -> tuple[AttentionBatch, dict | None]:
     """A random batch of ``kind`` plus its image ranges in vLLM's ``mm_req_doc_ranges`` form."""
-    batch = random_batch(cfg, rng, kind, max_tokens=64, max_reqs=cfg.max_num_seqs, max_context=400, **kw)
+    limits: dict[str, Any] = dict(max_tokens=64, max_reqs=cfg.max_num_seqs, max_context=400)
+    batch = random_batch(cfg, rng, kind, **{**limits, **kw})
     ranges = None
     spans = batch.image_spans
     if spans is not None:

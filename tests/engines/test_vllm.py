@@ -492,6 +492,7 @@ def test_fresh_vllm_process_logs_one_line(tmp_path):
     lines = [line for line in text.splitlines() if "SWA metadata through swa_hal backend" in line]
     assert len(lines) == 1, text
     assert "swa_hal backend 'torch'" in lines[0]
+    assert "step builds on" in lines[0]
     assert "RESOLVED SwaHalDeepseekV4CPUSparseSWAMetadataBuilder" in text
 
 
@@ -1444,6 +1445,192 @@ def test_step_builds_equal_vllms_per_group_builds_torch_backend(plugin_log, vllm
 @pytest.mark.parametrize("variant", STEP_VARIANTS)
 def test_step_builds_equal_vllms_per_group_builds_triton_backend(plugin_log, vllm_configs, rocm, monkeypatch, variant):
     step_parity(monkeypatch, vllm_configs, rocm, variant, "cuda")
+
+
+DRAFT_STEP_VARIANTS = ["v4_mtp2_w6b8", "v4_dspark3_w5b4", "v41_mtp1_w7b16"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("variant", DRAFT_STEP_VARIANTS)
+def test_step_builds_update_each_draft_step_in_one_grouped_update(
+    plugin_log, vllm_configs, rocm, monkeypatch, variant, backend
+):
+    """vLLM's drafter updates every group's metadata in turn after each draft step: on a step build's
+    metadata the first group's update updates every group in one grouped update, the others find theirs
+    done; after each of three draft steps every group equals vLLM's own builder's update of its build."""
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    rng = random.Random(f"{SEED}-{variant}-{backend}-step-draft")
+    calls = Calls(monkeypatch)
+    natives = [n for n in natives_for(variant, rocm) if n.supports_draft_decode_metadata_update]
+    for j, kind in enumerate(["decode", "mtp"]):
+        layout = H.random_layout(rng, rng.randint(2, 5))
+        rig = StepRig(variant, vllm_configs, natives[j % len(natives)], layout, **kw)
+        batch, tables, slots, ib, state = rig.draw(rng, kind)
+        want = rig.build(rig.native_groups, batch, tables, slots, ib, state)
+        got = rig.build(rig.our_groups, batch, tables, slots, ib, state)
+        assert got[rig.our_groups[layout.swa[0]][0].layer_names[0]].num_decode_tokens > 0
+        for step in range(1, 4):
+            H.advance_draft_step_groups(batch, tables, slots, rig.cfg.block_size)
+            calls.take()
+            for groups in rig.native_groups:  # vLLM's loop (speculator._update_draft_decode_metadata)
+                for group in groups:
+                    group.update_draft_decode_metadata(want)
+            for groups in rig.our_groups:
+                for group in groups:
+                    group.update_draft_decode_metadata(got)
+            n = calls.take()
+            assert n == {"update_draft_decode_metadata": 1, "_update_groups": 1}, n
+            diffs = rig.diffs(want, got, batch, tables, slots, variant)
+            assert not diffs, f"{backend} {kind} {layout} draft step {step}:\n" + "\n".join(diffs)
+            COUNTS["step_draft_updates"] += 1
+
+
+def _last_step_line(plugin_log):
+    lines = [r.getMessage() for r in plugin_log[1] if "step builds" in r.getMessage()]
+    return lines[-1]
+
+
+def test_step_builds_are_on_by_default_and_installed_once(plugin_log):
+    """The start-up line names the backend and the step builds; registering again wraps nothing twice;
+    unregistering gives vLLM its own ``prepare_attn`` back."""
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    first = [r.getMessage() for r in plugin_log[0] if "SWA metadata through swa_hal backend" in r.getMessage()]
+    assert len(first) == 1 and "step builds on" in first[0] and "backend 'torch'" in first[0], first
+    hooked = DefaultModelState.__dict__["prepare_attn"]
+    original = hooked.__wrapped__
+    assert hooked.__swa_hal__ and not getattr(original, "__swa_hal__", False)
+    assert integ.register() is True and DefaultModelState.__dict__["prepare_attn"] is hooked
+    assert integ.step_builds_active()
+    integ.unregister()
+    try:
+        assert DefaultModelState.__dict__["prepare_attn"] is original and not integ.step_builds_active()
+    finally:
+        integ.register()
+    again = DefaultModelState.__dict__["prepare_attn"]
+    assert again.__swa_hal__ and again.__wrapped__ is original
+    assert sum(attr == "prepare_attn" for _, attr, _ in integ._patched) == 1
+
+
+@pytest.mark.parametrize("case", ["off", "absent"])
+def test_without_step_builds_each_group_builds_alone(plugin_log, vllm_configs, rocm, monkeypatch, case):
+    """``SWA_HAL_VLLM_STEP=0``, or a vLLM without model runner V2's ``prepare_attn``: vLLM's step loop calls
+    each SWA group's builder, which builds its group alone (one build per group, no group build), as
+    vLLM's own builders do."""
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from swa_hal.integrations import vllm_step
+
+    integ.unregister()
+    try:
+        with monkeypatch.context() as mp:
+            if case == "off":
+                mp.setenv("SWA_HAL_VLLM_STEP", "0")
+            else:
+                mp.setattr(vllm_step, "MODEL_STATE_MODULE", "vllm.v1.worker.gpu.model_states.not_in_this_vllm")
+            assert integ.register() is True
+        assert not getattr(DefaultModelState.prepare_attn, "__swa_hal__", False)
+        assert not integ.step_builds_active()
+        want_line = "step builds off (SWA_HAL_VLLM_STEP=0)" if case == "off" else "step builds unavailable"
+        assert want_line in _last_step_line(plugin_log)
+        calls = Calls(monkeypatch)
+        rng = random.Random(f"{SEED}-step-{case}")
+        for variant in ("v4_mtp2_w6b8", "v41_w8b4"):
+            layout = H.random_layout(rng, 3)
+            rig = StepRig(variant, vllm_configs, natives_for(variant, rocm)[1], layout, backend="torch")
+            for kind in ("decode", "mixed"):
+                batch, tables, slots, ib, state = rig.draw(rng, kind)
+                want = rig.build(rig.native_groups, batch, tables, slots, ib, state)
+                calls.take()
+                got = rig.build(rig.our_groups, batch, tables, slots, ib, state)
+                assert calls.take() == {"build": 3}
+                diffs = rig.diffs(want, got, batch, tables, slots, variant)
+                assert not diffs, "\n".join(diffs)
+            assert all(b.swa_hal_step is None for b in rig.ours)
+    finally:
+        integ.unregister()
+        integ.register()
+    assert integ.step_builds_active()
+
+
+def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm, monkeypatch):
+    """Builders called outside ``prepare_attn`` (model runner V1's loop, or any direct call) build alone;
+    inside a step, a group whose inputs are not the step's (another slot mapping, other shared inputs)
+    builds alone too, and the step build serves the others; each result equals vLLM's own build."""
+    from swa_hal.integrations import vllm_step
+
+    variant = "v41_mtp1_w7b16"
+    rng = random.Random(f"{SEED}-step-own-inputs")
+    layout = H.StepLayout(4, (0, 1, 3))
+    rig = StepRig(variant, vllm_configs, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, layout, backend="torch")
+    calls = Calls(monkeypatch)
+    batch, tables, slots, ib, state = rig.draw(rng, "mixed")
+    rig.build(rig.our_groups, batch, tables, slots, ib, state)  # the plan and its builder exist
+
+    def group_step(j, **changes):
+        i = layout.swa[j]
+        return dataclasses.replace(batch, **{"block_table": tables[i], "slot_mapping": slots[i], **changes})
+
+    def check(j, step, cm_kw=None):
+        cm_kw = cm_kw or {}
+        want = rig.natives[j].build(0, H.common_metadata(step, **cm_kw), replay_start=batch.replay_start)
+        got = rig.ours[j].build(0, H.common_metadata(step, **cm_kw), replay_start=batch.replay_start)
+        diffs = H.compare(want, got, step, **chunk_args(variant))
+        assert not diffs, "\n".join(diffs)
+
+    calls.take()
+    for j in range(3):  # no step open: each group alone
+        check(j, group_step(j))
+    assert calls.take() == {"build": 3}
+    with vllm_step.open_step(tables, slots, rig.our_groups, 0):
+        check(1, group_step(1, slot_mapping=slots[layout.swa[1]].clone()))  # not the step's slot row
+        assert calls.take() == {"build": 1}
+        check(0, group_step(0))  # the step build, for every group
+        assert calls.take() == {"build_groups": 1}
+        check(2, group_step(2), {"num_actual_tokens": int(batch.query_start_loc_cpu[-1]) - 1})  # other shared input
+        assert calls.take() == {"build": 1}
+        check(2, group_step(2))
+        check(1, group_step(1))
+        assert calls.take() == {}
+    check(0, group_step(0))  # the step closed: alone again
+    assert calls.take() == {"build": 1}
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_step_builds_under_cudagraph_capture(plugin_log, vllm_configs, rocm, monkeypatch, backend):
+    """vLLM captures FULL graphs through the same ``prepare_attn`` (``for_capture``, dummy batches: a zeroed
+    block table, padding slots): the capture build is a step build, and the next FULL step of that shape
+    builds into the same memory, both equal to vLLM's own builds."""
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    variant = "v41_mtp1_w7b16"
+    rng = random.Random(f"{SEED}-step-capture-{backend}")
+    layout = H.StepLayout(3, (0, 1, 2))
+    rig = StepRig(variant, vllm_configs, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, layout, **kw)
+    calls = Calls(monkeypatch)
+    q, n = rig.cfg.decode_threshold, 4
+    dummy = AttentionBatch.from_lists([q] * n, [q] * n, torch.zeros(n, 4, dtype=torch.int32), block_size=16)
+    dummy = dataclasses.replace(dummy, slot_mapping=torch.full_like(dummy.slot_mapping, -1))
+    real = AttentionBatch.from_lists(
+        [rng.randint(q, 60) for _ in range(n)], [q] * n, torch.arange(4 * n, dtype=torch.int32).view(n, 4), block_size=16
+    )
+    seen = None
+    for step, capture in ((dummy, True), (real, False)):
+        tables, slots = H.step_inputs(step, layout, rig.cfg.block_size, rng)
+        ib = H.input_batch(step, slots.shape[1], q, H.token_positions(step))
+        state = H.model_state(rig.variant.version, rig.vc, window=rig.variant.window)
+        kw = dict(for_capture=capture, full=True)
+        want = H.prepare_attn(state, ib, tables, slots, rig.native_groups, layout, None, **kw)
+        calls.take()
+        got = H.prepare_attn(state, ib, tables, slots, rig.our_groups, layout, None, **kw)
+        assert calls.take() == {"build_groups": 1}
+        diffs = rig.diffs(want, got, step, tables, slots, variant)
+        assert not diffs, f"capture={capture}:\n" + "\n".join(diffs)
+        names = ("decode_swa_indices", "decode_swa_lens", "token_to_req_indices", "is_valid_token")
+        ptrs = [tuple(getattr(md, f).data_ptr() for f in names) for md in got.values()]
+        assert seen is None or ptrs == seen
+        seen = ptrs
+    plan = rig.ours[0].swa_hal_step[0]
+    assert got["model.layers.0.attn.swa_cache"].decode_swa_lens.data_ptr() == plan.builder.buffers.decode_lens.data_ptr()
 
 
 def test_coverage_of_the_random_batches():

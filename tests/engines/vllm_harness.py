@@ -677,13 +677,15 @@ def prepare_attn(
     replay_start: torch.Tensor | None,
     *,
     for_capture: bool = False,
+    full: bool = False,
 ) -> dict[str, Any]:
     """vLLM's ``prepare_attn`` of the model state (the V4 one hands the builders ``replay_start`` as the V4.1
-    one does; the V4.1 one makes its own from its table, filled here from ``replay_start``)."""
+    one does; the V4.1 one makes its own from its table, filled here from ``replay_start``), eager or
+    (``full``, ``for_capture``) a FULL-graph step."""
     from vllm.config import CUDAGraphMode
     from vllm.models.deepseek_v41.nvidia.model_state import DeepseekV41ModelState, ReplayAttnMetadata
 
-    mode = CUDAGraphMode.FULL if for_capture else CUDAGraphMode.NONE
+    mode = CUDAGraphMode.FULL if for_capture or full else CUDAGraphMode.NONE
     extra: dict[str, Any] = {}
     if isinstance(state, DeepseekV41ModelState):
         state._replay_start_np[:] = 0
@@ -694,3 +696,20 @@ def prepare_attn(
     return type(state).prepare_attn(
         state, ib, mode, block_tables, slot_mappings, attn_groups, kv_cache_config(layout), for_capture=for_capture, **extra
     )
+
+
+def advance_draft_step_groups(batch: AttentionBatch, tables: Any, slots: torch.Tensor, block_size: int) -> None:
+    """What vLLM's drafter does between draft steps, in place, for every group: one more position per real
+    request, and each group's slots of the moved tokens through its own table (no slot stays none)."""
+    qsl = batch.query_start_loc_cpu.tolist()
+    for r in range(len(qsl) - 1):
+        q = qsl[r + 1] - qsl[r]
+        if q == 0:
+            continue
+        batch.seq_lens[r] += 1
+        seq = int(batch.seq_lens[r])
+        for i in range(q):
+            t, pos = qsl[r] + i, seq - q + i
+            for g in range(slots.shape[0]):
+                if slots[g, t] >= 0:
+                    slots[g, t] = int(tables[g][r, pos // block_size]) * block_size + pos % block_size

@@ -19,6 +19,11 @@ The step build lives in a ``StepPlan``'s own ``SWAMetadataBuilder`` (one set of 
 group), made once per set of SWA builders: the path a step takes depends only on the builders and the
 layout of vLLM's persistent buffers, so a CUDA graph captured through it replays through it.
 
+vLLM's drafters build their draft steps outside ``prepare_attn``, with ``build_attn_metadata`` itself
+(``vllm.v1.worker.gpu.spec_decode.speculator``, with the same inputs: every group's table, the stacked
+slot mappings); the plugin wraps that module's name for it the same way, so draft steps (DSpark's
+non-causal ones among them) are step builds too.
+
 Draft-step updates: vLLM's drafter updates each group's metadata in turn, every group once per draft
 step (``update_draft_decode_metadata``). The first group of a draft step updates every group of the
 step build in one grouped update; the others find theirs done (``StepPlan.update_draft``).
@@ -27,6 +32,7 @@ step build in one grouped update; the others find theirs done (``StepPlan.update
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import threading
 from collections import OrderedDict
@@ -40,6 +46,10 @@ from . import vllm as plugin
 from .engine import batch_from_common_metadata, step_image_spans
 
 MODEL_STATE_MODULE = "vllm.v1.worker.gpu.model_states.default"
+# vLLM's drafters build their draft steps' metadata through this module's ``build_attn_metadata``.
+DRAFTER_MODULE = "vllm.v1.worker.gpu.spec_decode.speculator"
+# The parameters a step build reads from a ``build_attn_metadata`` call (all keywords in the drafter's).
+BUILD_PARAMS = ("attn_groups", "block_tables", "slot_mappings", "ubatch_idx")
 # The parameters of the prepare_attn the hook wraps, in order (vLLM 0.33's DefaultModelState).
 PREPARE_ATTN_PARAMS = (
     "self",
@@ -353,8 +363,6 @@ def install(patched: list[tuple[Any, str, Any]]) -> bool:
     """Wrap vLLM's ``DefaultModelState.prepare_attn`` (once; the original goes into ``patched`` for
     ``unregister``). False where there is no such hook: a vLLM without model runner V2's model states,
     or whose ``prepare_attn`` takes other parameters (each group then builds on its own)."""
-    import importlib
-
     try:
         module = importlib.import_module(MODEL_STATE_MODULE)
         cls = module.DefaultModelState
@@ -399,4 +407,36 @@ def install(patched: list[tuple[Any, str, Any]]) -> bool:
     prepare_attn.__doc__ = original.__doc__
     cls.prepare_attn = prepare_attn
     patched.append((cls, "prepare_attn", original))
+    _install_drafter(patched)
     return True
+
+
+def _install_drafter(patched: list[tuple[Any, str, Any]]) -> None:
+    """The drafters' step builds: vLLM's speculator builds each draft step's metadata with
+    ``build_attn_metadata`` (by keyword: every group's block table, the stacked slot mappings, the groups),
+    outside any ``prepare_attn``; its module's name for it is wrapped the same way. Without it (another
+    vLLM), draft steps build group by group."""
+    try:
+        module = importlib.import_module(DRAFTER_MODULE)
+        original = module.build_attn_metadata
+    except Exception as exc:  # noqa: BLE001 - vLLM calls the plugin unguarded
+        plugin.log.debug("swa_hal: no drafter step builds (%s does not import: %r)", DRAFTER_MODULE, exc)
+        return
+    if getattr(original, "__swa_hal__", False):
+        return
+    if not set(BUILD_PARAMS) <= set(inspect.signature(original).parameters):
+        plugin.log.debug("swa_hal: no drafter step builds (%s.build_attn_metadata's parameters differ)", DRAFTER_MODULE)
+        return
+
+    def build_attn_metadata(*args: Any, **kwargs: Any) -> Any:
+        if args:  # the drafter passes keywords only; anything else builds as vLLM does
+            return original(*args, **kwargs)
+        step = open_step(kwargs["block_tables"], kwargs["slot_mappings"], kwargs["attn_groups"], kwargs.get("ubatch_idx", 0))
+        with step:
+            return original(**kwargs)
+
+    build_attn_metadata.__swa_hal__ = True  # type: ignore[attr-defined]
+    build_attn_metadata.__wrapped__ = original  # type: ignore[attr-defined]
+    build_attn_metadata.__doc__ = original.__doc__
+    module.build_attn_metadata = build_attn_metadata
+    patched.append((module, "build_attn_metadata", original))

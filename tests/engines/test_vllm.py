@@ -1357,37 +1357,34 @@ class StepRig:
 
     def build(self, groups, batch, tables, slots, ib, state, *, causal=True, for_capture=False):
         """The step's metadata by layer: vLLM's ``prepare_attn``; a non-causal (DSpark) step as vLLM's
-        drafter builds it, ``build_attn_metadata`` with ``causal=False``, in a step of its own."""
+        drafter builds it, its module's ``build_attn_metadata`` with ``causal=False``, by keyword."""
         if causal:
             return H.prepare_attn(
                 state, ib, tables, slots, groups, self.layout, batch.replay_start, for_capture=for_capture
             )
         from vllm.models.deepseek_v41.nvidia.model_state import ReplayAttnMetadata
-        from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
-
-        from swa_hal.integrations import vllm_step
+        from vllm.v1.worker.gpu.spec_decode import speculator
 
         num_reqs = ib.num_reqs
         extra = {}
         if batch.replay_start is not None:
             extra["model_specific_attn_metadata"] = ReplayAttnMetadata(batch.replay_start)
-        with vllm_step.open_step(tables, slots, groups, 0):
-            return build_attn_metadata(
-                attn_groups=groups,
-                num_reqs=num_reqs,
-                num_tokens=ib.num_tokens,
-                query_start_loc_gpu=ib.query_start_loc,
-                query_start_loc_cpu=torch.from_numpy(ib.query_start_loc_np),
-                max_query_len=ib.max_query_len,
-                seq_lens=ib.seq_lens,
-                max_seq_len=int(ib.seq_lens_cpu_upper_bound.max()),
-                block_tables=tables,
-                slot_mappings=slots,
-                kv_cache_config=H.kv_cache_config(self.layout),
-                seq_lens_cpu_upper_bound=ib.seq_lens_cpu_upper_bound,
-                causal=False,
-                **extra,
-            )
+        return speculator.build_attn_metadata(
+            attn_groups=groups,
+            num_reqs=num_reqs,
+            num_tokens=ib.num_tokens,
+            query_start_loc_gpu=ib.query_start_loc,
+            query_start_loc_cpu=torch.from_numpy(ib.query_start_loc_np),
+            max_query_len=ib.max_query_len,
+            seq_lens=ib.seq_lens,
+            max_seq_len=int(ib.seq_lens_cpu_upper_bound.max()),
+            block_tables=tables,
+            slot_mappings=slots,
+            kv_cache_config=H.kv_cache_config(self.layout),
+            seq_lens_cpu_upper_bound=ib.seq_lens_cpu_upper_bound,
+            causal=False,
+            **extra,
+        )
 
     def diffs(self, want, got, batch, tables, slots, variant_name):
         out = []
@@ -1497,19 +1494,26 @@ def test_step_builds_are_on_by_default_and_installed_once(plugin_log):
 
     first = [r.getMessage() for r in plugin_log[0] if "SWA metadata through swa_hal backend" in r.getMessage()]
     assert len(first) == 1 and "step builds on" in first[0] and "backend 'torch'" in first[0], first
+    from vllm.v1.worker.gpu import attn_utils
+    from vllm.v1.worker.gpu.spec_decode import speculator
+
     hooked = DefaultModelState.__dict__["prepare_attn"]
     original = hooked.__wrapped__
     assert hooked.__swa_hal__ and not getattr(original, "__swa_hal__", False)
+    drafter = speculator.build_attn_metadata
+    assert drafter.__swa_hal__ and drafter.__wrapped__ is attn_utils.build_attn_metadata
     assert integ.register() is True and DefaultModelState.__dict__["prepare_attn"] is hooked
-    assert integ.step_builds_active()
+    assert speculator.build_attn_metadata is drafter and integ.step_builds_active()
     integ.unregister()
     try:
         assert DefaultModelState.__dict__["prepare_attn"] is original and not integ.step_builds_active()
+        assert speculator.build_attn_metadata is attn_utils.build_attn_metadata
     finally:
         integ.register()
     again = DefaultModelState.__dict__["prepare_attn"]
     assert again.__swa_hal__ and again.__wrapped__ is original
-    assert sum(attr == "prepare_attn" for _, attr, _ in integ._patched) == 1
+    assert speculator.build_attn_metadata.__wrapped__ is attn_utils.build_attn_metadata
+    assert sum(attr in ("prepare_attn", "build_attn_metadata") for _, attr, _ in integ._patched) == 2
 
 
 @pytest.mark.parametrize("case", ["off", "absent"])
@@ -1529,7 +1533,10 @@ def test_without_step_builds_each_group_builds_alone(plugin_log, vllm_configs, r
             else:
                 mp.setattr(vllm_step, "MODEL_STATE_MODULE", "vllm.v1.worker.gpu.model_states.not_in_this_vllm")
             assert integ.register() is True
+        from vllm.v1.worker.gpu.spec_decode import speculator
+
         assert not getattr(DefaultModelState.prepare_attn, "__swa_hal__", False)
+        assert not getattr(speculator.build_attn_metadata, "__swa_hal__", False)
         assert not integ.step_builds_active()
         want_line = "step builds off (SWA_HAL_VLLM_STEP=0)" if case == "off" else "step builds unavailable"
         assert want_line in _last_step_line(plugin_log)

@@ -106,17 +106,14 @@ def _mixed(
     one stacked tensor, whose per-group views and addresses are kept (``_unbound``)."""
     i64 = torch.int64
     ss, sst = slots.shape, slots.stride()
-    ok = (
-        slots.dtype is i64
-        and slots.get_device() == device_index
-        and len(ss) == 2
-        and (ss[1] <= 1 or sst[1] == 1)
-    )
+    ok = slots.dtype is i64 and slots.get_device() == device_index and len(ss) == 2 and (ss[1] <= 1 or sst[1] == 1)
     if not ok:  # name the broken rule
         preflight_tensor("slot_mappings", slots, i64, device_index, 2)
     _count(len(tables), ss[0])
     if ss[1] != num_tokens:
-        raise BatchShapeError("slot_mappings", f"slot_mappings has {ss[1]} entries per group; num_tokens is {num_tokens}")
+        raise BatchShapeError(
+            "slot_mappings", f"slot_mappings has {ss[1]} entries per group; num_tokens is {num_tokens}"
+        )
     slot_views, slot_addresses = _unbound(cache, (slots.data_ptr(), ss, sst), slots)
     i32 = torch.int32
     rows: list[GroupRow] = []

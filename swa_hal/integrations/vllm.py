@@ -26,6 +26,10 @@ subclass and *over* vLLM's base: its class is ``type(name, (native, SwaHalSparse
 vLLM's V4.1 specialized decode records metadata builds in CUDA graphs only for the builder types it
 lists as recordable; ``register`` lists the swa_hal builder of each listed SWA builder there too.
 
+Step builds (``swa_hal.integrations.vllm_step``; ``SWA_HAL_VLLM_STEP=0`` turns them off): ``register``
+also wraps model runner V2's ``DefaultModelState.prepare_attn`` (and the drafter's ``build_attn_metadata``),
+so every SWA group of a step is built by one ``build_groups`` and each group's builder hands out its part.
+
 The builder classes are in ``swa_hal.integrations.vllm_builder``, which imports vLLM and is imported
 on first use, after ``check_vllm``; the batch it builds comes from ``engine.batch_from_common_metadata``,
 the conversion every engine adapter shares. Importing this module imports nothing from vLLM;

@@ -11,6 +11,9 @@ imports it on first use, after checking vLLM's version; importing it directly ch
   FlashInfer, CPU, ROCm AITER, ...): ``type(name, (native, SwaHalSparseSWAMetadataBuilder), {})``, whose
   method order is ``platform subclass -> (V4.1 builder) -> swa_hal -> vLLM base``, so each subclass's
   own ``build`` runs on top of swa_hal's and keeps what it adds.
+* Inside a model-runner step whose step build serves the builder (``swa_hal.integrations.vllm_step``), its
+  group's rows come from that one build of every SWA group, and a draft step's update of them from one
+  grouped update; elsewhere (or for inputs not the step's) the builder builds its group alone.
 * ``FIELDS`` and ``PREFILL_FIELDS``: the field map between vLLM's ``DeepseekSparseSWAMetadata`` and
   swa_hal's ``SWAMetadata``; ``to_vllm`` and ``from_vllm`` are its two directions.
 * The step's batch comes from ``engine.batch_from_common_metadata``, the conversion (and padding rule)

@@ -73,7 +73,9 @@ class StepPlan:
     KV-cache group of each step group, ``builder`` the step build's ``SWAMetadataBuilder`` (None: these
     groups build on their own), and the latest step build, for draft updates."""
 
-    def __init__(self, members: dict[int, tuple[Any, int]], kv_ids: tuple[int, ...], builder: SWAMetadataBuilder | None):
+    def __init__(
+        self, members: dict[int, tuple[Any, int]], kv_ids: tuple[int, ...], builder: SWAMetadataBuilder | None
+    ):
         self.members = members  # id(vLLM builder) -> (builder, step group)
         self.kv_ids = kv_ids
         self.builder = builder
@@ -146,16 +148,14 @@ def _make_plan(found: list[tuple[int, Any, Any]]) -> StepPlan:
     kv_ids = tuple(sorted({i for i, _, _ in found}))
     g_of = {i: g for g, i in enumerate(kv_ids)}
     members = {id(b): (b, g_of[i]) for i, _, b in found}
-    first = found[0][2] if found else None
-    usable = (
-        len(kv_ids) > 1
-        and all(getattr(group, "kernel_block_size", None) is None for _, group, _ in found)
-        and all(
-            b.swa_config == first.swa_config
-            and b.swa_hal.backend_name == first.swa_hal.backend_name
-            and b.device == first.device
-            for _, _, b in found
-        )
+    if len(kv_ids) < 2:
+        return StepPlan(members, kv_ids, None)
+    first: Any = found[0][2]
+    usable = all(getattr(group, "kernel_block_size", None) is None for _, group, _ in found) and all(
+        b.swa_config == first.swa_config
+        and b.swa_hal.backend_name == first.swa_hal.backend_name
+        and b.device == first.device
+        for _, _, b in found
     )
     builder = None
     if usable:
@@ -327,7 +327,9 @@ def open_step(block_tables: Any, slot_mappings: Any, attn_groups: Any, ubatch_id
 # -- the builders' side -----------------------------------------------------------------------
 
 
-def group_metadata(builder: Any, cm: Any, replay_start: torch.Tensor | None) -> tuple[StepPlan, int, SWAMetadata] | None:
+def group_metadata(
+    builder: Any, cm: Any, replay_start: torch.Tensor | None
+) -> tuple[StepPlan, int, SWAMetadata] | None:
     """(plan, step group, metadata) when the current step build serves ``builder``'s build of ``cm``."""
     step = current()
     if step is None:
@@ -417,7 +419,7 @@ def _install_drafter(patched: list[tuple[Any, str, Any]]) -> None:
     outside any ``prepare_attn``; its module's name for it is wrapped the same way. Without it (another
     vLLM), draft steps build group by group."""
     try:
-        module = importlib.import_module(DRAFTER_MODULE)
+        module: Any = importlib.import_module(DRAFTER_MODULE)
         original = module.build_attn_metadata
     except Exception as exc:  # noqa: BLE001 - vLLM calls the plugin unguarded
         plugin.log.debug("swa_hal: no drafter step builds (%s does not import: %r)", DRAFTER_MODULE, exc)
@@ -431,7 +433,9 @@ def _install_drafter(patched: list[tuple[Any, str, Any]]) -> None:
     def build_attn_metadata(*args: Any, **kwargs: Any) -> Any:
         if args:  # the drafter passes keywords only; anything else builds as vLLM does
             return original(*args, **kwargs)
-        step = open_step(kwargs["block_tables"], kwargs["slot_mappings"], kwargs["attn_groups"], kwargs.get("ubatch_idx", 0))
+        step = open_step(
+            kwargs["block_tables"], kwargs["slot_mappings"], kwargs["attn_groups"], kwargs.get("ubatch_idx", 0)
+        )
         with step:
             return original(**kwargs)
 

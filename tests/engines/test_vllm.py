@@ -1355,10 +1355,10 @@ class StepRig:
         state = H.model_state(self.variant.version, self.vc, window=self.variant.window, cacheable=cacheable)
         return batch, tables, slots, ib, state
 
-    def build(self, groups, batch, tables, slots, ib, state, *, causal=True, for_capture=False):
-        """The step's metadata by layer: vLLM's ``prepare_attn``; a non-causal (DSpark) step as vLLM's
-        drafter builds it, its module's ``build_attn_metadata`` with ``causal=False``, by keyword."""
-        if causal:
+    def build(self, groups, batch, tables, slots, ib, state, *, causal=True, for_capture=False, ranges=None):
+        """The step's metadata by layer: vLLM's ``prepare_attn``; a non-causal (DSpark) step, or one with
+        image ranges, as vLLM's drafter module builds it: its ``build_attn_metadata``, by keyword."""
+        if causal and ranges is None:
             return H.prepare_attn(
                 state, ib, tables, slots, groups, self.layout, batch.replay_start, for_capture=for_capture
             )
@@ -1382,7 +1382,8 @@ class StepRig:
             slot_mappings=slots,
             kv_cache_config=H.kv_cache_config(self.layout),
             seq_lens_cpu_upper_bound=ib.seq_lens_cpu_upper_bound,
-            causal=False,
+            causal=causal,
+            mm_req_doc_ranges=ranges,
             **extra,
         )
 
@@ -1442,6 +1443,32 @@ def test_step_builds_equal_vllms_per_group_builds_torch_backend(plugin_log, vllm
 @pytest.mark.parametrize("variant", STEP_VARIANTS)
 def test_step_builds_equal_vllms_per_group_builds_triton_backend(plugin_log, vllm_configs, rocm, monkeypatch, variant):
     step_parity(monkeypatch, vllm_configs, rocm, variant, "cuda")
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_step_builds_with_image_ranges(plugin_log, vllm_configs, rocm, monkeypatch, backend):
+    """The vision variant: the step build puts the step's image spans in its own span buffers once, and
+    every group's visibility and rows equal vLLM's own build of that group."""
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    variant = "v4_vision_w6b4"
+    rng = random.Random(f"{SEED}-step-vision-{backend}")
+    rig = StepRig(variant, vllm_configs, sparse_swa.DeepseekSparseSWAMetadataBuilder, H.StepLayout(4, (0, 2, 3)), **kw)
+    calls = Calls(monkeypatch)
+    visible = 0
+    for i in range(6 if backend == "torch" else 2):
+        batch, ranges = H.draw(rig.cfg, rng, ("mixed", "prefill")[i % 2], spans=1.0, **STEP_BATCH)
+        tables, slots = H.step_inputs(batch, rig.layout, rig.cfg.block_size, rng)
+        ib = H.input_batch(batch, slots.shape[1], rig.cfg.decode_threshold, H.token_positions(batch))
+        want = rig.build(rig.native_groups, batch, tables, slots, ib, None, ranges=ranges or {})
+        calls.take()
+        got = rig.build(rig.our_groups, batch, tables, slots, ib, None, ranges=ranges or {})
+        assert calls.take() == {"build_groups": 1}
+        diffs = rig.diffs(want, got, batch, tables, slots, variant)
+        assert not diffs, f"{backend} #{i}:\n" + "\n".join(diffs)
+        first = want["model.layers.0.attn.swa_cache"].prefill_left_visible
+        visible += first is not None and int(first.max()) > 0
+        COUNTS["step_image_spans"] += 1
+    assert visible > 0
 
 
 DRAFT_STEP_VARIANTS = ["v4_mtp2_w6b8", "v4_dspark3_w5b4", "v41_mtp1_w7b16"]
@@ -1650,3 +1677,9 @@ def test_coverage_of_the_random_batches():
     for kind in ("decode", "mtp", "mixed", "padded", "dspark", "replay_start", "image_spans"):
         assert COUNTS[kind] > 0, kind
     assert COUNTS["draft_updates"] > 0
+    # Step builds: at least 200 steps of 2 to 8 SWA groups through the torch backend, some through a Triton
+    # backend, every kind, replay bounds, and grouped draft updates.
+    assert COUNTS["step:torch"] >= 200 and COUNTS["step:cuda"] > 0, dict(COUNTS)
+    for kind in ("decode", "mixed", "mtp", "padded", "dspark"):
+        assert COUNTS[f"step_kind:{kind}"] > 0, kind
+    assert COUNTS["step_replay"] > 0 and COUNTS["step_draft_updates"] >= 3 and COUNTS["step_image_spans"] > 0

@@ -79,7 +79,6 @@ class StepPlan:
         self.members = members  # id(vLLM builder) -> (builder, step group)
         self.kv_ids = kv_ids
         self.builder = builder
-        self.num_kv_groups = 0
         self.slot_rows: slice | None = None
         if builder is not None and len(kv_ids) > 1:
             gaps = {b - a for a, b in zip(kv_ids, kv_ids[1:])}
@@ -89,7 +88,6 @@ class StepPlan:
         # groups the current draft step has updated.
         self.handed: list[tuple[Any, SWAMetadata] | None] = [None] * len(kv_ids)
         self.updated: set[int] = set()
-        self.builds = 0
 
     def inputs(self, block_tables: Any, slot_mappings: torch.Tensor) -> tuple[Any, Any]:
         """The step build's tables and slot mappings, in vLLM's layout: the tuple of tables as it is when
@@ -255,7 +253,6 @@ class Step:
             self.key = key
             self.plan.handed = [None] * len(self.plan.kv_ids)
             self.plan.updated = set()
-            self.plan.builds += 1
             hal.poll_violations()
         elif not _same_key(key, self.key):
             return None

@@ -65,6 +65,10 @@ PREPARE_ATTN_PARAMS = (
 )
 
 
+# Kept slot-mapping row views per plan (one per token count seen; past this many, made anew).
+ROW_VIEWS = 1024
+
+
 # -- the plan: which builders a step build serves ------------------------------------------------
 
 
@@ -88,6 +92,9 @@ class StepPlan:
         # groups the current draft step has updated.
         self.handed: list[tuple[Any, SWAMetadata] | None] = [None] * len(kv_ids)
         self.updated: set[int] = set()
+        # SWA groups not evenly spaced: their slot-mapping rows, per view of vLLM's buffer (a step's
+        # [:, :T]), made once per token count rather than every step.
+        self._rows: dict[tuple[Any, ...], list[torch.Tensor]] = {}
 
     def inputs(self, block_tables: Any, slot_mappings: torch.Tensor) -> tuple[Any, Any]:
         """The step build's tables and slot mappings, in vLLM's layout: the tuple of tables as it is when
@@ -99,7 +106,13 @@ class StepPlan:
         tables = tuple(block_tables[i] for i in ids)
         if self.slot_rows is not None:
             return tables, slot_mappings[self.slot_rows]
-        return tables, [slot_mappings[i] for i in ids]
+        key = (slot_mappings.data_ptr(), slot_mappings.shape, slot_mappings.stride())
+        rows = self._rows.get(key)
+        if rows is None:
+            if len(self._rows) >= ROW_VIEWS:
+                self._rows.clear()
+            rows = self._rows[key] = [slot_mappings[i] for i in ids]
+        return tables, rows
 
     def hand_out(self, g: int, vllm_metadata: Any, metadata: SWAMetadata) -> None:
         self.handed[g] = (vllm_metadata, metadata)

@@ -1403,8 +1403,11 @@ def step_parity(monkeypatch, vllm_configs, rocm, variant, backend):
     natives = natives_for(variant, rocm)
     kinds = step_kinds(variant)
     first = 0
-    for layout_index, (steps, num_swa) in enumerate(zip(STEP_STEPS[backend], (2, 3, rng.randint(4, 8)))):
-        layout = H.random_layout(rng, num_swa)
+    # vLLM's layout as it comes: every group an SWA group (its tuple and [G, T] buffer as they are), every
+    # other one (a strided view of the buffer), anywhere among other groups.
+    sizes, forms = (2, 3, rng.randint(4, 8)), ("all", "even", "any")
+    for layout_index, (steps, num_swa, form) in enumerate(zip(STEP_STEPS[backend], sizes, forms)):
+        layout = H.random_layout(rng, num_swa, form)
         rig = StepRig(variant, vllm_configs, natives[layout_index % len(natives)], layout, **kw)
         counted = False
         for i in range(first, first + steps):
@@ -1432,6 +1435,8 @@ def step_parity(monkeypatch, vllm_configs, rocm, variant, backend):
             COUNTS[f"step_groups:{backend}"] += len(layout.swa)
             COUNTS["step_replay"] += batch.replay_start is not None and bool(batch.replay_start.any())
             COUNTS[f"step_kind:{kind}"] += 1
+            inputs = plan.inputs(tables, slots)
+            COUNTS["step_inputs:" + ("as_is" if inputs[1] is slots else type(inputs[1]).__name__)] += 1
         first += steps
 
 
@@ -1683,3 +1688,5 @@ def test_coverage_of_the_random_batches():
     for kind in ("decode", "mixed", "mtp", "padded", "dspark"):
         assert COUNTS[f"step_kind:{kind}"] > 0, kind
     assert COUNTS["step_replay"] > 0 and COUNTS["step_draft_updates"] >= 3 and COUNTS["step_image_spans"] > 0
+    # vLLM's buffers as they are, a strided view of the slot mappings, and listed rows.
+    assert all(COUNTS[f"step_inputs:{form}"] > 0 for form in ("as_is", "Tensor", "list")), dict(COUNTS)

@@ -533,8 +533,14 @@ class StepLayout:
     swa: tuple[int, ...]
 
 
-def random_layout(rng: random.Random, num_swa: int) -> StepLayout:
-    """``num_swa`` SWA groups among up to two other groups, anywhere (evenly spaced or not)."""
+def random_layout(rng: random.Random, num_swa: int, form: str = "any") -> StepLayout:
+    """``num_swa`` SWA groups: ``all`` the groups; ``even``: every other group; ``any``: among up to two
+    other groups, anywhere (evenly spaced or not)."""
+    if form == "all":
+        return StepLayout(num_swa, tuple(range(num_swa)))
+    if form == "even":
+        start = rng.randint(0, 1)
+        return StepLayout(start + 2 * num_swa - 1 + rng.randint(0, 1), tuple(range(start, start + 2 * num_swa, 2)))
     total = num_swa + rng.randint(0, 2)
     return StepLayout(total, tuple(sorted(rng.sample(range(total), num_swa))))
 

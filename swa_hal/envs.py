@@ -45,6 +45,12 @@ VARIABLES: dict[str, EnvVar] = {
         EnvVar("SWA_HAL_GUARD", "switch", "guarded builds (docs/semantics.md #guarded-builds)", "1"),
         EnvVar("SWA_HAL_CACHE", "switch", "the host-side caches of views and arrays (swa_hal/cache.py)", "1"),
         EnvVar("SWA_HAL_VLLM", "switch", "the vLLM plugin replaces vLLM's DeepSeek-V4 SWA builders", "1"),
+        EnvVar(
+            "SWA_HAL_VLLM_STEP",
+            "switch",
+            "the vLLM plugin builds every SWA group of a model-runner step in one build (step builds)",
+            "1",
+        ),
         EnvVar("SWA_HAL_SGLANG", "switch", "the SGLang plugin replaces SGLang's DeepSeek-V4 SWA rows", "1"),
         EnvVar("SWA_HAL_NUM_WARPS", "int", "warps per program of every kernel (tuning sweeps)", "4"),
         EnvVar("SWA_HAL_TILE_ELEMS", "int", "elements of a prefill program's tile (tuning sweeps)"),

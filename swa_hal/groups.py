@@ -1,6 +1,8 @@
 """A group build's per-group inputs (docs/semantics.md #group-builds): each KV-cache group's block table
-and slot mapping, handed in as two lists of tensors or stacked in one tensor each, checked on the host
-and described as the rows of the kernel's group table.
+and slot mapping, handed in as two lists of tensors, stacked in one tensor each, or as a list of block
+tables with the slot mappings stacked (the layout vLLM's model runner keeps: one table per group, of
+its own width, and one [G, T] slot-mapping buffer), checked on the host and described as the rows of
+the kernel's group table.
 
 The stacked form is the cheap one: its host checks look at two tensors whatever the number of
 groups, and its per-group views and table rows are made once per buffer and kept in the builder's
@@ -40,8 +42,11 @@ def group_inputs(
 ) -> GroupInputs:
     """Check a group build's per-group inputs (the shared ones go through ``preflight_batch``) and describe
     them. ``block_tables``: a list of int32 [R', P_g] tensors, or one int32 [G, R', P] tensor;
-    ``slot_mappings``: a list of int64 [T] tensors, or one int64 [G, T] tensor. Host facts only."""
-    if isinstance(block_tables, torch.Tensor) or isinstance(slot_mappings, torch.Tensor):
+    ``slot_mappings``: a list of int64 [T] tensors, or one int64 [G, T] tensor (with listed tables too).
+    Host facts only."""
+    if isinstance(slot_mappings, torch.Tensor) and not isinstance(block_tables, torch.Tensor):
+        found = _mixed(block_tables, slot_mappings, num_reqs, num_tokens, device_index, cache)
+    elif isinstance(block_tables, torch.Tensor) or isinstance(slot_mappings, torch.Tensor):
         found = _stacked(block_tables, slot_mappings, num_reqs, num_tokens, device_index, cache)
     else:
         _count(len(block_tables), len(slot_mappings))
@@ -92,6 +97,44 @@ def _listed(
             _refuse_listed(len(rows), table, slot_mapping, num_reqs, num_tokens, device_index)
         rows.append((table.data_ptr(), slot_mapping.data_ptr(), tst[0], ts[1]))
     return GroupInputs(tables, slots, tuple(rows))
+
+
+def _mixed(
+    tables: Sequence[Any], slots: torch.Tensor, num_reqs: int, num_tokens: int, device_index: int, cache: HostCache
+) -> GroupInputs:
+    """Listed block tables, stacked slot mappings: the tables checked as listed ones, the slot mappings as
+    one stacked tensor, whose per-group views and addresses are kept (``_unbound``)."""
+    i64 = torch.int64
+    ss, sst = slots.shape, slots.stride()
+    ok = slots.dtype is i64 and slots.get_device() == device_index and len(ss) == 2 and (ss[1] <= 1 or sst[1] == 1)
+    if not ok:  # name the broken rule
+        preflight_tensor("slot_mappings", slots, i64, device_index, 2)
+    _count(len(tables), ss[0])
+    if ss[1] != num_tokens:
+        raise BatchShapeError(
+            "slot_mappings", f"slot_mappings has {ss[1]} entries per group; num_tokens is {num_tokens}"
+        )
+    slot_views, slot_addresses = _unbound(cache, (slots.data_ptr(), ss, sst), slots)
+    i32 = torch.int32
+    rows: list[GroupRow] = []
+    for g, table in enumerate(tables):
+        try:
+            ts, tst = table.shape, table.stride()
+            ok = (
+                table.dtype is i32
+                and table.get_device() == device_index
+                and len(ts) == 2
+                and ts[0] >= num_reqs
+                and (ts[1] == 1 or (ts[1] > 1 and tst[1] == 1))
+            )
+        except AttributeError:
+            ok = False
+        if not ok:
+            preflight_tensor(f"block_tables[{g}]", table, i32, device_index, 2)
+            _shapes(f"block_tables[{g}]", table.shape, "slot_mappings", num_tokens, num_reqs, num_tokens)
+            raise AssertionError(f"group {g}: block table refused by the fast check but by no rule")  # pragma: no cover
+        rows.append((table.data_ptr(), slot_addresses[g], tst[0], ts[1]))
+    return GroupInputs(tables, slot_views, tuple(rows))
 
 
 def _refuse_listed(g: int, table: Any, slot_mapping: Any, num_reqs: int, num_tokens: int, device_index: int) -> None:

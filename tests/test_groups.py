@@ -184,6 +184,54 @@ def test_stacked_group_input_errors_name_the_field():
         builder.build_groups(batch, t, list(s))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_listed_tables_with_stacked_slot_mappings_equal_listed_inputs(backend):
+    """docs/semantics.md #group-builds: vLLM's layout, a table of its own width per group and the slot
+    mappings of every group in one [G, T] buffer (a strided view of it too), builds what the lists build."""
+    config = CONFIGS["w4b4_mtp"]
+    rng = random.Random(f"mixed-{backend}")
+    mixed_builder, listed_builder = make_builder(config, backend), make_builder(config, backend)
+    for i, kind in enumerate(["decode", "mtp", "mixed", "padded"]):
+        batch = random_batch(config, rng, kind, extra_pages=2)
+        groups = 2 + i % 2
+        tables, slots = group_inputs(config, batch, groups, rng)
+        _, s2, _, s_step = stack(tables, slots)
+        every_other = torch.full((2 * groups, s_step.shape[1]), -1, dtype=torch.int64)
+        every_other[::2] = s_step
+        for step_slots in (s_step, every_other[::2]):
+            strict = address_strict(extra=[s2, every_other, *tables]) if backend == "sm12x" else _null()
+            with strict:
+                mixed = mixed_builder.build_groups(batch, tuple(tables), step_slots)
+            listed = listed_builder.build_groups(batch, tables, slots)
+            for g, (a, b) in enumerate(zip(mixed, listed)):
+                assert a.block_table is tables[g] and torch.equal(a.slot_mapping, slots[g])
+                assert a.slot_mapping.data_ptr() == step_slots[g].data_ptr()
+                group_batch = dataclasses.replace(batch, block_table=tables[g], slot_mapping=slots[g])
+                assert compare_with_reference(config, group_batch, a) == [], (kind, g)
+                for field in ("decode_swa_indices", "decode_swa_lens", "prefill_swa_indices", "prefill_swa_lens",
+                              "is_valid_token", "token_to_req_indices"):
+                    x, y = getattr(a, field), getattr(b, field)
+                    assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), (kind, g, field)
+
+
+def test_listed_tables_with_stacked_slot_mapping_errors_name_the_field():
+    config = CONFIGS["w4b4_mtp"]
+    builder = make_builder(config, "torch")
+    batch = random_batch(config, random.Random(8), "decode")
+    tables, slots = group_inputs(config, batch, 2, random.Random(9))
+    _, _, _, s = stack(tables, slots)
+    with pytest.raises(E.BatchDtypeError, match="slot_mappings has dtype torch.int32"):
+        builder.build_groups(batch, tables, s.int())
+    with pytest.raises(E.BatchShapeError, match="3 slot mappings for 2 block tables"):
+        builder.build_groups(batch, tables, torch.cat([s, s[:1]]))
+    with pytest.raises(E.BatchShapeError, match="slot_mappings has .* entries per group; num_tokens is"):
+        builder.build_groups(batch, tables, s[:, :-1])
+    with pytest.raises(E.BatchDtypeError, match=r"block_tables\[1\] has dtype torch.int64"):
+        builder.build_groups(batch, [tables[0], tables[1].long()], s)
+    with pytest.raises(E.BatchShapeError, match=r"block_tables\[0\] .* too few rows"):
+        builder.build_groups(batch, [tables[0][:0], tables[1]], s)
+
+
 class _null:
     def __enter__(self):
         return self

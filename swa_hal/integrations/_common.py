@@ -94,11 +94,15 @@ def auto_backend(device: Any = None, *, backend: str | None = None, platform: An
     return select_backend(backend, plat).name, plat.describe()
 
 
-def announce(logger: logging.Logger, engine: str, engine_version: str, what: str, backend: str, platform: str) -> str:
-    """Log the plugin's one line (INFO) and return it."""
+def announce(
+    logger: logging.Logger, engine: str, engine_version: str, what: str, backend: str, platform: str, detail: str = ""
+) -> str:
+    """Log the plugin's one line (INFO) and return it; ``detail`` ends the line when given."""
     from .. import __version__
 
     line = f"swa_hal {__version__}: {engine} {engine_version} {what} through swa_hal backend {backend!r} ({platform})"
+    if detail:
+        line += f"; {detail}"
     logger.info(line)
     return line
 

@@ -26,6 +26,10 @@ subclass and *over* vLLM's base: its class is ``type(name, (native, SwaHalSparse
 vLLM's V4.1 specialized decode records metadata builds in CUDA graphs only for the builder types it
 lists as recordable; ``register`` lists the swa_hal builder of each listed SWA builder there too.
 
+Step builds (``swa_hal.integrations.vllm_step``; ``SWA_HAL_VLLM_STEP=0`` turns them off): ``register``
+also wraps model runner V2's ``DefaultModelState.prepare_attn`` (and the drafter's ``build_attn_metadata``),
+so every SWA group of a step is built by one ``build_groups`` and each group's builder hands out its part.
+
 The builder classes are in ``swa_hal.integrations.vllm_builder``, which imports vLLM and is imported
 on first use, after ``check_vllm``; the batch it builds comes from ``engine.batch_from_common_metadata``,
 the conversion every engine adapter shares. Importing this module imports nothing from vLLM;
@@ -51,6 +55,7 @@ from . import _common
 # The vLLM release series this integration is written and tested against (its builders' internals).
 SUPPORTED_VLLM_SERIES = (0, 33)
 ENV_SWITCH = "SWA_HAL_VLLM"
+STEP_SWITCH = "SWA_HAL_VLLM_STEP"
 
 # A child of vLLM's logger, so the line appears in vLLM's own log format.
 log = logging.getLogger("vllm.plugins.swa_hal")
@@ -82,6 +87,12 @@ def enabled(env: dict[str, str] | None = None) -> bool:
     """``SWA_HAL_VLLM`` off (0/false/no/off) leaves vLLM untouched; unset or a true word is on; any other
     value is an error (a typo never silently flips the engine's metadata)."""
     return _common.enabled(ENV_SWITCH, env)
+
+
+def step_builds_enabled(env: dict[str, str] | None = None) -> bool:
+    """``SWA_HAL_VLLM_STEP`` off (0/false/no/off) keeps every SWA group of a step building on its own;
+    unset or a true word: one build per model-runner step for every SWA group (``vllm_step``)."""
+    return _common.enabled(STEP_SWITCH, env)
 
 
 def check_vllm(version: str | None = None) -> str:
@@ -257,9 +268,29 @@ def register() -> bool:
         backend.__init_subclass__ = classmethod(__init_subclass__)
         _patched.append((backend, "__init_subclass__", original))
         _declare_recordable()
+        step = _install_step_builds()
         _registered = True
-    _common.announce(log, "vLLM", version, "builds its DeepSeek-V4/V4.1 SWA metadata", backend_name, platform)
+    _common.announce(log, "vLLM", version, "builds its DeepSeek-V4/V4.1 SWA metadata", backend_name, platform, step)
     return True
+
+
+def _install_step_builds() -> str:
+    """Hook model runner V2's ``prepare_attn`` for step builds (``swa_hal.integrations.vllm_step``) unless
+    ``SWA_HAL_VLLM_STEP`` is off; returns what the start-up line says of them."""
+    if not step_builds_enabled():
+        return f"step builds off ({STEP_SWITCH}={os.environ.get(STEP_SWITCH)})"
+    from .vllm_step import install
+
+    if install(_patched):
+        return "step builds on (one build per model-runner step for every SWA group)"
+    return "step builds unavailable (no model runner V2 prepare_attn here; each SWA group builds on its own)"
+
+
+def step_builds_active() -> bool:
+    """Whether vLLM's ``prepare_attn`` is hooked for step builds in this process."""
+    if not _registered:
+        return False
+    return any(attr == "prepare_attn" for _, attr, _ in _patched)
 
 
 # vLLM's V4.1 specialized decode (``decode_backend=latency_specialized``) records the metadata builds of

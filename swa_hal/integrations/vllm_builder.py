@@ -11,6 +11,9 @@ imports it on first use, after checking vLLM's version; importing it directly ch
   FlashInfer, CPU, ROCm AITER, ...): ``type(name, (native, SwaHalSparseSWAMetadataBuilder), {})``, whose
   method order is ``platform subclass -> (V4.1 builder) -> swa_hal -> vLLM base``, so each subclass's
   own ``build`` runs on top of swa_hal's and keeps what it adds.
+* Inside a model-runner step whose step build serves the builder (``swa_hal.integrations.vllm_step``), its
+  group's rows come from that one build of every SWA group, and a draft step's update of them from one
+  grouped update; elsewhere (or for inputs not the step's) the builder builds its group alone.
 * ``FIELDS`` and ``PREFILL_FIELDS``: the field map between vLLM's ``DeepseekSparseSWAMetadata`` and
   swa_hal's ``SWAMetadata``; ``to_vllm`` and ``from_vllm`` are its two directions.
 * The step's batch comes from ``engine.batch_from_common_metadata``, the conversion (and padding rule)
@@ -43,6 +46,7 @@ from ..errors import ConfigError
 from ..metadata import SWAMetadata
 from ..platform import PlatformInfo
 from . import vllm as plugin
+from . import vllm_step
 from .engine import batch_from_common_metadata, step_image_spans
 
 plugin.check_vllm()
@@ -253,6 +257,8 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         # sync: nothing in vLLM calls check().
         self.swa_hal.violations.logger = plugin.log
         self._poll_violations = self.swa_hal.poll_violations
+        # (plan, step group) once a step build serves this builder (swa_hal.integrations.vllm_step).
+        self.swa_hal_step: tuple[Any, int] | None = None
         self._release_native_row_buffers()
         # vLLM hands out visibility whenever a request lists images, even when none covers the
         # step's new tokens (all zeros then); these stay zero for exactly that case.
@@ -303,9 +309,14 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         """vLLM's ``build``: ``common_prefix_len`` and ``fast_build`` are accepted and, as in
         vLLM's builder, unused; ``replay_start`` is each request's lower bound (None: none). Then
         ``poll_violations``: a violation an earlier build recorded is logged (once per kind) or,
-        under ``SWA_HAL_STRICT=1``, raised here."""
+        under ``SWA_HAL_STRICT=1``, raised here. Inside a model-runner step whose step build serves this
+        builder (``swa_hal.integrations.vllm_step``), the group's rows come from that one build."""
         cm = common_attn_metadata
-        md = engine_rows(self.swa_hal.build(self.swa_hal_batch(cm, replay_start)), cm.num_actual_tokens)
+        step = vllm_step.group_metadata(self, cm, replay_start)
+        if step is None:
+            md = engine_rows(self.swa_hal.build(self.swa_hal_batch(cm, replay_start)), cm.num_actual_tokens)
+        else:
+            md = engine_rows(step[2], cm.num_actual_tokens)
         self._poll_violations()
         fields = to_vllm(md)
         tile = self.build_tile_scheduler(md.num_decode_tokens)
@@ -322,13 +333,17 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             n = md.num_decode_tokens + md.num_prefill_tokens
             fields["prefill_left_visible"] = self._no_visibility[0][:n]
             fields["prefill_right_visible"] = self._no_visibility[1][:n]
-        return DeepseekSparseSWAMetadata(**fields)
+        out = DeepseekSparseSWAMetadata(**fields)
+        if step is not None:  # what a draft step's grouped update finds
+            step[0].hand_out(step[1], out, md)
+        return out
 
     # -- speculative decoding ---------------------------------------------------------------
 
-    def swa_hal_metadata(self, metadata: Any) -> SWAMetadata:
-        """swa_hal's view of a vLLM metadata this builder built (views only), for in-place updates."""
-        buffers = self.swa_hal.buffers
+    def swa_hal_metadata(self, metadata: Any, hal: SWAMetadataBuilder | None = None) -> SWAMetadata:
+        """swa_hal's view of a vLLM metadata this builder built (views only), for in-place updates;
+        ``hal``: the swa_hal builder whose buffers it is (default: this builder's own)."""
+        hal = self.swa_hal if hal is None else hal
         ptr = metadata.decode_swa_indices.untyped_storage().data_ptr()
         cfg = self.swa_config
         fields: dict[str, Any] = dict(
@@ -339,20 +354,23 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         fields.update(from_vllm(metadata))
         return SWAMetadata(
             **fields,
-            causal=ptr == buffers.decode_indices.untyped_storage().data_ptr(),
+            causal=ptr == hal.buffers.decode_indices.untyped_storage().data_ptr(),
             tile_sched={},
-            backend=self.swa_hal.backend_name,
+            backend=hal.backend_name,
         )
 
     def update_draft_decode_metadata(self, metadata: Any) -> None:
         """vLLM's in-place draft-step refresh (capture-safe): swa_hal recomputes token_to_req,
         is_valid and the decode rows and lens (DSpark rows stay DSpark rows) from the advanced
         ``seq_lens``; ROCm AITER's ragged decode rows rebuilt from them; fresh tile schedulers;
-        FlashInfer's index cache cleared."""
+        FlashInfer's index cache cleared. Metadata of a step build: the draft step's first group updates
+        every group of the step in one grouped update (``vllm_step.StepPlan.update_draft``)."""
         ndt = metadata.num_decode_tokens
         if ndt == 0:
             return
-        self.swa_hal.update_draft_decode_metadata(self.swa_hal_metadata(metadata))
+        if not vllm_step.update_draft(self, metadata):
+            hal = vllm_step.owner(self, metadata)
+            hal.update_draft_decode_metadata(self.swa_hal_metadata(metadata, hal))
         slots = metadata.slot_mapping
         if slots.shape[0] > ndt and metadata.is_valid_token.shape[0] >= slots.shape[0]:
             torch.ge(slots[ndt:], 0, out=metadata.is_valid_token[ndt : slots.shape[0]])

@@ -492,6 +492,7 @@ def test_fresh_vllm_process_logs_one_line(tmp_path):
     lines = [line for line in text.splitlines() if "SWA metadata through swa_hal backend" in line]
     assert len(lines) == 1, text
     assert "swa_hal backend 'torch'" in lines[0]
+    assert "step builds on" in lines[0]
     assert "RESOLVED SwaHalDeepseekV4CPUSparseSWAMetadataBuilder" in text
 
 
@@ -1268,6 +1269,409 @@ def test_vllms_own_cpu_builder_fails_swa_hals_builds(plugin_log, vllm_configs):
     assert not diffs, "\n".join(diffs)
 
 
+# -- step builds: one build per model-runner step for every SWA group -------------------------------
+
+STEP_VARIANTS = ["v4_w8b4", "v4_mtp2_w6b8", "v4_dspark3_w5b4", "v41_w8b4", "v41_mtp1_w7b16", "v41_dspark2_w6b4"]
+# Steps per variant and layout: through the torch backend (6 variants: 216 steps) and through the cuda
+# Triton backend in the interpreter (6 variants: 36 steps). Each layout's builders serve a run of steps,
+# as in an engine: two and three SWA groups, then four to eight. The expected values are vLLM's own
+# builds, group by group, its kernels in the interpreter: what the time goes into.
+STEP_STEPS = {"torch": (14, 14, 8), "cuda": (2, 2, 2)}
+# Small steps (the interpreter's time grows with the tokens); every kind still has decodes and prefills.
+STEP_BATCH = dict(max_tokens=24, max_reqs=8, max_context=200)
+
+
+def step_kinds(variant_name):
+    kinds = ["decode", "mixed", "mtp", "padded"]
+    return kinds + (["dspark"] if ALL_VARIANTS[variant_name].dspark else [])
+
+
+class Calls:
+    """Calls of swa_hal's builds, group builds and updates, and of a backend's computes, by name."""
+
+    def __init__(self, monkeypatch):
+        from swa_hal.builder import SWAMetadataBuilder
+
+        self.n = {}
+        for name in ("build", "build_groups", "update_draft_decode_metadata", "_update_groups"):
+            self._count(monkeypatch, SWAMetadataBuilder, name)
+
+    def _count(self, monkeypatch, cls, name):
+        original = getattr(cls, name)
+
+        def counted(*args, **kwargs):
+            self.n[name] = self.n.get(name, 0) + 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, counted)
+
+    def launches(self, backend):
+        """Count the group computes of ``backend`` (an instance) and, on a Triton backend, its kernel
+        launches (the torch backend computes group after group: one call, no launch to count)."""
+        for name in ("compute_groups", "_launch") if hasattr(backend, "_launch") else ("compute_groups",):
+            original = getattr(backend, name)
+
+            def counted(*args, _name=name, _original=original, **kwargs):
+                self.n["launch:" + _name] = self.n.get("launch:" + _name, 0) + 1
+                return _original(*args, **kwargs)
+
+            setattr(backend, name, counted)
+
+    def take(self):
+        n, self.n = self.n, {}
+        return n
+
+
+class StepRig:
+    """One layout's groups twice: vLLM's own builders (the expected values) and the swa_hal builders vLLM
+    gets for the same class, each in its attention groups, and the model state of the variant."""
+
+    def __init__(self, variant_name, vllm_configs, native_cls, layout, **swa_hal_kw):
+        v = ALL_VARIANTS[variant_name]
+        vc = vllm_configs[variant_name]
+        spec = H.make_kv_spec(v)
+        n = len(layout.swa)
+        names = [[f"model.layers.{j}.attn.swa_cache"] for j in range(n)]
+        self.natives = [native_cls(spec, names[j], vc, CPU) for j in range(n)]
+        ours_cls = integ.swa_hal_builder_cls(native_cls)
+        self.ours = [ours_cls(spec, names[j], vc, CPU, **swa_hal_kw) for j in range(n)]
+        for a, b in zip(self.natives, self.ours):
+            if hasattr(a, "_use_aiter_sparse_mla"):
+                a._use_aiter_sparse_mla = b._use_aiter_sparse_mla = True
+        self.native_groups = H.attention_groups(self.natives, layout, spec)
+        self.our_groups = H.attention_groups(self.ours, layout, spec)
+        self.layout, self.variant, self.vc = layout, v, vc
+        self.cfg = H.swa_config_for(v, vc)
+
+    def draw(self, rng, kind):
+        """A step of ``kind``: the batch, vLLM's inputs for it and its model state."""
+        batch, _ = H.draw(self.cfg, rng, kind, replay=0.5, extra_pages=1, **STEP_BATCH)
+        tables, slots = H.step_inputs(batch, self.layout, self.cfg.block_size, rng, extra_tokens=rng.randint(0, 3))
+        t = slots.shape[1]
+        # vLLM's num_actual_tokens counts the padding rows; a padded step also without them.
+        num_tokens = int(batch.query_start_loc_cpu[-1]) if kind == "padded" and rng.random() < 0.5 else t
+        ib = H.input_batch(batch, num_tokens, self.cfg.decode_threshold, H.token_positions(batch))
+        cacheable = tuple(i for i in range(self.layout.num_kv_groups) if rng.random() < 0.5)
+        state = H.model_state(self.variant.version, self.vc, window=self.variant.window, cacheable=cacheable)
+        return batch, tables, slots, ib, state
+
+    def build(self, groups, batch, tables, slots, ib, state, *, causal=True, for_capture=False, ranges=None):
+        """The step's metadata by layer: vLLM's ``prepare_attn``; a non-causal (DSpark) step, or one with
+        image ranges, as vLLM's drafter module builds it: its ``build_attn_metadata``, by keyword."""
+        if causal and ranges is None:
+            return H.prepare_attn(
+                state, ib, tables, slots, groups, self.layout, batch.replay_start, for_capture=for_capture
+            )
+        from vllm.models.deepseek_v41.nvidia.model_state import ReplayAttnMetadata
+        from vllm.v1.worker.gpu.spec_decode import speculator
+
+        num_reqs = ib.num_reqs
+        extra = {}
+        if batch.replay_start is not None:
+            extra["model_specific_attn_metadata"] = ReplayAttnMetadata(batch.replay_start)
+        return speculator.build_attn_metadata(
+            attn_groups=groups,
+            num_reqs=num_reqs,
+            num_tokens=ib.num_tokens,
+            query_start_loc_gpu=ib.query_start_loc,
+            query_start_loc_cpu=torch.from_numpy(ib.query_start_loc_np),
+            max_query_len=ib.max_query_len,
+            seq_lens=ib.seq_lens,
+            max_seq_len=int(ib.seq_lens_cpu_upper_bound.max()),
+            block_tables=tables,
+            slot_mappings=slots,
+            kv_cache_config=H.kv_cache_config(self.layout),
+            seq_lens_cpu_upper_bound=ib.seq_lens_cpu_upper_bound,
+            causal=causal,
+            mm_req_doc_ranges=ranges,
+            **extra,
+        )
+
+    def diffs(self, want, got, batch, tables, slots, variant_name):
+        out = []
+        for j, i in enumerate(self.layout.swa):
+            name = f"model.layers.{j}.attn.swa_cache"
+            step = dataclasses.replace(batch, block_table=tables[i], slot_mapping=slots[i])
+            out += [f"group {i}: {d}" for d in H.compare(want[name], got[name], step, **chunk_args(variant_name))]
+        return out
+
+
+def step_parity(monkeypatch, vllm_configs, rocm, variant, backend):
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    rng = random.Random(f"{SEED}-{variant}-{backend}-step")
+    calls = Calls(monkeypatch)
+    natives = natives_for(variant, rocm)
+    kinds = step_kinds(variant)
+    first = 0
+    # vLLM's layout as it comes: every group an SWA group (its tuple and [G, T] buffer as they are), every
+    # other one (a strided view of the buffer), anywhere among other groups.
+    sizes, forms = (2, 3, rng.randint(4, 8)), ("all", "even", "any")
+    for layout_index, (steps, num_swa, form) in enumerate(zip(STEP_STEPS[backend], sizes, forms)):
+        layout = H.random_layout(rng, num_swa, form)
+        rig = StepRig(variant, vllm_configs, natives[layout_index % len(natives)], layout, **kw)
+        counted = False
+        for i in range(first, first + steps):
+            kind = kinds[i % len(kinds)]
+            batch, tables, slots, ib, state = rig.draw(rng, kind)
+            causal = kind != "dspark"
+            want = rig.build(rig.native_groups, batch, tables, slots, ib, state, causal=causal)
+            calls.take()
+            got = rig.build(rig.our_groups, batch, tables, slots, ib, state, causal=causal)
+            plan = rig.ours[0].swa_hal_step[0]
+            if not counted:  # the step builder exists from the first step on
+                calls.launches(plan.builder.backend)
+                calls.take()
+                got = rig.build(rig.our_groups, batch, tables, slots, ib, state, causal=causal)
+                counted = True
+            n = calls.take()
+            # One build for every SWA group of the step, one launch, no group building on its own.
+            assert n.get("build_groups") == 1 and "build" not in n, n
+            assert n.get("launch:compute_groups") == 1, n
+            assert n.get("launch:_launch", 1) == 1, n
+            assert plan.kv_ids == layout.swa
+            diffs = rig.diffs(want, got, batch, tables, slots, variant)
+            assert not diffs, f"{backend} {type(rig.natives[0]).__name__} {layout} {kind} #{i}:\n" + "\n".join(diffs)
+            COUNTS[f"step:{backend}"] += 1
+            COUNTS[f"step_groups:{backend}"] += len(layout.swa)
+            COUNTS["step_replay"] += batch.replay_start is not None and bool(batch.replay_start.any())
+            COUNTS[f"step_kind:{kind}"] += 1
+            inputs = plan.inputs(tables, slots)
+            COUNTS["step_inputs:" + ("as_is" if inputs[1] is slots else type(inputs[1]).__name__)] += 1
+        first += steps
+
+
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+def test_step_builds_equal_vllms_per_group_builds_torch_backend(plugin_log, vllm_configs, rocm, monkeypatch, variant):
+    step_parity(monkeypatch, vllm_configs, rocm, variant, "torch")
+
+
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+def test_step_builds_equal_vllms_per_group_builds_triton_backend(plugin_log, vllm_configs, rocm, monkeypatch, variant):
+    step_parity(monkeypatch, vllm_configs, rocm, variant, "cuda")
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_step_builds_with_image_ranges(plugin_log, vllm_configs, rocm, monkeypatch, backend):
+    """The vision variant: the step build puts the step's image spans in its own span buffers once, and
+    every group's visibility and rows equal vLLM's own build of that group."""
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    variant = "v4_vision_w6b4"
+    rng = random.Random(f"{SEED}-step-vision-{backend}")
+    rig = StepRig(variant, vllm_configs, sparse_swa.DeepseekSparseSWAMetadataBuilder, H.StepLayout(4, (0, 2, 3)), **kw)
+    calls = Calls(monkeypatch)
+    visible = 0
+    for i in range(6 if backend == "torch" else 2):
+        batch, ranges = H.draw(rig.cfg, rng, ("mixed", "prefill")[i % 2], spans=1.0, **STEP_BATCH)
+        tables, slots = H.step_inputs(batch, rig.layout, rig.cfg.block_size, rng)
+        ib = H.input_batch(batch, slots.shape[1], rig.cfg.decode_threshold, H.token_positions(batch))
+        want = rig.build(rig.native_groups, batch, tables, slots, ib, None, ranges=ranges or {})
+        calls.take()
+        got = rig.build(rig.our_groups, batch, tables, slots, ib, None, ranges=ranges or {})
+        assert calls.take() == {"build_groups": 1}
+        diffs = rig.diffs(want, got, batch, tables, slots, variant)
+        assert not diffs, f"{backend} #{i}:\n" + "\n".join(diffs)
+        first = want["model.layers.0.attn.swa_cache"].prefill_left_visible
+        visible += first is not None and int(first.max()) > 0
+        COUNTS["step_image_spans"] += 1
+    assert visible > 0
+
+
+DRAFT_STEP_VARIANTS = ["v4_mtp2_w6b8", "v4_dspark3_w5b4", "v41_mtp1_w7b16"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("variant", DRAFT_STEP_VARIANTS)
+def test_step_builds_update_each_draft_step_in_one_grouped_update(
+    plugin_log, vllm_configs, rocm, monkeypatch, variant, backend
+):
+    """vLLM's drafter updates every group's metadata in turn after each draft step: on a step build's
+    metadata the first group's update updates every group in one grouped update, the others find theirs
+    done; after each of three draft steps every group equals vLLM's own builder's update of its build."""
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    rng = random.Random(f"{SEED}-{variant}-{backend}-step-draft")
+    calls = Calls(monkeypatch)
+    natives = [n for n in natives_for(variant, rocm) if n.supports_draft_decode_metadata_update]
+    for j, kind in enumerate(["decode", "mtp"]):
+        layout = H.random_layout(rng, rng.randint(2, 5))
+        rig = StepRig(variant, vllm_configs, natives[j % len(natives)], layout, **kw)
+        batch, tables, slots, ib, state = rig.draw(rng, kind)
+        want = rig.build(rig.native_groups, batch, tables, slots, ib, state)
+        got = rig.build(rig.our_groups, batch, tables, slots, ib, state)
+        assert got[rig.our_groups[layout.swa[0]][0].layer_names[0]].num_decode_tokens > 0
+        for step in range(1, 4):
+            H.advance_draft_step_groups(batch, tables, slots, rig.cfg.block_size)
+            calls.take()
+            for groups in rig.native_groups:  # vLLM's loop (speculator._update_draft_decode_metadata)
+                for group in groups:
+                    group.update_draft_decode_metadata(want)
+            for groups in rig.our_groups:
+                for group in groups:
+                    group.update_draft_decode_metadata(got)
+            n = calls.take()
+            assert n == {"update_draft_decode_metadata": 1, "_update_groups": 1}, n
+            diffs = rig.diffs(want, got, batch, tables, slots, variant)
+            assert not diffs, f"{backend} {kind} {layout} draft step {step}:\n" + "\n".join(diffs)
+            COUNTS["step_draft_updates"] += 1
+
+
+def _last_step_line(plugin_log):
+    lines = [r.getMessage() for r in plugin_log[1] if "step builds" in r.getMessage()]
+    return lines[-1]
+
+
+def test_step_builds_are_on_by_default_and_installed_once(plugin_log):
+    """The start-up line names the backend and the step builds; registering again wraps nothing twice;
+    unregistering gives vLLM its own ``prepare_attn`` back."""
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    first = [r.getMessage() for r in plugin_log[0] if "SWA metadata through swa_hal backend" in r.getMessage()]
+    assert len(first) == 1 and "step builds on" in first[0] and "backend 'torch'" in first[0], first
+    from vllm.v1.worker.gpu import attn_utils
+    from vllm.v1.worker.gpu.spec_decode import speculator
+
+    hooked = DefaultModelState.__dict__["prepare_attn"]
+    original = hooked.__wrapped__
+    assert hooked.__swa_hal__ and not getattr(original, "__swa_hal__", False)
+    drafter = speculator.build_attn_metadata
+    assert drafter.__swa_hal__ and drafter.__wrapped__ is attn_utils.build_attn_metadata
+    assert integ.register() is True and DefaultModelState.__dict__["prepare_attn"] is hooked
+    assert speculator.build_attn_metadata is drafter and integ.step_builds_active()
+    integ.unregister()
+    try:
+        assert DefaultModelState.__dict__["prepare_attn"] is original and not integ.step_builds_active()
+        assert speculator.build_attn_metadata is attn_utils.build_attn_metadata
+    finally:
+        integ.register()
+    again = DefaultModelState.__dict__["prepare_attn"]
+    assert again.__swa_hal__ and again.__wrapped__ is original
+    assert speculator.build_attn_metadata.__wrapped__ is attn_utils.build_attn_metadata
+    assert sum(attr in ("prepare_attn", "build_attn_metadata") for _, attr, _ in integ._patched) == 2
+
+
+@pytest.mark.parametrize("case", ["off", "absent"])
+def test_without_step_builds_each_group_builds_alone(plugin_log, vllm_configs, rocm, monkeypatch, case):
+    """``SWA_HAL_VLLM_STEP=0``, or a vLLM without model runner V2's ``prepare_attn``: vLLM's step loop calls
+    each SWA group's builder, which builds its group alone (one build per group, no group build), as
+    vLLM's own builders do."""
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from swa_hal.integrations import vllm_step
+
+    integ.unregister()
+    try:
+        with monkeypatch.context() as mp:
+            if case == "off":
+                mp.setenv("SWA_HAL_VLLM_STEP", "0")
+            else:
+                mp.setattr(vllm_step, "MODEL_STATE_MODULE", "vllm.v1.worker.gpu.model_states.not_in_this_vllm")
+            assert integ.register() is True
+        from vllm.v1.worker.gpu.spec_decode import speculator
+
+        assert not getattr(DefaultModelState.prepare_attn, "__swa_hal__", False)
+        assert not getattr(speculator.build_attn_metadata, "__swa_hal__", False)
+        assert not integ.step_builds_active()
+        want_line = "step builds off (SWA_HAL_VLLM_STEP=0)" if case == "off" else "step builds unavailable"
+        assert want_line in _last_step_line(plugin_log)
+        calls = Calls(monkeypatch)
+        rng = random.Random(f"{SEED}-step-{case}")
+        for variant in ("v4_mtp2_w6b8", "v41_w8b4"):
+            layout = H.random_layout(rng, 3)
+            rig = StepRig(variant, vllm_configs, natives_for(variant, rocm)[1], layout, backend="torch")
+            for kind in ("decode", "mixed"):
+                batch, tables, slots, ib, state = rig.draw(rng, kind)
+                want = rig.build(rig.native_groups, batch, tables, slots, ib, state)
+                calls.take()
+                got = rig.build(rig.our_groups, batch, tables, slots, ib, state)
+                assert calls.take() == {"build": 3}
+                diffs = rig.diffs(want, got, batch, tables, slots, variant)
+                assert not diffs, "\n".join(diffs)
+            assert all(b.swa_hal_step is None for b in rig.ours)
+    finally:
+        integ.unregister()
+        integ.register()
+    assert integ.step_builds_active()
+
+
+def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm, monkeypatch):
+    """Builders called outside ``prepare_attn`` (model runner V1's loop, or any direct call) build alone;
+    inside a step, a group whose inputs are not the step's (another slot mapping, other shared inputs)
+    builds alone too, and the step build serves the others; each result equals vLLM's own build."""
+    from swa_hal.integrations import vllm_step
+
+    variant = "v41_mtp1_w7b16"
+    rng = random.Random(f"{SEED}-step-own-inputs")
+    layout = H.StepLayout(4, (0, 1, 3))
+    rig = StepRig(variant, vllm_configs, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, layout, backend="torch")
+    calls = Calls(monkeypatch)
+    batch, tables, slots, ib, state = rig.draw(rng, "mixed")
+    rig.build(rig.our_groups, batch, tables, slots, ib, state)  # the plan and its builder exist
+
+    def group_step(j, **changes):
+        i = layout.swa[j]
+        return dataclasses.replace(batch, **{"block_table": tables[i], "slot_mapping": slots[i], **changes})
+
+    def check(j, step, cm_kw=None):
+        cm_kw = cm_kw or {}
+        want = rig.natives[j].build(0, H.common_metadata(step, **cm_kw), replay_start=batch.replay_start)
+        got = rig.ours[j].build(0, H.common_metadata(step, **cm_kw), replay_start=batch.replay_start)
+        diffs = H.compare(want, got, step, **chunk_args(variant))
+        assert not diffs, "\n".join(diffs)
+
+    calls.take()
+    for j in range(3):  # no step open: each group alone
+        check(j, group_step(j))
+    assert calls.take() == {"build": 3}
+    with vllm_step.open_step(tables, slots, rig.our_groups, 0):
+        check(1, group_step(1, slot_mapping=slots[layout.swa[1]].clone()))  # not the step's slot row
+        assert calls.take() == {"build": 1}
+        check(0, group_step(0))  # the step build, for every group
+        assert calls.take() == {"build_groups": 1}
+        check(2, group_step(2), {"num_actual_tokens": int(batch.query_start_loc_cpu[-1]) - 1})  # other shared input
+        assert calls.take() == {"build": 1}
+        check(2, group_step(2))
+        check(1, group_step(1))
+        assert calls.take() == {}
+    check(0, group_step(0))  # the step closed: alone again
+    assert calls.take() == {"build": 1}
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_step_builds_under_cudagraph_capture(plugin_log, vllm_configs, rocm, monkeypatch, backend):
+    """vLLM captures FULL graphs through the same ``prepare_attn`` (``for_capture``, dummy batches: a zeroed
+    block table, padding slots): the capture build is a step build, and the next FULL step of that shape
+    builds into the same memory, both equal to vLLM's own builds."""
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    variant = "v41_mtp1_w7b16"
+    rng = random.Random(f"{SEED}-step-capture-{backend}")
+    layout = H.StepLayout(3, (0, 1, 2))
+    rig = StepRig(variant, vllm_configs, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, layout, **kw)
+    calls = Calls(monkeypatch)
+    q, n = rig.cfg.decode_threshold, 4
+    dummy = AttentionBatch.from_lists([q] * n, [q] * n, torch.zeros(n, 4, dtype=torch.int32), block_size=16)
+    dummy = dataclasses.replace(dummy, slot_mapping=torch.full_like(dummy.slot_mapping, -1))
+    real = AttentionBatch.from_lists(
+        [rng.randint(q, 60) for _ in range(n)], [q] * n, torch.arange(4 * n, dtype=torch.int32).view(n, 4), block_size=16
+    )
+    seen = None
+    for step, capture in ((dummy, True), (real, False)):
+        tables, slots = H.step_inputs(step, layout, rig.cfg.block_size, rng)
+        ib = H.input_batch(step, slots.shape[1], q, H.token_positions(step))
+        state = H.model_state(rig.variant.version, rig.vc, window=rig.variant.window)
+        kw = dict(for_capture=capture, full=True)
+        want = H.prepare_attn(state, ib, tables, slots, rig.native_groups, layout, None, **kw)
+        calls.take()
+        got = H.prepare_attn(state, ib, tables, slots, rig.our_groups, layout, None, **kw)
+        assert calls.take() == {"build_groups": 1}
+        diffs = rig.diffs(want, got, step, tables, slots, variant)
+        assert not diffs, f"capture={capture}:\n" + "\n".join(diffs)
+        names = ("decode_swa_indices", "decode_swa_lens", "token_to_req_indices", "is_valid_token")
+        ptrs = [tuple(getattr(md, f).data_ptr() for f in names) for md in got.values()]
+        assert seen is None or ptrs == seen
+        seen = ptrs
+    plan = rig.ours[0].swa_hal_step[0]
+    assert got["model.layers.0.attn.swa_cache"].decode_swa_lens.data_ptr() == plan.builder.buffers.decode_lens.data_ptr()
+
+
 def test_coverage_of_the_random_batches():
     """Runs last in the file: the parity tests above covered what the issue asks for."""
     if COUNTS["batches"] == 0:
@@ -1278,3 +1682,11 @@ def test_coverage_of_the_random_batches():
     for kind in ("decode", "mtp", "mixed", "padded", "dspark", "replay_start", "image_spans"):
         assert COUNTS[kind] > 0, kind
     assert COUNTS["draft_updates"] > 0
+    # Step builds: at least 200 steps of 2 to 8 SWA groups through the torch backend, some through a Triton
+    # backend, every kind, replay bounds, and grouped draft updates.
+    assert COUNTS["step:torch"] >= 200 and COUNTS["step:cuda"] > 0, dict(COUNTS)
+    for kind in ("decode", "mixed", "mtp", "padded", "dspark"):
+        assert COUNTS[f"step_kind:{kind}"] > 0, kind
+    assert COUNTS["step_replay"] > 0 and COUNTS["step_draft_updates"] >= 3 and COUNTS["step_image_spans"] > 0
+    # vLLM's buffers as they are, a strided view of the slot mappings, and listed rows.
+    assert all(COUNTS[f"step_inputs:{form}"] > 0 for form in ("as_is", "Tensor", "list")), dict(COUNTS)

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from swa_hal import AttentionBatch, SWAConfig
@@ -179,7 +180,8 @@ def common_metadata(
 
 def draw(cfg: SWAConfig, rng: random.Random, kind: str, **kw: Any) -> tuple[AttentionBatch, dict | None]:
     """A random batch of ``kind`` plus its image ranges in vLLM's ``mm_req_doc_ranges`` form."""
-    batch = random_batch(cfg, rng, kind, max_tokens=64, max_reqs=cfg.max_num_seqs, max_context=400, **kw)
+    limits: dict[str, Any] = dict(max_tokens=64, max_reqs=cfg.max_num_seqs, max_context=400)
+    batch = random_batch(cfg, rng, kind, **{**limits, **kw})
     ranges = None
     spans = batch.image_spans
     if spans is not None:
@@ -517,3 +519,203 @@ def compare(
                     [tuple(c) for c in ours.get_prefill_chunk_plan(ratio, chunk, hc)],
                 )
     return diffs
+
+
+# -- model-runner steps (model runner V2's prepare_attn) ----------------------------------------
+
+
+@dataclasses.dataclass
+class StepLayout:
+    """A step's KV-cache groups: ``num_kv_groups`` in all (vLLM's [G, T] slot-mapping rows), the SWA
+    ones at ``swa`` (the others have no attention group here: vLLM's loop skips them, their rows stay)."""
+
+    num_kv_groups: int
+    swa: tuple[int, ...]
+
+
+def random_layout(rng: random.Random, num_swa: int, form: str = "any") -> StepLayout:
+    """``num_swa`` SWA groups: ``all`` the groups; ``even``: every other group; ``any``: among up to two
+    other groups, anywhere (evenly spaced or not)."""
+    if form == "all":
+        return StepLayout(num_swa, tuple(range(num_swa)))
+    if form == "even":
+        start = rng.randint(0, 1)
+        return StepLayout(start + 2 * num_swa - 1 + rng.randint(0, 1), tuple(range(start, start + 2 * num_swa, 2)))
+    total = num_swa + rng.randint(0, 2)
+    return StepLayout(total, tuple(sorted(rng.sample(range(total), num_swa))))
+
+
+def attention_groups(builders: list[Any], layout: StepLayout, spec: Any) -> list[list[Any]]:
+    """vLLM's attention groups for the layout: SWA group ``layout.swa[j]`` built by ``builders[j]``."""
+    from vllm.v1.worker.utils import AttentionGroup
+
+    groups: list[list[Any]] = [[] for _ in range(layout.num_kv_groups)]
+    for j, (i, b) in enumerate(zip(layout.swa, builders)):
+        groups[i] = [AttentionGroup(type(b), [f"model.layers.{j}.attn.swa_cache"], spec, i, metadata_builders=[b])]
+    return groups
+
+
+def token_positions(batch: AttentionBatch) -> torch.Tensor:
+    """Each token row's position (padding rows: 0)."""
+    qsl = batch.query_start_loc_cpu.tolist()
+    seqs = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens).tolist()
+    pos = torch.zeros(batch.slot_mapping.shape[0], dtype=torch.int64)
+    for r in range(len(qsl) - 1):
+        q = qsl[r + 1] - qsl[r]
+        pos[qsl[r] : qsl[r + 1]] = torch.arange(seqs[r] - q, seqs[r])
+    return pos
+
+
+def step_inputs(
+    batch: AttentionBatch, layout: StepLayout, block_size: int, rng: random.Random, *, extra_tokens: int = 0
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """vLLM's step inputs for the batch: a block table per KV-cache group (the first SWA group's is the
+    batch's, every other one random pages, some wider) and the groups' slot mappings stacked in one
+    [G, T + extra_tokens] buffer, of which the step gets the first T columns (as vLLM slices its
+    buffer). Each group's slots follow its own table; a token without a slot has none in any group."""
+    positions = token_positions(batch)
+    qsl = batch.query_start_loc_cpu.tolist()
+    t = batch.slot_mapping.shape[0]
+    rows, width = batch.block_table.shape
+    buffer = torch.full((layout.num_kv_groups, t + extra_tokens), -1, dtype=torch.int64)
+    tables = []
+    for i in range(layout.num_kv_groups):
+        if i == layout.swa[0]:
+            table = batch.block_table
+        else:
+            wide = width + rng.randint(0, 2)
+            table = torch.tensor([[rng.randint(0, 999) for _ in range(wide)] for _ in range(rows)], dtype=torch.int32)
+        tables.append(table)
+        slots = buffer[i, :t]
+        if i == layout.swa[0]:
+            slots.copy_(batch.slot_mapping)
+            continue
+        for r in range(len(qsl) - 1):
+            for tok in range(qsl[r], qsl[r + 1]):
+                if batch.slot_mapping[tok] >= 0:
+                    p = int(positions[tok])
+                    slots[tok] = int(table[r, p // block_size]) * block_size + p % block_size
+    return tuple(tables), buffer[:, :t]
+
+
+def model_state(version: str, vllm_config: Any, *, window: int = 0, cacheable: tuple[int, ...] = ()) -> Any:
+    """vLLM's model state of the model version, as far as ``prepare_attn`` reads it: V4's the default one,
+    V4.1's its own (``DeepseekV41ModelState``: replay bounds from its per-request table, the replayed slots
+    of the ``cacheable`` groups padded within ``window`` by its kernel, then the default build)."""
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    fields: dict[str, Any] = dict(
+        model_config=vllm_config.model_config, supports_mm_inputs=False, encoder_cache=None, device=torch.device("cpu")
+    )
+    if version != "deepseek_v41":
+        state = object.__new__(DefaultModelState)
+    else:
+        from vllm.models.deepseek_v41.nvidia.model_state import DeepseekV41ModelState
+
+        state = object.__new__(DeepseekV41ModelState)
+        seqs = vllm_config.scheduler_config.max_num_seqs
+        fields.update(
+            pcp_size=1,
+            decoder_replay_layers=None,
+            _replay=(window, torch.tensor(cacheable, dtype=torch.int32)),
+            _replay_start_np=np.zeros(seqs, dtype=np.int32),
+            _replay_start=torch.zeros(seqs, dtype=torch.int32),
+        )
+
+        def upload(values: Any, num_reqs: int) -> torch.Tensor:  # its staging pool is pinned CUDA memory
+            out = state._replay_start[:num_reqs]
+            out.copy_(torch.from_numpy(values))
+            return out
+
+        fields["_upload_replay_start"] = upload
+    for name, value in fields.items():
+        object.__setattr__(state, name, value)
+    return state
+
+
+def input_batch(batch: AttentionBatch, num_tokens: int, decode_threshold: int, positions: torch.Tensor) -> Any:
+    """The fields of vLLM's InputBatch that ``prepare_attn`` reads, for the batch (requests after the first
+    query longer than the decode threshold are prefilling)."""
+    import types
+
+    qsl_np = batch.query_start_loc_cpu.numpy().astype(np.int32)
+    qlens = np.diff(qsl_np)
+    long = np.flatnonzero(qlens > decode_threshold)
+    num_reqs = len(qlens)
+    first = int(long[0]) if long.size else num_reqs
+    seq_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens
+    return types.SimpleNamespace(
+        req_ids=[f"r{i}" for i in range(num_reqs)],
+        num_reqs=num_reqs,
+        num_reqs_after_padding=num_reqs,
+        num_tokens=num_tokens,
+        num_tokens_after_padding=num_tokens,
+        query_start_loc=batch.query_start_loc,
+        query_start_loc_np=qsl_np,
+        max_query_len=batch.max_query_len,
+        num_scheduled_tokens=qlens,
+        seq_lens=batch.seq_lens,
+        seq_lens_cpu_upper_bound=seq_cpu,
+        pcp=None,
+        dcp_local_seq_lens=None,
+        positions=positions,
+        is_prefilling_np=np.arange(num_reqs) >= first,
+        prompt_lens=None,
+        idx_mapping_np=np.arange(num_reqs),
+        fast_prefill=None,
+    )
+
+
+def kv_cache_config(layout: StepLayout) -> Any:
+    """vLLM's KVCacheConfig as ``build_attn_metadata`` reads it (its groups, counted)."""
+    import types
+
+    return types.SimpleNamespace(kv_cache_groups=[None] * layout.num_kv_groups)
+
+
+def prepare_attn(
+    state: Any,
+    ib: Any,
+    block_tables: tuple[torch.Tensor, ...],
+    slot_mappings: torch.Tensor,
+    attn_groups: list[list[Any]],
+    layout: StepLayout,
+    replay_start: torch.Tensor | None,
+    *,
+    for_capture: bool = False,
+    full: bool = False,
+) -> dict[str, Any]:
+    """vLLM's ``prepare_attn`` of the model state (the V4 one hands the builders ``replay_start`` as the V4.1
+    one does; the V4.1 one makes its own from its table, filled here from ``replay_start``), eager or
+    (``full``, ``for_capture``) a FULL-graph step."""
+    from vllm.config import CUDAGraphMode
+    from vllm.models.deepseek_v41.nvidia.model_state import DeepseekV41ModelState, ReplayAttnMetadata
+
+    mode = CUDAGraphMode.FULL if for_capture or full else CUDAGraphMode.NONE
+    extra: dict[str, Any] = {}
+    if isinstance(state, DeepseekV41ModelState):
+        state._replay_start_np[:] = 0
+        if replay_start is not None:
+            state._replay_start_np[: replay_start.shape[0]] = replay_start.numpy()
+    elif replay_start is not None:
+        extra["model_specific_attn_metadata"] = ReplayAttnMetadata(replay_start)
+    return type(state).prepare_attn(
+        state, ib, mode, block_tables, slot_mappings, attn_groups, kv_cache_config(layout), for_capture=for_capture, **extra
+    )
+
+
+def advance_draft_step_groups(batch: AttentionBatch, tables: Any, slots: torch.Tensor, block_size: int) -> None:
+    """What vLLM's drafter does between draft steps, in place, for every group: one more position per real
+    request, and each group's slots of the moved tokens through its own table (no slot stays none)."""
+    qsl = batch.query_start_loc_cpu.tolist()
+    for r in range(len(qsl) - 1):
+        q = qsl[r + 1] - qsl[r]
+        if q == 0:
+            continue
+        batch.seq_lens[r] += 1
+        seq = int(batch.seq_lens[r])
+        for i in range(q):
+            t, pos = qsl[r] + i, seq - q + i
+            for g in range(slots.shape[0]):
+                if slots[g, t] >= 0:
+                    slots[g, t] = int(tables[g][r, pos // block_size]) * block_size + pos % block_size

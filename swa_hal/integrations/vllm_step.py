@@ -1,0 +1,456 @@
+"""Step builds: every SWA KV-cache group of a vLLM model-runner step in one ``build_groups``.
+
+vLLM's model runner V2 builds a step's attention metadata in ``ModelState.prepare_attn``, which holds
+every group's block table (a tuple, one table per KV-cache group) and the stacked slot mappings
+(int64 [G, T]) and then calls each group's builder in turn (``build_attn_metadata``). The plugin wraps
+``DefaultModelState.prepare_attn``; every model state that builds through it (the DeepSeek-V4.1 one
+calls it after padding the replayed slots, with the same ``replay_start``) opens a ``Step`` for the
+call. The first swa_hal SWA builder the loop reaches builds every SWA group of the step at once, from
+its own ``CommonAttentionMetadata`` (the step's shared tensors) and the step's tables and slot mappings;
+every SWA builder of the step, that one included, then hands out its group's metadata from that build.
+
+A builder takes its group's metadata from the step build only when its inputs are exactly the ones the
+build used: the same ``query_start_loc``, ``seq_lens`` and host copies, token counts, causality,
+replay bounds and image ranges, and its group's own block table and slot-mapping row (same memory).
+Anything else (a table vLLM mapped to kernel blocks, a slot mapping a PCP rank chunked, a second call
+with other inputs) builds that group on its own, as it does without step builds.
+
+The step build lives in a ``StepPlan``'s own ``SWAMetadataBuilder`` (one set of fixed buffers per
+group), made once per set of SWA builders: the path a step takes depends only on the builders and the
+layout of vLLM's persistent buffers, so a CUDA graph captured through it replays through it.
+
+vLLM's drafters build their draft steps outside ``prepare_attn``, with ``build_attn_metadata`` itself
+(``vllm.v1.worker.gpu.spec_decode.speculator``, with the same inputs: every group's table, the stacked
+slot mappings); the plugin wraps that module's name for it the same way, so draft steps (DSpark's
+non-causal ones among them) are step builds too.
+
+Draft-step updates: vLLM's drafter updates each group's metadata in turn, every group once per draft
+step (``update_draft_decode_metadata``). The first group of a draft step updates every group of the
+step build in one grouped update; the others find theirs done (``StepPlan.update_draft``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from ..builder import SWAMetadataBuilder
+from ..metadata import SWAMetadata
+from . import vllm as plugin
+from .engine import batch_from_common_metadata, step_image_spans
+
+MODEL_STATE_MODULE = "vllm.v1.worker.gpu.model_states.default"
+# vLLM's drafters build their draft steps' metadata through this module's ``build_attn_metadata``.
+DRAFTER_MODULE = "vllm.v1.worker.gpu.spec_decode.speculator"
+# The parameters a step build reads from a ``build_attn_metadata`` call (all keywords in the drafter's).
+BUILD_PARAMS = ("attn_groups", "block_tables", "slot_mappings", "ubatch_idx")
+# The parameters of the prepare_attn the hook wraps, in order (vLLM 0.33's DefaultModelState).
+PREPARE_ATTN_PARAMS = (
+    "self",
+    "input_batch",
+    "cudagraph_mode",
+    "block_tables",
+    "slot_mappings",
+    "attn_groups",
+    "kv_cache_config",
+    "for_capture",
+    "ubatch_idx",
+    "model_specific_attn_metadata",
+)
+
+
+# Kept slot-mapping row views per plan (one per token count seen; past this many, made anew).
+ROW_VIEWS = 1024
+
+
+# -- the plan: which builders a step build serves ------------------------------------------------
+
+
+class StepPlan:
+    """The SWA groups of one set of attention groups (one microbatch's builders): ``kv_ids`` the
+    KV-cache group of each step group, ``builder`` the step build's ``SWAMetadataBuilder`` (None: these
+    groups build on their own), and the latest step build, for draft updates."""
+
+    def __init__(
+        self, members: dict[int, tuple[Any, int]], kv_ids: tuple[int, ...], builder: SWAMetadataBuilder | None
+    ):
+        self.members = members  # id(vLLM builder) -> (builder, step group)
+        self.kv_ids = kv_ids
+        self.builder = builder
+        self.slot_rows: slice | None = None
+        if builder is not None and len(kv_ids) > 1:
+            gaps = {b - a for a, b in zip(kv_ids, kv_ids[1:])}
+            if len(gaps) == 1:  # evenly spaced groups: one strided view of the [G, T] buffer
+                self.slot_rows = slice(kv_ids[0], kv_ids[-1] + 1, gaps.pop())
+        # The latest step build's handed-out metadata, per step group: (vLLM's, swa_hal's), and which
+        # groups the current draft step has updated.
+        self.handed: list[tuple[Any, SWAMetadata] | None] = [None] * len(kv_ids)
+        self.updated: set[int] = set()
+        # SWA groups not evenly spaced: their slot-mapping rows, per view of vLLM's buffer (a step's
+        # [:, :T]), made once per token count rather than every step.
+        self._rows: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+
+    def inputs(self, block_tables: Any, slot_mappings: torch.Tensor) -> tuple[Any, Any]:
+        """The step build's tables and slot mappings, in vLLM's layout: the tuple of tables as it is when
+        every group is an SWA group, and the slot mappings as a view of vLLM's [G, T] buffer whenever the
+        SWA groups are evenly spaced in it."""
+        ids = self.kv_ids
+        if len(block_tables) == len(ids) and ids[0] == 0 and self.slot_rows == slice(0, len(ids), 1):
+            return block_tables, slot_mappings
+        tables = tuple(block_tables[i] for i in ids)
+        if self.slot_rows is not None:
+            return tables, slot_mappings[self.slot_rows]
+        key = (slot_mappings.data_ptr(), slot_mappings.shape, slot_mappings.stride())
+        rows = self._rows.get(key)
+        if rows is None:
+            if len(self._rows) >= ROW_VIEWS:
+                self._rows.clear()
+            rows = self._rows[key] = [slot_mappings[i] for i in ids]
+        return tables, rows
+
+    def hand_out(self, g: int, vllm_metadata: Any, metadata: SWAMetadata) -> None:
+        self.handed[g] = (vllm_metadata, metadata)
+
+    def update_draft(self, g: int, vllm_metadata: Any) -> bool:
+        """Update step group g's decode rows for a draft step, if vLLM's ``vllm_metadata`` is what the latest
+        step build handed out for it (False: not this plan's to update). The first group of a draft step
+        updates them all in one grouped update; a group called again starts the next draft step."""
+        entry = self.handed[g]
+        if entry is None or entry[0] is not vllm_metadata or self.builder is None:
+            return False
+        # vLLM updates every group once per draft step, in group order: a group not yet updated and
+        # after the ones that were is part of the current draft step, already done.
+        if self.updated and g not in self.updated and g > max(self.updated):
+            self.updated.add(g)
+            return True
+        self.updated = {g}
+        complete = [e[1] for e in self.handed if e is not None]
+        if len(complete) == len(self.handed):
+            self.builder.update_draft_decode_metadata(complete)
+        else:  # a group whose builder handed out nothing this step: update this group alone
+            self.updated = set()
+            self.builder.update_draft_decode_metadata(entry[1])
+        return True
+
+
+def _swa_builders(attn_groups: Any, ubatch_idx: int) -> list[tuple[int, Any, Any]]:
+    """(KV-cache group, attention group, builder) of every swa_hal SWA builder, in vLLM's build order."""
+    from .vllm_builder import SwaHalSparseSWAMetadataBuilder
+
+    found = []
+    for i, groups in enumerate(attn_groups):
+        for group in groups:
+            builders = getattr(group, "metadata_builders", ())
+            if len(builders) > ubatch_idx and isinstance(builders[ubatch_idx], SwaHalSparseSWAMetadataBuilder):
+                found.append((i, group, builders[ubatch_idx]))
+    return found
+
+
+def _make_plan(found: list[tuple[int, Any, Any]]) -> StepPlan:
+    """A step build for these builders, or a plan that builds none (``builder`` None): fewer than two SWA
+    KV-cache groups (one group's build is already one launch), a group whose tables vLLM maps to
+    kernel blocks per build (the step could not read them first), or builders of different setups."""
+    kv_ids = tuple(sorted({i for i, _, _ in found}))
+    g_of = {i: g for g, i in enumerate(kv_ids)}
+    members = {id(b): (b, g_of[i]) for i, _, b in found}
+    if len(kv_ids) < 2:
+        return StepPlan(members, kv_ids, None)
+    first: Any = found[0][2]
+    usable = all(getattr(group, "kernel_block_size", None) is None for _, group, _ in found) and all(
+        b.swa_config == first.swa_config
+        and b.swa_hal.backend_name == first.swa_hal.backend_name
+        and b.device == first.device
+        for _, _, b in found
+    )
+    builder = None
+    if usable:
+        hal = first.swa_hal
+        builder = SWAMetadataBuilder(
+            dataclasses.replace(first.swa_config, num_kv_groups=len(kv_ids)),
+            device=first.device,
+            # The backend the groups' own builders started (an explicit name: the same one, no fallback).
+            backend=hal.backend_name,
+            platform=hal.platform,
+            validate=hal.validate,
+            guard=hal.guard,
+        )
+        builder.violations.logger = plugin.log
+    return StepPlan(members, kv_ids, builder)
+
+
+class Plans:
+    """The plans, found by the identity of vLLM's (persistent) attention-group lists; a list seen for
+    the first time (vLLM's V4.1 recorded decode builds hand in a fresh filtered list per branch) is
+    matched by its builders, so each set of builders gets one plan, one set of buffers."""
+
+    LISTS = 16
+
+    def __init__(self) -> None:
+        self._by_list: OrderedDict[tuple[int, int], tuple[Any, StepPlan]] = OrderedDict()
+        self._by_builders: dict[tuple[int, ...], StepPlan] = {}
+        self._lock = threading.Lock()
+
+    def get(self, attn_groups: Any, ubatch_idx: int) -> StepPlan:
+        key = (id(attn_groups), ubatch_idx)
+        found = self._by_list.get(key)
+        if found is not None and found[0] is attn_groups:
+            return found[1]
+        with self._lock:
+            swa = _swa_builders(attn_groups, ubatch_idx)
+            bkey = tuple(id(b) for _, _, b in swa)
+            plan = self._by_builders.get(bkey)
+            if plan is None or any(plan.members.get(id(b), (None,))[0] is not b for _, _, b in swa):
+                plan = self._by_builders[bkey] = _make_plan(swa)
+            self._by_list[key] = (attn_groups, plan)
+            while len(self._by_list) > self.LISTS:
+                self._by_list.popitem(last=False)
+            if plan.builder is not None:
+                for b, g in plan.members.values():
+                    b.swa_hal_step = (plan, g)
+            return plan
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_list.clear()
+            self._by_builders.clear()
+
+
+plans = Plans()
+
+
+# -- one prepare_attn call --------------------------------------------------------------------
+
+
+class Step:
+    """One ``prepare_attn`` call's step build: made by the first SWA builder vLLM calls, handed out to each."""
+
+    __slots__ = ("plan", "block_tables", "slot_mappings", "built", "key")
+
+    def __init__(self, plan: StepPlan, block_tables: Any, slot_mappings: Any):
+        self.plan = plan
+        self.block_tables = block_tables
+        self.slot_mappings = slot_mappings
+        self.built: list[SWAMetadata] | None = None
+        self.key: tuple[Any, ...] | None = None
+
+    def own_inputs(self, g: int, cm: Any) -> bool:
+        """Whether ``cm`` carries step group g's own block table and slot-mapping row of this step."""
+        i = self.plan.kv_ids[g]
+        slots, mine = self.slot_mappings, cm.slot_mapping
+        return (
+            cm.block_table_tensor is self.block_tables[i]
+            and mine.data_ptr() == slots.data_ptr() + i * slots.stride(0) * slots.element_size()
+            and mine.shape[0] == slots.shape[1]
+            and mine.dtype == slots.dtype
+        )
+
+    def metadata(self, builder: Any, cm: Any, replay_start: torch.Tensor | None) -> SWAMetadata | None:
+        """Step group g's metadata for ``builder``'s build of ``cm`` (building every group on the first
+        call), or None: not one of this step's groups, or not its inputs (the builder builds alone)."""
+        member = self.plan.members.get(id(builder))
+        if member is None or member[0] is not builder or not self.own_inputs(member[1], cm):
+            return None
+        key = _shared_key(cm, replay_start)
+        if self.built is None:
+            hal = self.plan.builder
+            assert hal is not None
+            tables, slots = self.plan.inputs(self.block_tables, self.slot_mappings)
+            batch = batch_from_common_metadata(cm, replay_start=replay_start, image_spans=step_image_spans(hal, cm))
+            self.built = hal.build_groups(batch, tables, slots)
+            self.key = key
+            self.plan.handed = [None] * len(self.plan.kv_ids)
+            self.plan.updated = set()
+            hal.poll_violations()
+        elif not _same_key(key, self.key):
+            return None
+        return self.built[member[1]]
+
+
+def _shared_key(cm: Any, replay_start: torch.Tensor | None) -> tuple[Any, ...]:
+    """What every group of a step shares, as a build reads it: host objects by identity (vLLM hands every
+    group the same ones), device views by address and shape (each group gets views of its own)."""
+    replay = None if replay_start is None else (replay_start.data_ptr(), replay_start.shape)
+    seq = cm.seq_lens
+    return (
+        cm.query_start_loc_cpu,
+        cm.seq_lens_cpu_upper_bound,
+        getattr(cm, "mm_req_doc_ranges", None),
+        cm.causal,
+        (seq.data_ptr(), seq.shape),
+        (cm.query_start_loc.data_ptr(), cm.query_start_loc.shape),
+        cm.num_actual_tokens,
+        cm.max_query_len,
+        replay,
+    )
+
+
+def _same_key(a: tuple[Any, ...], b: tuple[Any, ...] | None) -> bool:
+    # Objects (tensors among them) by identity, values by equality; never a tensor comparison.
+    return b is not None and all(x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a, b))
+
+
+_active = threading.local()  # microbatches build their metadata from threads of their own
+
+
+def current() -> Step | None:
+    stack = getattr(_active, "stack", None)
+    return stack[-1] if stack else None
+
+
+class opened:
+    """The step of one ``prepare_attn`` call, current on this thread while it runs (calls nest: the
+    V4.1 replay batch's builds run after the step's, each its own step)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: Step | None):
+        self.step = step
+
+    def __enter__(self) -> Step | None:
+        stack = getattr(_active, "stack", None)
+        if stack is None:
+            stack = _active.stack = []
+        stack.append(self.step)
+        return self.step
+
+    def __exit__(self, *exc: object) -> None:
+        _active.stack.pop()
+
+
+def open_step(block_tables: Any, slot_mappings: Any, attn_groups: Any, ubatch_idx: int) -> opened:
+    """The step of a ``prepare_attn`` call with these inputs (a step that builds nothing for a plan
+    without a step build, or for inputs not in vLLM's layout)."""
+    if not isinstance(slot_mappings, torch.Tensor) or slot_mappings.dim() != 2:
+        return opened(None)
+    plan = plans.get(attn_groups, ubatch_idx)
+    if plan.builder is None or len(block_tables) != slot_mappings.shape[0]:
+        return opened(None)
+    return opened(Step(plan, block_tables, slot_mappings))
+
+
+# -- the builders' side -----------------------------------------------------------------------
+
+
+def group_metadata(
+    builder: Any, cm: Any, replay_start: torch.Tensor | None
+) -> tuple[StepPlan, int, SWAMetadata] | None:
+    """(plan, step group, metadata) when the current step build serves ``builder``'s build of ``cm``."""
+    step = current()
+    if step is None:
+        return None
+    md = step.metadata(builder, cm, replay_start)
+    if md is None:
+        return None
+    return step.plan, step.plan.members[id(builder)][1], md
+
+
+def update_draft(builder: Any, vllm_metadata: Any) -> bool:
+    """Whether a step build's update covered ``builder``'s draft update of ``vllm_metadata``."""
+    found = getattr(builder, "swa_hal_step", None)
+    return found is not None and found[0].update_draft(found[1], vllm_metadata)
+
+
+def owner(builder: Any, vllm_metadata: Any) -> SWAMetadataBuilder:
+    """The swa_hal builder whose buffers ``vllm_metadata``'s decode rows are: a step build's, or the
+    group's own."""
+    found = getattr(builder, "swa_hal_step", None)
+    if found is not None and found[0].builder is not None:
+        hal = found[0].builder
+        lens = vllm_metadata.decode_swa_lens.untyped_storage().data_ptr()
+        if lens == hal.buffers.group_decode_lens.untyped_storage().data_ptr():
+            return hal
+    return builder.swa_hal
+
+
+# -- the hook -----------------------------------------------------------------------------------
+
+
+def install(patched: list[tuple[Any, str, Any]]) -> bool:
+    """Wrap vLLM's ``DefaultModelState.prepare_attn`` (once; the original goes into ``patched`` for
+    ``unregister``). False where there is no such hook: a vLLM without model runner V2's model states,
+    or whose ``prepare_attn`` takes other parameters (each group then builds on its own)."""
+    try:
+        module = importlib.import_module(MODEL_STATE_MODULE)
+        cls = module.DefaultModelState
+        original = cls.__dict__["prepare_attn"]
+    except Exception as exc:  # noqa: BLE001 - vLLM calls the plugin unguarded
+        plugin.log.debug("swa_hal: no step hook (%s does not import: %r)", MODEL_STATE_MODULE, exc)
+        return False
+    if getattr(original, "__swa_hal__", False):
+        return True
+    if tuple(inspect.signature(original).parameters) != PREPARE_ATTN_PARAMS:
+        plugin.log.debug("swa_hal: no step hook (%s.prepare_attn's parameters differ)", MODEL_STATE_MODULE)
+        return False
+
+    def prepare_attn(
+        self: Any,
+        input_batch: Any,
+        cudagraph_mode: Any,
+        block_tables: Any,
+        slot_mappings: Any,
+        attn_groups: Any,
+        kv_cache_config: Any,
+        for_capture: bool = False,
+        ubatch_idx: int = 0,
+        model_specific_attn_metadata: Any = None,
+    ) -> Any:
+        with open_step(block_tables, slot_mappings, attn_groups, ubatch_idx):
+            return original(
+                self,
+                input_batch,
+                cudagraph_mode,
+                block_tables,
+                slot_mappings,
+                attn_groups,
+                kv_cache_config,
+                for_capture,
+                ubatch_idx,
+                model_specific_attn_metadata,
+            )
+
+    prepare_attn.__swa_hal__ = True  # type: ignore[attr-defined]
+    prepare_attn.__wrapped__ = original  # type: ignore[attr-defined]
+    prepare_attn.__doc__ = original.__doc__
+    cls.prepare_attn = prepare_attn
+    patched.append((cls, "prepare_attn", original))
+    _install_drafter(patched)
+    return True
+
+
+def _install_drafter(patched: list[tuple[Any, str, Any]]) -> None:
+    """The drafters' step builds: vLLM's speculator builds each draft step's metadata with
+    ``build_attn_metadata`` (by keyword: every group's block table, the stacked slot mappings, the groups),
+    outside any ``prepare_attn``; its module's name for it is wrapped the same way. Without it (another
+    vLLM), draft steps build group by group."""
+    try:
+        module: Any = importlib.import_module(DRAFTER_MODULE)
+        original = module.build_attn_metadata
+    except Exception as exc:  # noqa: BLE001 - vLLM calls the plugin unguarded
+        plugin.log.debug("swa_hal: no drafter step builds (%s does not import: %r)", DRAFTER_MODULE, exc)
+        return
+    if getattr(original, "__swa_hal__", False):
+        return
+    if not set(BUILD_PARAMS) <= set(inspect.signature(original).parameters):
+        plugin.log.debug("swa_hal: no drafter step builds (%s.build_attn_metadata's parameters differ)", DRAFTER_MODULE)
+        return
+
+    def build_attn_metadata(*args: Any, **kwargs: Any) -> Any:
+        if args:  # the drafter passes keywords only; anything else builds as vLLM does
+            return original(*args, **kwargs)
+        step = open_step(
+            kwargs["block_tables"], kwargs["slot_mappings"], kwargs["attn_groups"], kwargs.get("ubatch_idx", 0)
+        )
+        with step:
+            return original(**kwargs)
+
+    build_attn_metadata.__swa_hal__ = True  # type: ignore[attr-defined]
+    build_attn_metadata.__wrapped__ = original  # type: ignore[attr-defined]
+    build_attn_metadata.__doc__ = original.__doc__
+    module.build_attn_metadata = build_attn_metadata
+    patched.append((module, "build_attn_metadata", original))

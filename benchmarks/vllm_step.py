@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""A vLLM step of 8 SWA KV-cache groups x decode-256, fed as vLLM's model runner V2 feeds the plugin's
+step builds (swa_hal/integrations/vllm_step.py): the step's common metadata, a tuple of 8 per-group
+block tables and the slot mappings as one int64 [G, T] view of a persistent [G, max_num_batched_tokens]
+buffer. Against, in the same run and interleaved: the 8 per-group swa_hal builds the plugin does
+without step builds, and 8 builds of the engine's original launch sequence (``seed_baseline``).
+
+Each step path is what the plugin's swa_hal side does per step: the batch from the common metadata
+(``batch_from_common_metadata``), the build (one ``build_groups``, or one ``build`` per group) and the
+violation poll. vLLM's own per-group loop and its metadata objects cost the same on both paths and are
+left out (this machine has no vLLM; tests/engines/test_vllm.py runs the real hook).
+
+    python benchmarks/vllm_step.py [--reps 5] [--iters 1000]
+
+Prints host time (median wall time without a sync), kernel time (CUPTI) and launches per step, each
+repetition's ratios, then the medians with min-max; "step, no poll" is the step build without its
+violation poll (what the poll's non-blocking copy and event cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "benchmarks")]
+
+GROUPS = 8
+REQS = 256
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
+    p.add_argument("--iters", type=int, default=1000, help="steps timed per repetition and path (default 1000)")
+    p.add_argument("--device", default="cuda", help="torch device (default cuda; cpu: a dry run, no kernel times)")
+    args = p.parse_args()
+
+    import torch
+    from common import count_launches, host_us, kernel_us, run_info, warm_gpu
+    from seed_baseline import SeedSequenceBuilder
+
+    from swa_hal import SWAConfig, SWAMetadataBuilder
+    from swa_hal.integrations.engine import batch_from_common_metadata
+    from swa_hal.scenarios import synthesize_batch
+
+    device = torch.device(args.device)
+    config = dataclasses.replace(SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml"), num_kv_groups=GROUPS)
+    rng = random.Random(0)
+    seqs = [rng.randint(1, 32768) for _ in range(REQS)]
+    batch = synthesize_batch(config, seqs, [1] * REQS, rng=rng, device=device)
+    tables, rows = [], []
+    for _ in range(GROUPS):
+        other = synthesize_batch(config, seqs, [1] * REQS, rng=rng, device=device)
+        tables.append(other.block_table)
+        rows.append(other.slot_mapping)
+    # vLLM's persistent slot-mapping buffer, [G, max_num_batched_tokens]; a step passes its first T columns.
+    persistent = torch.full((GROUPS, config.max_num_batched_tokens), -1, dtype=torch.int64, device=device)
+    for g, s in enumerate(rows):
+        persistent[g, : s.shape[0]] = s
+    slot_mappings = persistent[:, : batch.num_tokens]
+    block_tables = tuple(tables)
+
+    def common(table, slots):
+        return SimpleNamespace(
+            seq_lens=batch.seq_lens,
+            seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
+            query_start_loc=batch.query_start_loc,
+            query_start_loc_cpu=batch.query_start_loc_cpu,
+            block_table_tensor=table,
+            slot_mapping=slots,
+            max_query_len=batch.max_query_len,
+            num_reqs=REQS,
+            num_actual_tokens=batch.num_tokens,
+            causal=True,
+        )
+
+    step_cm = common(block_tables[0], slot_mappings[0])
+    group_cms = [common(block_tables[g], slot_mappings[g]) for g in range(GROUPS)]
+    step_builder = SWAMetadataBuilder(config, device=device)
+    group_builders = [SWAMetadataBuilder(config, device=device) for _ in range(GROUPS)]
+    seed = SeedSequenceBuilder(config, device)
+    seed_batches = [dataclasses.replace(batch, block_table=t, slot_mapping=s) for t, s in zip(tables, rows)]
+
+    def step() -> None:
+        b = batch_from_common_metadata(step_cm)
+        step_builder.build_groups(b, block_tables, slot_mappings)
+        step_builder.poll_violations()
+
+    def step_unpolled() -> None:  # what the poll costs: the same step without it
+        step_builder.build_groups(batch_from_common_metadata(step_cm), block_tables, slot_mappings)
+
+    def per_group() -> None:
+        for builder, cm in zip(group_builders, group_cms):
+            builder.build(batch_from_common_metadata(cm))
+            builder.poll_violations()
+
+    def seed_sequence() -> None:
+        for b in seed_batches:
+            seed.build(b)
+
+    paths = {
+        "step build": step,
+        "8 group builds": per_group,
+        "8 engine sequences": seed_sequence,
+        "step, no poll": step_unpolled,
+    }
+    print(run_info())
+    print(f"backend {step_builder.backend_name}; {GROUPS} groups x decode-{REQS}; {args.reps} interleaved repetitions")
+    # Device work per step (kernels, memsets and copies: the poll's copy of the violation record is one),
+    # and of it the kernels, whose summed duration is the kernel time.
+    launches = {name: count_launches(fn, device) for name, fn in paths.items()}
+    gpu = device.type == "cuda"
+    launched = {name: kernels_of(fn, device) if gpu else 0 for name, fn in paths.items()}
+    kernels = {
+        name: kernel_us(fn, device, per_build=launched[name]) if gpu else float("nan") for name, fn in paths.items()
+    }
+    host: dict[str, list[float]] = {name: [] for name in paths}
+    for rep in range(args.reps):
+        if gpu:
+            warm_gpu(device)
+        for name, fn in paths.items():
+            host[name].append(host_us(fn, args.iters if name.startswith("step") else args.iters // 4, device))
+        s, g, e = (host[n][-1] for n in list(paths)[:3])
+        print(
+            f"  rep {rep + 1}: host step {s:.1f} us, 8 groups {g:.1f} us ({g / s:.2f}x), "
+            f"8 engine sequences {e:.1f} us ({e / s:.1f}x)"
+        )
+    print(f"{'path':<20} {'host us (min-max)':>24} {'kernel us':>10} {'kernels':>8} {'device ops':>11}")
+    for name in paths:
+        v = host[name]
+        print(
+            f"{name:<20} {statistics.median(v):>10.1f} ({min(v):.1f}-{max(v):.1f}) {kernels[name]:>10.2f} "
+            f"{launched[name]:>8} {launches[name]:>11}"
+        )
+    for other in ("8 group builds", "8 engine sequences"):
+        ratios = [a / b for a, b in zip(host[other], host["step build"])]
+        print(
+            f"host ratio {other} / step build: {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        )
+    med = statistics.median(host["step build"])
+    print(
+        f"targets: step host <= 25 us: {'met' if med <= 25 else 'MISSED'} ({med:.1f}); "
+        f"1 launch: {'met' if launched['step build'] == 1 else 'MISSED'} ({launched['step build']} kernels)"
+    )
+    return 0
+
+
+def kernels_of(fn, device) -> int:
+    """Kernels one ``fn()`` launches (the profiler's device events less memsets and copies)."""
+    from common import sync
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    fn()
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync(device)
+    return sum(
+        1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

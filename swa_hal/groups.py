@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 import torch
 
 from .cache import HostCache
+from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchShapeError
-from .preflight import preflight_tensor
+from .preflight import preflight_tensor, refuse_table_reach
 
 # Address of group g's block table, address of its slot mapping, the table's row stride and width
 # (in elements): one row of the group table the kernel reads.
@@ -90,6 +91,7 @@ def _listed(
                 and ss[0] == num_tokens
                 and (ts[1] == 1 or (ts[1] > 1 and tst[1] == 1))
                 and slot_mapping.is_contiguous()  # 1-D: unit stride, or at most one element
+                and (num_reqs - 1) * tst[0] + ts[1] <= INT32_LIMIT  # refuse_table_reach
             )
         except AttributeError:
             ok = False
@@ -126,12 +128,14 @@ def _mixed(
                 and len(ts) == 2
                 and ts[0] >= num_reqs
                 and (ts[1] == 1 or (ts[1] > 1 and tst[1] == 1))
+                and (num_reqs - 1) * tst[0] + ts[1] <= INT32_LIMIT  # refuse_table_reach
             )
         except AttributeError:
             ok = False
         if not ok:
             preflight_tensor(f"block_tables[{g}]", table, i32, device_index, 2)
             _shapes(f"block_tables[{g}]", table.shape, "slot_mappings", num_tokens, num_reqs, num_tokens)
+            refuse_table_reach(f"block_tables[{g}]", num_reqs, table.stride()[0], table.shape[1])
             raise AssertionError(f"group {g}: block table refused by the fast check but by no rule")  # pragma: no cover
         rows.append((table.data_ptr(), slot_addresses[g], tst[0], ts[1]))
     return GroupInputs(tables, slot_views, tuple(rows))
@@ -142,6 +146,7 @@ def _refuse_listed(g: int, table: Any, slot_mapping: Any, num_reqs: int, num_tok
     preflight_tensor(f"block_tables[{g}]", table, torch.int32, device_index, 2)
     preflight_tensor(f"slot_mappings[{g}]", slot_mapping, torch.int64, device_index)
     _shapes(f"block_tables[{g}]", table.shape, f"slot_mappings[{g}]", slot_mapping.shape[0], num_reqs, num_tokens)
+    refuse_table_reach(f"block_tables[{g}]", num_reqs, table.stride()[0], table.shape[1])
     raise AssertionError(f"group {g}: inputs refused by the fast check but by no rule")  # pragma: no cover
 
 
@@ -170,6 +175,7 @@ def _stacked(
         preflight_tensor("slot_mappings", slots, i64, device_index, 2)
     _count(ts[0], ss[0])
     _shapes("block_tables", ts, "slot_mappings", ss[1], num_reqs, num_tokens)
+    refuse_table_reach("block_tables", num_reqs, tst[1], ts[2])
     # An engine hands in a slice of its buffers per step ([:, :num_reqs], [:, :num_tokens]): tables and
     # slot mappings are kept apart (their lengths vary independently), each pair's rows once more.
     # Identity keys (swa_hal/cache.py) from the shapes and strides read above; the checks fixed the

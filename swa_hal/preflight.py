@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
 
 if TYPE_CHECKING:
@@ -46,6 +47,18 @@ def preflight_tensor(name: str, t: object, want: torch.dtype, device_index: int,
         _refuse(name, t, want, device_index, ndim)
 
 
+def refuse_table_reach(field: str, num_reqs: int, row_stride: int, width: int) -> None:
+    """The kernels address a block table's entries with int32 offsets (``req * row_stride + page``), so
+    the last request's row must end below 2^31 entries from the table's start (docs/semantics.md
+    #guarded-builds, int32 edges); a table that reaches further is refused. O(1), shapes only."""
+    if (num_reqs - 1) * row_stride + width > INT32_LIMIT:
+        raise BatchCapacityError(
+            field,
+            f"{field}: {num_reqs} rows {row_stride} entries apart reach past 2^31 - 1 entries, beyond the "
+            "kernels' int32 offsets",
+        )
+
+
 def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_index: int) -> None:
     """Host-only, O(1) checks that keep every kernel launch inside its inputs and outputs; cheap
     enough for every build (docs/semantics.md #guarded-builds). Reads no device value.
@@ -76,7 +89,8 @@ def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, dev
             and seq_lens.is_contiguous()
             and slots.is_contiguous()
             # stride()[1], not stride(1): torch parses an argument at a cost of two attribute reads
-            and (ts[1] <= 1 or table.stride()[1] == 1)
+            and ((tst := table.stride())[1] == 1 or ts[1] <= 1)
+            and (qs[0] - 2) * tst[0] + ts[1] <= INT32_LIMIT  # the table's reach (refuse_table_reach)
         )
     except AttributeError:
         ok = False
@@ -85,7 +99,7 @@ def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, dev
         preflight_tensor("query_start_loc", qsl, i32, device_index)
         preflight_tensor("block_table", table, i32, device_index, 2)
         preflight_tensor("slot_mapping", slots, torch.int64, device_index)
-        qs, ss, ts, ls = qsl.shape, seq_lens.shape, table.shape, slots.shape
+        qs, ss, ts, ls, tst = qsl.shape, seq_lens.shape, table.shape, slots.shape, table.stride()
     num_tokens = batch.num_tokens
     if num_tokens.__class__ is not int:
         raise BatchDtypeError("num_tokens", f"num_tokens must be an int, got {num_tokens!r}")
@@ -117,6 +131,8 @@ def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, dev
             "block_table",
             f"block_table {tuple(ts)} has too few rows or no page column for {num_reqs} requests",
         )
+    if not ok:  # the fast check covered the table's reach
+        refuse_table_reach("block_table", num_reqs, tst[0], ts[1])
     if ls[0] != num_tokens:
         raise BatchShapeError("slot_mapping", f"slot_mapping has {ls[0]} entries; num_tokens is {num_tokens}")
     replay = batch.replay_start

@@ -373,3 +373,41 @@ def test_a_req_to_token_too_wide_for_int32_positions_is_refused_before_any_launc
         dataclasses.replace(narrow, row_ends=torch.tensor([0], dtype=I64))
     )
     assert lens.tolist() == [0] and out.tolist() == [[-1] * 4]
+
+
+# docs/semantics.md #guarded-builds, int32 edges: the kernels address block-table entries with int32
+# offsets (req * row stride + page), so a table whose last request's row ends 2^31 entries or more from
+# its start is refused before any launch, on every entry point that takes block tables. The tables here
+# are meta tensors: their shapes and strides without the 12 GiB of memory (the preflight reads no value).
+def _far_table(groups: int | None = None) -> torch.Tensor:
+    shape = (3, 2**30) if groups is None else (groups, 3, 2**30)
+    return torch.empty(shape, dtype=torch.int32, device="meta")[..., :4]
+
+
+def _three_requests() -> AttentionBatch:
+    return AttentionBatch.from_lists([6, 7, 5], [1, 1, 1], [[1, 2], [3, 4], [5, 6]], block_size=4)
+
+
+@pytest.mark.parametrize("backend", ("torch", "cuda"))
+def test_a_block_table_reaching_past_int32_offsets_is_refused(backend):
+    config = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4,
+                       num_kv_groups=2)
+    builder = make_builder(config, backend)
+    batch = _three_requests()
+    # (3 - 1) * 2^30 + 4 entries: past 2^31 - 1.
+    with pytest.raises(E.BatchCapacityError, match="reach past 2") as info:
+        builder.build(dataclasses.replace(batch, block_table=_far_table()), validate=False)
+    assert info.value.field == "block_table"
+    tables, slots = [batch.block_table, _far_table()], [batch.slot_mapping, batch.slot_mapping.clone()]
+    with pytest.raises(E.BatchCapacityError, match="reach past 2") as info:
+        builder.build_groups(batch, tables, slots, validate=False)
+    assert info.value.field == "block_tables[1]"
+    with pytest.raises(E.BatchCapacityError, match="reach past 2") as info:
+        builder.build_groups(batch, tables, torch.stack(slots), validate=False)
+    assert info.value.field == "block_tables[1]"
+    with pytest.raises(E.BatchCapacityError, match="reach past 2") as info:
+        builder.build_groups(batch, _far_table(2), torch.stack(slots), validate=False)
+    assert info.value.field == "block_tables"
+    # One row less reaches 2^30 + 4 entries: built as usual (a table of real memory, the same rows).
+    md = builder.build(batch, validate=False)
+    assert md.num_decode_tokens == 3

@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder
+from test_guard import CFG as GUARD_CFG
 
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal import errors as E
@@ -46,18 +47,8 @@ def strictness(backend: str):
 
 # -- lengths at the int32 edges ----------------------------------------------------------------------------
 
-# W=4, B=4, M=4 (prefill rows 8 wide), 16 pages in the cache.
-CFG = SWAConfig(
-    window_size=4,
-    block_size=4,
-    max_model_len=64,
-    max_num_batched_tokens=32,
-    max_num_seqs=6,
-    num_speculative_tokens=1,
-    speculative_method="mtp",
-    num_kv_blocks=16,
-    max_image_tokens=4,
-)
+# test_guard's geometry: W=4, B=4, M=4 (prefill rows 8 wide), 16 pages in the cache.
+CFG = GUARD_CFG
 # Request 0: a decode, S=6, q=1, BT [1, 2]: p = 5, window 2..5, slots 1*4+2, 1*4+3, 2*4+0, 2*4+1.
 DECODE_ROW = [6, 7, 8, 9]
 # Request 1: a prefill, S=9, q=5, BT [3, 4, 5]: p = 4..8, each window p-3..p; slot(p) = BT[p // 4] * 4 + p % 4

@@ -290,12 +290,7 @@ def build_case(
     if problems or not got.num_decode_tokens or not builder.supports_draft_decode_metadata_update:
         return problems
     for step in range(2):  # draft steps on the metadata just compared
-        draft_step(rng, batch, want)
-        if moved.seq_lens is not batch.seq_lens:
-            moved.seq_lens.copy_(batch.seq_lens)
-        with strict():
-            got_update = attempt(builder.update_draft_decode_metadata, got)[1]
-        want_update = attempt(ref.update_draft_decode_metadata, want)[1]
+        got_update, want_update = _draft_updates(builder, ref, rng, batch, moved, got, want, want, strict())
         at = f"{where}, draft step {step + 1}"
         if got_update != want_update:
             return [f"{at}: the backend raised {got_update}, the reference {want_update}"]
@@ -331,12 +326,8 @@ def group_case(
     problems = _compared_groups(where, got, want, builder, ref)
     if problems or not want[0].num_decode_tokens or not builder.supports_draft_decode_metadata_update:
         return problems
-    draft_step(rng, batch, want[0])
-    if moved.seq_lens is not batch.seq_lens:
-        moved.seq_lens.copy_(batch.seq_lens)
-    with strict(extra=dev_tables + dev_slots):
-        got_update = attempt(builder.update_draft_decode_metadata, got)[1]
-    want_update = attempt(ref.update_draft_decode_metadata, want)[1]
+    checked = strict(extra=dev_tables + dev_slots)
+    got_update, want_update = _draft_updates(builder, ref, rng, batch, moved, got, want, want[0], checked)
     if got_update != want_update:
         return [f"{where}, draft step: the backend raised {got_update}, the reference {want_update}"]
     return _compared_groups(f"{where} after a draft step", got, want, builder, ref)
@@ -370,6 +361,28 @@ def slot_rows_case(
     if recorded(builder) != recorded(ref):
         problems.append(f"{where}: only one of the two recorded a violation")
     return problems
+
+
+def _draft_updates(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rng: random.Random,
+    batch: AttentionBatch,
+    moved: AttentionBatch,
+    got: Any,
+    want: Any,
+    decodes: SWAMetadata,
+    checked: AbstractContextManager[Any],
+) -> tuple[type[BaseException] | None, type[BaseException] | None]:
+    """The engine's draft step on ``batch`` (``decodes`` says which requests decode), copied to the
+    backend's ``moved`` batch, then both builders' in-place updates (the backend's inside ``checked``):
+    the validation error each raised, or None."""
+    draft_step(rng, batch, decodes)
+    if moved.seq_lens is not batch.seq_lens:
+        moved.seq_lens.copy_(batch.seq_lens)
+    with checked:
+        got_update = attempt(builder.update_draft_decode_metadata, got)[1]
+    return got_update, attempt(ref.update_draft_decode_metadata, want)[1]
 
 
 def _compared(

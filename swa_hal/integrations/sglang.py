@@ -190,7 +190,7 @@ class SGLangSWAIndices:
     def _build(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
         """One build, then the poll that surfaces what an earlier build recorded: a warning per kind in
         SGLang's log, or the typed error raised under ``SWA_HAL_STRICT=1``. The poll never syncs, so
-        a violation shows up one call late (on a GPU, once the host copy has landed)."""
+        a violation shows up one call late (on a GPU, at a later poll that looks: ``SWA_HAL_POLL_EVERY``)."""
         builder = self.builder
         out = builder.build_slot_rows(rows)
         builder.poll_violations()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import threading
 
 import pytest
@@ -206,6 +207,14 @@ def test_guard_follows_the_environment(monkeypatch):
 
 # -- the O(1) host preflight ----------------------------------------------------------------------------------
 
+
+def on_meta(t: torch.Tensor | None) -> torch.Tensor:
+    """A tensor of ``t``'s shape and dtype on the meta device (no data), zeros of int32 [2] for None."""
+    if t is None:
+        return torch.empty(2, dtype=torch.int32, device="meta")
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
 HOST = [
     (
         "strided seq_lens",
@@ -274,6 +283,15 @@ HOST = [
         E.BatchShapeError,
         r"^image_spans.indptr has 2 entries",
     ),
+] + [
+    # get_device() is -1 for meta tensors as for the CPU; a meta tensor has no data (swa_hal/preflight.py META).
+    (
+        f"meta {field}",
+        lambda b, field=field: dataclasses.replace(b, **{field: on_meta(getattr(b, field))}),
+        E.BatchDeviceError,
+        rf"^{field} is on meta; the builder's device index is -1",
+    )
+    for field in ("seq_lens", "query_start_loc", "block_table", "slot_mapping", "replay_start")
 ]
 
 
@@ -283,6 +301,21 @@ def test_host_guard_refuses_before_any_launch(backend, kind, make, exc, message)
     builder = make_builder(CFG, backend)
     with pytest.raises(exc, match=message):
         builder.build(make(base()), validate=False)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("form", ["listed", "mixed", "stacked"])
+def test_group_builds_refuse_meta_tensors_on_a_cpu_builder(backend, form):
+    builder = make_builder(dataclasses.replace(CFG, num_kv_groups=2), backend)
+    b = base()
+    tables, slots = [b.block_table, on_meta(b.block_table)], [b.slot_mapping, b.slot_mapping]
+    field = "block_tables[1]"
+    if form == "mixed":
+        tables, slots, field = [b.block_table] * 2, on_meta(torch.stack([b.slot_mapping] * 2)), "slot_mappings"
+    elif form == "stacked":
+        tables, slots, field = on_meta(torch.stack([b.block_table] * 2)), torch.stack([b.slot_mapping] * 2), "block_tables"
+    with pytest.raises(E.BatchDeviceError, match=rf"^{re.escape(field)} is on meta"):
+        builder.build_groups(b, tables, slots)
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda"])

@@ -194,6 +194,7 @@ class _RequestViews:
         "quantities",
         "rules",
         "negative",
+        "seen",
         "any",
         "rule",
         "value_row",
@@ -236,6 +237,7 @@ class _RequestViews:
     reported: torch.Tensor
     broken: torch.Tensor
     arange: torch.Tensor
+    seen: torch.Tensor
 
 
 class TorchGuard:
@@ -263,6 +265,7 @@ class TorchGuard:
         self.table[2, 0] = NO_KEY - 1
         self.negative = torch.empty((NONE + 1, max_reqs), dtype=torch.bool, device=device)
         self.any = torch.empty(max_reqs, dtype=torch.bool, device=device)
+        self.seen = torch.empty(max_reqs, dtype=torch.int32, device=device)
         self.rule = torch.empty(max_reqs, dtype=torch.int64, device=device)
         self.value_row = torch.empty(max_reqs, dtype=torch.int64, device=device)
         self.value = torch.empty(max_reqs, dtype=torch.int64, device=device)
@@ -310,7 +313,7 @@ class TorchGuard:
         v.value_row, v.value = self.value_row[:r], self.value[:r]
         v.value_row_2d, v.value_2d = v.value_row[None, :], v.value[None, :]
         v.kind, v.key, v.reported = self.table[1, 1 : r + 1], self.table[2, 1 : r + 1], self.table[3, 1 : r + 1]
-        v.broken, v.arange = self.broken[:r], self.arange[:r]
+        v.broken, v.arange, v.seen = self.broken[:r], self.arange[:r], self.seen[:r]
         return v
 
     @staticmethod
@@ -398,6 +401,17 @@ class TorchGuard:
         broken = torch.lt(v.rule, self.none_row, out=v.broken)
         torch.where(broken, v.arange, self.no_key, out=v.key)
         return broken
+
+    def only_seen(self, num_reqs: int, owners: torch.Tensor, valid: torch.Tensor) -> None:
+        """Drop the request candidates (``first_broken``) of requests that own no row with a slot: such a
+        request hands out nothing, and its rules are checked at its rows with a slot (docs/semantics.md
+        #guarded-builds), so no violation is recorded for it. ``owners``/``valid``: every row's owner
+        (``token_to_req``) and whether it has a slot. Its rows are still emptied (the mask ``first_broken``
+        returned is unchanged)."""
+        v = self._request_views(num_reqs)
+        v.seen.zero_()
+        v.seen.index_add_(0, owners, valid.to(torch.int32))
+        torch.where(v.seen > 0, v.key, self.no_key, out=v.key)
 
     def row_candidates(self, num_reqs: int, offset: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The (kind, value, key) columns of token rows [offset, offset + rows) for ``reference.RowGuard``."""

@@ -254,6 +254,8 @@ class TorchBackend(Backend):
         if guard:
             spans = plan.spans if plan.images else None
             broken = self._guard.request_checks(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal)
+            # A request is checked at its rows with a slot: one without any is recorded by no backend.
+            self._guard.only_seen(nreq, s.t2r, s.valid)
             # Every row of a request that broke a rule is handed out empty.
             if causal_rows:
                 reference.empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)

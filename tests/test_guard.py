@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from swa_hal import AttentionBatch, ImageSpans, SWAConfig
 from swa_hal import errors as E
-from swa_hal.guard import block_limit
+from swa_hal.guard import Violation, block_limit
 from swa_hal.slot_rows import slot_limit
 from swa_hal.testing.guarded import (
     GUARDED_CONFIG,
@@ -30,7 +30,6 @@ from swa_hal.testing.guarded import (
     malformed_slot_rows,
     metadata_differences,
     recorded,
-    unchecked_request,
     unsettled,
 )
 from swa_hal.testing.interpreter import address_strict
@@ -528,15 +527,9 @@ def assert_same_guarded_output(got, want, what: str) -> None:
     assert not problems, f"{what}: " + "; ".join(problems)
 
 
-def assert_same_record(builder, ref, what: str, batch=None, num_reqs=None) -> None:
-    """Both recorded a violation, or neither; then both records are cleared. With ``batch``, a violation
-    only the reference records for a request the kernels cannot see (``unchecked_request``) is the
-    unsettled case of docs/semantics.md #guarded-builds, not a failure."""
-    theirs_record = ref.buffers.violation.tolist()
+def assert_same_record(builder, ref, what: str) -> None:
+    """Both recorded a violation, or neither; then both records are cleared."""
     mine, theirs = recorded(builder), recorded(ref)
-    if batch is not None and theirs and not mine and unchecked_request(batch, theirs_record, num_reqs):
-        note(f"{what}: unsettled: {UNSETTLED['broken request without a checked row']}")
-        return
     said = {True: "recorded", False: "did not record"}
     assert mine == theirs, f"{what}: the backend {said[mine]} a violation, the reference {said[theirs]} one"
 
@@ -564,7 +557,7 @@ def test_fuzz_guarded_builds_and_draft_updates_equal_the_reference(backend, batc
     if want is None:
         return
     assert_same_guarded_output(got, want, "build")
-    assert_same_record(builder, ref, "build", batch)
+    assert_same_record(builder, ref, "build")
     for step, delta in enumerate(steps):  # draft steps: both metadata read the same seq_lens
         if not want.num_decodes:
             break
@@ -573,7 +566,7 @@ def test_fuzz_guarded_builds_and_draft_updates_equal_the_reference(backend, batc
         got_error = attempt(lambda: builder.update_draft_decode_metadata(got))[1]
         assert got_error == attempt(lambda: ref.update_draft_decode_metadata(want))[1]
         assert_same_guarded_output(got, want, f"draft step {step + 1} (seq_lens += {delta})")
-        assert_same_record(builder, ref, f"draft step {step + 1}", batch, want.num_decodes)
+        assert_same_record(builder, ref, f"draft step {step + 1}")
 
 
 @st.composite
@@ -608,7 +601,7 @@ def test_fuzz_guarded_group_builds_and_updates_equal_the_reference(backend, data
         return
     for g in range(len(want)):
         assert_same_guarded_output(got[g], want[g], f"group {g}")
-    assert_same_record(builder, ref, "build_groups", batch)
+    assert_same_record(builder, ref, "build_groups")
     if not want[0].num_decodes:
         return
     delta = data.draw(st.integers(-4, 6))
@@ -618,7 +611,7 @@ def test_fuzz_guarded_group_builds_and_updates_equal_the_reference(backend, data
     assert got_error == attempt(lambda: ref.update_draft_decode_metadata(want))[1]
     for g in range(len(want)):
         assert_same_guarded_output(got[g], want[g], f"group {g} after a draft step (seq_lens += {delta})")
-    assert_same_record(builder, ref, "grouped draft step", batch, want[0].num_decodes)
+    assert_same_record(builder, ref, "grouped draft step")
 
 
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
@@ -696,6 +689,34 @@ def test_a_draft_update_checks_only_the_decode_requests(backend):
     builder.check()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "qsl, seqs, slots, recorded_request",
+    [
+        # Request 0 (S=0 < q=1) has only a token without a slot: it hands out nothing and is not recorded.
+        ([0, 1, 2], [0, 9], [-1, 7], None),
+        # Request 0 (q=0, S=-1): no token at all; request 1 (S=1 < q=2) has a slotted token: it is recorded.
+        ([0, 0, 2], [-1, 1], [5, -1], 1),
+        # Request 1's only token has no slot, request 0 is valid: nothing is recorded.
+        ([0, 1, 2], [4, 0], [3, -1], None),
+    ],
+)
+def test_a_broken_request_is_recorded_only_at_a_row_with_a_slot(backend, qsl, seqs, slots, recorded_request):
+    """docs/semantics.md #guarded-builds: a request's rules are checked at its rows with a slot, so one
+    without any is emptied (it hands out nothing) but recorded by no backend."""
+    builder, ref = _pair(backend)
+    batch = make_batch(qsl, seqs, [[1, 2, 3], [4, 5, 6]], slots, 2, len(slots))
+    md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
+    assert metadata_differences(md, want) == []
+    for b in (builder, ref):
+        record = b.buffers.violation.tolist()
+        if recorded_request is None:
+            assert record == [0, 0, 0, 0]
+        else:
+            assert record[0] >= 1 and record[1:3] == [int(Violation.SEQ_SHORT), recorded_request]
+        recorded(b)
+
+
 # Inputs whose guarded output the kernels and the reference still give differently, by their name in
 # swa_hal.testing.guarded.UNSETTLED (docs/semantics.md #guarded-builds): the fuzz and the conformance kit
 # leave them out. Each asserts the difference is still there, so a fix is noticed (move it up then).
@@ -719,12 +740,6 @@ KNOWN_DIFFERENCES = [
         ),
         "prefill_left_visible",
     ),
-    (
-        "broken request without a checked row",
-        # Request 0 (S=0 < q=1) has only a token without a slot.
-        make_batch([0, 1, 2], [0, 9], [[1, 2, 3], [4, 5, 6]], [-1, 7], 1, 2),
-        "record",
-    ),
 ]
 
 
@@ -734,12 +749,6 @@ def test_known_guarded_differences_still_differ(backend, name, batch, field):
     assert name in UNSETTLED
     builder, ref = _pair(backend)
     md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
-    if field == "record":
-        record = ref.buffers.violation.tolist()
-        assert unchecked_request(batch, record)
-        assert recorded(ref) and not recorded(builder), "both record it now: the case is settled"
-        assert metadata_differences(md, want) == []
-        return
     assert unsettled(batch) == name
     assert any(p.startswith(field + ":") for p in metadata_differences(md, want)), (
         f"{field} is the same on both now: the case is settled"

@@ -98,8 +98,6 @@ UNSETTLED = {
     "decreasing query_start_loc": "the owner of a token (token_to_req_indices, and the rows and record that "
     "follow from it) where query_start_loc decreases",
     "decreasing image-span CSR": "the spans a request owns where image_spans.indptr decreases",
-    "broken request without a checked row": "whether a violation is recorded for a request that broke a rule "
-    "but has no query token with a slot (its outputs are equal: it hands out nothing)",
 }
 
 
@@ -116,28 +114,14 @@ def unsettled(batch: AttentionBatch) -> str | None:
     return None
 
 
-def unchecked_request(batch: AttentionBatch, record: list[int], num_reqs: int | None = None) -> bool:
-    """Whether ``record`` (a reference's ``[count, kind, request, value]``) names a request of a build or
-    update (its first ``num_reqs``) that has no query token with a slot: the kernels check a request's
-    rules on its tokens, so they see no such request (``UNSETTLED``)."""
-    if not record[0] or record[1] > 7:
-        return False
-    qsl, slots = batch.query_start_loc_cpu.tolist(), batch.slot_mapping.cpu().tolist()
-    r = record[2]
-    if num_reqs is not None and r >= num_reqs:
-        return False
-    return not any(slots[t] >= 0 for t in range(qsl[r], min(qsl[r + 1], len(slots))))
-
-
 def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG, *, settled: bool = False) -> AttentionBatch:
     """A structurally plausible batch (it passes the host preflight of ``config``) with malformed values:
     decreasing offsets, short sequences, out-of-range block ids, bad replay bounds and image spans.
 
     ``settled``: only malformations whose guarded output docs/semantics.md #guarded-builds settles
-    (``UNSETTLED`` lists the others): offsets and the span CSR non-decreasing, every request with a query
-    token, every scheduled token with a slot."""
+    (``UNSETTLED`` lists the others): offsets and the span CSR non-decreasing."""
     num_reqs = rng.randint(1, min(5, config.max_num_seqs))
-    queries = [rng.randint(1 if settled else 0, 7) for _ in range(num_reqs)]
+    queries = [rng.randint(0, 7) for _ in range(num_reqs)]
     qsl = [0]
     for q in queries:
         qsl.append(qsl[-1] + q)
@@ -148,7 +132,7 @@ def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG, *, s
     seqs = [max(0, q + rng.randint(-3, 40)) for q in queries]
     width = rng.randint(1, 12)
     table = [[rng.randint(-2, 30) for _ in range(width)] for _ in range(num_reqs)]
-    slots = [rng.randint(0 if settled and t < qsl[-1] else -1, 90) for t in range(num_tokens)]
+    slots = [rng.randint(-1, 90) for _ in range(num_tokens)]
     replay = [rng.randint(-2, 45) for _ in range(num_reqs)] if rng.random() < 0.5 else None
     n_spans = rng.randint(0, 3) if config.max_image_tokens else 0
     span_ptr = [rng.randint(0, n_spans + 3) for _ in range(num_reqs + 1)]

@@ -455,14 +455,11 @@ def _span_checks(
     ptr = spans.indptr[: num_reqs + 1].to(i64)
     n = min(spans.starts.shape[0], spans.ends.shape[0])
     span_ids = torch.arange(n, device=device)
-    # The owner of span i is the number of request ends at or before it; R: no request owns it.
-    owner = torch.searchsorted(ptr[1:].contiguous(), span_ids, right=True)
-    owned = (owner < num_reqs) & (span_ids >= ptr[0])
-    owner = owner.clamp_max(num_reqs - 1)
+    # Request r's spans are the existing ones in [indptr[r], indptr[r + 1]) (none where the CSR
+    # decreases): [R, n] memberships, as the kernels test each span of a block against each row's range.
+    mine = (span_ids >= ptr[:num_reqs, None]) & (span_ids < ptr[1:, None])
     a, e = spans.starts[:n].to(i64), spans.ends[:n].to(i64)
-    bad = owned & ((a > e) | (a < prefix[owner]) | (e > seq[owner] - 1) | (e - a + 1 > config.max_image_tokens))
-    bad_req = torch.zeros(num_reqs, dtype=torch.bool, device=device)
-    bad_req.index_put_((owner,), bad, accumulate=True)
-    first_span = torch.full((num_reqs,), n, dtype=i64, device=device)
-    first_span.scatter_reduce_(0, owner, torch.where(bad, span_ids, n), reduce="amin")
-    return bad_req, first_span
+    p, s = prefix[:, None], seq[:, None]
+    bad = mine & ((a > e) | (a < p) | (e > s - 1) | (e - a + 1 > config.max_image_tokens))
+    first_span = torch.where(bad, span_ids, n).amin(1) if n else torch.full((num_reqs,), n, dtype=i64, device=device)
+    return bad.any(1), first_span

@@ -240,8 +240,11 @@ class TorchBackend(Backend):
                 return False
             probe.clean = True
         ends = qsl[1:]
-        # docs/semantics.md #per-token-helpers (reference.token_to_req, reference.valid_tokens)
-        torch.searchsorted(ends, s.rows, right=True, out_int32=True, out=s.t2r)
+        # docs/semantics.md #per-token-helpers (reference.token_to_req, reference.valid_tokens). The owner
+        # is the count of ends at or before t: a guarded build searches the sorted ends, since the offsets
+        # may decrease (a valid batch's ends are sorted already, which an unguarded build trusts).
+        searched = torch.sort(ends).values if guard else ends
+        torch.searchsorted(searched, s.rows, right=True, out_int32=True, out=s.t2r)
         s.t2r.remainder_(ws.c[nreq])
         torch.ge(batch.slot_mapping, ws.const(0, batch.slot_mapping.dtype), out=s.valid)
         # Causal terms serve causal decode rows and every prefill row; DSpark decode rows have their own.

@@ -15,8 +15,9 @@ interleaved repetitions (median of ``--iters`` calls each), with min and max; ra
 taken within each repetition. SGLang runs where its module imports (``sglang`` on the path:
 ``benchmarks/sglang_site.py`` builds a folder of it for a machine without it); otherwise swa_hal is timed alone.
 
-On a CPU, ``TRITON_INTERPRET=1 ... --device cpu --sglang-op --backend cuda`` compares SGLang's CUDA-path op and
-swa_hal's Triton kernel, both in the Triton interpreter (timings then mean nothing; use small ``--iters``).
+On a CPU, ``TRITON_INTERPRET=1 ... --device cpu --sglang-op --backend cuda --assume vendor=cuda,capability=9.0``
+compares what SGLang's CUDA path runs (its run scans and op) with swa_hal's Triton kernel, both in the Triton
+interpreter; timings mean nothing there, so ``--reps 0`` (only the checks) and fewer ``--steps`` suit it.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--iters", type=int, default=1000)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions (0: only the checks)")
     ap.add_argument("--steps", type=int, default=200, help="random V4.1 steps compared before timing")
     ap.add_argument("--backend", help="swa_hal's backend (default: auto-selected)")
     ap.add_argument("--assume", help="swa_hal's platform, as swa-hal info --assume takes it (with --backend)")
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             runners[(case.kind, "sglang")] = theirs
         else:
             print(line)
+    if args.reps == 0:
+        return 0
     launches = {key: count_launches(fn, device) for key, fn in runners.items()}
     graphs: dict[tuple[str, str], GraphTimer | None] = {}
     kernels: dict[tuple[str, str], int] = {}

@@ -370,9 +370,19 @@ def test_a_req_to_token_too_wide_for_int32_positions_is_refused_before_any_launc
 # offsets (req * row stride + page), so a table whose last request's row ends 2^31 entries or more from
 # its start is refused before any launch, on every entry point that takes block tables. The tables here
 # are meta tensors: their shapes and strides without the 12 GiB of memory (the preflight reads no value).
+_FAR: list[torch.Tensor] = []
+
+
 def _far_table(groups: int | None = None) -> torch.Tensor:
-    shape = (3, 2**30) if groups is None else (groups, 3, 2**30)
-    return torch.empty(shape, dtype=torch.int32, device="meta")[..., :4]
+    """Rows 2^30 entries apart, the first 4 entries of each: 12 GiB of address space that is never
+    touched (the host allocates pages on first write), made once; stacked groups share it (stride 0).
+    Not meta tensors: a CPU builder refuses those before it looks at the reach."""
+    if not _FAR:
+        _FAR.append(torch.empty((3, 2**30), dtype=torch.int32))
+    table = _FAR[0]
+    if groups is not None:
+        table = table.view(1, 3, 2**30).expand(groups, 3, 2**30)
+    return table[..., :4]
 
 
 def _three_requests() -> AttentionBatch:

@@ -53,6 +53,7 @@ def _owner_of(
     guess_req,
     guess_tok,
     guess_len,
+    ordered,
     BLOCK_T: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr,
     EAGER_PADDING: tl.constexpr,
@@ -82,9 +83,6 @@ def _owner_of(
     seq = tl.load(seq_lens_ptr + guess)
     bound = tl.load(replay_ptr + guess)
     right = ~row_ok | ((lo <= tok) & (tok < hi))
-    if GUARD:
-        # Issued with the guess's loads, in the same round.
-        ordered = _offsets_ordered(qsl_ptr, num_reqs, search_chunks, SEARCH_BLOCK, CLAMP)
     if EAGER_PADDING:
         # Request 0's, for rows past the scheduled tokens: in the same round of loads (a load after
         # the block-wide check below would be a round of its own).
@@ -96,7 +94,8 @@ def _owner_of(
         padding = tok >= scheduled
         right = right | padding
     if GUARD:
-        # Past qsl[R] is past every end only where the offsets never decrease: the padding shortcut too.
+        # ``ordered``: _offsets_ordered, from the program's start. Past qsl[R] is past every end only where
+        # the offsets never decrease: the padding shortcut too.
         right = right & ordered
     if tl.min(right.to(tl.int32), axis=0) == 1:
         owner = guess
@@ -121,17 +120,28 @@ def _owner_of(
 
 @triton.jit
 def _offsets_ordered(qsl_ptr, num_reqs, search_chunks, SEARCH_BLOCK: tl.constexpr, CLAMP: tl.constexpr):
-    """Whether qsl[0..R] never decreases (one pass over the offsets, as the owner search makes)."""
-    drops = tl.sum(tl.zeros([SEARCH_BLOCK], dtype=tl.int32), axis=0)
-    for chunk in range(search_chunks):
-        k = chunk * SEARCH_BLOCK + tl.arange(0, SEARCH_BLOCK)
-        in_range = k < num_reqs
-        if CLAMP:
-            k = tl.minimum(k, num_reqs - 1)
-        a = tl.load(qsl_ptr + k, mask=in_range, other=0)
-        b = tl.load(qsl_ptr + k + 1, mask=in_range, other=0)
-        drops += tl.sum((b < a).to(tl.int32), axis=0)
+    """Whether qsl[0..R] never decreases (one pass over the offsets, as the owner search makes). The first
+    chunk (every batch of at most SEARCH_BLOCK requests) is straight-line code, so its loads issue with the
+    program's first round instead of after it."""
+    drops = _offset_drops(qsl_ptr, num_reqs, 0, SEARCH_BLOCK, CLAMP)
+    for chunk in range(1, search_chunks):
+        drops += _offset_drops(qsl_ptr, num_reqs, chunk, SEARCH_BLOCK, CLAMP)
     return drops == 0
+
+
+@triton.jit
+def _offset_drops(qsl_ptr, num_reqs, chunk, SEARCH_BLOCK: tl.constexpr, CLAMP: tl.constexpr):
+    """How many of the pairs (qsl[k], qsl[k + 1]), k in chunk ``chunk``, decrease."""
+    k = chunk * SEARCH_BLOCK + tl.arange(0, SEARCH_BLOCK)
+    in_range = k < num_reqs
+    ka = k
+    kb = k + 1
+    if CLAMP:  # every lane inside qsl[0..R], R = 0 included
+        ka = tl.minimum(ka, num_reqs)
+        kb = tl.minimum(kb, num_reqs)
+    a = tl.load(qsl_ptr + ka, mask=in_range, other=0)
+    b = tl.load(qsl_ptr + kb, mask=in_range, other=0)
+    return tl.sum((b < a).to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -324,6 +334,10 @@ def _window_rows(
         tok_at = tl.minimum(tok, num_tokens - 1)
         rows_at = tl.minimum(rows, n_rows - 1)
 
+    ordered = 1
+    if GUARD:
+        # First: its loads and sum then overlap the slot's and the guess's round.
+        ordered = _offsets_ordered(qsl_ptr, num_reqs, search_chunks, SEARCH_BLOCK, CLAMP)
     # Issued before the owner check: a load after a block-wide reduction waits for it.
     slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
     req, begin, end, seq, bound = _owner_of(
@@ -337,6 +351,7 @@ def _window_rows(
         guess_req,
         token_offset,
         guess_len,
+        ordered,
         BLOCK_T,
         SEARCH_BLOCK,
         EAGER_PADDING,

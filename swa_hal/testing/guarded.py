@@ -234,7 +234,7 @@ def malformed_slot_rows(rng: random.Random, window: int, limit: int) -> SlotRows
     ``req_to_token``, rows reading past its width, token slots past ``slot_map``, cache slots past
     ``limit``."""
     rows = random_slot_rows(rng, window, rng.choice((torch.int32, torch.int64)))
-    assert rows.req_to_token is not None and rows.slot_map is not None
+    assert rows.req_to_token is not None and rows.slot_map is not None, "random_slot_rows gives paged rows"
     pools, rt = rows.pools.clone(), rows.req_to_token.clone()
     ends, slot_map = rows.row_ends.clone(), rows.slot_map.clone()
     block_slots = None if rows.block_slots is None else rows.block_slots.clone()
@@ -270,7 +270,7 @@ def malformed_ring_rows(rng: random.Random, window: int) -> SlotRows:
     have no width to pass: those rows are valid and must be exact), now and then a ring too short for its
     rows (the host preflight refuses it)."""
     rows = random_ring_rows(rng, window, rng.choice((torch.int32, torch.int64)))
-    assert rows.ring is not None
+    assert rows.ring is not None, "random_ring_rows gives ring rows"
     slots = rows.ring.slots
     pools, ends = rows.pools.clone(), rows.row_ends.clone()
     floors = None if rows.floors is None else rows.floors.clone()

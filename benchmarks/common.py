@@ -66,6 +66,17 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def host_us(fn: Callable[[], object], iters: int, device: torch.device = CUDA) -> float:
     """Median wall time of ``fn()`` without synchronising: what the caller's CPU pays."""
+    return median_us(host_samples(fn, iters, device))
+
+
+def host_mean_us(fn: Callable[[], object], iters: int, device: torch.device = CUDA) -> float:
+    """Mean wall time of ``fn()`` without synchronising: the cost of work done once every so many calls
+    (a violation poll's look) included, which the median leaves out."""
+    return statistics.fmean(host_samples(fn, iters, device)) * 1e6
+
+
+def host_samples(fn: Callable[[], object], iters: int, device: torch.device = CUDA) -> list[float]:
+    """Wall times (s) of ``iters`` calls of ``fn()`` without synchronising."""
     samples = []
     for i in range(iters):
         t0 = time.perf_counter()
@@ -74,7 +85,7 @@ def host_us(fn: Callable[[], object], iters: int, device: torch.device = CUDA) -
         if device.type == "cuda" and i % 50 == 49:
             sync(device)  # keep the queue short, outside the timed region
     sync(device)
-    return median_us(samples)
+    return samples
 
 
 def e2e_us(fn: Callable[[], object], iters: int, device: torch.device = CUDA) -> float:

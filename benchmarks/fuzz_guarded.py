@@ -4,8 +4,8 @@ every guarded entry point of each backend, each compared bit for bit with the to
 
 The cases are the conformance kit's (``swa_hal.testing.guarded``): ``build`` and two draft-step updates of
 its metadata, ``build_groups`` of three malformed groups and a grouped update, and ``build_slot_rows`` at
-windows 8 and 20, paged (``slot_rows``) and over a per-request ring (``ring_rows``). Each case is a seeded malformed input (settled malformations only: the ones whose
-guarded output the semantics fix); a case counts as clean when the backend raised what the reference raised
+windows 8 and 20, paged (``slot_rows``) and over a per-request ring (``ring_rows``). Each case is a seeded
+malformed input; a case counts as clean when the backend raised what the reference raised
 and otherwise handed out every output field equal to the reference's and recorded a violation exactly when
 the reference did. On top of that every index handed out must lie in ``[-1, cache slots)``.
 

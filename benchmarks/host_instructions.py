@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-CASES = ("decode_only", "mixed", "long_prefill", "groups8", "groups8_stacked")
+CASES = ("decode_only", "mixed", "long_prefill", "groups8", "groups8_stacked", "slot_rows", "sglang_causal")
 
 
 def _stub(builder):
@@ -85,6 +85,29 @@ def _case(name: str, root: Path):
             SWAMetadataBuilder(config, device=cpu, backend="cuda", platform=platform, validate=False, guard=True)
         )
 
+    if name in ("slot_rows", "sglang_causal"):
+        # SGLang's decode-256 causal rows (benchmarks/sglang_rows.py's pools): the plain build of a prepared
+        # SlotRows, and the call through the plugin's adapter (the SlotRows made per call, then the poll).
+        sys.path.insert(0, str(root / "benchmarks"))
+        from sglang_rows import scenarios
+
+        from swa_hal.integrations.sglang import SGLangSWAIndices
+
+        kw = scenarios(cpu)["decode 256"]["kw"]
+        adapter = SGLangSWAIndices(device=cpu, backend="cuda", platform=platform, validate=False)
+        _stub(adapter.builder)
+        if name == "sglang_causal":
+            return lambda: adapter.causal(**kw)
+        from swa_hal import SlotRows
+
+        rows = SlotRows(
+            row_ends=kw["seq_lens_casual"],
+            pools=kw["req_pool_indices_repeated"],
+            req_to_token=kw["req_to_token"],
+            slot_map=kw["full_to_swa"],
+            width=128,
+        )
+        return lambda: adapter.builder.build_slot_rows(rows)
     if name in ("decode_only", "mixed", "long_prefill"):
         batch = Scenario.from_yaml(root / "configs" / "batches" / f"{name}.yaml").make_batch(flash, cpu)
         b = builder(flash)

@@ -7,18 +7,43 @@
 #     --platform manylinux_2_28_x86_64 -d .whl tokenspeed-flashmla==1.0.0.post20260429
 # Outputs land in $OUT (default benchmarks/out/h200, which git ignores; OUT=benchmarks/results/h200 replaces
 # the recorded figures, benchmarks/results/README.md says which file each step writes).
-# STEPS="info bench" runs only some steps (fuzz and memcheck run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS
-# and PYTEST_ARGS pass options on.
+# Steps slotrows and sglwindow compare SGLang 0.5.23's own ops where they import. For a machine without SGLang, run
+# python3 benchmarks/sglang_site.py on one with it first: it writes .device/sglang/ (SGLang's own files of that import
+# chain, and wheels of the packages in it that a GPU machine's image lacks), which those steps then take
+# (CARRIED_SGLANG=DIR for another folder).
+# STEPS="info bench" runs only some steps (fuzz and memcheck run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
+# SGLWINDOW_ARGS and PYTEST_ARGS pass options on.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out/h200}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-STEPS=${STEPS:-install info tests host targets slotrows bench}
+STEPS=${STEPS:-install info tests host targets slotrows sglwindow bench}
 SITE=${SITE:-$(mktemp -d)}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     && export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
+# The carried SGLang (see above), on PYTHONPATH for the steps that compare with it: its .py files, and its wheels
+# installed as those of .whl/ are. tvm_ffi, which SGLang's import chain loads, may JIT-build an optional torch
+# DLPack addon on first import; nothing timed here uses it, so it is switched off unless set.
+CARRIED_SGLANG=${CARRIED_SGLANG:-.device/sglang}
+SGLANG_PATH=
+if [ -d "$CARRIED_SGLANG/src/sglang" ] && [[ " $STEPS " == *" slotrows "* || " $STEPS " == *" sglwindow "* ]]; then
+  SGLANG_DEPS=$(mktemp -d)
+  if ! ls "$CARRIED_SGLANG"/wheels/*.whl >/dev/null 2>&1 || python3 -m pip install -q --no-index --no-deps \
+      --no-compile --no-cache-dir --upgrade --target "$SGLANG_DEPS" "$CARRIED_SGLANG"/wheels/*.whl; then
+    SGLANG_PATH=$(cd "$CARRIED_SGLANG/src" && pwd):$SGLANG_DEPS
+    echo "SGLang from $CARRIED_SGLANG for slotrows and sglwindow"
+  fi
+fi
+with_sglang() {
+  if [ -n "$SGLANG_PATH" ]; then
+    env PYTHONPATH="$SGLANG_PATH${PYTHONPATH:+:$PYTHONPATH}" \
+      TVM_FFI_DISABLE_TORCH_C_DLPACK="${TVM_FFI_DISABLE_TORCH_C_DLPACK:-1}" "$@"
+  else
+    "$@"
+  fi
+}
 for step in $STEPS; do
   case $step in
     install)
@@ -47,8 +72,14 @@ for step in $STEPS; do
         | tee "$OUT/targets.log" | tail -30
       ;;
     slotrows)
-      # SGLang's own dsv4 ops are compared when importable (put them on PYTHONPATH).
-      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/sglang_rows.py 2>&1 | tee "$OUT/sglang_rows.txt" | tail -30
+      # SGLang's own dsv4 ops are compared when importable (the carried SGLang, or one on PYTHONPATH).
+      with_sglang timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/sglang_rows.py 2>&1 | grep -v USDT \
+        | tee "$OUT/sglang_rows.txt" | tail -30
+      ;;
+    sglwindow)
+      # DeepSeek-V4.1's request-window layout against SGLang's own window_layout (swa_hal alone without SGLang).
+      with_sglang timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/sglang_window.py ${SGLWINDOW_ARGS:-} 2>&1 \
+        | grep -v USDT | tee "$OUT/sglang_window.txt" | tail -45
       ;;
     fuzz)
       # The guarded-output fuzz, natively, one process per backend side by side (each pinned to its cores).

@@ -24,7 +24,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GraphTimer, count_launches, e2e_us, host_us, run_info, summary, warm_gpu  # noqa: E402
+from common import (  # noqa: E402
+    GraphTimer,
+    count_launches,
+    e2e_us,
+    host_mean_us,
+    host_us,
+    run_info,
+    summary,
+    warm_gpu,
+)
 
 from swa_hal.integrations.sglang import SGLangSWAIndices  # noqa: E402
 
@@ -157,29 +166,38 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--device", default="cuda", help="torch device (default cuda; cpu: a dry run, no GPU times)")
     args = ap.parse_args(argv)
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     adapter = SGLangSWAIndices(W, device)
-    print(f"swa_hal backend: {adapter.backend_name}; device: {torch.cuda.get_device_name()}; {run_info()}")
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"swa_hal backend: {adapter.backend_name}; device: {gpu}; {run_info()}")
     runners: dict[tuple[str, str], Callable[[], object]] = {}
     launches: dict[tuple[str, str], int] = {}
     for name, case in scenarios(device).items():
         method = adapter.causal if case["kind"] == "causal" else adapter.dspark
         ours = lambda m=method, kw=case["kw"]: m(**kw)  # noqa: E731
+        # The same rows prepared once and built directly: what the adapter's own work is measured against.
+        prepared = (adapter.causal_rows if case["kind"] == "causal" else adapter.dspark_rows)(**case["kw"])
+        plain = lambda rows=prepared: adapter.builder.build_slot_rows(rows)  # noqa: E731
         theirs = sglang_runner(case)
         got = ours()
+        assert all(torch.equal(a, b) for a, b in zip(got, plain()))
         if theirs is not None:
             want = theirs()
             same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1].to(torch.int32))
             print(f"{name}: rows {case['rows']}, swa_hal == SGLang: {same}")
             if not same:
                 return 1
-        for who, fn in (("swa_hal", ours), ("sglang", theirs)):
+        for who, fn in (("swa_hal", ours), ("plain", plain), ("sglang", theirs)):
             if fn is not None:
                 runners[(name, who)] = fn
                 launches[(name, who)] = count_launches(fn, device)
     graphs: dict[tuple[str, str], GraphTimer | None] = {}
     for key, fn in runners.items():
+        if device.type != "cuda":
+            graphs[key] = None
+            continue
         try:
             graphs[key] = GraphTimer(fn)
         except Exception as exc:  # an op that cannot be captured is reported, not fatal
@@ -188,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     measured: dict[tuple[str, str, str], list[float]] = {}
     for rep in range(args.reps):
         for key, fn in runners.items():
-            measured.setdefault((*key, "host"), []).append(host_us(fn, args.iters))
-            measured.setdefault((*key, "e2e"), []).append(e2e_us(fn, args.iters))
+            measured.setdefault((*key, "host"), []).append(host_us(fn, args.iters, device))
+            if key[1] == "swa_hal":  # the adapter's polls look at every SWA_HAL_POLL_EVERY-th call
+                measured.setdefault((*key, "mean"), []).append(host_mean_us(fn, args.iters, device))
+            measured.setdefault((*key, "e2e"), []).append(e2e_us(fn, args.iters, device))
             graph = graphs[key]
             if graph is not None:
                 warm_gpu(device)  # the GPU's clock up before timing its time
@@ -213,6 +233,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<28} {metric:<5} {cell_a:>26} {cell_b:>26} {ratio:>15}")
         theirs_n = launches.get((name, "sglang"))
         print(f"{name:<28} launches: swa_hal {launches[(name, 'swa_hal')]}, SGLang {theirs_n if theirs_n else '-'}")
+    print(f"\n{'scenario':<28} {'host us: adapter':>17} {'(mean)':>8} {'plain build':>12} {'adapter/plain':>14}")
+    adapter_ratio: dict[str, float] = {}
+    for name in dict.fromkeys(k[0] for k in runners):
+        a, m, p = (measured[(name, who, metric)] for who, metric in
+                   (("swa_hal", "host"), ("swa_hal", "mean"), ("plain", "host")))  # fmt: skip
+        adapter_ratio[name] = statistics.median(x / y for x, y in zip(a, p))
+        print(f"{name:<28} {statistics.median(a):>17.2f} {statistics.median(m):>8.2f} {statistics.median(p):>12.2f} "
+              f"{adapter_ratio[name]:>13.2f}x")  # fmt: skip
+    decode = adapter_ratio.get("decode 256")
+    if decode is not None:
+        print(f"target: decode 256 through the adapter within 1.2x of the plain build: "
+              f"{'met' if decode <= 1.2 else 'MISSED'} ({decode:.2f}x)")  # fmt: skip
+    for name in dict.fromkeys(k[0] for k in runners):
+        b = measured.get((name, "sglang", "host"))
+        if b is not None:
+            r = statistics.median(y / x for x, y in zip(measured[(name, "swa_hal", "host")], b))
+            print(f"target: {name} >= 2x cheaper on the host than SGLang: {'met' if r >= 2 else 'MISSED'} ({r:.2f}x)")
     return 0
 
 

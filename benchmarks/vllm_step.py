@@ -42,7 +42,7 @@ def main() -> int:
     args = p.parse_args()
 
     import torch
-    from common import count_launches, host_us, kernel_us, run_info, warm_gpu
+    from common import count_launches, host_mean_us, host_us, kernel_us, run_info, warm_gpu
     from seed_baseline import SeedSequenceBuilder
 
     from swa_hal import SWAConfig, SWAMetadataBuilder
@@ -121,22 +121,26 @@ def main() -> int:
         name: kernel_us(fn, device, per_build=launched[name]) if gpu else float("nan") for name, fn in paths.items()
     }
     host: dict[str, list[float]] = {name: [] for name in paths}
+    mean: dict[str, list[float]] = {name: [] for name in paths}
     for rep in range(args.reps):
         if gpu:
             warm_gpu(device)
         for name, fn in paths.items():
-            host[name].append(host_us(fn, args.iters if name.startswith("step") else args.iters // 4, device))
+            iters = args.iters if name.startswith("step") else args.iters // 4
+            host[name].append(host_us(fn, iters, device))
+            # The mean includes the polls that look (every SWA_HAL_POLL_EVERY-th build), the median not.
+            mean[name].append(host_mean_us(fn, iters, device))
         s, g, e = (host[n][-1] for n in list(paths)[:3])
         print(
             f"  rep {rep + 1}: host step {s:.1f} us, 8 groups {g:.1f} us ({g / s:.2f}x), "
             f"8 engine sequences {e:.1f} us ({e / s:.1f}x)"
         )
-    print(f"{'path':<20} {'host us (min-max)':>24} {'kernel us':>10} {'kernels':>8} {'device ops':>11}")
+    print(f"{'path':<20} {'host us (min-max)':>24} {'mean':>7} {'kernel us':>10} {'kernels':>8} {'device ops':>11}")
     for name in paths:
         v = host[name]
         print(
-            f"{name:<20} {statistics.median(v):>10.1f} ({min(v):.1f}-{max(v):.1f}) {kernels[name]:>10.2f} "
-            f"{launched[name]:>8} {launches[name]:>11}"
+            f"{name:<20} {statistics.median(v):>10.1f} ({min(v):.1f}-{max(v):.1f}) {statistics.median(mean[name]):>7.1f} "
+            f"{kernels[name]:>10.2f} {launched[name]:>8} {launches[name]:>11}"
         )
     for other in ("8 group builds", "8 engine sequences"):
         ratios = [a / b for a, b in zip(host[other], host["step build"])]

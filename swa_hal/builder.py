@@ -197,13 +197,17 @@ class SWAMetadataBuilder:
         """Surface guard violations without a sync (``swa_hal.violations.ViolationWatch``): call once per
         build, after it. Logs a warning per kind of violation the previous poll saw (the typed error
         ``check()`` would raise, naming the field, request and value), or raises that error under
-        ``SWA_HAL_STRICT=1``; nothing during CUDA graph capture, nothing when builds are not guarded."""
+        ``SWA_HAL_STRICT=1``; nothing during CUDA graph capture, nothing when builds are not guarded. On a
+        GPU only every ``SWA_HAL_POLL_EVERY``-th call (default 16) looks, since looking costs more host
+        time than a build: a violation surfaces within about twice that many builds."""
         if not self.guard:
             return
         busy = self._busy
         if not busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("poll_violations"))
         try:
+            if not self.violations.due():  # on a GPU, every SWA_HAL_POLL_EVERY-th build looks
+                return
             if self._device_index < 0:  # runs every build: the CPU needs no device switch
                 self.violations.poll()
             else:

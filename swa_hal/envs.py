@@ -51,6 +51,12 @@ VARIABLES: dict[str, EnvVar] = {
             "the vLLM plugin builds every SWA group of a model-runner step in one build (step builds)",
             "1",
         ),
+        EnvVar(
+            "SWA_HAL_POLL_EVERY",
+            "int",
+            "on a GPU, a violation poll looks at the guard's record at every Nth build (1: every build)",
+            "16",
+        ),
         EnvVar("SWA_HAL_SGLANG", "switch", "the SGLang plugin replaces SGLang's DeepSeek-V4 SWA rows", "1"),
         EnvVar("SWA_HAL_NUM_WARPS", "int", "warps per program of every kernel (tuning sweeps)", "4"),
         EnvVar("SWA_HAL_TILE_ELEMS", "int", "elements of a prefill program's tile (tuning sweeps)"),

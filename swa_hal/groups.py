@@ -85,6 +85,7 @@ def _listed(
                 and slot_mapping.dtype is i64
                 and table.get_device() == device_index
                 and slot_mapping.get_device() == device_index
+                and (device_index >= 0 or not (table.is_meta or slot_mapping.is_meta))  # preflight.META
                 and len(ts) == 2
                 and len(ss) == 1
                 and ts[0] >= num_reqs
@@ -108,7 +109,13 @@ def _mixed(
     one stacked tensor, whose per-group views and addresses are kept (``_unbound``)."""
     i64 = torch.int64
     ss, sst = slots.shape, slots.stride()
-    ok = slots.dtype is i64 and slots.get_device() == device_index and len(ss) == 2 and (ss[1] <= 1 or sst[1] == 1)
+    ok = (
+        slots.dtype is i64
+        and slots.get_device() == device_index
+        and (device_index >= 0 or not slots.is_meta)  # preflight.META
+        and len(ss) == 2
+        and (ss[1] <= 1 or sst[1] == 1)
+    )
     if not ok:  # name the broken rule
         preflight_tensor("slot_mappings", slots, i64, device_index, 2)
     _count(len(tables), ss[0])
@@ -125,6 +132,7 @@ def _mixed(
             ok = (
                 table.dtype is i32
                 and table.get_device() == device_index
+                and (device_index >= 0 or not table.is_meta)  # preflight.META
                 and len(ts) == 2
                 and ts[0] >= num_reqs
                 and (ts[1] == 1 or (ts[1] > 1 and tst[1] == 1))
@@ -165,6 +173,7 @@ def _stacked(
         and slots.dtype is i64
         and tables.get_device() == device_index
         and slots.get_device() == device_index
+        and (device_index >= 0 or not (tables.is_meta or slots.is_meta))  # preflight.META
         and len(ts) == 3
         and len(ss) == 2
         and (ts[2] <= 1 or tst[2] == 1)

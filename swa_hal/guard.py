@@ -198,6 +198,7 @@ class _RequestViews:
         "quantities",
         "rules",
         "negative",
+        "seen",
         "any",
         "rule",
         "value_row",
@@ -240,6 +241,7 @@ class _RequestViews:
     reported: torch.Tensor
     broken: torch.Tensor
     arange: torch.Tensor
+    seen: torch.Tensor
 
 
 class TorchGuard:
@@ -267,6 +269,7 @@ class TorchGuard:
         self.table[2, 0] = NO_KEY - 1
         self.negative = torch.empty((NONE + 1, max_reqs), dtype=torch.bool, device=device)
         self.any = torch.empty(max_reqs, dtype=torch.bool, device=device)
+        self.seen = torch.empty(max_reqs, dtype=torch.int32, device=device)
         self.rule = torch.empty(max_reqs, dtype=torch.int64, device=device)
         self.value_row = torch.empty(max_reqs, dtype=torch.int64, device=device)
         self.value = torch.empty(max_reqs, dtype=torch.int64, device=device)
@@ -314,7 +317,7 @@ class TorchGuard:
         v.value_row, v.value = self.value_row[:r], self.value[:r]
         v.value_row_2d, v.value_2d = v.value_row[None, :], v.value[None, :]
         v.kind, v.key, v.reported = self.table[1, 1 : r + 1], self.table[2, 1 : r + 1], self.table[3, 1 : r + 1]
-        v.broken, v.arange = self.broken[:r], self.arange[:r]
+        v.broken, v.arange, v.seen = self.broken[:r], self.arange[:r], self.seen[:r]
         return v
 
     @staticmethod
@@ -403,6 +406,17 @@ class TorchGuard:
         torch.where(broken, v.arange, self.no_key, out=v.key)
         return broken
 
+    def only_seen(self, num_reqs: int, owners: torch.Tensor, valid: torch.Tensor) -> None:
+        """Drop the request candidates (``first_broken``) of requests that own no row with a slot: such a
+        request hands out nothing, and its rules are checked at its rows with a slot (docs/semantics.md
+        #guarded-builds), so no violation is recorded for it. ``owners``/``valid``: every row's owner
+        (``token_to_req``) and whether it has a slot. Its rows are still emptied (the mask ``first_broken``
+        returned is unchanged)."""
+        v = self._request_views(num_reqs)
+        v.seen.zero_()
+        v.seen.index_add_(0, owners, valid.to(torch.int32))
+        torch.where(v.seen > 0, v.key, self.no_key, out=v.key)
+
     def row_candidates(self, num_reqs: int, offset: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The (kind, value, key) columns of token rows [offset, offset + rows) for ``reference.RowGuard``."""
         key = (num_reqs, offset, rows)
@@ -445,14 +459,11 @@ def _span_checks(
     ptr = spans.indptr[: num_reqs + 1].to(i64)
     n = min(spans.starts.shape[0], spans.ends.shape[0])
     span_ids = torch.arange(n, device=device)
-    # The owner of span i is the number of request ends at or before it; R: no request owns it.
-    owner = torch.searchsorted(ptr[1:].contiguous(), span_ids, right=True)
-    owned = (owner < num_reqs) & (span_ids >= ptr[0])
-    owner = owner.clamp_max(num_reqs - 1)
+    # Request r's spans are the existing ones in [indptr[r], indptr[r + 1]) (none where the CSR
+    # decreases): [R, n] memberships, as the kernels test each span of a block against each row's range.
+    mine = (span_ids >= ptr[:num_reqs, None]) & (span_ids < ptr[1:, None])
     a, e = spans.starts[:n].to(i64), spans.ends[:n].to(i64)
-    bad = owned & ((a > e) | (a < prefix[owner]) | (e > seq[owner] - 1) | (e - a + 1 > config.max_image_tokens))
-    bad_req = torch.zeros(num_reqs, dtype=torch.bool, device=device)
-    bad_req.index_put_((owner,), bad, accumulate=True)
-    first_span = torch.full((num_reqs,), n, dtype=i64, device=device)
-    first_span.scatter_reduce_(0, owner, torch.where(bad, span_ids, n), reduce="amin")
-    return bad_req, first_span
+    p, s = prefix[:, None], seq[:, None]
+    bad = mine & ((a > e) | (a < p) | (e > s - 1) | (e - a + 1 > config.max_image_tokens))
+    first_span = torch.where(bad, span_ids, n).amin(1) if n else torch.full((num_reqs,), n, dtype=i64, device=device)
+    return bad.any(1), first_span

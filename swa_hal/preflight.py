@@ -28,11 +28,17 @@ def _refuse(name: str, t: object, want: torch.dtype, device_index: int, ndim: in
         raise BatchDtypeError(name, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != want:
         raise BatchDtypeError(name, f"{name} has dtype {t.dtype}; expected {want}")
-    if t.get_device() != device_index:
+    if t.get_device() != device_index or (device_index < 0 and t.is_meta):
         raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device index is {device_index}")
     if t.dim() != ndim:
         raise BatchShapeError(name, f"{name} has {t.dim()} dimensions {tuple(t.shape)}; expected {ndim}")
     raise BatchShapeError(name, f"{name} must be contiguous (stride {tuple(t.stride())})")
+
+
+# ``get_device()`` is -1 for the CPU and for meta tensors alike, and a meta tensor has no data (a kernel
+# would read address 0, torch raises an untyped error): a CPU builder also refuses meta tensors. A GPU
+# builder's index already refuses them, so the check costs it one comparison.
+META = "a CPU builder refuses meta tensors"
 
 
 def preflight_tensor(name: str, t: object, want: torch.dtype, device_index: int, ndim: int = 1) -> None:
@@ -40,7 +46,12 @@ def preflight_tensor(name: str, t: object, want: torch.dtype, device_index: int,
     # dtype or another device would be read as garbage, so it is refused before any launch.
     # (Runs on every build: the common case is one comparison of a few cheap attributes.)
     try:
-        ok = t.dtype is want and t.get_device() == device_index and t.dim() == ndim  # type: ignore[attr-defined]
+        ok = (
+            t.dtype is want  # type: ignore[attr-defined]
+            and t.get_device() == device_index  # type: ignore[attr-defined]
+            and (device_index >= 0 or not t.is_meta)  # type: ignore[attr-defined]  # see META
+            and t.dim() == ndim  # type: ignore[attr-defined]
+        )
     except AttributeError:
         ok = False
     if not ok or (t.stride()[-1] != 1 and t.shape[-1] > 1):  # type: ignore[attr-defined]
@@ -81,6 +92,7 @@ def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, dev
             and qsl.get_device() == device_index
             and table.get_device() == device_index
             and slots.get_device() == device_index
+            and (device_index >= 0 or not (seq_lens.is_meta or qsl.is_meta or table.is_meta or slots.is_meta))  # META
             and len(qs) == 1
             and len(ss) == 1
             and len(ts) == 2

@@ -255,8 +255,10 @@ def token_to_req(
     scheduled tokens map to 0."""
     num_reqs = query_start_loc.shape[0] - 1
     rows = _arange(num_tokens, query_start_loc.device, workspace)
-    # The owner of t is the number of request ends at or before t (zero-length requests included).
-    owner = torch.searchsorted(query_start_loc[1:], rows, right=True, out_int32=True, out=out)
+    # The owner of t is the number of request ends at or before t (zero-length requests included): a
+    # search of the sorted ends, which are the ends themselves unless the offsets decrease somewhere.
+    ends = torch.sort(query_start_loc[1:]).values
+    owner = torch.searchsorted(ends, rows, right=True, out_int32=True, out=out)
     # R (past the scheduled tokens) -> 0
     return owner.remainder_(num_reqs if workspace is None else workspace.const(num_reqs))
 
@@ -583,12 +585,11 @@ def image_visibility(
     ptr = spans.indptr.long()
     num_reqs = ptr.shape[0] - 1
     span_ids = torch.arange(num_spans, device=device)
-    # The request of span i: the number of CSR ends at or before it (spans past indptr[R] have none,
-    # which only a malformed CSR can have).
-    span_req = torch.searchsorted(ptr[1:].contiguous(), span_ids, right=True)
-    span_req = torch.where((span_ids >= ptr[0]) & (span_req < num_reqs), span_req, -1)
+    # Request r's spans are the existing ones in [indptr[r], indptr[r + 1]) (none where the CSR decreases).
+    owner = req.long().clamp(0, num_reqs - 1)
+    mine = (span_ids >= ptr[owner][:, None]) & (span_ids < ptr[owner + 1][:, None])
     starts, ends = spans.starts[:num_spans].long(), spans.ends[:num_spans].long()
-    inside = (req.long()[:, None] == span_req[None, :]) & (pos[:, None] >= starts) & (pos[:, None] <= ends)
+    inside = mine & (pos[:, None] >= starts) & (pos[:, None] <= ends)
     # The last listed span containing p: the highest span number among the matches.
     order = torch.arange(1, num_spans + 1, device=device)
     pick = (inside * order).argmax(dim=1)

@@ -240,8 +240,11 @@ class TorchBackend(Backend):
                 return False
             probe.clean = True
         ends = qsl[1:]
-        # docs/semantics.md #per-token-helpers (reference.token_to_req, reference.valid_tokens)
-        torch.searchsorted(ends, s.rows, right=True, out_int32=True, out=s.t2r)
+        # docs/semantics.md #per-token-helpers (reference.token_to_req, reference.valid_tokens). The owner
+        # is the count of ends at or before t: a guarded build searches the sorted ends, since the offsets
+        # may decrease (a valid batch's ends are sorted already, which an unguarded build trusts).
+        searched = torch.sort(ends).values if guard else ends
+        torch.searchsorted(searched, s.rows, right=True, out_int32=True, out=s.t2r)
         s.t2r.remainder_(ws.c[nreq])
         torch.ge(batch.slot_mapping, ws.const(0, batch.slot_mapping.dtype), out=s.valid)
         # Causal terms serve causal decode rows and every prefill row; DSpark decode rows have their own.
@@ -254,6 +257,8 @@ class TorchBackend(Backend):
         if guard:
             spans = plan.spans if plan.images else None
             broken = self._guard.request_checks(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal)
+            # A request is checked at its rows with a slot: one without any is recorded by no backend.
+            self._guard.only_seen(nreq, s.t2r, s.valid)
             # Every row of a request that broke a rule is handed out empty.
             if causal_rows:
                 reference.empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import threading
 
 import pytest
@@ -17,11 +18,10 @@ from hypothesis import strategies as st
 
 from swa_hal import AttentionBatch, ImageSpans, SWAConfig
 from swa_hal import errors as E
-from swa_hal.guard import block_limit
+from swa_hal.guard import Violation, block_limit
 from swa_hal.slot_rows import slot_limit
 from swa_hal.testing.guarded import (
     GUARDED_CONFIG,
-    UNSETTLED,
     attempt,
     batch_summary,
     guarded_slot_rows_config,
@@ -29,8 +29,6 @@ from swa_hal.testing.guarded import (
     malformed_slot_rows,
     metadata_differences,
     recorded,
-    unchecked_request,
-    unsettled,
 )
 from swa_hal.testing.interpreter import address_strict
 from swa_hal.validation import validate_batch
@@ -206,6 +204,14 @@ def test_guard_follows_the_environment(monkeypatch):
 
 # -- the O(1) host preflight ----------------------------------------------------------------------------------
 
+
+def on_meta(t: torch.Tensor | None) -> torch.Tensor:
+    """A tensor of ``t``'s shape and dtype on the meta device (no data), zeros of int32 [2] for None."""
+    if t is None:
+        return torch.empty(2, dtype=torch.int32, device="meta")
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
 HOST = [
     (
         "strided seq_lens",
@@ -274,6 +280,15 @@ HOST = [
         E.BatchShapeError,
         r"^image_spans.indptr has 2 entries",
     ),
+] + [
+    # get_device() is -1 for meta tensors as for the CPU; a meta tensor has no data (swa_hal/preflight.py META).
+    (
+        f"meta {field}",
+        lambda b, field=field: dataclasses.replace(b, **{field: on_meta(getattr(b, field))}),
+        E.BatchDeviceError,
+        rf"^{field} is on meta; the builder's device index is -1",
+    )
+    for field in ("seq_lens", "query_start_loc", "block_table", "slot_mapping", "replay_start")
 ]
 
 
@@ -283,6 +298,21 @@ def test_host_guard_refuses_before_any_launch(backend, kind, make, exc, message)
     builder = make_builder(CFG, backend)
     with pytest.raises(exc, match=message):
         builder.build(make(base()), validate=False)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("form", ["listed", "mixed", "stacked"])
+def test_group_builds_refuse_meta_tensors_on_a_cpu_builder(backend, form):
+    builder = make_builder(dataclasses.replace(CFG, num_kv_groups=2), backend)
+    b = base()
+    tables, slots = [b.block_table, on_meta(b.block_table)], [b.slot_mapping, b.slot_mapping]
+    field = "block_tables[1]"
+    if form == "mixed":
+        tables, slots, field = [b.block_table] * 2, on_meta(torch.stack([b.slot_mapping] * 2)), "slot_mappings"
+    elif form == "stacked":
+        tables, slots, field = on_meta(torch.stack([b.block_table] * 2)), torch.stack([b.slot_mapping] * 2), "block_tables"
+    with pytest.raises(E.BatchDeviceError, match=rf"^{re.escape(field)} is on meta"):
+        builder.build_groups(b, tables, slots)
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda"])
@@ -391,18 +421,16 @@ EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40"))
 
 
 @st.composite
-def malformed_batches(draw, settled: bool = False):
+def malformed_batches(draw):
     """Structurally plausible batches (they pass the host preflight) with malformed values: decreasing
-    offsets, short sequences, out-of-range block ids, bad replay bounds and spans. ``settled``: mostly
-    (nine in ten) batches whose guarded output is settled (swa_hal.testing.guarded.UNSETTLED): offsets and
-    span CSR non-decreasing."""
-    settled = settled and draw(st.integers(0, 9)) > 0
+    offsets, short sequences, out-of-range block ids, bad replay bounds and spans, requests without query
+    tokens, tokens without slots."""
     num_reqs = draw(st.integers(1, 5))
     queries = draw(st.lists(st.integers(0, 7), min_size=num_reqs, max_size=num_reqs))
     qsl = [0]
     for q in queries:
         qsl.append(qsl[-1] + q)
-    if not settled and draw(st.booleans()):  # break monotonicity somewhere
+    if draw(st.booleans()):  # break monotonicity somewhere
         i = draw(st.integers(1, num_reqs))
         qsl[i] = max(0, qsl[i] - draw(st.integers(1, 9)))
     num_tokens = max(1, max(qsl)) + draw(st.integers(0, 3))
@@ -414,7 +442,7 @@ def malformed_batches(draw, settled: bool = False):
     n_spans = draw(st.integers(0, 3))
     # A CSR that can point past its spans or run backwards (the kernels must read only spans that exist).
     span_ptr = draw(st.lists(st.integers(0, n_spans + 3), min_size=num_reqs + 1, max_size=num_reqs + 1))
-    if settled or draw(st.booleans()):
+    if draw(st.booleans()):
         span_ptr = sorted(span_ptr)
         span_ptr[0] = 0
     starts = [draw(st.integers(-1, 45)) for _ in range(n_spans)]
@@ -495,43 +523,27 @@ def assert_same_guarded_output(got, want, what: str) -> None:
     assert not problems, f"{what}: " + "; ".join(problems)
 
 
-def assert_same_record(builder, ref, what: str, batch=None, num_reqs=None) -> None:
-    """Both recorded a violation, or neither; then both records are cleared. With ``batch``, a violation
-    only the reference records for a request the kernels cannot see (``unchecked_request``) is the
-    unsettled case of docs/semantics.md #guarded-builds, not a failure."""
-    theirs_record = ref.buffers.violation.tolist()
+def assert_same_record(builder, ref, what: str) -> None:
+    """Both recorded a violation, or neither; then both records are cleared."""
     mine, theirs = recorded(builder), recorded(ref)
-    if batch is not None and theirs and not mine and unchecked_request(batch, theirs_record, num_reqs):
-        note(f"{what}: unsettled: {UNSETTLED['broken request without a checked row']}")
-        return
     said = {True: "recorded", False: "did not record"}
     assert mine == theirs, f"{what}: the backend {said[mine]} a violation, the reference {said[theirs]} one"
 
 
-def settled(batch) -> bool:
-    """Whether the batch's guarded output is settled (docs/semantics.md #guarded-builds); notes why not."""
-    reason = unsettled(batch)
-    if reason is not None:
-        note(f"unsettled: {reason}")
-    return reason is None
-
-
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 @PARITY
-@given(batch=malformed_batches(settled=True), steps=st.lists(st.integers(-4, 6), min_size=0, max_size=2))
+@given(batch=malformed_batches(), steps=st.lists(st.integers(-4, 6), min_size=0, max_size=2))
 def test_fuzz_guarded_builds_and_draft_updates_equal_the_reference(backend, batch, steps):
     builder, ref = pair(FUZZ, backend, "build")
     recorded(builder), recorded(ref)  # a failed example may have left a record
     note(batch_summary(batch))
-    if not settled(batch):
-        return
     got, error = attempt(lambda: builder.build(batch, validate=False))
     want, want_error = attempt(lambda: ref.build(batch, validate=False))
     assert error == want_error
     if want is None:
         return
     assert_same_guarded_output(got, want, "build")
-    assert_same_record(builder, ref, "build", batch)
+    assert_same_record(builder, ref, "build")
     for step, delta in enumerate(steps):  # draft steps: both metadata read the same seq_lens
         if not want.num_decodes:
             break
@@ -540,7 +552,7 @@ def test_fuzz_guarded_builds_and_draft_updates_equal_the_reference(backend, batc
         got_error = attempt(lambda: builder.update_draft_decode_metadata(got))[1]
         assert got_error == attempt(lambda: ref.update_draft_decode_metadata(want))[1]
         assert_same_guarded_output(got, want, f"draft step {step + 1} (seq_lens += {delta})")
-        assert_same_record(builder, ref, f"draft step {step + 1}", batch, want.num_decodes)
+        assert_same_record(builder, ref, f"draft step {step + 1}")
 
 
 @st.composite
@@ -563,11 +575,9 @@ def other_tables(draw, batch: AttentionBatch, groups: int):
 def test_fuzz_guarded_group_builds_and_updates_equal_the_reference(backend, data):
     builder, ref = pair(GROUPED, backend, "groups")
     recorded(builder), recorded(ref)  # a failed example may have left a record
-    batch = data.draw(malformed_batches(settled=True))
+    batch = data.draw(malformed_batches())
     tables, slots = data.draw(other_tables(batch, GROUPED.num_kv_groups))
     note(batch_summary(batch) + f" tables={[t.tolist() for t in tables]}")
-    if not settled(batch):
-        return
     got, error = attempt(lambda: builder.build_groups(batch, tables, slots, validate=False))
     want, want_error = attempt(lambda: ref.build_groups(batch, tables, slots, validate=False))
     assert error == want_error
@@ -575,7 +585,7 @@ def test_fuzz_guarded_group_builds_and_updates_equal_the_reference(backend, data
         return
     for g in range(len(want)):
         assert_same_guarded_output(got[g], want[g], f"group {g}")
-    assert_same_record(builder, ref, "build_groups", batch)
+    assert_same_record(builder, ref, "build_groups")
     if not want[0].num_decodes:
         return
     delta = data.draw(st.integers(-4, 6))
@@ -585,7 +595,7 @@ def test_fuzz_guarded_group_builds_and_updates_equal_the_reference(backend, data
     assert got_error == attempt(lambda: ref.update_draft_decode_metadata(want))[1]
     for g in range(len(want)):
         assert_same_guarded_output(got[g], want[g], f"group {g} after a draft step (seq_lens += {delta})")
-    assert_same_record(builder, ref, "grouped draft step", batch, want[0].num_decodes)
+    assert_same_record(builder, ref, "grouped draft step")
 
 
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
@@ -663,51 +673,74 @@ def test_a_draft_update_checks_only_the_decode_requests(backend):
     builder.check()
 
 
-# Inputs whose guarded output the kernels and the reference still give differently, by their name in
-# swa_hal.testing.guarded.UNSETTLED (docs/semantics.md #guarded-builds): the fuzz and the conformance kit
-# leave them out. Each asserts the difference is still there, so a fix is noticed (move it up then).
-KNOWN_DIFFERENCES = [
-    (
-        "decreasing query_start_loc",
-        make_batch([0, 2, 8, 6], [36, 6, 29], [[0, 3, 25, 24], [2, 13, 3, 25], [1, 5, 12, 1]], list(range(10)), 1, 10),
-        "token_to_req_indices",
-    ),
-    (
-        "decreasing image-span CSR",
-        make_batch(
-            [0, 4, 10],
-            [41, 12],
-            [[2, 23, 14, 13, 30, 12], [4, 27, 0, 4, -2, 28]],
-            [28, 56, 46, 4, 36, 28, 14, 5, 23, 75, 73, 23],
-            5,
-            12,
-            None,
-            ([4, 1, 3], [41, -1], [5, 39]),
-        ),
-        "prefill_left_visible",
-    ),
-    (
-        "broken request without a checked row",
-        # Request 0 (S=0 < q=1) has only a token without a slot.
-        make_batch([0, 1, 2], [0, 9], [[1, 2, 3], [4, 5, 6]], [-1, 7], 1, 2),
-        "record",
-    ),
-]
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "qsl, seqs, slots, recorded_request",
+    [
+        # Request 0 (S=0 < q=1) has only a token without a slot: it hands out nothing and is not recorded.
+        ([0, 1, 2], [0, 9], [-1, 7], None),
+        # Request 0 (q=0, S=-1): no token at all; request 1 (S=1 < q=2) has a slotted token: it is recorded.
+        ([0, 0, 2], [-1, 1], [5, -1], 1),
+        # Request 1's only token has no slot, request 0 is valid: nothing is recorded.
+        ([0, 1, 2], [4, 0], [3, -1], None),
+    ],
+)
+def test_a_broken_request_is_recorded_only_at_a_row_with_a_slot(backend, qsl, seqs, slots, recorded_request):
+    """docs/semantics.md #guarded-builds: a request's rules are checked at its rows with a slot, so one
+    without any is emptied (it hands out nothing) but recorded by no backend."""
+    builder, ref = _pair(backend)
+    batch = make_batch(qsl, seqs, [[1, 2, 3], [4, 5, 6]], slots, 2, len(slots))
+    md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
+    assert metadata_differences(md, want) == []
+    for b in (builder, ref):
+        record = b.buffers.violation.tolist()
+        if recorded_request is None:
+            assert record == [0, 0, 0, 0]
+        else:
+            assert record[0] >= 1 and record[1:3] == [int(Violation.SEQ_SHORT), recorded_request]
+        recorded(b)
 
 
-@pytest.mark.parametrize("backend", TRITON_BACKENDS)
-@pytest.mark.parametrize("name, batch, field", KNOWN_DIFFERENCES, ids=[k[0] for k in KNOWN_DIFFERENCES])
-def test_known_guarded_differences_still_differ(backend, name, batch, field):
-    assert name in UNSETTLED
+# Where the offsets or the span CSR decrease (docs/semantics.md #guarded-builds), expected values derived by
+# hand; these gave different outputs on the kernels and the reference before both took the same rule.
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_query_start_loc_decreases_a_token_belongs_to_the_count_of_ends_before_it(backend):
+    # Ends 2, 8, 6: tokens 0-1 have no end at or before them (request 0), 2-5 one (1), 6-7 two (ends 2 and
+    # 6: request 2), 8-9 all three (R: request 0). The guess shortcut took tokens 6-7 for request 1.
+    batch = make_batch([0, 2, 8, 6], [36, 6, 29], [[0, 3, 25, 24], [2, 13, 3, 25], [1, 5, 12, 1]], list(range(10)), 1, 10)
     builder, ref = _pair(backend)
     md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
-    if field == "record":
-        record = ref.buffers.violation.tolist()
-        assert unchecked_request(batch, record)
-        assert recorded(ref) and not recorded(builder), "both record it now: the case is settled"
-        assert metadata_differences(md, want) == []
-        return
-    assert unsettled(batch) == name
-    assert any(p.startswith(field + ":") for p in metadata_differences(md, want)), (
-        f"{field} is the same on both now: the case is settled"
+    assert md.token_to_req_indices[:10].tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 0, 0]
+    assert metadata_differences(md, want) == []
+    # Request 2 (end 6 below its start 8) broke rule 1 and owns tokens 6-7: recorded, its rows empty.
+    assert recorded(builder) and recorded(ref)
+    assert md.decode_swa_lens[6:8].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_the_span_csr_decreases_each_request_has_the_spans_of_its_own_range(backend):
+    # indptr 4, 1, 3 over 2 spans: request 0 owns [4, 1), nothing; request 1 owns [1, 3) of the spans that
+    # exist, span 1 (-1..39), which starts below its prefix 6 (rule 4): request 1 is broken, request 0 sees
+    # no span. The reference gave span 1 to request 0 (a binary search of the unsorted ends).
+    batch = make_batch(
+        [0, 4, 10],
+        [41, 12],
+        [[2, 23, 14, 13, 30, 12], [4, 27, 0, 4, -2, 28]],
+        [28, 56, 46, 4, 36, 28, 14, 5, 23, 75, 73, 23],
+        5,
+        12,
+        None,
+        ([4, 1, 3], [41, -1], [5, 39]),
     )
+    builder, ref = _pair(backend)
+    md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
+    assert metadata_differences(md, want) == []
+    m = FUZZ.max_image_tokens
+    # Request 1's new positions 6..11 lie inside span 1: left min(p + 1, M - 1), right min(39 - p, M).
+    assert md.prefill_left_visible[4:10].tolist() == [min(p + 1, m - 1) for p in range(6, 12)]
+    assert md.prefill_right_visible[4:10].tolist() == [min(39 - p, m) for p in range(6, 12)]
+    assert md.prefill_left_visible[:4].tolist() == [0] * 4 and md.prefill_right_visible[:4].tolist() == [0] * 4
+    assert md.prefill_gather_lens.tolist()[-1] == 0  # the broken prefill gathers nothing
+    assert recorded(builder) and recorded(ref)

@@ -255,3 +255,38 @@ def watch_error(kind: int, request: int, value: int):
     from swa_hal.guard import violation_error
 
     return violation_error([1, kind, request, value], CFG)
+
+
+def test_a_gpu_watch_looks_at_every_nth_poll(cuda_watch, monkeypatch):
+    """On CUDA looking costs a copy and two event calls, more host time than a build, so the builder's poll
+    looks at every ``every``-th build only (docs/semantics.md #guarded-builds); the first poll looks."""
+    watch, _, _, _ = cuda_watch
+    watch.every = 4
+    assert [watch.due() for _ in range(9)] == [True, False, False, False, True, False, False, False, True]
+    b = make_builder(CFG, "torch")
+    looks = []
+    b.violations.cuda = True  # a CPU record taken for a GPU one: due() counts as on CUDA
+    b.violations.every = 3
+    monkeypatch.setattr(b.violations, "poll", lambda: looks.append(1))
+    for _ in range(7):
+        b.poll_violations()
+    assert len(looks) == 3  # builds 1, 4 and 7
+
+
+def test_the_cpu_watch_looks_at_every_poll():
+    watch = ViolationWatch(torch.zeros(4, dtype=torch.int32), CFG, every=16)
+    assert all(watch.due() for _ in range(20))
+
+
+def test_poll_every_comes_from_the_environment_and_is_checked(monkeypatch):
+    record = torch.zeros(4, dtype=torch.int32)
+    assert ViolationWatch(record, CFG).every == 16
+    monkeypatch.setenv("SWA_HAL_POLL_EVERY", "3")
+    assert ViolationWatch(record, CFG).every == 3
+    assert ViolationWatch(record, CFG, every=1).every == 1
+    monkeypatch.setenv("SWA_HAL_POLL_EVERY", "0")
+    with pytest.raises(ValueError, match="SWA_HAL_POLL_EVERY / every=0: must be at least 1"):
+        ViolationWatch(record, CFG)
+    monkeypatch.setenv("SWA_HAL_POLL_EVERY", "x")
+    with pytest.raises(ValueError, match="SWA_HAL_POLL_EVERY='x': must be an integer"):
+        ViolationWatch(record, CFG)

@@ -105,6 +105,8 @@ class SGLangSWAIndices:
         validate: bool | None = None,
     ):
         self.window_size = _setting("window_size", window_size)
+        # The causal row width at SGLang's default alignment: what nearly every call asks for, checked once.
+        self._causal_width = _align(self.window_size, SGLANG_PAGE_INDEX_ALIGNED_SIZE)
         self.device = torch.device(device)
         self.backend = backend
         self.platform = platform
@@ -137,7 +139,14 @@ class SGLangSWAIndices:
     def backend_name(self) -> str:
         return self.builder.backend_name
 
-    def causal(
+    def causal(self, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """What ``BuildCausalSwaPageIndices`` returns (int32 [n, ceil(W / align) * align], newest
+        first, -1 after) and the lens SGLang's backend pairs with it: ``min(p + 1, W)``, floored by
+        ``swa_replay_start`` (per row) to ``p - floor + 1``. Rows with a negative position (draft-extend
+        padding) get lens 0 where SGLang's own lens go negative. Takes ``causal_rows``'s inputs."""
+        return self._build(self.causal_rows(**inputs))
+
+    def causal_rows(
         self,
         *,
         req_to_token: torch.Tensor,
@@ -146,22 +155,30 @@ class SGLangSWAIndices:
         seq_lens_casual: torch.Tensor,
         swa_replay_start: torch.Tensor | None = None,
         page_index_aligned_size: int = SGLANG_PAGE_INDEX_ALIGNED_SIZE,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """What ``BuildCausalSwaPageIndices`` returns (int32 [n, ceil(W / align) * align], newest
-        first, -1 after) and the lens SGLang's backend pairs with it: ``min(p + 1, W)``, floored by
-        ``swa_replay_start`` (per row) to ``p - floor + 1``. Rows with a negative position (draft-extend
-        padding) get lens 0 where SGLang's own lens go negative."""
-        rows = SlotRows(
+    ) -> SlotRows:
+        """The token-slot rows ``causal`` builds: SGLang's causal-op arguments as a ``SlotRows``."""
+        if page_index_aligned_size == SGLANG_PAGE_INDEX_ALIGNED_SIZE:
+            width = self._causal_width
+        else:
+            width = _align(self.window_size, _setting("page_index_aligned_size", page_index_aligned_size))
+        return SlotRows(
             row_ends=seq_lens_casual,
             pools=req_pool_indices_repeated,
             req_to_token=req_to_token,
             slot_map=full_to_swa,
             floors=swa_replay_start,
-            width=_align(self.window_size, _setting("page_index_aligned_size", page_index_aligned_size)),
+            width=width,
         )
-        return self._build(rows)
 
-    def dspark(
+    def dspark(self, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """What ``DeepseekV4AttnBackend.get_dspark_swa_page_indices`` returns (paged SWA pool): for each
+        draft block of ``block_size`` rows, the context positions ``[prefix - ctx, prefix)`` ascending,
+        ``ctx = min(prefix, W)`` (and at most ``prefix - valid_from[pool]``), then the slots of the
+        block's own tokens (``out_loc``); width ``ceil_align(W + block_size, align)``; lens
+        ``ctx + block_size``. Takes ``dspark_rows``'s inputs."""
+        return self._build(self.dspark_rows(**inputs))
+
+    def dspark_rows(
         self,
         *,
         req_to_token: torch.Tensor,
@@ -172,16 +189,12 @@ class SGLangSWAIndices:
         block_size: int,
         valid_from: torch.Tensor | None = None,
         page_index_aligned_size: int = SGLANG_PAGE_INDEX_ALIGNED_SIZE,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """What ``DeepseekV4AttnBackend.get_dspark_swa_page_indices`` returns (paged SWA pool): for each
-        draft block of ``block_size`` rows, the context positions ``[prefix - ctx, prefix)`` ascending,
-        ``ctx = min(prefix, W)`` (and at most ``prefix - valid_from[pool]``), then the slots of the
-        block's own tokens (``out_loc``); width ``ceil_align(W + block_size, align)``; lens
-        ``ctx + block_size``."""
+    ) -> SlotRows:
+        """The token-slot rows ``dspark`` builds: SGLang's DSpark arguments as a ``SlotRows``."""
         n = seq_lens_casual.shape[0]
         block = _setting("block_size", block_size)
         align = _setting("page_index_aligned_size", page_index_aligned_size)
-        rows = SlotRows(
+        return SlotRows(
             row_ends=seq_lens_casual,
             pools=req_pool_indices_repeated,
             req_to_token=req_to_token,
@@ -191,7 +204,6 @@ class SGLangSWAIndices:
             block_slots=out_loc[:n],
             width=_align(self.window_size + block, align),
         )
-        return self._build(rows)
 
     def dspark_ring(
         self,
@@ -231,7 +243,7 @@ class SGLangSWAIndices:
     def _build(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
         """One build, then the poll that surfaces what an earlier build recorded: a warning per kind in
         SGLang's log, or the typed error raised under ``SWA_HAL_STRICT=1``. The poll never syncs, so
-        a violation shows up one call late (on a GPU, once the host copy has landed)."""
+        a violation shows up one call late (on a GPU, at a later poll that looks: ``SWA_HAL_POLL_EVERY``)."""
         builder = self.builder
         out = builder.build_slot_rows(rows)
         builder.poll_violations()

@@ -56,6 +56,7 @@ def _owner_of(
     BLOCK_T: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr,
     EAGER_PADDING: tl.constexpr,
+    GUARD: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
     """Request owning each token (the number of ends qsl[1..R] at or before it; R, past the scheduled
@@ -70,13 +71,20 @@ def _owner_of(
     check (decode programs: few, latency-bound, and a padded decode batch is the common CUDA-graph
     case). Otherwise a padding row fails the check (the guess is at most the last request, which ends
     at the scheduled end) and its block searches, which maps it to request 0: prefill programs are
-    many and issue-bound, and five loads and selects per row are measurable there (docs/performance.md)."""
+    many and issue-bound, and five loads and selects per row are measurable there (docs/performance.md).
+
+    A guarded build takes the shortcut only where the offsets never decrease: a guess inside its
+    request's offsets is then its owner, but where qsl decreases somewhere the count of ends can differ
+    from it (docs/semantics.md #guarded-builds), so every block counts."""
     guess = tl.minimum(tl.maximum(guess_req + (tok - guess_tok) // tl.maximum(guess_len, 1), 0), num_reqs - 1)
     lo = tl.load(qsl_ptr + guess)
     hi = tl.load(qsl_ptr + guess + 1)
     seq = tl.load(seq_lens_ptr + guess)
     bound = tl.load(replay_ptr + guess)
     right = ~row_ok | ((lo <= tok) & (tok < hi))
+    if GUARD:
+        # Issued with the guess's loads, in the same round.
+        ordered = _offsets_ordered(qsl_ptr, num_reqs, search_chunks, SEARCH_BLOCK, CLAMP)
     if EAGER_PADDING:
         # Request 0's, for rows past the scheduled tokens: in the same round of loads (a load after
         # the block-wide check below would be a round of its own).
@@ -87,6 +95,9 @@ def _owner_of(
         bound0 = tl.load(replay_ptr)
         padding = tok >= scheduled
         right = right | padding
+    if GUARD:
+        # Past qsl[R] is past every end only where the offsets never decrease: the padding shortcut too.
+        right = right & ordered
     if tl.min(right.to(tl.int32), axis=0) == 1:
         owner = guess
         begin = lo
@@ -106,6 +117,21 @@ def _owner_of(
         seq = tl.load(seq_lens_ptr + owner, mask=row_ok, other=0)
         bound = tl.load(replay_ptr + owner, mask=row_ok, other=0)
     return owner, begin, end, seq, bound
+
+
+@triton.jit
+def _offsets_ordered(qsl_ptr, num_reqs, search_chunks, SEARCH_BLOCK: tl.constexpr, CLAMP: tl.constexpr):
+    """Whether qsl[0..R] never decreases (one pass over the offsets, as the owner search makes)."""
+    drops = tl.sum(tl.zeros([SEARCH_BLOCK], dtype=tl.int32), axis=0)
+    for chunk in range(search_chunks):
+        k = chunk * SEARCH_BLOCK + tl.arange(0, SEARCH_BLOCK)
+        in_range = k < num_reqs
+        if CLAMP:
+            k = tl.minimum(k, num_reqs - 1)
+        a = tl.load(qsl_ptr + k, mask=in_range, other=0)
+        b = tl.load(qsl_ptr + k + 1, mask=in_range, other=0)
+        drops += tl.sum((b < a).to(tl.int32), axis=0)
+    return drops == 0
 
 
 @triton.jit
@@ -314,6 +340,7 @@ def _window_rows(
         BLOCK_T,
         SEARCH_BLOCK,
         EAGER_PADDING,
+        GUARD,
         CLAMP,
     )
     valid = slot >= 0

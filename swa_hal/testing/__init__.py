@@ -12,6 +12,7 @@
   (``pytest -p swa_hal.testing.plugin --pyargs swa_hal.testing.suite --swa-hal-backend NAME``).
 - ``address_strict`` (``swa_hal.testing.interpreter``): the SM12x address rule on a CPU.
 - ``random_batch`` and ``compare_with_reference``: batches of every kind, and bit-exact comparison.
+- ``window_case`` (``swa_hal.testing.request_windows``): random DeepSeek-V4.1 steps for request-window layouts.
 
 Names are imported lazily: importing ``swa_hal.testing`` loads neither pytest nor any module of the kit.
 """
@@ -44,6 +45,8 @@ _EXPORTS = {
     "KINDS": "batches",
     "compare_with_reference": "compare",
     "check_graph_replay": "graphs",
+    "window_case": "request_windows",
+    "WindowCase": "request_windows",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -94,67 +94,27 @@ def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, typ
         return None, type(exc)
 
 
-# Malformed inputs whose guarded output docs/semantics.md #guarded-builds leaves unsettled (the Triton
-# kernels and the reference still differ there), by name. ``unsettled`` tells a batch's.
-UNSETTLED = {
-    "decreasing query_start_loc": "the owner of a token (token_to_req_indices, and the rows and record that "
-    "follow from it) where query_start_loc decreases",
-    "decreasing image-span CSR": "the spans a request owns where image_spans.indptr decreases",
-    "broken request without a checked row": "whether a violation is recorded for a request that broke a rule "
-    "but has no query token with a slot (its outputs are equal: it hands out nothing)",
-}
-
-
-def unsettled(batch: AttentionBatch) -> str | None:
-    """The ``UNSETTLED`` name of a batch whose guarded outputs are not settled, or None."""
-    qsl = batch.query_start_loc_cpu.tolist()
-    if any(b < a for a, b in zip(qsl, qsl[1:])):
-        return "decreasing query_start_loc"
-    spans = batch.image_spans
-    if spans is not None and spans.starts.shape[0]:
-        ptr = spans.indptr.cpu().tolist()[: len(qsl)]
-        if any(b < a for a, b in zip(ptr, ptr[1:])):
-            return "decreasing image-span CSR"
-    return None
-
-
-def unchecked_request(batch: AttentionBatch, record: list[int], num_reqs: int | None = None) -> bool:
-    """Whether ``record`` (a reference's ``[count, kind, request, value]``) names a request of a build or
-    update (its first ``num_reqs``) that has no query token with a slot: the kernels check a request's
-    rules on its tokens, so they see no such request (``UNSETTLED``)."""
-    if not record[0] or record[1] > 7:
-        return False
-    qsl, slots = batch.query_start_loc_cpu.tolist(), batch.slot_mapping.cpu().tolist()
-    r = record[2]
-    if num_reqs is not None and r >= num_reqs:
-        return False
-    return not any(slots[t] >= 0 for t in range(qsl[r], min(qsl[r + 1], len(slots))))
-
-
-def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG, *, settled: bool = False) -> AttentionBatch:
+def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> AttentionBatch:
     """A structurally plausible batch (it passes the host preflight of ``config``) with malformed values:
-    decreasing offsets, short sequences, out-of-range block ids, bad replay bounds and image spans.
-
-    ``settled``: only malformations whose guarded output docs/semantics.md #guarded-builds settles
-    (``UNSETTLED`` lists the others): offsets and the span CSR non-decreasing, every request with a query
-    token, every scheduled token with a slot."""
+    decreasing offsets, short sequences, out-of-range block ids, bad replay bounds and image spans (a CSR
+    that decreases or points past its spans), requests without query tokens, tokens without slots."""
     num_reqs = rng.randint(1, min(5, config.max_num_seqs))
-    queries = [rng.randint(1 if settled else 0, 7) for _ in range(num_reqs)]
+    queries = [rng.randint(0, 7) for _ in range(num_reqs)]
     qsl = [0]
     for q in queries:
         qsl.append(qsl[-1] + q)
-    if not settled and rng.random() < 0.4:  # break monotonicity somewhere
+    if rng.random() < 0.4:  # break monotonicity somewhere
         i = rng.randint(1, num_reqs)
         qsl[i] = max(0, qsl[i] - rng.randint(1, 9))
     num_tokens = max(1, max(qsl)) + rng.randint(0, 3)
     seqs = [max(0, q + rng.randint(-3, 40)) for q in queries]
     width = rng.randint(1, 12)
     table = [[rng.randint(-2, 30) for _ in range(width)] for _ in range(num_reqs)]
-    slots = [rng.randint(0 if settled and t < qsl[-1] else -1, 90) for t in range(num_tokens)]
+    slots = [rng.randint(-1, 90) for _ in range(num_tokens)]
     replay = [rng.randint(-2, 45) for _ in range(num_reqs)] if rng.random() < 0.5 else None
     n_spans = rng.randint(0, 3) if config.max_image_tokens else 0
     span_ptr = [rng.randint(0, n_spans + 3) for _ in range(num_reqs + 1)]
-    if settled or rng.random() < 0.5:
+    if rng.random() < 0.5:
         span_ptr = sorted(span_ptr)
         span_ptr[0] = 0
     starts = [rng.randint(-1, 45) for _ in range(n_spans)]
@@ -308,11 +268,11 @@ def build_case(
     k: int,
     strict: Callable[..., AbstractContextManager[Any]] = unchecked,
 ) -> list[str]:
-    """One malformed batch (``malformed_batch(settled=True)``) through ``build`` and two draft-step updates
+    """One malformed batch (``malformed_batch``) through ``build`` and two draft-step updates
     of ``builder`` and of the reference ``ref``: what differs (empty: nothing), each naming the case.
     ``strict(extra=...)``: a context the backend's calls run in (``interpreter.address_strict``), given the
     tensors a kernel reaches through a table of addresses; the ``*_case`` functions all take it."""
-    batch = malformed_batch(rng, settled=True)
+    batch = malformed_batch(rng)
     want, want_error = attempt(ref.build, batch, validate=False)
     moved = batch.to(device)
     with strict():
@@ -347,7 +307,7 @@ def group_case(
     """One malformed batch with ``num_kv_groups`` malformed groups (``malformed_groups``) through
     ``build_groups`` and one grouped draft-step update: what differs from the reference."""
     groups = ref.config.num_kv_groups
-    batch = malformed_batch(rng, settled=True)
+    batch = malformed_batch(rng)
     tables, slots = malformed_groups(rng, batch, groups)
     moved = batch.to(device)
     dev_tables, dev_slots = [t.to(device) for t in tables], [s.to(device) for s in slots]

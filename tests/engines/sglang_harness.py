@@ -29,6 +29,8 @@ from sglang.kernels.ops.speculative.dspark.dspark_attn_metadata import (
     swa_ring_rows,
 )
 
+from swa_hal.testing.request_windows import WINDOW_KINDS, WindowCase, window_case, window_runs  # noqa: F401
+
 SWA_WINDOW = 128  # sglang/srt/layers/attention/deepseek_v4_backend.py
 ALIGN = 64  # PAGE_INDEX_ALIGNED_SIZE there
 
@@ -542,90 +544,9 @@ def sglang_ring_stream(case: RingStreamCase) -> tuple[torch.Tensor, torch.Tensor
 
 # -- DeepSeek-V4.1 request-window layouts ---------------------------------------------------------------------
 
-WINDOW_KINDS = ("decode", "extend", "mixed", "replay", "replay_folded", "padded", "long_runs", "split_runs", "spare_groups")
+# The random V4.1 steps are swa_hal.testing.request_windows' (imported above; benchmarks/sglang_window.py runs them
+# on a GPU).
 WINDOW_COUNTS: Counter[str] = Counter()
-
-
-@dataclasses.dataclass
-class WindowCase:
-    """The arguments of one ``window_layout`` call (sglang/srt/mem_cache/dsv41_request_window.py)."""
-
-    kind: str
-    req: torch.Tensor
-    pos: torch.Tensor
-    zero_row: int
-    window: int
-    capacity: int
-    floor: torch.Tensor | None
-    num_groups: int | None
-    padded_rows: int | None
-
-    def kwargs(self) -> dict[str, Any]:
-        return dict(
-            zero_row=self.zero_row, window=self.window, capacity=self.capacity, floor=self.floor,
-            num_groups=self.num_groups, padded_rows=self.padded_rows,
-        )
-
-
-def window_case(rng: random.Random, kind: str, *, window: int = SWA_WINDOW, overfull: bool = False) -> WindowCase:
-    """One random V4.1 step of ``kind``. Rows come in runs (one request's consecutive new tokens):
-    decode (one row each), extend (prefill chunks), mixed, replay (the encoder replay's floor: each run's
-    first position), replay_folded (a per-request floor anywhere up to past the run), padded (the prefill
-    graph's padding rows), long_runs (runs longer than the ring, so some rows do not commit),
-    split_runs (one request in two runs that are not adjacent), spare_groups (more history groups than
-    runs). ``overfull``: more runs than ``num_groups`` (SGLang's ``dsv41.window_groups_fit``)."""
-    capacity = rng.choice((256, 256, 64, 16)) if window <= 16 else 256
-    nreq = rng.randint(2 if overfull else 1, 6)
-    slots = rng.sample(range(12), nreq)
-    runs: list[tuple[int, int, int]] = []  # (slot, first position, rows)
-    for s in slots:
-        if kind == "decode" or (kind == "mixed" and rng.random() < 0.5):
-            count = 1
-        elif kind == "long_runs":
-            count = rng.randint(capacity - 3, capacity + 20)
-        else:
-            count = rng.randint(1, 40)
-        first = rng.choice((0, rng.randint(0, 5), rng.randint(window - 4, window + 4), rng.randint(0, 900)))
-        runs.append((s, max(first, 0), count))
-    if kind == "split_runs" and len(runs) > 1:
-        s, first, count = runs[0]
-        runs.append((s, first + count, rng.randint(1, 9)))
-    req, pos, floor = [], [], []
-    for s, first, count in runs:
-        if kind == "replay":
-            lo = first
-        elif kind == "replay_folded":
-            lo = rng.randint(0, first + count + 1)
-        else:
-            lo = 0
-        req += [s] * count
-        pos += range(first, first + count)
-        floor += [lo] * count
-    dtype = rng.choice((torch.int32, torch.int64))
-    n = len(pos)
-    groups: int | None = None
-    if overfull:
-        groups = rng.randint(1, len(runs) - 1)
-    elif kind == "spare_groups":
-        groups = len(runs) + rng.randint(1, 4)
-    elif rng.random() < 0.6:
-        groups = len(runs)
-    padded = n + rng.randint(1, 9) if kind == "padded" else (n if rng.random() < 0.1 else None)
-    return WindowCase(
-        kind=kind,
-        req=torch.tensor(req, dtype=dtype),
-        pos=torch.tensor(pos, dtype=dtype),
-        zero_row=12 * capacity,
-        window=window,
-        capacity=capacity,
-        floor=torch.tensor(floor, dtype=dtype) if kind.startswith("replay") or rng.random() < 0.15 else None,
-        num_groups=groups,
-        padded_rows=padded,
-    )
-
-
-def window_runs(case: WindowCase) -> int:
-    return 1 + int((case.req[1:] != case.req[:-1]).sum())
 
 
 def sglang_window_torch(case: WindowCase) -> Any:

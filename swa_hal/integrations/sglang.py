@@ -205,7 +205,16 @@ class SGLangSWAIndices:
             width=_align(self.window_size + block, align),
         )
 
-    def dspark_ring(
+    def dspark_ring(self, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """What ``BuildDsparkSwaRingIndices`` returns (the per-request SWA ring, docs/semantics.md
+        #ring-rows): each draft block's context ``[prefix - ctx, prefix)`` then its own positions, each at
+        ring row ``slot * ring_size + position % ring_size``, ``ctx = min(prefix, W, prefix -
+        valid_from[slot])`` (at least 0); width ``ceil_align(W + block_size, align)``; lens ``ctx +
+        block_size``. A guarded build empties a block whose slot is outside the ring. Takes
+        ``dspark_ring_rows``'s inputs."""
+        return self._build(self.dspark_ring_rows(**inputs))
+
+    def dspark_ring_rows(
         self,
         *,
         seq_lens_casual: torch.Tensor,
@@ -215,13 +224,10 @@ class SGLangSWAIndices:
         block_size: int,
         num_slots: int | None = None,
         page_index_aligned_size: int = SGLANG_PAGE_INDEX_ALIGNED_SIZE,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """What ``BuildDsparkSwaRingIndices`` returns (the per-request SWA ring, docs/semantics.md
-        #ring-rows): each draft block's context ``[prefix - ctx, prefix)`` then its own positions, each at
-        ring row ``slot * ring_size + position % ring_size``, ``ctx = min(prefix, W, prefix -
-        valid_from[slot])`` (at least 0); width ``ceil_align(W + block_size, align)``; lens ``ctx +
-        block_size``. ``num_slots``: the ring's request slots (default: one per ``valid_from`` entry, as
-        SGLang sizes both by ``num_req_slots``); a guarded build empties a block whose slot is outside."""
+    ) -> SlotRows:
+        """The ring rows ``dspark_ring`` builds: SGLang's ring-op arguments as a ``SlotRows``. ``num_slots``:
+        the ring's request slots (default: one per ``valid_from`` entry, as SGLang sizes both by
+        ``num_req_slots``)."""
         n = seq_lens_casual.shape[0]
         block = _setting("block_size", block_size)
         size = _setting("ring_size", ring_size)
@@ -230,7 +236,7 @@ class SGLangSWAIndices:
             if not isinstance(valid_from, torch.Tensor):
                 raise ConfigError("num_slots", "the ring's request slots are unknown: pass num_slots or valid_from")
             num_slots = valid_from.shape[0]
-        rows = SlotRows(
+        return SlotRows(
             row_ends=seq_lens_casual,
             pools=req_pool_indices_repeated[:n],
             floors=valid_from,
@@ -238,7 +244,6 @@ class SGLangSWAIndices:
             width=_align(self.window_size + block, align),
             ring=SlotRing(size=size, slots=_setting("num_slots", num_slots)),
         )
-        return self._build(rows)
 
     def _build(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
         """One build, then the poll that surfaces what an earlier build recorded: a warning per kind in

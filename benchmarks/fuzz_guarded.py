@@ -4,7 +4,8 @@ every guarded entry point of each backend, each compared bit for bit with the to
 
 The cases are the conformance kit's (``swa_hal.testing.guarded``): ``build`` and two draft-step updates of
 its metadata, ``build_groups`` of three malformed groups and a grouped update, and ``build_slot_rows`` at
-windows 8 and 20. Each case is a seeded malformed input; a case counts as clean when the backend raised what the reference raised
+windows 8 and 20, paged (``slot_rows``) and over a per-request ring (``ring_rows``). Each case is a seeded
+malformed input; a case counts as clean when the backend raised what the reference raised
 and otherwise handed out every output field equal to the reference's and recorded a violation exactly when
 the reference did. On top of that every index handed out must lie in ``[-1, cache slots)``.
 
@@ -40,7 +41,7 @@ FORCED = {
     "xpu": "vendor=xpu",
     "torch": None,
 }
-ENTRIES = ("build", "groups", "slot_rows")
+ENTRIES = ("build", "groups", "slot_rows", "ring_rows")
 
 
 def main() -> int:
@@ -62,11 +63,17 @@ def main() -> int:
     from swa_hal.testing.interpreter import address_strict
 
     device = torch.device(args.device)
-    cases = {"build": guarded.build_case, "groups": guarded.group_case, "slot_rows": guarded.slot_rows_case}
+    cases = {
+        "build": guarded.build_case,
+        "groups": guarded.group_case,
+        "slot_rows": guarded.slot_rows_case,
+        "ring_rows": guarded.ring_rows_case,
+    }
     configs = {
         "build": [guarded.GUARDED_CONFIG],
         "groups": [guarded.GUARDED_CONFIG],
         "slot_rows": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
+        "ring_rows": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
     }
     print(f"torch {torch.__version__} on {device}; {args.cases} cases per backend and entry point; seed {args.seed!r}")
     total = failed = outside = 0

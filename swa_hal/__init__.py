@@ -25,6 +25,7 @@ from .metadata import SWAMetadata
 from .platform import PlatformInfo, probe_platform
 from .request_window import RequestWindowLayout, RequestWindowRows
 from .selection import Selection, select_backend
+from .slot_ring import SlotRing
 from .slot_rows import SlotRows
 
 try:
@@ -54,6 +55,7 @@ __all__ = [
     "SWAMetadataBuilder",
     "ImageSpans",
     "Selection",
+    "SlotRing",
     "SlotRows",
     "hookimpl",
     "hookspec",

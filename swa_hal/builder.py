@@ -274,7 +274,7 @@ class SWAMetadataBuilder:
         in one launch on the Triton backends, without a host sync. Returns ``(indices, lens)``
         (int32 [n, width] and [n]): into ``out``/``lens`` when given, else into new tensors. Guarded
         builds record violations for ``check()`` as ``build`` does."""
-        width = preflight_slot_rows(rows, self.config.window_size, self.device)
+        width = preflight_slot_rows(rows, self.config.window_size, self.device, self._slot_limit)
         n = rows.num_rows
         if out is None:
             out = torch.empty((n, width), dtype=torch.int32, device=self.device)

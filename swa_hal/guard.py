@@ -42,6 +42,8 @@ class Violation(enum.IntEnum):
     POSITION = 9  # a row reads a position past req_to_token's width
     TOKEN_SLOT = 10  # a token slot outside [-1, len(slot_map))
     CACHE_SLOT = 11  # a cache slot outside [-1, slot_limit)
+    # Ring rows (docs/semantics.md #ring-rows); "request" is the row.
+    RING_SLOT = 12  # a row's request slot outside the ring's slots
 
 
 def block_limit(config: SWAConfig) -> int:
@@ -114,6 +116,8 @@ def violation_error(record: list[int], config: SWAConfig) -> BatchValidationErro
         return BatchRangeError(
             "slot_map", f"slot_map: row {req}'s window reads cache slot {value}, outside the cache{where}", req
         )
+    if kind == Violation.RING_SLOT:
+        return BatchRangeError("pools", f"pools[{req}]={value} is not a request slot of the ring{where}", req)
     return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
 
 

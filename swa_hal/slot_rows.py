@@ -14,8 +14,10 @@ row per query token, each given by its own position, pool row and floor, so no s
   lens ``ctx + N``, the same row for the block's N rows.
 
 Entry values are ``slot_map[token slot]``; a token slot of -1 gives -1, as does every column at or
-past lens. This module holds the inputs, their O(1) host preflight, and the vectorised torch build that
-every backend without a kernel of its own runs (the Triton backends launch
+past lens. With ``ring`` (docs/semantics.md #ring-rows, ``slot_ring.py``) the same windows hold rows of a
+per-request SWA ring instead, computed from the positions (no ``req_to_token``, no slot map, no
+``block_slots``). This module holds the inputs, their O(1) host preflight, and the vectorised torch build
+that every backend without a kernel of its own runs (the Triton backends launch
 ``kernels/slot_rows.py``).
 """
 
@@ -29,6 +31,7 @@ import torch
 from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
 from .guard import Violation
+from .slot_ring import SlotRing, build_ring_rows, preflight_ring
 
 if TYPE_CHECKING:
     from .config import SWAConfig
@@ -41,24 +44,27 @@ class SlotRows:
     """One call's inputs (docs/semantics.md #token-slot-rows).
 
     row_ends: [n] each row's position + 1 (SGLang's ``seq_lens_casual``).
-    pools: [n] each row's row of ``req_to_token``.
-    req_to_token: [pools, positions] token slots.
-    slot_map: [token slots] the cache slot of each token slot (-1: none).
-    floors: causal: [n] each row's lowest position, or None; DSpark: [pools] each request's lowest
-        position (``valid_from``), or None.
+    pools: [n] each row's row of ``req_to_token`` (ring rows: its request slot of the ring).
+    req_to_token: [pools, positions] token slots (None for ring rows).
+    slot_map: [token slots] the cache slot of each token slot (-1: none; None for ring rows).
+    floors: causal: [n] each row's lowest position, or None; DSpark: [pools] (ring: [slots]) each
+        request's lowest position (``valid_from``), or None.
     block: 0 for causal rows, else the DSpark block size N (n a multiple of N).
-    block_slots: DSpark: [n] the token slots of each block's own tokens, block after block.
+    block_slots: DSpark: [n] the token slots of each block's own tokens, block after block (paged only).
     width: the row width of the output (at least W causal, W + N DSpark); None: exactly that.
+    ring: a per-request SWA ring (docs/semantics.md #ring-rows): entries are its rows, computed from
+        the positions, in place of ``slot_map[req_to_token[pool, q]]``; None: paged rows.
     """
 
     row_ends: torch.Tensor
     pools: torch.Tensor
-    req_to_token: torch.Tensor
-    slot_map: torch.Tensor
+    req_to_token: torch.Tensor | None = None
+    slot_map: torch.Tensor | None = None
     floors: torch.Tensor | None = None
     block: int = 0
     block_slots: torch.Tensor | None = None
     width: int | None = None
+    ring: SlotRing | None = None
 
     @property
     def num_rows(self) -> int:
@@ -102,39 +108,45 @@ def _index_tensor(name: str, t: object, device: torch.device, ndim: int) -> torc
     return t
 
 
-def preflight_slot_rows(rows: SlotRows, window: int, device: torch.device) -> int:
-    """The O(1) host checks of a call (dtypes, devices, ranks, strides, lengths); returns the row
-    width. The checks that need the data are the guarded build's (docs/semantics.md #guarded-builds)."""
+def preflight_slot_rows(rows: SlotRows, window: int, device: torch.device, limit: int = INT32_LIMIT + 1) -> int:
+    """The O(1) host checks of a call (dtypes, devices, ranks, strides, lengths; a ring's size and reach
+    against ``limit``, the cache's slots); returns the row width. The checks that need the data are the
+    guarded build's (docs/semantics.md #guarded-builds)."""
     n = _index_tensor("row_ends", rows.row_ends, device, 1).shape[0]
     pools = _index_tensor("pools", rows.pools, device, 1)
     if pools.shape[0] != n:
         raise BatchShapeError("pools", f"pools has {pools.shape[0]} rows; row_ends has {n}")
-    positions = _index_tensor("req_to_token", rows.req_to_token, device, 2).shape[1]
-    if positions >= INT32_LIMIT:
-        # The kernels compute a row's positions and their end in int32, saturating wider inputs: a row end
-        # past int32 is then known to read past the table (docs/semantics.md #guarded-builds).
-        raise BatchCapacityError(
-            "req_to_token",
-            f"req_to_token has {positions} positions per pool row; at most {INT32_LIMIT - 1} (positions and "
-            "row ends are int32)",
-        )
-    _index_tensor("slot_map", rows.slot_map, device, 1)
     block = rows.block
     if isinstance(block, bool) or not isinstance(block, int) or block < 0:
         raise BatchShapeError("block", f"block={block!r} must be 0 (causal rows) or the DSpark block size")
+    if rows.ring is not None:
+        num_pools = preflight_ring(rows, window, limit).slots
+        per = f"ring slot (the ring has {num_pools} slots)"
+    else:
+        if rows.req_to_token is None or rows.slot_map is None:
+            missing = "req_to_token" if rows.req_to_token is None else "slot_map"
+            raise BatchShapeError(missing, f"{missing} is required for token-slot rows without a ring")
+        rt = _index_tensor("req_to_token", rows.req_to_token, device, 2)
+        if rt.shape[1] >= INT32_LIMIT:
+            # The kernels compute a row's positions and their end in int32, saturating wider inputs: a row
+            # end past int32 is then known to read past the table (docs/semantics.md #guarded-builds).
+            raise BatchCapacityError(
+                "req_to_token",
+                f"req_to_token has {rt.shape[1]} positions per pool row; at most {INT32_LIMIT - 1} (positions "
+                "and row ends are int32)",
+            )
+        _index_tensor("slot_map", rows.slot_map, device, 1)
+        num_pools = rt.shape[0]
+        per = f"pool row (req_to_token has {num_pools})"
     if rows.floors is not None:
         floors = _index_tensor("floors", rows.floors, device, 1)
         if block == 0 and floors.shape[0] < n:
             raise BatchShapeError("floors", f"floors has {floors.shape[0]} rows; row_ends has {n}")
-        if block and floors.shape[0] < rows.req_to_token.shape[0]:
-            raise BatchShapeError(
-                "floors",
-                f"floors has {floors.shape[0]} entries; DSpark floors are per pool row "
-                f"(req_to_token has {rows.req_to_token.shape[0]})",
-            )
-    if block:
-        if n % block:
-            raise BatchShapeError("row_ends", f"row_ends has {n} rows, not a multiple of the DSpark block size {block}")
+        if block and floors.shape[0] < num_pools:
+            raise BatchShapeError("floors", f"floors has {floors.shape[0]} entries; DSpark floors are per {per}")
+    if block and n % block:
+        raise BatchShapeError("row_ends", f"row_ends has {n} rows, not a multiple of the DSpark block size {block}")
+    if block and rows.ring is None:
         if rows.block_slots is None:
             raise BatchShapeError("block_slots", "block_slots is required for DSpark rows (block > 0)")
         slots = _index_tensor("block_slots", rows.block_slots, device, 1)
@@ -180,6 +192,9 @@ def build_slot_rows(
     """The torch build of token-slot rows into ``out``/``lens`` (no host sync). Guarded: a row that
     breaks a rule is handed out empty and the lowest such row is recorded in ``record`` (``guard.py``),
     with its first broken rule; a fixed number of operations whatever the rows."""
+    if rows.ring is not None:
+        build_ring_rows(rows, window, out, lens, record, guard=guard)
+        return
     n = rows.num_rows
     if n == 0:
         return
@@ -188,7 +203,8 @@ def build_slot_rows(
     width = out.shape[1]
     nb = rows.block
     cols = torch.arange(width, device=dev)
-    rt = rows.req_to_token
+    rt, slot_map = rows.req_to_token, rows.slot_map
+    assert rt is not None and slot_map is not None  # the preflight's
     num_pools, positions = rt.shape
     ends = rows.row_ends.to(i64)
     if nb:
@@ -232,13 +248,13 @@ def build_slot_rows(
         from_table = cols[None, :] < ctx[:, None]
         token = torch.where(from_table, token, torch.index_select(rows.block_slots, 0, at.view(-1)).view(n, width))
     token = torch.where(live, token, -1)
-    map_len = rows.slot_map.shape[0]
+    map_len = slot_map.shape[0]
     if map_len:
         at_map = token.clamp(0, map_len - 1)
         has = (at_map == token) & live
-        slot = torch.where(has, torch.index_select(rows.slot_map, 0, at_map.view(-1)).view(n, width), -1)
+        slot = torch.where(has, torch.index_select(slot_map, 0, at_map.view(-1)).view(n, width), -1)
     else:
-        slot = torch.full((n, width), -1, dtype=rows.slot_map.dtype, device=dev)
+        slot = torch.full((n, width), -1, dtype=slot_map.dtype, device=dev)
     if guard:
         # Rules 8-11 per row, in order (guard.py): pool, position, token slot, cache slot. Entries past
         # lens are -1 here, which both slot rules accept.

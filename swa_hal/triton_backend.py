@@ -266,13 +266,16 @@ class TritonBackend(Backend):
         n = rows.num_rows
         if n == 0:
             return
-        # Absent optional inputs read the record buffer instead (never, with their flag off).
+        # Absent optional inputs read the record buffer instead (never, with their flag off; ring rows
+        # read no table: docs/semantics.md #ring-rows).
         floors = record if rows.floors is None else rows.floors
         block_slots = record if rows.block_slots is None else rows.block_slots
-        rt, slot_map = rows.req_to_token, rows.slot_map
+        rt = record[None, :] if rows.req_to_token is None else rows.req_to_token
+        slot_map = record if rows.slot_map is None else rows.slot_map
+        ring, num_pools = (0, rt.shape[0]) if rows.ring is None else (rows.ring.size, rows.ring.slots)
         dtypes = (rows.row_ends.dtype, rows.pools.dtype, floors.dtype, rt.dtype, slot_map.dtype, block_slots.dtype)
         width = out.shape[1]
-        spec = (width, rows.block, rows.floors is not None, self.guard, limit, dtypes)
+        spec = (width, rows.block, rows.floors is not None, ring, self.guard, limit, dtypes)
         key = self._slot_keys.get(spec)
         if key is None:
             key = self._slot_keys[spec] = slot_rows_key(
@@ -285,6 +288,7 @@ class TritonBackend(Backend):
                 clamp=self.CLAMP_ADDRESSES,
                 device_type=self.device.type,
                 dtypes=dtypes,
+                ring=ring,
             )
         ptr = self._slot_rows.pointer
         args = SlotRowsArgs(
@@ -300,7 +304,7 @@ class TritonBackend(Backend):
             n_rows=n,
             rt_stride=rt.stride(0),
             rt_width=rt.shape[1],
-            num_pools=rt.shape[0],
+            num_pools=num_pools,
             map_len=slot_map.shape[0],
         )
         self._slot_rows(key, self._slot_rows.programs(key, args), args)

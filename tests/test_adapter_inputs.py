@@ -131,3 +131,44 @@ def test_sglang_window_builds_its_config_only_when_valid():
     adapter = SGLangSWAIndices(2**31)
     with pytest.raises(ConfigError, match="window_size"):
         adapter.builder  # noqa: B018 - the builder is made on first use
+
+
+def ring_inputs(**kw):
+    """One DSpark block of 2 at prefix 5 in slot 1 of a 2-slot ring of 6 rows (window 4)."""
+    return dict(
+        seq_lens_casual=torch.tensor([6, 7], dtype=torch.int32),
+        req_pool_indices_repeated=torch.ones(2, dtype=torch.int64),
+        valid_from=torch.zeros(2, dtype=torch.int64),
+        ring_size=6,
+        block_size=2,
+        page_index_aligned_size=8,
+    ) | kw
+
+
+def test_the_sglang_ring_adapter_builds_with_valid_settings():
+    # Context 1..4, then the block's 5 and 6 (6 % 6 = 0): slot 1's rows are 6 + q % 6.
+    indices, lens = SGLangSWAIndices(4).dspark_ring(**ring_inputs())
+    assert indices.tolist() == [[7, 8, 9, 10, 11, 6, -1, -1]] * 2 and lens.tolist() == [6, 6]
+    indices, lens = SGLangSWAIndices(4).dspark_ring(**ring_inputs(valid_from=None, num_slots=2))
+    assert lens.tolist() == [6, 6]
+
+
+# num_slots=None is its default (valid_from's length), not a bad value.
+RING_SETTINGS = [
+    (name, value)
+    for name in ("ring_size", "block_size", "num_slots", "page_index_aligned_size")
+    for value in BAD_SETTINGS
+    if (name, value) != ("num_slots", None)
+]
+
+
+@pytest.mark.parametrize("name, value", RING_SETTINGS, ids=repr)
+def test_sglang_ring_settings(name, value):
+    with pytest.raises(ConfigError) as info:
+        SGLangSWAIndices(4).dspark_ring(**ring_inputs(**{name: value}))
+    assert str(info.value) == f"{name}: must be a positive integer, got {value!r}"
+
+
+def test_sglang_ring_needs_its_slot_count():
+    with pytest.raises(ConfigError, match="num_slots: the ring's request slots are unknown"):
+        SGLangSWAIndices(4).dspark_ring(**ring_inputs(valid_from=None))

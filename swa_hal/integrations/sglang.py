@@ -3,12 +3,14 @@ by swa_hal (docs/engines.md, "Using swa_hal in SGLang").
 
 SGLang 0.5.23 builds them with its own ops (``BuildCausalSwaPageIndices`` for causal rows: decode,
 extend and mixed batches, target verify, draft extend, late-layer tails; ``ComputeDsparkWindowGather`` +
-``BuildDsparkSwaPageIndices`` for DSpark draft blocks). This module gives the same rows and lens from
-swa_hal's auto-selected backend, and installs itself through SGLang's plugin framework: the entry point
-``swa_hal`` of the group ``sglang.srt.plugins`` (select it with ``SGLANG_PLUGINS=swa_hal``; turn it off
-with ``SWA_HAL_SGLANG=0``) registers four hooks with ``sglang.srt.plugins.hook_registry.HookRegistry``.
-The fourth gives DeepSeek-V4.1's request-window layout (``window_layout``, docs/semantics.md
-#request-window-layouts) from ``SWAMetadataBuilder.build_request_window``.
+``BuildDsparkSwaPageIndices`` for DSpark draft blocks of the paged SWA pool; ``BuildDsparkSwaRingIndices``
+for those of the per-request SWA ring, ``swa_req_ring_size``). This module gives the same rows and lens
+from swa_hal's auto-selected backend, and installs itself through SGLang's plugin framework: the entry
+point ``swa_hal`` of the group ``sglang.srt.plugins`` (select it with ``SGLANG_PLUGINS=swa_hal``; turn it
+off with ``SWA_HAL_SGLANG=0``) registers five hooks with ``sglang.srt.plugins.hook_registry.HookRegistry``.
+One gives DeepSeek-V4.1's request-window layout (``window_layout``, docs/semantics.md
+#request-window-layouts) from ``SWAMetadataBuilder.build_request_window``; one the ring's DSpark rows
+(docs/semantics.md #ring-rows) from ``build_slot_rows`` with a ``SlotRing``.
 
 SGLang's inputs are exactly swa_hal's token-slot rows (docs/semantics.md #token-slot-rows): one row per
 query token given by its position (``seq_lens_casual - 1``), its request-pool row and its floor
@@ -44,6 +46,7 @@ from ..config import SWAConfig
 from ..errors import ConfigError
 from ..platform import PlatformInfo, probe_platform
 from ..request_window import DEFAULT_CAPACITY, RequestWindowLayout, RequestWindowRows
+from ..slot_ring import SlotRing
 from ..slot_rows import SlotRows
 from ._common import InstallOnce, announce, auto_backend, enabled, require_version
 
@@ -60,14 +63,17 @@ SGLANG_SWA_WINDOW = 128
 SGLANG_PAGE_INDEX_ALIGNED_SIZE = 64
 
 _OPS = "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels"
+_DSPARK_OPS = "sglang.kernels.ops.speculative.dspark.dspark_attn_metadata"
 _BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
 TARGET_CAUSAL = f"{_OPS}.BuildCausalSwaPageIndices.execute"
 TARGET_CORE = f"{_BACKEND}.DeepseekV4AttnBackend.make_core_attn_metadata"
 TARGET_DSPARK = f"{_BACKEND}.DeepseekV4AttnBackend.get_dspark_swa_page_indices"
+# The per-request SWA ring's DSpark rows: what get_dspark_swa_page_indices calls for a ring pool.
+TARGET_DSPARK_RING = f"{_DSPARK_OPS}.BuildDsparkSwaRingIndices.execute"
 # DeepSeek-V4.1's request window: the layout both V4 attention backends (and the idle forward) build.
 _REQUEST_WINDOW = "sglang.srt.mem_cache.dsv41_request_window"
 TARGET_WINDOW = f"{_REQUEST_WINDOW}.window_layout"
-TARGETS = (TARGET_CAUSAL, TARGET_CORE, TARGET_DSPARK, TARGET_WINDOW)
+TARGETS = (TARGET_CAUSAL, TARGET_CORE, TARGET_DSPARK, TARGET_DSPARK_RING, TARGET_WINDOW)
 
 
 def _align(n: int, to: int) -> int:
@@ -197,6 +203,46 @@ class SGLangSWAIndices:
             block=block,
             block_slots=out_loc[:n],
             width=_align(self.window_size + block, align),
+        )
+
+    def dspark_ring(self, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """What ``BuildDsparkSwaRingIndices`` returns (the per-request SWA ring, docs/semantics.md
+        #ring-rows): each draft block's context ``[prefix - ctx, prefix)`` then its own positions, each at
+        ring row ``slot * ring_size + position % ring_size``, ``ctx = min(prefix, W, prefix -
+        valid_from[slot])`` (at least 0); width ``ceil_align(W + block_size, align)``; lens ``ctx +
+        block_size``. A guarded build empties a block whose slot is outside the ring. Takes
+        ``dspark_ring_rows``'s inputs."""
+        return self._build(self.dspark_ring_rows(**inputs))
+
+    def dspark_ring_rows(
+        self,
+        *,
+        seq_lens_casual: torch.Tensor,
+        req_pool_indices_repeated: torch.Tensor,
+        valid_from: torch.Tensor | None,
+        ring_size: int,
+        block_size: int,
+        num_slots: int | None = None,
+        page_index_aligned_size: int = SGLANG_PAGE_INDEX_ALIGNED_SIZE,
+    ) -> SlotRows:
+        """The ring rows ``dspark_ring`` builds: SGLang's ring-op arguments as a ``SlotRows``. ``num_slots``:
+        the ring's request slots (default: one per ``valid_from`` entry, as SGLang sizes both by
+        ``num_req_slots``)."""
+        n = seq_lens_casual.shape[0]
+        block = _setting("block_size", block_size)
+        size = _setting("ring_size", ring_size)
+        align = _setting("page_index_aligned_size", page_index_aligned_size)
+        if num_slots is None:
+            if not isinstance(valid_from, torch.Tensor):
+                raise ConfigError("num_slots", "the ring's request slots are unknown: pass num_slots or valid_from")
+            num_slots = valid_from.shape[0]
+        return SlotRows(
+            row_ends=seq_lens_casual,
+            pools=req_pool_indices_repeated[:n],
+            floors=valid_from,
+            block=block,
+            width=_align(self.window_size + block, align),
+            ring=SlotRing(size=size, slots=_setting("num_slots", num_slots)),
         )
 
     def _build(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,7 +412,8 @@ def dspark_indices_around(
     block_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """AROUND hook of ``DeepseekV4AttnBackend.get_dspark_swa_page_indices``: swa_hal's DSpark rows for
-    the paged SWA pool; the per-request SWA ring keeps SGLang's own path."""
+    the paged SWA pool. For the per-request SWA ring SGLang's method runs, and the op it calls,
+    ``BuildDsparkSwaRingIndices.execute``, is hooked itself (``dspark_ring_execute``)."""
     pool = self.token_to_kv_pool
     if getattr(pool, "swa_req_ring_size", None) is not None:
         return original(
@@ -389,6 +436,32 @@ def dspark_indices_around(
         block_size=block_size,
         valid_from=getattr(pool, "swa_valid_from", None),
         page_index_aligned_size=align,
+    )
+
+
+def dspark_ring_execute(
+    cls: Any,
+    *,
+    seq_lens_casual: torch.Tensor,
+    req_pool_indices_repeated: torch.Tensor,
+    valid_from: torch.Tensor | None,
+    ring_size: int,
+    block_size: int,
+    swa_window: int,
+    page_index_aligned_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REPLACE hook of ``BuildDsparkSwaRingIndices.execute``: swa_hal's ring rows and lens
+    (docs/semantics.md #ring-rows). The ring's request slots are ``valid_from``'s entries: SGLang keeps
+    one per request slot of the ring (``swa_valid_from``, ``num_req_slots`` long), and its own op reads
+    it for every block."""
+    adapter = adapter_for(seq_lens_casual.device, swa_window)
+    return adapter.dspark_ring(
+        seq_lens_casual=seq_lens_casual,
+        req_pool_indices_repeated=req_pool_indices_repeated,
+        valid_from=valid_from,
+        ring_size=ring_size,
+        block_size=block_size,
+        page_index_aligned_size=page_index_aligned_size,
     )
 
 
@@ -435,8 +508,10 @@ def _install() -> str:
     HookRegistry.register(TARGET_CAUSAL, causal_execute, HookType.REPLACE)
     HookRegistry.register(TARGET_CORE, core_attn_metadata_around, HookType.AROUND)
     HookRegistry.register(TARGET_DSPARK, dspark_indices_around, HookType.AROUND)
+    HookRegistry.register(TARGET_DSPARK_RING, dspark_ring_execute, HookType.REPLACE)
     HookRegistry.register(TARGET_WINDOW, window_layout_around, HookType.AROUND)
-    return announce(log, ENGINE, version, "DeepSeek-V4 SWA indices and lens, V4.1 request-window layouts", name, where)
+    what = "DeepSeek-V4 SWA indices and lens (paged and per-request ring), V4.1 request-window layouts"
+    return announce(log, ENGINE, version, what, name, where)
 
 
 def load_plugin() -> str | None:

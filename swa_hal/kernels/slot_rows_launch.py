@@ -16,12 +16,14 @@ from .tiles import tile
 @dataclasses.dataclass(frozen=True, eq=True)
 class SlotRowsKey(CompileKey):
     """The constexprs of ``slot_rows_kernel``, and the dtypes of the engine's inputs its compilation is
-    specialised on (``dtypes``: ends, pools, floors, req_to_token, slot map, block slots)."""
+    specialised on (``dtypes``: ends, pools, floors, req_to_token, slot map, block slots). ``RING``: the
+    ring's rows per request slot (docs/semantics.md #ring-rows), 0 for paged rows."""
 
     WINDOW: int
     WIDTH: int
     BLOCK_N: int
     HAS_FLOORS: bool
+    RING: int
     BLOCK_T: int
     BLOCK_W: int
     GUARD: bool
@@ -79,6 +81,7 @@ def slot_rows_key(
     clamp: bool,
     device_type: str,
     dtypes: tuple[torch.dtype, ...],
+    ring: int = 0,
 ) -> SlotRowsKey:
     # Rows of one token each, two dependent gathers per entry: latency-bound like decode rows.
     block_t, block_w = tile(width, device_type, decode=True)
@@ -87,6 +90,7 @@ def slot_rows_key(
         WIDTH=width,
         BLOCK_N=block,
         HAS_FLOORS=has_floors,
+        RING=ring,
         BLOCK_T=block_t,
         BLOCK_W=block_w,
         GUARD=guard,

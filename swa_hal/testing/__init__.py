@@ -38,6 +38,7 @@ _EXPORTS = {
     "SlotRowTests": "slot_rows",
     "GuardedOutputTests": "guarded",
     "random_slot_rows": "slot_rows",
+    "random_ring_rows": "slot_rows",
     "address_strict": "interpreter",
     "AddressViolation": "interpreter",
     "random_batch": "batches",

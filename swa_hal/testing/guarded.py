@@ -1,8 +1,9 @@
 """Conformance topic: guarded output (docs/semantics.md #guarded-builds). A guarded build of a malformed
 batch hands out exactly what the torch reference hands out, bit for bit (rows, lens, gather lengths,
 per-token helpers, visibility arrays), and records a violation exactly when the reference does. Checked
-for ``build``, ``build_groups``, single and grouped draft updates and ``build_slot_rows``, on a handful of
-fixed malformed inputs drawn from a seeded RNG, against a torch builder of the same config."""
+for ``build``, ``build_groups``, single and grouped draft updates and ``build_slot_rows`` (paged and ring
+rows), on a handful of fixed malformed inputs drawn from a seeded RNG, against a torch builder of the same
+config."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from ..config import SWAConfig
 from ..errors import BatchValidationError
 from ..metadata import SWAMetadata
 from ..platform import PlatformInfo
+from ..slot_ring import SlotRing
 from ..slot_rows import SlotRows, slot_limit
 from .fixtures import BackendFixtures, Target
-from .slot_rows import random_slot_rows, slot_rows_config
+from .slot_rows import random_ring_rows, random_slot_rows, slot_rows_config
 
 # A small geometry whose malformed batches reach every rule of docs/semantics.md #guarded-builds.
 GUARDED_CONFIG = SWAConfig(
@@ -192,6 +194,7 @@ def malformed_slot_rows(rng: random.Random, window: int, limit: int) -> SlotRows
     ``req_to_token``, rows reading past its width, token slots past ``slot_map``, cache slots past
     ``limit``."""
     rows = random_slot_rows(rng, window, rng.choice((torch.int32, torch.int64)))
+    assert rows.req_to_token is not None and rows.slot_map is not None, "random_slot_rows gives paged rows"
     pools, rt = rows.pools.clone(), rows.req_to_token.clone()
     ends, slot_map = rows.row_ends.clone(), rows.slot_map.clone()
     block_slots = None if rows.block_slots is None else rows.block_slots.clone()
@@ -212,6 +215,39 @@ def malformed_slot_rows(rng: random.Random, window: int, limit: int) -> SlotRows
     return dataclasses.replace(
         rows, pools=pools, req_to_token=rt, row_ends=ends, slot_map=slot_map, block_slots=block_slots
     )
+
+
+def _extremes(t: torch.Tensor) -> tuple[int, ...]:
+    """Values at the edges of ``t``'s dtype, and past int32 where it holds them."""
+    if t.dtype == torch.int64:
+        return (-(2**63), 2**63 - 1, 2**40 + 3, -(2**31) - 1, 2**31 + 7)
+    return (-(2**31), 2**31 - 1)
+
+
+def malformed_ring_rows(rng: random.Random, window: int) -> SlotRows:
+    """A random ring-rows call (``random_ring_rows``) with some values broken: request slots outside the
+    ring (rule 12), row ends and floors anywhere, at the edges of their dtype and past int32 (ring positions
+    have no width to pass: those rows are valid and must be exact), now and then a ring too short for its
+    rows (the host preflight refuses it)."""
+    rows = random_ring_rows(rng, window, rng.choice((torch.int32, torch.int64)))
+    assert rows.ring is not None, "random_ring_rows gives ring rows"
+    slots = rows.ring.slots
+    pools, ends = rows.pools.clone(), rows.row_ends.clone()
+    floors = None if rows.floors is None else rows.floors.clone()
+    for _ in range(rng.randint(1, 3)):
+        what = rng.randrange(4)
+        if what == 0:
+            pools[rng.randrange(pools.shape[0])] = rng.choice((-1, slots, slots + 3, *_extremes(pools)[:2]))
+        elif what == 1:
+            ends[rng.randrange(ends.shape[0])] = rng.choice((rng.randint(-3, 2), *_extremes(ends)))
+        elif floors is not None:
+            floors[rng.randrange(floors.shape[0])] = rng.choice((-5, *_extremes(floors)))
+        else:
+            pools[rng.randrange(pools.shape[0])] = rng.choice((-2, slots + 1))
+    ring = rows.ring
+    if rng.random() < 0.05:
+        ring = SlotRing(window + rows.block - 1, slots)
+    return dataclasses.replace(rows, pools=pools, row_ends=ends, floors=floors, ring=ring)
 
 
 def guarded_slot_rows_config(window: int) -> SWAConfig:
@@ -305,10 +341,37 @@ def slot_rows_case(
     ``guarded_slot_rows_config``): what differs from the reference."""
     config = ref.config
     rows = malformed_slot_rows(rng, config.window_size, slot_limit(config))
+    where = f"malformed token-slot rows call {k} (window {config.window_size}, block {rows.block})"
+    return _slot_call_differences(builder, ref, rows, device, where, strict)
+
+
+def ring_rows_case(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rng: random.Random,
+    device: torch.device,
+    k: int,
+    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
+) -> list[str]:
+    """One malformed ring-rows call (``malformed_ring_rows``) of the builders' config (made by
+    ``guarded_slot_rows_config``): what differs from the reference."""
+    config = ref.config
+    rows = malformed_ring_rows(rng, config.window_size)
+    where = f"malformed ring rows call {k} (window {config.window_size}, block {rows.block}, ring {rows.ring})"
+    return _slot_call_differences(builder, ref, rows, device, where, strict)
+
+
+def _slot_call_differences(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rows: SlotRows,
+    device: torch.device,
+    where: str,
+    strict: Callable[..., AbstractContextManager[Any]],
+) -> list[str]:
     want, want_error = attempt(ref.build_slot_rows, rows)
     with strict():
         got, error = attempt(builder.build_slot_rows, rows.to(device))
-    where = f"malformed token-slot rows call {k} (window {config.window_size}, block {rows.block})"
     if error != want_error:
         return [f"{where}: the backend raised {error}, the reference {want_error}"]
     if want is None:
@@ -405,6 +468,13 @@ class GuardedOutputTests(BackendFixtures):
         for window in SLOT_ROW_WINDOWS:
             config = guarded_slot_rows_config(window)
             self._run(slot_rows_case, config, f"guarded-slot-rows-{name}-{window}", make_builder, target)
+
+    def test_guarded_ring_rows_equal_the_reference(
+        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
+    ) -> None:
+        for window in SLOT_ROW_WINDOWS:
+            config = guarded_slot_rows_config(window)
+            self._run(ring_rows_case, config, f"guarded-ring-rows-{name}-{window}", make_builder, target)
 
 
 def batch_summary(batch: AttentionBatch) -> str:

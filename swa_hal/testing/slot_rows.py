@@ -1,7 +1,8 @@
 """Conformance topic: token-slot rows (docs/semantics.md #token-slot-rows), the layout of engines that address
-their cache through ``req_to_token`` (SGLang). Every backend has them: its own kernel, or the torch build it
-inherits. Compared with the torch build (``swa_hal.slot_rows.build_slot_rows``) bit for bit on the worked
-vectors and random calls; a guarded call on garbage input hands out only -1 or slots of the cache."""
+their cache through ``req_to_token`` (SGLang), and their ring flavour (docs/semantics.md #ring-rows, a
+per-request SWA ring). Every backend has them: its own kernel, or the torch build it inherits. Compared with
+the torch build (``swa_hal.slot_rows.build_slot_rows``) bit for bit on the worked vectors and random calls; a
+guarded call on garbage input hands out only -1 or slots of the cache (ring rows: rows of the ring)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
+from ..slot_ring import SlotRing
 from ..slot_rows import SlotRows, build_slot_rows, slot_limit
 from .fixtures import BackendFixtures, Target, expect_equal
 from .interpreter import address_strict
@@ -74,6 +76,49 @@ def random_slot_rows(rng: random.Random, window: int, row_dtype: torch.dtype = t
         block=block,
         block_slots=None if block_slots is None else index(block_slots, torch.int64),
         width=width,
+    )
+
+
+def random_ring_rows(rng: random.Random, window: int, row_dtype: torch.dtype = torch.int32) -> SlotRows:
+    """A random well-formed ring-rows call (docs/semantics.md #ring-rows): a ring of 1-6 request slots, as
+    long as a row's positions or a page-rounded few rows longer; causal rows (padding rows at negative
+    positions, floors below 0, inside the window and past the position) or DSpark blocks of 1-3 (with or
+    without ``valid_from``: 0, inside, at or past the prefix), positions far past the ring so rows wrap,
+    widths aligned to 1, 16 or 64, int32 and int64 inputs."""
+    block = rng.choice((0, 0, 1, 2, 3))
+    need = window + block
+    size = rng.choice((need, need + rng.randint(1, 5), -(-need // 16) * 16 + 16))
+    slots = rng.randint(1, 6)
+    align = rng.choice((1, 16, 64))
+    width = -(-need // align) * align
+    top = rng.choice((3 * size, 40 * size, 5000))
+    floors = None
+    if block:
+        ends, pool_of = [], []
+        for _ in range(rng.randint(1, 9)):
+            pool = rng.randrange(slots)
+            prefix = rng.choice((0, 1, rng.randint(0, window + 2), rng.randint(0, top)))
+            ends += [prefix + 1 + j for j in range(block)]
+            pool_of += [pool] * block
+        if rng.random() < 0.6:
+            floors = [rng.choice((0, rng.randint(0, top), top + 5)) for _ in range(slots)]
+    else:
+        n = rng.randint(1, 40)
+        ends = [rng.choice((rng.randint(1, top), rng.randint(-2, 3))) for _ in range(n)]
+        pool_of = [rng.randrange(slots) for _ in range(n)]
+        if rng.random() < 0.6:
+            floors = [rng.choice((0, rng.randint(0, top), -3, max(e + 2, 0), max(e - 2, 0))) for e in ends]
+
+    def index(values: list[int], dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype or rng.choice((torch.int32, torch.int64)))
+
+    return SlotRows(
+        row_ends=index(ends, row_dtype),
+        pools=index(pool_of),
+        floors=None if floors is None else index(floors),
+        block=block,
+        width=width,
+        ring=SlotRing(size, slots),
     )
 
 
@@ -142,6 +187,66 @@ class SlotRowTests(BackendFixtures):
             f"{where}: rows",
         )
 
+    def test_ring_rows_worked_vectors(self, make_builder: Callable[..., SWAMetadataBuilder], target: Target) -> None:
+        """docs/semantics.md #ring-rows, by hand: slot s keeps position q at row s * 6 + q % 6."""
+        dev = target.device
+
+        def t(values: list[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        builder = make_builder(slot_rows_config(4))
+        causal = SlotRows(
+            row_ends=t([6, 2, 0, 9]),
+            pools=t([1, 2, 0, 1], torch.int64),
+            floors=t([0, 0, 0, 7]),
+            width=8,
+            ring=SlotRing(size=6, slots=3),
+        )
+        out, lens = builder.build_slot_rows(causal)
+        where = "ring rows worked vector (W=4, ring 3 x 6, causal)"
+        expect_equal(lens.tolist(), [4, 2, 0, 2], f"{where}: lens")
+        expect_equal(
+            out.tolist(),
+            [[11, 10, 9, 8] + [-1] * 4, [13, 12] + [-1] * 6, [-1] * 8, [8, 7] + [-1] * 6],
+            f"{where}: rows",
+        )
+        dspark = SlotRows(
+            row_ends=t([6, 7, 10, 11]),
+            pools=t([0, 0, 1, 1], torch.int64),
+            floors=t([3, 0], torch.int64),
+            block=2,
+            width=8,
+            ring=SlotRing(size=6, slots=2),
+        )
+        out, lens = builder.build_slot_rows(dspark)
+        where = "ring rows worked vector (W=4, ring 2 x 6, DSpark blocks of 2)"
+        expect_equal(lens.tolist(), [4, 4, 6, 6], f"{where}: lens")
+        expect_equal(
+            out.tolist(),
+            [[3, 4, 5, 0, -1, -1, -1, -1]] * 2 + [[11, 6, 7, 8, 9, 10, -1, -1]] * 2,
+            f"{where}: rows",
+        )
+        builder.check()
+
+    @pytest.mark.parametrize("window", WINDOWS)
+    def test_ring_rows_equal_the_reference(
+        self, name: str, spec: Any, make_builder: Callable[..., SWAMetadataBuilder], target: Target, window: int
+    ) -> None:
+        config = slot_rows_config(window)
+        builder = make_builder(config)
+        rng = random.Random(f"ring-rows-{name}-{window}")
+        with self._strict(target, spec.kernels, spec.clamps_addresses):
+            for k in range(3 * self.batches_per_case):
+                rows = random_ring_rows(rng, window, (torch.int32, torch.int64)[k % 2])
+                want_rows, want_lens = reference_slot_rows(rows, config)
+                out, lens = builder.build_slot_rows(rows.to(target.device))
+                call = f"random ring rows call {k} (window {window}, block {rows.block}, {rows.ring})"
+                assert torch.equal(lens.cpu(), want_lens), (
+                    f"{call}: lens differ from the torch build: {lens.tolist()} vs {want_lens.tolist()}"
+                )
+                assert torch.equal(out.cpu(), want_rows), f"{call}: rows differ from the torch build"
+        builder.check()
+
     @pytest.mark.parametrize("window", WINDOWS)
     def test_slot_rows_equal_the_reference(
         self, name: str, spec: Any, make_builder: Callable[..., SWAMetadataBuilder], target: Target, window: int
@@ -191,6 +296,40 @@ class SlotRowTests(BackendFixtures):
                 assert bool(((out == -1) | ((out >= 0) & (out < limit))).all()), (
                     f"a guarded call on garbage input handed out slots outside -1 and [0, {limit}): "
                     f"{sorted({int(v) for v in out.flatten().tolist() if v != -1 and not 0 <= v < limit})[:8]}"
+                )
+                assert bool(((lens >= 0) & (lens <= 8 + block)).all()), (
+                    f"a guarded call on garbage input gave lens outside [0, {8 + block}]: {lens.tolist()}"
+                )
+                with contextlib.suppress(ValueError):  # the recorded violation, raised by name
+                    builder.check()
+
+    def test_ring_rows_guarded_on_garbage(
+        self, name: str, spec: Any, make_builder: Callable[..., SWAMetadataBuilder], target: Target
+    ) -> None:
+        builder = make_builder(slot_rows_config(8))
+        gen = torch.Generator().manual_seed(1)
+        rng = random.Random(f"ring-garbage-{name}")
+        with self._strict(target, spec.kernels, spec.clamps_addresses):
+            for _ in range(4):
+                block = rng.choice((0, 2))
+                n = 2 * rng.randint(1, 10)
+                ring = SlotRing(size=rng.choice((8 + block, 16)), slots=3)
+
+                def ints(lo: int, hi: int, size: tuple[int, ...], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+                    return torch.randint(lo, hi, size, generator=gen, dtype=dtype).to(target.device)
+
+                rows = SlotRows(
+                    row_ends=ints(-5, 1 << 33, (n,)),
+                    pools=ints(-2, 5, (n,)),
+                    floors=ints(-(1 << 40), 1 << 40, (max(n, 3),)),
+                    block=block,
+                    width=16,
+                    ring=ring,
+                )
+                out, lens = builder.build_slot_rows(rows)
+                assert bool(((out == -1) | ((out >= 0) & (out < ring.rows))).all()), (
+                    f"a guarded call on garbage input handed out rows outside -1 and the ring's [0, {ring.rows}): "
+                    f"{sorted({int(v) for v in out.flatten().tolist() if v != -1 and not 0 <= v < ring.rows})[:8]}"
                 )
                 assert bool(((lens >= 0) & (lens <= 8 + block)).all()), (
                     f"a guarded call on garbage input gave lens outside [0, {8 + block}]: {lens.tolist()}"

@@ -22,8 +22,11 @@ from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import (
     late_layer_tail_layout,
 )
 from sglang.kernels.ops.speculative.dspark.dspark_attn_metadata import (
+    BuildBlockSeqLensCausal,
     BuildDsparkSwaPageIndices,
+    BuildDsparkSwaRingIndices,
     ComputeDsparkWindowGather,
+    swa_ring_rows,
 )
 
 from swa_hal.testing.request_windows import WINDOW_KINDS, WindowCase, window_case, window_runs  # noqa: F401
@@ -346,6 +349,197 @@ def dspark_case(rng: random.Random, *, with_valid_from: bool, window: int = SWA_
         out_loc,
         valid_from,
     )
+
+
+# -- the per-request SWA ring --------------------------------------------------------------------------------
+
+RING_KINDS = ("ring_verify", "ring_draft", "ring_padded", "ring_floors", "ring_restart")
+RING_COUNTS: Counter[str] = Counter()
+
+
+@dataclasses.dataclass
+class RingCase:
+    """The inputs of one ``BuildDsparkSwaRingIndices`` call: the DSpark draft's per-request SWA ring
+    (``swa_req_ring_size`` rows per request slot, ``num_slots`` slots, ``swa_valid_from`` per slot)."""
+
+    kind: str
+    window: int
+    block_size: int
+    ring_size: int
+    req_pool_indices_repeated: torch.Tensor
+    seq_lens_casual: torch.Tensor
+    valid_from: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return self.seq_lens_casual.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.valid_from.shape[0]
+
+    def op_kwargs(self) -> dict[str, Any]:
+        return dict(
+            seq_lens_casual=self.seq_lens_casual,
+            req_pool_indices_repeated=self.req_pool_indices_repeated,
+            valid_from=self.valid_from,
+            ring_size=self.ring_size,
+            block_size=self.block_size,
+            swa_window=self.window,
+            page_index_aligned_size=ALIGN,
+        )
+
+    def pool(self) -> SimpleNamespace:
+        """The attributes of SGLang's ring pool (DeepSeekV4TokenToKVPool) the backend reads."""
+        return SimpleNamespace(
+            swa_req_ring_size=self.ring_size,
+            swa_valid_from=self.valid_from,
+            num_req_slots=self.num_slots,
+            request_window=None,
+            full_to_swa_index_mapping=None,  # SGLang's allocator leaves it unwritten for a ring pool
+        )
+
+
+def ring_case(rng: random.Random, kind: str, *, window: int = SWA_WINDOW) -> RingCase:
+    """One DSpark step over the per-request ring. ``ring_verify``: the draft backend's target-verify rows
+    (blocks of ``draft_token_num``); ``ring_draft``: draft blocks of gamma; ``ring_padded``: a CUDA graph's
+    padded requests (``seq_len = 1`` at request slot 0, SGLang's fill value); ``ring_floors``: ``valid_from``
+    inside the window (the ring restarted at a cached prefix); ``ring_restart``: ``valid_from`` at or past
+    the prefix (no context, only the block). Positions run far past the ring, so every window wraps."""
+    block = rng.choice((2, 4, 8)) if kind == "ring_verify" else rng.choice((3, 7, 15))
+    # get_draft_swa_ring_size: ceil_div(W + max draft tokens, page) * page rows per slot.
+    page = rng.choice((64, 128, 256))
+    ring_size = -(-(window + block + rng.choice((0, 0, 1, 4))) // page) * page
+    num_slots = rng.randint(2, 12)  # max_num_reqs + 1
+    nreq = rng.randint(1, min(6, num_slots - 1))
+    slots = rng.sample(range(1, num_slots), nreq)
+    prefix = [rng.choice((0, rng.randint(0, 3 * ring_size))) if rng.random() < 0.2 else p for p in _lens(rng, nreq, 1, 3000)]
+    valid_from = [0] * num_slots
+    for s, p in zip(slots, prefix):
+        if kind == "ring_floors" or (kind == "ring_verify" and rng.random() < 0.3):
+            valid_from[s] = rng.choice((rng.randint(0, p), max(p - rng.randint(0, window), 0)))
+        elif kind == "ring_restart":
+            valid_from[s] = p + rng.choice((0, 0, rng.randint(1, 50)))
+    if kind == "ring_padded":
+        pad = rng.randint(1, 4)
+        prefix, slots = prefix + [1] * pad, slots + [0] * pad
+    # BuildBlockSeqLensCausal: block row j of a request with seq_len S sits at position S + j.
+    casual = BuildBlockSeqLensCausal.torch(
+        seq_lens=torch.tensor(prefix, dtype=torch.int32), block_size=block, device=torch.device("cpu")
+    )
+    rep = torch.tensor(slots, dtype=torch.int64).repeat_interleave(block)
+    return RingCase(kind, window, block, ring_size, rep, casual, torch.tensor(valid_from, dtype=torch.int64))
+
+
+def sglang_ring(case: RingCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's ring rows and lens: ``BuildDsparkSwaRingIndices``'s torch path (its only one: the op runs it
+    on every device)."""
+    return BuildDsparkSwaRingIndices.torch(**case.op_kwargs())
+
+
+def sglang_ring_write_rows(case: RingCase) -> torch.Tensor:
+    """Where SGLang writes each draft row's SWA key (``DeepseekV4AttnBackend._dspark_swa_ring_out_cache_loc``):
+    ring row of the row's own position ``seq_lens_casual - 1``."""
+    return swa_ring_rows(case.req_pool_indices_repeated, case.seq_lens_casual.to(torch.int64) - 1, case.ring_size).to(
+        torch.int32
+    )
+
+
+def sglang_ring_method(case: RingCase) -> Any:
+    """SGLang's ``get_dspark_swa_page_indices`` on a ring pool, its body as in 0.5.23 (the backend class
+    does not import without the GPU stack): the ring branch calls the op (hooked or not)."""
+
+    def method(self: Any, *, seq_lens_casual, req_pool_indices_repeated, out_loc, block_size):
+        pool = self.token_to_kv_pool
+        assert pool.swa_req_ring_size is not None
+        return BuildDsparkSwaRingIndices.execute(
+            seq_lens_casual=seq_lens_casual,
+            req_pool_indices_repeated=req_pool_indices_repeated,
+            valid_from=pool.swa_valid_from,
+            ring_size=pool.swa_req_ring_size,
+            block_size=block_size,
+            swa_window=case.window,
+            page_index_aligned_size=ALIGN,
+        )
+
+    return method
+
+
+RING_STREAM_KINDS = ("decode", "target_verify", "extend", "padded")
+
+
+@dataclasses.dataclass
+class RingStreamCase:
+    """The inputs of one ``write_v4_paged_decode_indices`` call (SGLang's unified-KV ring on ROCm): each
+    token's request (``batch_id``, -1 for a CUDA graph's padding tokens), its request's ring slot and its
+    position; the ring has ``win + spec_extra`` rows per slot (get_swa_ring_size)."""
+
+    kind: str
+    window: int
+    ring_size: int
+    num_slots: int
+    state_slot: torch.Tensor  # [bs] int32
+    batch_id: torch.Tensor  # [T] int32
+    positions: torch.Tensor  # [T] int32
+
+
+def ring_stream_case(rng: random.Random, kind: str, *, window: int = SWA_WINDOW) -> RingStreamCase:
+    draft = rng.choice((2, 4, 8))
+    ring_size = window + rng.choice((0, draft - 1))
+    num_slots = rng.randint(2, 12)
+    bs = rng.randint(1, min(6, num_slots))
+    state_slot = rng.sample(range(num_slots), bs)
+    batch_id: list[int] = []
+    positions: list[int] = []
+    for b, seq in enumerate(_lens(rng, bs, 1, 3000)):
+        q = {"decode": 1, "target_verify": draft, "padded": 1}.get(kind) or rng.randint(1, min(96, seq))
+        seq = max(seq, q)
+        batch_id += [b] * q
+        positions += range(seq - q, seq)
+    if kind == "padded":
+        pad = rng.randint(1, 5)
+        batch_id += [-1] * pad
+        positions += [0] * pad
+    return RingStreamCase(
+        kind,
+        window,
+        ring_size,
+        num_slots,
+        torch.tensor(state_slot, dtype=torch.int32),
+        torch.tensor(batch_id, dtype=torch.int32),
+        torch.tensor(positions, dtype=torch.int32),
+    )
+
+
+def sglang_ring_stream(case: RingStreamCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's ragged SWA stream (its Triton kernel, here in the interpreter): the flat ring rows of each
+    token's window, oldest first, and their ``indptr`` (each real token ``min(position + 1, win)`` long, as
+    the kernel's contract says; a padding token none)."""
+    from sglang.kernels.ops.attention.dsv4.unified_kv_kernels.paged_decode_indices import (
+        write_v4_paged_decode_indices,
+    )
+
+    real = case.batch_id >= 0
+    n = torch.where(real, torch.clamp(case.positions + 1, max=case.window), 0)
+    indptr = torch.zeros(n.shape[0] + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(n, 0)
+    total = int(indptr[-1])
+    streams = [torch.full((total,), -7, dtype=torch.int32) for _ in range(3)]
+    write_v4_paged_decode_indices(
+        state_slot_per_seq=case.state_slot,
+        batch_id_per_token=case.batch_id,
+        positions=case.positions,
+        swa_indptr=indptr,
+        csa_indptr=indptr,
+        hca_indptr=indptr,
+        swa_indices=streams[0],
+        csa_indices=streams[1],
+        hca_indices=streams[2],
+        T=n.shape[0],
+        win=case.window,
+        ring_stride=case.ring_size,
+    )
+    return streams[0], indptr
 
 
 # -- DeepSeek-V4.1 request-window layouts ---------------------------------------------------------------------

@@ -8,10 +8,17 @@ backend class itself does not import without SGLang's GPU stack, so its two meth
 are driven with stand-ins that carry the attributes the hooks read, and the causal branch of
 ``make_core_attn_metadata`` is reproduced from SGLang's ops (``sglang_harness.sglang_causal_branch``).
 
+The per-request SWA ring's DSpark rows go through SGLang's own op ``BuildDsparkSwaRingIndices.execute``,
+hooked by SGLang's registry here; swa_hal's causal ring rows, which no hook hands SGLang, are compared with
+SGLang's ROCm unified-KV stream op.
+
 Where SGLang's own behaviour differs from swa_hal's safe behaviour, the test says so by name:
 ``test_draft_extend_padding_rows_sglang_gives_negative_lens``,
-``test_sglang_xpu_padding_rows_read_no_wrapped_index``. Malformed steps reach SGLang's log a call later (or
-raise under SWA_HAL_STRICT=1); SGLang's XPU platform, forced on the CPU, gets swa_hal's xpu backend.
+``test_sglang_xpu_padding_rows_read_no_wrapped_index``, and the ring's
+``test_ring_slot_outside_the_ring_sglang_reads_outside_swa_hal_empties``,
+``test_ring_block_at_a_negative_prefix_sglang_gives_rows_swa_hal_none``,
+``test_ring_shorter_than_a_block_sglang_aliases_swa_hal_refuses``. Malformed steps reach SGLang's log a call
+later (or raise under SWA_HAL_STRICT=1); SGLang's XPU platform, forced on the CPU, gets swa_hal's xpu backend.
 """
 
 from __future__ import annotations
@@ -33,10 +40,11 @@ import sglang.srt.plugins as sgl_plugins  # noqa: E402
 import sglang_harness as H  # noqa: E402
 from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS  # noqa: E402
 from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import BuildCausalSwaPageIndices  # noqa: E402
+from sglang.kernels.ops.speculative.dspark.dspark_attn_metadata import BuildDsparkSwaRingIndices  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
-from swa_hal import PlatformInfo  # noqa: E402
-from swa_hal.errors import BatchRangeError  # noqa: E402
+from swa_hal import PlatformInfo, SlotRing, SlotRows  # noqa: E402
+from swa_hal.errors import BatchCapacityError, BatchRangeError  # noqa: E402
 from swa_hal.integrations import _common  # noqa: E402
 from swa_hal.integrations import sglang as integ  # noqa: E402
 
@@ -81,6 +89,10 @@ class _CountsSummary:
                 "request-window layouts vs SGLang's window_layout: "
                 + ", ".join(f"{k}={v}" for k, v in sorted(H.WINDOW_COUNTS.items()))
             )
+        if H.RING_COUNTS:
+            terminalreporter.write_line(
+                "ring rows vs SGLang's ring ops: " + ", ".join(f"{k}={v}" for k, v in sorted(H.RING_COUNTS.items()))
+            )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -95,6 +107,7 @@ def _parity_counts(request):
 def loaded():
     """SGLang's own loader, as every SGLang process runs it (``SGLANG_PLUGINS=swa_hal``)."""
     original = BuildCausalSwaPageIndices.__dict__["execute"]
+    original_ring = BuildDsparkSwaRingIndices.__dict__["execute"]
     ours, sglang_log = _Lines(), _Lines()
     logging.getLogger(integ.log.name).addHandler(ours)
     logging.getLogger(integ.log.name).setLevel(logging.INFO)  # SGLang's servers log at INFO
@@ -105,7 +118,7 @@ def loaded():
     _fresh_loader_state()
     try:
         sgl_plugins.load_plugins()
-        yield SimpleNamespace(ours=ours, sglang=sglang_log, original=original)
+        yield SimpleNamespace(ours=ours, sglang=sglang_log, original=original, original_ring=original_ring)
     finally:
         logging.getLogger(integ.log.name).removeHandler(ours)
         logging.getLogger("sglang.srt.plugins").removeHandler(sglang_log)
@@ -114,6 +127,7 @@ def loaded():
         else:
             os.environ["SGLANG_PLUGINS"] = saved
         BuildCausalSwaPageIndices.execute = original
+        BuildDsparkSwaRingIndices.execute = original_ring
         _fresh_loader_state()
         integ.configure()
 
@@ -159,11 +173,14 @@ def test_sglang_loader_activates_swa_hal(loaded):
     # The ops hook is applied by SGLang's registry; the two backend-method hooks are registered (they
     # apply where the backend module imports, i.e. with SGLang's GPU stack, not in this environment).
     assert integ.TARGET_CAUSAL in HookRegistry._patched
+    assert integ.TARGET_DSPARK_RING in HookRegistry._patched
     assert integ.TARGET_WINDOW in HookRegistry._patched  # its module imports here (no GPU stack needed)
     assert set(integ.TARGETS) <= set(HookRegistry._hooks)
     assert all(len(HookRegistry._hooks[t]) == 1 for t in integ.TARGETS)
     wrapped = BuildCausalSwaPageIndices.__dict__["execute"]
     assert isinstance(wrapped, classmethod) and wrapped.__func__.__wrapped__ is loaded.original.__func__
+    wrapped = BuildDsparkSwaRingIndices.__dict__["execute"]
+    assert isinstance(wrapped, classmethod) and wrapped.__func__.__wrapped__ is loaded.original_ring.__func__
 
 
 def test_plugin_is_idempotent(loaded):
@@ -301,22 +318,6 @@ def test_at_least_200_batches_per_backend():
         assert H.COUNTS[f"{backend}:dspark"] and H.COUNTS[f"{backend}:dspark_valid_from"]
 
 
-def test_dspark_ring_pool_keeps_sglangs_path(loaded):
-    rng = random.Random(1)
-    case = H.dspark_case(rng, with_valid_from=True)
-    calls = []
-
-    def original(self, **kwargs):
-        calls.append(kwargs)
-        return "sglang's own"
-
-    got = integ.dspark_indices_around(
-        original, H.backend_stand_in(case, ring=True), seq_lens_casual=case.seq_lens_casual,
-        req_pool_indices_repeated=case.req_pool_indices_repeated, out_loc=case.out_loc, block_size=case.block_size,
-    )
-    assert got == "sglang's own" and len(calls) == 1
-
-
 def test_request_window_and_dspark_branches_keep_sglangs_lens(loaded):
     """make_core_attn_metadata's other branches are passed through untouched."""
     marker = SimpleNamespace(swa_topk_lengths="sglang's")
@@ -380,6 +381,175 @@ def test_one_launch_per_call_same_builder_new_outputs(loaded):
     assert builder.backend._slot_rows.launches == launches + 1
     assert first.swa_page_indices.data_ptr() != second.swa_page_indices.data_ptr()
     assert torch.equal(first.swa_page_indices, second.swa_page_indices)
+
+# -- the per-request SWA ring -------------------------------------------------------------------------------
+
+# Random ring steps per backend, all compared with SGLang's op (its torch path is its only one); the unified-KV
+# stream op (ROCm's causal ring rows, a Triton kernel) runs in the interpreter at about a millisecond a token.
+RING_STEPS = 200
+RING_STREAM_STEPS = {"torch": 60, **dict.fromkeys(TRITON_BACKENDS, 20)}
+
+
+def _check_ring(case, got, want) -> None:
+    """Rows and lens: SGLang's dtype, shape and values."""
+    for name, have, expected in (("rows", got[0], want[0]), ("lens", got[1], want[1])):
+        assert have.dtype == expected.dtype and have.shape == expected.shape, (case.kind, name)
+        torch.testing.assert_close(have, expected, rtol=0, atol=0,
+                                   msg=lambda m, n=name: f"{case.kind} {n} (W={case.window}, N={case.block_size}, "
+                                   f"ring {case.ring_size} x {case.num_slots}): {m}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_rows_and_lens_equal_sglangs(loaded, backend):
+    """SGLang's own ``BuildDsparkSwaRingIndices.execute`` (hooked by its registry) against its torch path,
+    on random ring steps of every kind; each draft block also reads its own tokens exactly where SGLang
+    writes them (``_dspark_swa_ring_out_cache_loc``)."""
+    _use_backend(backend)
+    rng = random.Random(f"sglang-ring-{backend}")
+    for i in range(RING_STEPS):
+        kind = H.RING_KINDS[i % len(H.RING_KINDS)]
+        case = H.ring_case(rng, kind, window=_window(rng))
+        got = BuildDsparkSwaRingIndices.execute(**case.op_kwargs())
+        _check_ring(case, got, H.sglang_ring(case))
+        rows, lens = got
+        own = (lens - case.block_size + torch.arange(case.rows) % case.block_size).long()
+        assert torch.equal(rows.gather(1, own[:, None])[:, 0], H.sglang_ring_write_rows(case)), kind
+        H.RING_COUNTS[f"{backend}:{kind}"] += 1
+    assert integ.adapter_for(torch.device("cpu")).backend_name == backend
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_ring_rows_equal_sglangs_unified_kv_stream(loaded, backend):
+    """Causal ring rows (newest first, docs/semantics.md #ring-rows) against SGLang's ROCm unified-KV op
+    ``write_v4_paged_decode_indices`` (its Triton kernel through the interpreter), which packs each token's
+    window oldest first into a ragged stream: read back to front, every row equals its stretch of the
+    stream; a CUDA graph's padding token (batch id -1) is an empty row. Not hooked (the op fills SGLang's
+    combined SWA, CSA and HCA streams in place), so through the builder."""
+    _use_backend(backend)
+    rng = random.Random(f"sglang-ring-stream-{backend}")
+    for i in range(RING_STREAM_STEPS[backend]):
+        kind = H.RING_STREAM_KINDS[i % len(H.RING_STREAM_KINDS)]
+        case = H.ring_stream_case(rng, kind, window=_window(rng))
+        stream, indptr = H.sglang_ring_stream(case)
+        real = case.batch_id >= 0
+        rows = SlotRows(
+            row_ends=torch.where(real, case.positions + 1, 0),
+            pools=case.state_slot[case.batch_id.clamp_min(0).long()],
+            width=-(-case.window // H.ALIGN) * H.ALIGN,
+            ring=SlotRing(size=case.ring_size, slots=case.num_slots),
+        )
+        out, lens = integ.adapter_for(torch.device("cpu"), case.window).builder.build_slot_rows(rows)
+        assert torch.equal(lens, indptr[1:] - indptr[:-1]), kind
+        cols = torch.arange(out.shape[1])
+        backwards = out.gather(1, (lens[:, None] - 1 - cols).clamp_min(0).long())
+        assert torch.equal(backwards[cols[None, :] < lens[:, None]], stream), kind
+        H.RING_COUNTS[f"{backend}:stream_{kind}"] += 1
+
+
+def test_at_least_200_ring_steps_per_backend():
+    if not H.RING_COUNTS:
+        pytest.skip("the ring parity tests did not run in this session")
+    for backend in BACKENDS:
+        dspark = sum(H.RING_COUNTS[f"{backend}:{kind}"] for kind in H.RING_KINDS)
+        assert dspark >= 200 and all(H.RING_COUNTS[f"{backend}:{kind}"] for kind in H.RING_KINDS), backend
+        assert all(H.RING_COUNTS[f"{backend}:stream_{kind}"] for kind in H.RING_STREAM_KINDS), backend
+
+
+def test_ring_worked_vector_is_sglangs(loaded):
+    """docs/semantics.md #ring-rows, DSpark vector, as SGLang's own op computes it (W = 4, blocks of 2,
+    two slots of 6 rows, valid_from [3, 0])."""
+    t = torch.tensor
+    case = H.RingCase("vector", 4, 2, 6, t([0, 0, 1, 1]), t([6, 7, 10, 11], dtype=torch.int32), t([3, 0]))
+    want = [[3, 4, 5, 0, -1, -1, -1, -1]] * 2 + [[11, 6, 7, 8, 9, 10, -1, -1]] * 2
+    kwargs = {**case.op_kwargs(), "page_index_aligned_size": 8}
+    rows, lens = BuildDsparkSwaRingIndices.torch(**kwargs)
+    assert rows.tolist() == want and lens.tolist() == [4, 4, 6, 6]
+    _use_backend("torch")
+    got = BuildDsparkSwaRingIndices.execute(**kwargs)
+    assert got[0].tolist() == want and got[1].tolist() == [4, 4, 6, 6]
+
+
+def test_ring_pool_gets_its_rows_from_swa_hal_through_sglangs_method(loaded, monkeypatch):
+    """``get_dspark_swa_page_indices`` on a ring pool: the plugin's hook of the method lets SGLang's ring
+    branch run, whose op call is swa_hal's (one launch on a Triton backend)."""
+    _use_backend("cuda")
+    rng = random.Random("sglang-ring-method")
+    calls = []
+    real = integ.SGLangSWAIndices.dspark_ring
+
+    def counted(self, **kwargs):
+        calls.append(kwargs["ring_size"])
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(integ.SGLangSWAIndices, "dspark_ring", counted)
+    for kind in H.RING_KINDS:
+        case = H.ring_case(rng, kind)
+        stand_in = SimpleNamespace(token_to_kv_pool=case.pool(), req_to_token=None)
+        adapter = integ.adapter_for(torch.device("cpu"), case.window)
+        launches = adapter.builder.backend._slot_rows.launches
+        got = integ.dspark_indices_around(
+            H.sglang_ring_method(case), stand_in, seq_lens_casual=case.seq_lens_casual,
+            req_pool_indices_repeated=case.req_pool_indices_repeated, out_loc=None, block_size=case.block_size,
+        )
+        _check_ring(case, got, H.sglang_ring(case))
+        assert adapter.builder.backend._slot_rows.launches == launches + 1
+    assert calls == [c for c in calls if c >= H.SWA_WINDOW] and len(calls) == len(H.RING_KINDS)
+
+
+def _ring_block(slot: int, prefix: int, *, slots: int = 4, block: int = 2):
+    """One draft block of ``block`` rows at ``prefix`` in request slot ``slot`` of a ring of ``slots`` slots
+    of 136 rows (W = 128 + a block of 8), valid_from 0."""
+    t = torch.tensor
+    casual = t([prefix + 1 + j for j in range(block)], dtype=torch.int32)
+    return H.RingCase("malformed", H.SWA_WINDOW, block, 136, t([slot] * block), casual, torch.zeros(slots, dtype=torch.int64))
+
+
+def test_ring_slot_outside_the_ring_sglang_reads_outside_swa_hal_empties(loaded, swa_hal_warnings):
+    """SGLang's behaviour that swa_hal does not copy: a request slot of -1 wraps around ``valid_from`` and
+    gives rows below 0, outside the ring (one past it, ``num_slots``, fails on the CPU and is an unchecked
+    read on the GPU). swa_hal hands the block out empty and logs the typed error a call later."""
+    _use_backend("torch")
+    bad, good = _ring_block(-1, 300), _ring_block(1, 300)
+    rows, lens = H.sglang_ring(bad)
+    assert lens.tolist() == [130, 130] and int(rows[0, :130].min()) < 0
+    with pytest.raises(IndexError):
+        H.sglang_ring(_ring_block(4, 300))
+    got_rows, got_lens = BuildDsparkSwaRingIndices.execute(**bad.op_kwargs())
+    assert got_lens.tolist() == [0, 0] and (got_rows == -1).all()
+    assert swa_hal_warnings() == []  # a call later, never by a sync in this one
+    got_rows, got_lens = BuildDsparkSwaRingIndices.execute(**_ring_block(4, 300).op_kwargs())
+    assert got_lens.tolist() == [0, 0] and (got_rows == -1).all()
+    _check_ring(good, BuildDsparkSwaRingIndices.execute(**good.op_kwargs()), H.sglang_ring(good))
+    warned = swa_hal_warnings()  # the same kind twice: logged once
+    assert len(warned) == 1 and "pools[0]=-1 is not a request slot of the ring" in warned[0], warned
+    with pytest.raises(BatchRangeError, match=r"pools\[0\]=-1 is not a request slot") as err:
+        integ.adapter_for(torch.device("cpu")).builder.check()  # the first violation, which the poll took
+    assert err.value.field == "pools"
+
+
+def test_ring_block_at_a_negative_prefix_sglang_gives_rows_swa_hal_none(loaded):
+    """SGLang's behaviour that swa_hal does not copy (no SGLang caller passes it: a block's prefix is its
+    request's seq_len): a block at prefix -1 gets lens N from SGLang, rows at positions -1, 0, ... wrapped
+    into the ring; swa_hal's block at a negative prefix is empty, as its paged DSpark rows are."""
+    _use_backend("torch")
+    case = _ring_block(1, -1)
+    rows, lens = H.sglang_ring(case)
+    assert lens.tolist() == [2, 2] and rows[0, :2].tolist() == [136 + 135, 136 + 0]
+    got_rows, got_lens = BuildDsparkSwaRingIndices.execute(**case.op_kwargs())
+    assert got_lens.tolist() == [0, 0] and (got_rows == -1).all()
+
+
+def test_ring_shorter_than_a_block_sglang_aliases_swa_hal_refuses(loaded):
+    """A ring shorter than W + N rows (SGLang sizes its ring to hold them, get_draft_swa_ring_size): SGLang's
+    rows then name one ring row twice, the newest key over the oldest; swa_hal refuses the call by name."""
+    _use_backend("torch")
+    case = dataclasses.replace(_ring_block(1, 300, block=8), ring_size=130)
+    rows, lens = H.sglang_ring(case)
+    live = rows[0, : int(lens[0])].tolist()
+    assert len(set(live)) < len(live)
+    with pytest.raises(BatchCapacityError, match=r"ring.size=130 is shorter than a row's positions \(136"):
+        BuildDsparkSwaRingIndices.execute(**case.op_kwargs())
+
 
 # -- DeepSeek-V4.1 request-window layouts --------------------------------------------------------------------
 
@@ -722,3 +892,14 @@ def test_sglang_xpu_padding_rows_read_no_wrapped_index(sglang_on_xpu):
     assert torch.equal(got.swa_page_indices, cuda_path.swa_page_indices)
     assert got.swa_topk_lengths[4:12].tolist() == [0, 0, 0, 1, 17, 18, 19, 20]
     assert integ.adapter_for(torch.device("cpu")).backend_name == "xpu"
+
+
+def test_sglang_xpu_ring_rows_come_from_swa_hals_xpu_backend(sglang_on_xpu):
+    """The ring op has one path in SGLang (torch, on every device); on SGLang's XPU platform the hooked op
+    is swa_hal's xpu backend (its Triton kernel, in the interpreter), equal to it."""
+    rng = random.Random("sglang-xpu-ring")
+    for kind in H.RING_KINDS:
+        case = H.ring_case(rng, kind, window=_window(rng))
+        _check_ring(case, BuildDsparkSwaRingIndices.execute(**case.op_kwargs()), H.sglang_ring(case))
+        H.COUNTS[f"xpu-platform:{kind}"] += 1
+        assert integ.adapter_for(torch.device("cpu"), case.window).backend_name == "xpu"

@@ -1,0 +1,130 @@
+"""Ring rows (docs/semantics.md #ring-rows): token-slot rows over a per-request SWA ring.
+
+Some SWA caches (SGLang's per-request ring, ``swa_req_ring_size``) give each request slot ``s`` its own
+``size`` cache rows and keep position ``q`` at row ``s * size + q % size``. A row's entries are then
+computed from its positions alone: no ``req_to_token``, no slot map. The windows are the token-slot
+rows' (causal newest first, DSpark context then block), so a ring is a flavour of ``SlotRows``
+(``SlotRows(..., ring=SlotRing(size, slots))``); this module holds the ring, its O(1) host checks and
+the vectorised torch build (the Triton backends launch ``kernels/slot_rows.py`` with ``RING`` set).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from .config import INT32_LIMIT
+from .errors import BatchCapacityError, BatchShapeError
+from .guard import Violation
+
+if TYPE_CHECKING:
+    from .slot_rows import SlotRows
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotRing:
+    """A per-request SWA ring: ``slots`` request slots of ``size`` rows each; slot ``s`` keeps position
+    ``q`` at row ``s * size + q % size``, so every row lies in ``[0, slots * size)``."""
+
+    size: int
+    slots: int
+
+    @property
+    def rows(self) -> int:
+        return self.size * self.slots
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BatchShapeError("ring", f"ring.{name}={value!r} must be a positive integer")
+    return value
+
+
+def preflight_ring(rows: SlotRows, window: int, limit: int) -> SlotRing:
+    """The ring's own O(1) host checks (the tensors are ``preflight_slot_rows``'s): a ring, no paged
+    inputs beside it, as many rows per slot as a row has positions, and every ring row a cache slot."""
+    ring = rows.ring
+    if not isinstance(ring, SlotRing):
+        raise BatchShapeError("ring", f"ring must be a SlotRing, got {type(ring).__name__}")
+    size, slots = _positive("size", ring.size), _positive("slots", ring.slots)
+    # Ring rows are computed, never looked up: a table given beside them would be silently ignored.
+    for name in ("req_to_token", "slot_map", "block_slots"):
+        if getattr(rows, name) is not None:
+            raise BatchShapeError(name, f"ring rows read no {name}: pass it for paged token-slot rows only")
+    # A row covers up to W positions (W + N for a DSpark block): a shorter ring would give two of them
+    # one row, the older one overwritten by the newer.
+    need = window + rows.block
+    if size < need:
+        raise BatchCapacityError(
+            "ring",
+            f"ring.size={size} is shorter than a row's positions ({need}: window {window} + block {rows.block}): "
+            "two positions of one row would share a ring row",
+        )
+    if size * slots > min(limit, INT32_LIMIT + 1):
+        raise BatchCapacityError(
+            "ring",
+            f"the ring's {slots} slots x {size} rows reach past the cache's slots [0, {min(limit, INT32_LIMIT + 1)}) "
+            "(ring rows are int32 cache slots)",
+        )
+    return ring
+
+
+def build_ring_rows(
+    rows: SlotRows, window: int, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, *, guard: bool
+) -> None:
+    """The torch build of ring rows into ``out``/``lens`` (no host sync). Guarded: a row with entries
+    whose request slot is outside the ring is handed out empty and the lowest one recorded (rule 12);
+    nothing else a ring row computes can leave the ring."""
+    n = rows.num_rows
+    if n == 0:
+        return
+    ring = rows.ring
+    assert ring is not None
+    dev = out.device
+    i64 = torch.int64
+    size = ring.size
+    width = out.shape[1]
+    nb = rows.block
+    cols = torch.arange(width, device=dev)
+    # Exact int64 positions: a ring has no width to read past, so every position is a valid one and its
+    # row must be its exact one (``q % size``); ends at or below 0 are rows at a negative position.
+    ends = rows.row_ends.to(i64).clamp_min(0)
+    if nb:
+        head = torch.arange(n, device=dev) // nb * nb
+        p = ends[head] - 1  # the block's prefix P
+        pool = rows.pools.to(i64)[head]
+    else:
+        p = ends - 1
+        pool = rows.pools.to(i64)
+    if nb:
+        ctx = p.clamp(0, window)
+        if rows.floors is not None:
+            floor = rows.floors.to(i64)[pool.clamp(0, ring.slots - 1)]
+            # max(P - floor, 0), capped at W, without forming P - floor (a floor near INT64_MIN).
+            ctx = torch.minimum(ctx, p - torch.minimum(torch.maximum(floor, p - window), p))
+        row_lens = torch.where(p >= 0, ctx + nb, 0)
+        q = (p - ctx)[:, None] + cols  # the context ascending from P - ctx, then the block's own P + j
+    else:
+        lo = (p - (window - 1)).clamp_min(0)
+        if rows.floors is not None:
+            lo = torch.maximum(lo, rows.floors[:n].to(i64))
+        row_lens = (p + 1 - lo).clamp_min(0)
+        q = p[:, None] - cols  # newest first
+    live = cols[None, :] < row_lens[:, None]
+    entry = pool[:, None] * size + q.remainder(size)
+    if guard:
+        # Rule 12: only a row with entries is checked (an empty row computes no ring row).
+        broken = (row_lens > 0) & ((pool < 0) | (pool >= ring.slots))
+        key = torch.where(broken, torch.arange(n, device=dev), n)
+        first = key.argmin(0, keepdim=True)
+        found = torch.index_select(broken, 0, first)
+        value = pool[first].clamp(-INT32_LIMIT - 1, INT32_LIMIT)
+        new = torch.cat([found.to(i64), torch.full_like(first, int(Violation.RING_SLOT)), first, value])
+        new = new.to(record.dtype)
+        torch.where(record[:1] < found.to(record.dtype), new, record, out=record)
+        row_lens = torch.where(broken, 0, row_lens)
+        live &= ~broken[:, None]
+    out.copy_(torch.where(live, entry, -1))
+    lens.copy_(row_lens)

@@ -150,10 +150,12 @@ class BuildPlan(NamedTuple):
 
 def update_plan(metadata: SWAMetadata) -> BuildPlan:
     """The plan of a draft-step update (docs/semantics.md #draft-updates): the decode part of the build
-    that made ``metadata``, recomputed from its (advanced) seq_lens and replay bounds."""
+    that made ``metadata``, recomputed from its (advanced) seq_lens and replay bounds. Its requests are the
+    decodes alone: a decode token's owner counts the decodes' ends only (the same owner as the build's
+    wherever the offsets never decrease), and only they are checked."""
     ndt = metadata.num_decode_tokens
     return BuildPlan(
-        num_reqs=metadata.query_start_loc.shape[0] - 1,
+        num_reqs=metadata.num_decodes,
         num_tokens=ndt,
         num_decodes=metadata.num_decodes,
         num_prefills=0,

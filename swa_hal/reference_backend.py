@@ -353,7 +353,7 @@ class TorchBackend(Backend):
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         # An update rebuilds the decode requests only, so only they are checked: a prefill's violation
         # belongs to the build that handed its rows out (the kernels' decode programs see no prefill).
-        plan = update_plan(metadata)._replace(num_reqs=metadata.num_decodes)
+        plan = update_plan(metadata)
         batch = _UpdateInputs(metadata)
         with one_thread():
             self._compute(plan, batch, buffers)  # type: ignore[arg-type]

@@ -53,6 +53,12 @@ def main() -> int:
     p.add_argument("--seed", default="long", help="seed prefix (default: long)")
     p.add_argument("--address-strict", action="store_true", help="check every lane address (CPU interpreter)")
     p.add_argument("--show", type=int, default=3, help="differing cases printed per line (default 3)")
+    p.add_argument("--windows", nargs="+", type=int, help="only the token-slot configs of these windows")
+    p.add_argument(
+        "--shard",
+        default="0/1",
+        help="K/N: this process's share of the cases (its own seeds), so N processes split a long run",
+    )
     args = p.parse_args()
 
     import torch
@@ -63,6 +69,9 @@ def main() -> int:
     from swa_hal.testing.interpreter import address_strict
 
     device = torch.device(args.device)
+    shard, shards = (int(v) for v in args.shard.split("/"))
+    if not 0 <= shard < shards:
+        p.error(f"--shard {args.shard}: K must be in [0, N)")
     cases = {
         "build": guarded.build_case,
         "groups": guarded.group_case,
@@ -89,12 +98,18 @@ def main() -> int:
             t0 = time.perf_counter()
             bad: list[str] = []
             n = 0
-            per_config = max(1, args.cases // len(configs[entry]))
-            for config in configs[entry]:
+            chosen = [
+                c
+                for c in configs[entry]
+                if entry in ("build", "groups") or not args.windows or c.window_size in args.windows
+            ]
+            per_config = max(1, args.cases // max(1, len(configs[entry])) // shards)
+            for config in chosen:
                 builder = SWAMetadataBuilder(config, device=device, backend=name, platform=platform)
                 ref = guarded.reference_builder(config)
                 limit = slot_limit(config)
-                rng = random.Random(f"{args.seed}-{name}-{entry}-{config.window_size}")
+                tail = f"-{shard}/{shards}" if shards > 1 else ""
+                rng = random.Random(f"{args.seed}-{name}-{entry}-{config.window_size}{tail}")
                 for k in range(per_config):
                     problems = cases[entry](builder, ref, rng, device, k, strict=strict)
                     n += 1
@@ -104,7 +119,13 @@ def main() -> int:
             total += n
             failed += len(bad)
             dt = time.perf_counter() - t0
-            print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s")
+            part = f" {shard}/{shards}" if shards > 1 else ""
+            windows = (
+                f" w{','.join(str(c.window_size) for c in chosen)}"
+                if args.windows and entry not in ("build", "groups")
+                else ""
+            )
+            print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s{windows}{part}")
             for line in bad[: args.show]:
                 print(f"    {line[:400]}")
     print(f"total: {total} malformed inputs, {failed} differ from the reference, {outside} indices outside the cache")

@@ -82,14 +82,28 @@ for step in $STEPS; do
         | grep -v USDT | tee "$OUT/sglang_window.txt" | tail -45
       ;;
     fuzz)
-      # The guarded-output fuzz, natively, one process per backend side by side (each pinned to its cores).
+      # The guarded-output fuzz, natively, one process per backend and entry point side by side; the
+      # token-slot entries compile a kernel per key (dtypes, widths, ring sizes), so they split further:
+      # one process per window, the ring rows FUZZ_SHARDS ways (each shard its own seeds).
       for b in cuda sm12x rocm xpu torch; do
-        timeout ${FUZZ_TIMEOUT:-540} python3 benchmarks/fuzz_guarded.py --device cuda --backends $b \
-          --cases ${FUZZ_CASES:-7000} --seed ${FUZZ_SEED:-long} > "$OUT/fuzz_$b.part" 2>&1 &
+        fuzz_run() { timeout ${FUZZ_TIMEOUT:-540} python3 benchmarks/fuzz_guarded.py --device cuda --backends $b \
+          --cases ${FUZZ_CASES:-5000} --seed ${FUZZ_SEED:-long} "$@"; }
+        fuzz_run --entries build > "$OUT/fuzz_$b-build.part" 2>&1 &
+        fuzz_run --entries groups > "$OUT/fuzz_$b-groups.part" 2>&1 &
+        for w in 8 20; do
+          fuzz_run --entries slot_rows --windows $w > "$OUT/fuzz_$b-slot-$w.part" 2>&1 &
+          shards=${FUZZ_SHARDS:-2}
+          for ((k = 0; k < shards; k++)); do
+            fuzz_run --entries ring_rows --windows $w --shard $k/$shards > "$OUT/fuzz_$b-ring-$w-$k.part" 2>&1 &
+          done
+        done
       done
       wait
       cat "$OUT"/fuzz_*.part | grep -v Warning > "$OUT/fuzz_guarded.txt"; rm -f "$OUT"/fuzz_*.part
-      grep -E "cases|total" "$OUT/fuzz_guarded.txt"
+      grep -E " cases " "$OUT/fuzz_guarded.txt" | sort
+      awk '/^total:/ {n += $2; d += $5; o += $10} END {print "all processes: " n " malformed inputs, " d \
+        " differ from the reference, " o " indices outside the cache"}' "$OUT/fuzz_guarded.txt" \
+        | tee -a "$OUT/fuzz_guarded.txt"
       ;;
     memcheck)
       # A slice of the same fuzz under compute-sanitizer's memcheck, one allocation per tensor (no caching

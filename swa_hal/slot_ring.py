@@ -105,7 +105,9 @@ def build_ring_rows(
             # max(P - floor, 0), capped at W, without forming P - floor (a floor near INT64_MIN).
             ctx = torch.minimum(ctx, p - torch.minimum(torch.maximum(floor, p - window), p))
         row_lens = torch.where(p >= 0, ctx + nb, 0)
-        q = (p - ctx)[:, None] + cols  # the context ascending from P - ctx, then the block's own P + j
+        # The context ascending from P - ctx, then the block's own P + j, as ring offsets: reduced before the
+        # columns are added, so a prefix near INT64_MAX gives its exact rows instead of wrapping past it.
+        q = (p - ctx).remainder(size)[:, None] + cols
     else:
         lo = (p - (window - 1)).clamp_min(0)
         if rows.floors is not None:

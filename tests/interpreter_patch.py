@@ -10,10 +10,18 @@ patching was about a fifth of the interpreter's time.
 ``install()`` makes a nested call skip the patching when every language module the helper sees is already
 patched by the launch in progress. Nothing a kernel computes changes: the helper runs against the same
 patched modules it would have re-patched, and the launch's own patch and restore are Triton's.
+
+It also switches off the interpreter's integer-overflow sanitiser, which is dead work there: for every int32
+``+``, ``-`` and ``*`` it recomputes the operation in int64 and compares it with both bounds (six numpy
+operations), then hands the result to ``device_assert``, which returns at once because the interpreter's
+options never set ``debug``. That was about a third of an interpreted fuzz test's time. Kernels are held to
+no wrap by their results (tests/test_int32_edges.py), never by that assertion; ``test_interpreter_patch.py``
+shows the sanitiser cannot fire here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 # Per launch in progress (innermost last): ids of the language modules it has patched so far.
@@ -33,6 +41,8 @@ def install() -> None:
 
     if getattr(interpreter._patch_lang, "_once_per_launch", False):
         return
+    options = interpreter.interpreter_builder.options
+    interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
     real_patch, real_launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
 
     def patch_lang(fn: Any) -> Any:

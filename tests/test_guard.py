@@ -639,6 +639,22 @@ def test_a_prefill_whose_span_breaks_rule_4_gets_gather_length_0(backend):
         assert checked.value.field == "image_spans"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_prefill_without_tokens_whose_span_breaks_rule_4_gathers_nothing_and_is_not_recorded(backend):
+    """docs/semantics.md #guarded-builds: a broken request that owns no row with a slot records nothing. The
+    kernels' gather programs recorded this one (they see every prefill, not its rows)."""
+    # Request 0: q=3, S=7 (prefix 4, W=5): gather 3 + min(4, W - 1) = 7. Request 1: no new token (q=0) and
+    # one span, 45..18, inverted: broken, so gather length 0, but it owns no row.
+    batch = make_batch([0, 3, 3], [7, 9], [[1, 2, 3], [4, 5, 6]], [10, 11, 12], 3, 3, None, ([0, 0, 1], [45], [18]))
+    builder, ref = _pair(backend)
+    md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
+    assert want.prefill_gather_lens.tolist() == [7, 0] and md.prefill_gather_lens.tolist() == [7, 0]
+    assert metadata_differences(md, want) == []
+    for b in (builder, ref):
+        assert b.buffers.violation.tolist() == [0, 0, 0, 0]
+        b.check()
+
+
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_a_decode_whose_span_breaks_rule_4_is_emptied(backend):
     """The kernels' decode programs check rule 4 when the model has image spans (they filled this row)."""

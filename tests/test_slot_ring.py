@@ -143,6 +143,21 @@ def test_hand_derived_ring_rows(backend, case):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dspark_block_whose_last_position_is_past_int64_keeps_its_exact_rows(backend):
+    """W = 4, N = 3, a ring of 7 rows: a block whose first row ends at INT64_MAX has prefix P = 2^63 - 2,
+    context 4 and positions P - 4 ... P + 2 = 2^63 - 6 ... 2^63, the last one past int64. Worked by hand:
+    2^3 = 1 (mod 7), so 2^63 = 1 and 2^63 - 6 = 2 (mod 7): ring rows 2, 3, 4, 5, 6, 0, 1. (The torch build
+    once formed P + 2 in int64, which wraps; the native fuzz found it.)"""
+    rows = SlotRows(
+        row_ends=t([2**63 - 1, 5, 6], torch.int64), pools=t([0, 0, 0]), block=3, width=7, ring=SlotRing(size=7, slots=1)
+    )
+    with strictness(backend):
+        out, lens = make_builder(config(4), backend).build_slot_rows(rows)
+    assert lens.tolist() == [7, 7, 7]
+    assert out.tolist() == [[2, 3, 4, 5, 6, 0, 1]] * 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("bad", [3, -1, 2**40])
 def test_guard_empties_a_row_outside_the_ring_and_check_names_it(backend, bad):
     """Rule 12: row 1's request slot is not one of the ring's 3; its neighbours are untouched, a row at a

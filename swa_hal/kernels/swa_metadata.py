@@ -746,15 +746,13 @@ def swa_metadata_kernel(
         visible = tl.minimum(tl.maximum(seq - query - bound, 0), WINDOW - 1)
         gather = query + visible
         if GUARD:
-            kind = tl.zeros([GATHER_BLOCK], dtype=tl.int32)
-            value = tl.zeros([GATHER_BLOCK], dtype=tl.int32)
-            # Compared, not subtracted (the row programs' rules 1 and 2): a query that wrapped is past int32.
-            kind, value = _flag(kind, value, real & (end < begin), 1, query)  # QUERY_ORDER
-            kind, value = _flag(kind, value, real & ((seq < query) | (query < 0)), 2, seq)  # SEQ_SHORT
-            kind, value = _flag(kind, value, real & ((bound < 0) | (bound > seq - query)), 3, bound)  # REPLAY
+            # A prefill that broke a rule gets gather length 0. Its violation is recorded by the row programs,
+            # at its rows with a slot, as the reference does: a prefill without any records nothing
+            # (docs/semantics.md #guarded-builds). Compared, not subtracted (the row programs' rules 1 and
+            # 2): a query that wrapped is past int32.
+            broken = (end < begin) | (seq < query) | (query < 0)  # QUERY_ORDER, SEQ_SHORT
+            broken |= (bound < 0) | (bound > seq - query)  # REPLAY
             if MAX_IMAGE > 0:
-                # A prefill whose spans break rule 4 gets gather length 0 like any other broken prefill
-                # (its rows are emptied by the row programs, which this program cannot see).
                 bad_span = _image_visibility(
                     tl.zeros([GATHER_BLOCK], dtype=tl.int32),
                     req,
@@ -769,7 +767,6 @@ def swa_metadata_kernel(
                     MAX_IMAGE,
                     GUARD,
                 )[2]
-                kind, value = _flag(kind, value, real & (bad_span != NO_SPAN), 4, bad_span)  # SPAN
-            gather = tl.where(kind > 0, 0, gather)
-            _record(violation_ptr, kind, req, value, i)
+                broken |= bad_span != NO_SPAN  # SPAN
+            gather = tl.where(broken, 0, gather)
         tl.store(gather_lens_ptr + i, gather, mask=real)

@@ -25,7 +25,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-CASES = ("decode_only", "mixed", "long_prefill", "groups8", "groups8_stacked", "slot_rows", "sglang_causal")
+CASES = (
+    "decode_only",
+    "mixed",
+    "long_prefill",
+    "groups8",
+    "groups8_stacked",
+    "slot_rows",
+    "sglang_causal",
+    "window_layout",
+)
 
 
 def _stub(builder):
@@ -50,7 +59,10 @@ def _stub(builder):
 
     backend = builder.backend
     if hasattr(backend, "_rows"):  # one launch object per kernel
-        for launch in (backend._rows, backend._slot_rows):
+        # The request-window launch exists where the tree has it (newer than the other two).
+        for launch in (backend._rows, backend._slot_rows, getattr(backend, "_request_window", None)):
+            if launch is None:
+                continue
             launch.interpreted = False
             launch.pointer = torch.Tensor.data_ptr
             launch._compiled = Always((noop, (), ()))
@@ -85,6 +97,21 @@ def _case(name: str, root: Path):
             SWAMetadataBuilder(config, device=cpu, backend="cuda", platform=platform, validate=False, guard=True)
         )
 
+    if name == "window_layout":
+        # DeepSeek-V4.1's decode-256 request-window layout through the SGLang adapter
+        # (benchmarks/sglang_window.py's first scenario).
+        sys.path.insert(0, str(root / "benchmarks"))
+        from sglang_window import scenarios as window_scenarios
+
+        from swa_hal.integrations.sglang import SGLangSWAIndices
+
+        case = window_scenarios(cpu)[0]
+        adapter = SGLangSWAIndices(case.window, cpu, backend="cuda", platform=platform, validate=False)
+        _stub(adapter.builder)
+        return lambda: adapter.window_layout(
+            case.req, case.pos, zero_row=case.zero_row, capacity=case.capacity, floor=case.floor,
+            num_groups=case.num_groups, padded_rows=case.padded_rows,
+        )  # fmt: skip
     if name in ("slot_rows", "sglang_causal"):
         # SGLang's decode-256 causal rows (benchmarks/sglang_rows.py's pools): the plain build of a prepared
         # SlotRows, and the call through the plugin's adapter (the SlotRows made per call, then the poll).

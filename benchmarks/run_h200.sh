@@ -11,7 +11,7 @@
 # python3 benchmarks/sglang_site.py on one with it first: it writes .device/sglang/ (SGLang's own files of that import
 # chain, and wheels of the packages in it that a GPU machine's image lacks), which those steps then take
 # (CARRIED_SGLANG=DIR for another folder).
-# STEPS="info bench" runs only some steps (fuzz and memcheck run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
+# STEPS="info bench" runs only some steps (fuzz, memcheck and abwindow run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
 # SGLWINDOW_ARGS and PYTEST_ARGS pass options on.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out/h200}
@@ -28,7 +28,7 @@ fi
 # DLPack addon on first import; nothing timed here uses it, so it is switched off unless set.
 CARRIED_SGLANG=${CARRIED_SGLANG:-.device/sglang}
 SGLANG_PATH=
-if [ -d "$CARRIED_SGLANG/src/sglang" ] && [[ " $STEPS " == *" slotrows "* || " $STEPS " == *" sglwindow "* ]]; then
+if [ -d "$CARRIED_SGLANG/src/sglang" ] && [[ " $STEPS " == *" slotrows "* || " $STEPS " == *" sglwindow "* || " $STEPS " == *" abwindow "* ]]; then
   SGLANG_DEPS=$(mktemp -d)
   if ! ls "$CARRIED_SGLANG"/wheels/*.whl >/dev/null 2>&1 || python3 -m pip install -q --no-index --no-deps \
       --no-compile --no-cache-dir --upgrade --target "$SGLANG_DEPS" "$CARRIED_SGLANG"/wheels/*.whl; then
@@ -80,6 +80,18 @@ for step in $STEPS; do
       # DeepSeek-V4.1's request-window layout against SGLang's own window_layout (swa_hal alone without SGLang).
       with_sglang timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/sglang_window.py ${SGLWINDOW_ARGS:-} 2>&1 \
         | grep -v USDT | tee "$OUT/sglang_window.txt" | tail -45
+      ;;
+    abwindow)
+      # The request-window layout of two source trees in turn (AB_BEFORE, default .device/before, then this
+      # one), AB_ROUNDS rounds, each against SGLang's window_layout in the same process: before/after ratios.
+      for ((r = 1; r <= ${AB_ROUNDS:-2}; r++)); do
+        for tree in "${AB_BEFORE:-.device/before}" .; do
+          tree=$(cd "$tree" && pwd)
+          echo "== round $r, swa_hal from $(cd /tmp && PYTHONPATH="$tree" python3 -c "import swa_hal, os; print(os.path.dirname(swa_hal.__file__))")"
+          PYTHONPATH="$tree:$tree/backends${PYTHONPATH:+:$PYTHONPATH}" with_sglang timeout ${BENCH_TIMEOUT:-200} \
+            python3 benchmarks/sglang_window.py --steps 0 --reps 1 ${SGLWINDOW_ARGS:-} 2>&1 | grep -E "==|host|which|swa_hal backend"
+        done
+      done 2>&1 | tee "$OUT/ab_window.txt"
       ;;
     fuzz)
       # The guarded-output fuzz, natively, one process per backend and entry point side by side; the

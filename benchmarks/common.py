@@ -64,6 +64,19 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def compared(ours: list[float], theirs: list[float] | None) -> tuple[str, str, str]:
+    """The cells of a comparison row: each side's "median (min-max)" and the median of the per-repetition
+    ratios theirs / ours ("-" where there is no other side)."""
+
+    def cell(values: list[float]) -> str:
+        s = summary(values)
+        return f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
+
+    if theirs is None:
+        return cell(ours), "-", "-"
+    return cell(ours), cell(theirs), f"{statistics.median(y / x for x, y in zip(ours, theirs)):.2f}x"
+
+
 def host_us(fn: Callable[[], object], iters: int, device: torch.device = CUDA) -> float:
     """Median wall time of ``fn()`` without synchronising: what the caller's CPU pays."""
     return median_us(host_samples(fn, iters, device))

@@ -42,6 +42,7 @@ FORCED = {
     "torch": None,
 }
 ENTRIES = ("build", "groups", "slot_rows", "ring_rows")
+WINDOWED = ("slot_rows", "ring_rows")  # one config per window (SLOT_ROW_WINDOWS), which --windows picks from
 
 
 def main() -> int:
@@ -98,11 +99,8 @@ def main() -> int:
             t0 = time.perf_counter()
             bad: list[str] = []
             n = 0
-            chosen = [
-                c
-                for c in configs[entry]
-                if entry in ("build", "groups") or not args.windows or c.window_size in args.windows
-            ]
+            windows = args.windows if entry in WINDOWED else None
+            chosen = [c for c in configs[entry] if windows is None or c.window_size in windows]
             per_config = max(1, args.cases // max(1, len(configs[entry])) // shards)
             for config in chosen:
                 builder = SWAMetadataBuilder(config, device=device, backend=name, platform=platform)
@@ -120,12 +118,8 @@ def main() -> int:
             failed += len(bad)
             dt = time.perf_counter() - t0
             part = f" {shard}/{shards}" if shards > 1 else ""
-            windows = (
-                f" w{','.join(str(c.window_size) for c in chosen)}"
-                if args.windows and entry not in ("build", "groups")
-                else ""
-            )
-            print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s{windows}{part}")
+            shown = f" w{','.join(str(c.window_size) for c in chosen)}" if windows else ""
+            print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s{shown}{part}")
             for line in bad[: args.show]:
                 print(f"    {line[:400]}")
     print(f"total: {total} malformed inputs, {failed} differ from the reference, {outside} indices outside the cache")

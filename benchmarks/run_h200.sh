@@ -87,7 +87,9 @@ for step in $STEPS; do
       for ((r = 1; r <= ${AB_ROUNDS:-2}; r++)); do
         for tree in "${AB_BEFORE:-.device/before}" .; do
           tree=$(cd "$tree" && pwd)
-          echo "== round $r, swa_hal from $(cd /tmp && PYTHONPATH="$tree" python3 -c "import swa_hal, os; print(os.path.dirname(swa_hal.__file__))")"
+          root=$PWD  # the path printed relative to the repository root
+          echo "== round $r, swa_hal from $(cd /tmp && PYTHONPATH="$tree" python3 -c \
+            "import swa_hal, os; print(os.path.relpath(os.path.dirname(swa_hal.__file__), '$root'))")"
           PYTHONPATH="$tree:$tree/backends${PYTHONPATH:+:$PYTHONPATH}" with_sglang timeout ${BENCH_TIMEOUT:-200} \
             python3 benchmarks/sglang_window.py --steps 0 --reps 1 ${SGLWINDOW_ARGS:-} 2>&1 | grep -E "==|host|which|swa_hal backend"
         done
@@ -97,22 +99,22 @@ for step in $STEPS; do
       # The guarded-output fuzz, natively, one process per backend and entry point side by side; the
       # token-slot entries compile a kernel per key (dtypes, widths, ring sizes), so they split further:
       # one process per window, the ring rows FUZZ_SHARDS ways (each shard its own seeds).
+      fuzz_run() { timeout ${FUZZ_TIMEOUT:-540} python3 benchmarks/fuzz_guarded.py --device cuda --backends "$@" \
+        --cases ${FUZZ_CASES:-5000} --seed ${FUZZ_SEED:-long}; }
+      shards=${FUZZ_SHARDS:-2}
       for b in cuda sm12x rocm xpu torch; do
-        fuzz_run() { timeout ${FUZZ_TIMEOUT:-540} python3 benchmarks/fuzz_guarded.py --device cuda --backends $b \
-          --cases ${FUZZ_CASES:-5000} --seed ${FUZZ_SEED:-long} "$@"; }
-        fuzz_run --entries build > "$OUT/fuzz_$b-build.part" 2>&1 &
-        fuzz_run --entries groups > "$OUT/fuzz_$b-groups.part" 2>&1 &
+        fuzz_run $b --entries build > "$OUT/fuzz_$b-build.part" 2>&1 &
+        fuzz_run $b --entries groups > "$OUT/fuzz_$b-groups.part" 2>&1 &
         for w in 8 20; do
-          fuzz_run --entries slot_rows --windows $w > "$OUT/fuzz_$b-slot-$w.part" 2>&1 &
-          shards=${FUZZ_SHARDS:-2}
+          fuzz_run $b --entries slot_rows --windows $w > "$OUT/fuzz_$b-slot-$w.part" 2>&1 &
           for ((k = 0; k < shards; k++)); do
-            fuzz_run --entries ring_rows --windows $w --shard $k/$shards > "$OUT/fuzz_$b-ring-$w-$k.part" 2>&1 &
+            fuzz_run $b --entries ring_rows --windows $w --shard $k/$shards > "$OUT/fuzz_$b-ring-$w-$k.part" 2>&1 &
           done
         done
       done
       wait
       cat "$OUT"/fuzz_*.part | grep -v Warning > "$OUT/fuzz_guarded.txt"; rm -f "$OUT"/fuzz_*.part
-      grep -E " cases " "$OUT/fuzz_guarded.txt" | sort
+      grep -E " differ " "$OUT/fuzz_guarded.txt" | sort
       awk '/^total:/ {n += $2; d += $5; o += $10} END {print "all processes: " n " malformed inputs, " d \
         " differ from the reference, " o " indices outside the cache"}' "$OUT/fuzz_guarded.txt" \
         | tee -a "$OUT/fuzz_guarded.txt"

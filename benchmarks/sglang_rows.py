@@ -26,12 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     GraphTimer,
+    compared,
     count_launches,
     e2e_us,
     host_mean_us,
     host_us,
     run_info,
-    summary,
     warm_gpu,
 )
 
@@ -223,13 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             b = measured.get((name, "sglang", metric))
             if a is None:
                 continue
-            sa = summary(a)
-            cell_a = f"{sa['median']:.2f} ({sa['min']:.2f}-{sa['max']:.2f})"
-            cell_b, ratio = "-", "-"
-            if b is not None:
-                sb = summary(b)
-                cell_b = f"{sb['median']:.2f} ({sb['min']:.2f}-{sb['max']:.2f})"
-                ratio = f"{statistics.median(y / x for x, y in zip(a, b)):.2f}x"
+            cell_a, cell_b, ratio = compared(a, b)
             print(f"{name:<28} {metric:<5} {cell_a:>26} {cell_b:>26} {ratio:>15}")
         theirs_n = launches.get((name, "sglang"))
         print(f"{name:<28} launches: swa_hal {launches[(name, 'swa_hal')]}, SGLang {theirs_n if theirs_n else '-'}")

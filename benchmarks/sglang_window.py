@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GraphTimer, count_launches, e2e_us, host_us, kernel_us, run_info, summary, warm_gpu  # noqa: E402
+from common import GraphTimer, compared, count_launches, e2e_us, host_us, kernel_us, run_info, warm_gpu  # noqa: E402
 
 from swa_hal import PlatformInfo  # noqa: E402
 from swa_hal.integrations.sglang import SGLangSWAIndices  # noqa: E402
@@ -264,13 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             b = measured.get((case.kind, "sglang", metric))
             if a is None:
                 continue
-            sa = summary(a)
-            cell_a = f"{sa['median']:.2f} ({sa['min']:.2f}-{sa['max']:.2f})"
-            cell_b, ratio = "-", "-"
-            if b is not None:
-                sb = summary(b)
-                cell_b = f"{sb['median']:.2f} ({sb['min']:.2f}-{sb['max']:.2f})"
-                ratio = f"{statistics.median(y / x for x, y in zip(a, b)):.2f}x"
+            cell_a, cell_b, ratio = compared(a, b)
             print(f"{case.kind:<36} {metric:<6} {cell_a:>30} {cell_b:>30} {ratio:>15}")
         theirs_n = launches.get((case.kind, "sglang"))
         what = "launches" if device.type == "cuda" else "aten ops"

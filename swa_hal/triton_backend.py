@@ -18,6 +18,7 @@ from .groups import group_rows
 from .kernels.request_window_launch import RequestWindowArgs, RequestWindowKey, request_window_key
 from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsKey, rows_key, rows_keys
 from .kernels.slot_rows_launch import SlotRowsArgs, SlotRowsKey, slot_rows_key
+from .request_window import RequestWindowLayout
 
 if TYPE_CHECKING:
     from .batch import AttentionBatch, ImageSpans
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .config import SWAConfig
     from .metadata import SWAMetadata
     from .platform import PlatformInfo
-    from .request_window import RequestWindowLayout, RequestWindowRows
+    from .request_window import RequestWindowRows
     from .slot_rows import SlotRows
 
 
@@ -381,8 +382,6 @@ class TritonBackend(Backend):
 def _new_layout(padded: int, history: int, window: int, device: torch.device) -> RequestWindowLayout:
     """A request-window layout's output fields, new per call, as views of one new tensor per dtype: three
     allocations instead of twelve (about a third of a call's host time on an H200: benchmarks/results/h200/ab_window.txt)."""
-    from .request_window import RequestWindowLayout
-
     i64 = torch.empty(2 * padded + 4 * history + 1, dtype=torch.int64, device=device)
     i32 = torch.empty(padded * (window + 2), dtype=torch.int32, device=device)
     flags = torch.empty(history + padded, dtype=torch.bool, device=device)

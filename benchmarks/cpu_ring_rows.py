@@ -1,10 +1,9 @@
 #!/usr/bin/env python
 """The torch backend's DSpark ring rows on the CPU (docs/semantics.md #ring-rows): the median host time of
 one ``build_slot_rows`` of 64 blocks of 4 rows (W = 128, a ring of 136 rows per request slot), for the
-tree given, so two trees can be run in turn:
+tree given, so two trees can be run in turn and compared pair by pair:
 
-    farm-bench -n 8 --vs "sh -c 'exec python benchmarks/cpu_ring_rows.py BEFORE >>/tmp/b 2>&1'" \
-        -- sh -c 'exec python benchmarks/cpu_ring_rows.py . >>/tmp/a 2>&1'
+    for i in $(seq 9); do python benchmarks/cpu_ring_rows.py .; python benchmarks/cpu_ring_rows.py BEFORE; done
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 # python3 benchmarks/sglang_site.py on one with it first: it writes .device/sglang/ (SGLang's own files of that import
 # chain, and wheels of the packages in it that a GPU machine's image lacks), which those steps then take
 # (CARRIED_SGLANG=DIR for another folder).
-# STEPS="info bench" runs only some steps (fuzz, memcheck and abwindow run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
+# STEPS="info bench" runs only some steps (fuzz, memcheck, abwindow, vllmstep and hostprofile run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
 # SGLWINDOW_ARGS and PYTEST_ARGS pass options on.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out/h200}
@@ -130,6 +130,17 @@ for step in $STEPS; do
       wait
       cat "$OUT"/memcheck_*.part | grep -v Warning > "$OUT/fuzz_memcheck.txt"; rm -f "$OUT"/memcheck_*.part
       grep -E "cases|total|ERROR SUMMARY" "$OUT/fuzz_memcheck.txt"
+      ;;
+    vllmstep)
+      # A vLLM step of 8 SWA groups x decode-256 through the step path, against 8 single builds and 8 engine
+      # launch sequences (benchmarks/vllm_step.py), on one pinned core.
+      taskset -c ${PIN_CORE:-5} timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/vllm_step.py ${VLLMSTEP_ARGS:-} 2>&1 \
+        | grep -v USDT | tee "$OUT/vllm_step.txt" | tail -14
+      ;;
+    hostprofile)
+      # Where each host path's time goes (benchmarks/host_profile.py), on one pinned core.
+      taskset -c ${PIN_CORE:-5} timeout 300 python3 benchmarks/host_profile.py ${HOSTPROFILE_ARGS:-} 2>&1 | grep -v USDT \
+        > "$OUT/host_profile.txt"; grep -E "primitive|===" "$OUT/host_profile.txt"
       ;;
     bench)
       timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_build.py --targets no --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v USDT | tee "$OUT/bench.log" | tail -30

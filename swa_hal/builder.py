@@ -40,7 +40,7 @@ from .request_window import (
     validate_request_window,
 )
 from .selection import select_backend
-from .slot_rows import SlotRows, check_outputs, preflight_slot_rows, slot_limit
+from .slot_rows import SlotRows, check_outputs, new_slot_rows_outputs, preflight_slot_rows, slot_limit
 from .split import split_decodes_and_prefills
 from .validation import validate_batch
 from .violations import ViolationWatch
@@ -68,7 +68,9 @@ class OnDevice:
         self._switched: Any = None
 
     def __enter__(self) -> None:
-        if self.index >= 0 and torch.cuda.current_device() != self.index:
+        # torch's raw query: ``torch.cuda.current_device()`` re-checks CUDA's lazy initialisation first,
+        # which a builder on a GPU has done (its buffers are there), at 3-4 us a call on a GPU host.
+        if self.index >= 0 and torch._C._cuda_getDevice() != self.index:
             self._switched = torch.cuda.device(self.index)
             self._switched.__enter__()
 
@@ -276,11 +278,14 @@ class SWAMetadataBuilder:
         builds record violations for ``check()`` as ``build`` does."""
         width = preflight_slot_rows(rows, self.config.window_size, self.device, self._slot_limit)
         n = rows.num_rows
-        if out is None:
-            out = torch.empty((n, width), dtype=torch.int32, device=self.device)
-        if lens is None:
-            lens = torch.empty(n, dtype=torch.int32, device=self.device)
-        check_outputs(out, lens, n, width, self.device)
+        if out is None and lens is None:
+            out, lens = new_slot_rows_outputs(n, width, self.device)
+        else:
+            if out is None:
+                out = torch.empty((n, width), dtype=torch.int32, device=self.device)
+            if lens is None:
+                lens = torch.empty(n, dtype=torch.int32, device=self.device)
+            check_outputs(out, lens, n, width, self.device)
         if not self._busy.acquire(blocking=False):
             raise ConcurrentBuildError(self._concurrent_message("build_slot_rows"))
         try:

@@ -235,8 +235,7 @@ class TorchBackend(Backend):
         guard = self.guard and probe is None
         if probe is not None:
             spans = plan.spans if plan.images else None
-            self._guard.request_quantities(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal)
-            if not self._guard.requests_clean(nreq):
+            if not self._guard.requests_clean(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal):
                 return False
             probe.clean = True
         ends = qsl[1:]

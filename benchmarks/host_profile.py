@@ -145,7 +145,6 @@ def main() -> int:
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     args = p.parse_args()
     import torch
-
     from common import run_info
 
     device = torch.device(args.device)

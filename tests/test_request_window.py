@@ -82,6 +82,32 @@ def test_outputs_never_alias_the_inputs():
     assert req.tolist() == [1, 1] and pos.tolist() == [5, 6]
 
 
+@pytest.mark.parametrize("backend", ("torch", "cuda"))
+@pytest.mark.parametrize("window, padded", ((4, 6), (5, 7), (3, 1)))
+def test_each_field_is_its_own_memory(backend, window, padded):
+    """The twelve fields are new per call (the Triton backends cut them from one allocation): each has its
+    dtype and shape, is contiguous, and writing one changes no other. Odd windows and row counts leave
+    the int32 and bool parts ending mid-word."""
+    builder = make_builder(config(window), backend)
+    rows = RequestWindowRows(t([3, 3, 5]), t([4, 5, 0]), zero_row=99, capacity=8, num_groups=3, padded_rows=padded)
+    got = builder.build_request_window(rows)
+    n, history = max(3, padded), 3 * window
+    shapes = dict(req=(n,), pos=(n,), write_loc=(n,), indices=(n, window), lengths=(n,), commit_mask=(n,),
+                  history_req=(history,), history_pos=(history,), history_loc=(history,),
+                  history_valid=(history,), history_src=(history,), runs=(1,))
+    for name, shape in shapes.items():
+        field = getattr(got, name)
+        assert tuple(field.shape) == shape and field.is_contiguous(), (name, tuple(field.shape), shape)
+    before = {name: getattr(got, name).clone() for name in shapes}
+    for name in shapes:
+        field = getattr(got, name)
+        field.fill_(True) if field.dtype == torch.bool else field.fill_(-7)
+        for other in shapes:
+            if other != name:
+                assert torch.equal(getattr(got, other), before[other]), f"writing {name} changed {other}"
+        field.copy_(before[name])
+
+
 def test_runs_past_the_groups_get_no_history():
     # Three runs, two groups: the third run's rows keep the rule (its history indices point past H = 8,
     # into the query rows) and no history group is its.

@@ -123,6 +123,21 @@ def test_into_caller_tensors(backend):
     assert out.tolist() == want_rows and lens.tolist() == want_lens
 
 
+@pytest.mark.parametrize("backend", ("torch", "cuda"))
+def test_new_outputs_are_separate_contiguous_tensors(backend):
+    """Without ``out``/``lens`` a call returns new int32 [n, width] rows and [n] lens (one allocation on
+    the Triton backends): contiguous, and writing one leaves the other as it was."""
+    rows, (want_rows, want_lens) = random_call(random.Random(11), 20, torch.int64)
+    n, width = rows.num_rows, rows.row_width(20)
+    out, lens = make_builder(config(20), backend).build_slot_rows(rows)
+    assert tuple(out.shape) == (n, width) and tuple(lens.shape) == (n,)
+    assert out.dtype == lens.dtype == torch.int32 and out.is_contiguous() and lens.is_contiguous()
+    lens.fill_(-9)
+    assert out.tolist() == want_rows
+    out.fill_(-9)
+    assert lens.tolist() == [-9] * n
+
+
 def _one_pool(window: int = 8):
     rt = torch.arange(32, dtype=torch.int32)[None, :]
     slot_map = torch.cat([torch.arange(1000, 1032), torch.tensor([-1])])

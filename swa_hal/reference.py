@@ -64,7 +64,7 @@ class PageTables:
     def __init__(self, block_size: int, width: int, device: torch.device | str):
         self.pages = pages = (block_size - 1 + width - 1) // block_size + 1
         self.aligned = pages * block_size
-        self.steps = torch.arange(pages, dtype=torch.int32, device=device)  # k
+        self.steps_down = torch.arange(1 - pages, 1, dtype=torch.int32, device=device)  # k - (pages - 1)
         self.slot_offsets1 = torch.arange(1, block_size + 1, dtype=torch.int32, device=device)  # position % B, + 1
         cols = torch.arange(width, device=device)
         self.keep = (cols[None, :] < torch.arange(width + 1, device=device)[:, None]).to(torch.int32)
@@ -151,7 +151,10 @@ class _RowSpace:
         pages = tables.pages
         i32: dict[str, Any] = dict(dtype=torch.int32, device=device)
         # Per row: the slots (+ 1) of every position of the pages it touches, pages * B of them.
-        self.slots = torch.empty((rows, pages, block_size), **i32)
+        # Past the last row, room for one more row's window: a row without entries may start its window
+        # up to a page past its own slots (its lens keep none of it).
+        self._slot_space = torch.empty(rows * pages * block_size + block_size + width, **i32)
+        self.slots = self._slot_space[: rows * pages * block_size].view(rows, pages, block_size)
         self.pages = torch.empty((rows, pages), **i32)
         self.blocks = torch.empty((rows, pages), **i32)
         self.clamped = torch.empty((rows, pages), **i32)
@@ -161,8 +164,11 @@ class _RowSpace:
         self.terms = torch.empty((TERMS, rows), **i32)
         self.flags = torch.empty((3, rows), dtype=torch.bool, device=device)
         self.first_bad = torch.empty(rows, dtype=torch.int64, device=device)
-        # Row i's slots start at i * pages * B.
-        self.window_base = torch.arange(rows, dtype=torch.int32, device=device) * tables.aligned
+        # Row i's slots start at i * pages * B; its window at its start's place among them (``_fill_rows``),
+        # whose (pages - 1) * B is added here once.
+        self.window_base = torch.arange(rows, dtype=torch.int32, device=device) * tables.aligned + (
+            tables.aligned - block_size
+        )
         self.width = width
         self._views: dict[int, _RowViews] = {}
 
@@ -176,7 +182,7 @@ class _RowSpace:
         v.tables = self.tables
         v.slots = self.slots[:rows]
         # Every window of ``width`` consecutive slots, as rows (overlapping: a view, no copy).
-        flat = self.slots.view(-1)
+        flat = self._slot_space
         v.windows = flat.as_strided((flat.shape[0] - self.width + 1, self.width), (1, 1))
         v.window_base = self.window_base[:rows]
         v.pages, v.blocks = self.pages[:rows], self.blocks[:rows]
@@ -293,8 +299,9 @@ class RowProbe:
     """What unguarded fills read, for a guarded build that may skip the guard's row work (rules 5 and 6)
     where reading a value costs no sync (the torch backend on the CPU, docs/semantics.md
     #guarded-builds). ``clean`` stays True while every row reads pages inside the block table and block
-    ids inside ``[0, limit)``; the test is conservative (it counts empty rows too), so True means the
-    guarded fill would have emptied no row, and False only that the build must run the full guard."""
+    ids inside ``[0, limit)``; the test is conservative (it counts empty rows too, and the pages of a
+    row's request below its first page that the fill reads and skips: ``_fill_rows``), so True means
+    the guarded fill would have emptied no row, and False only that the build must run the full guard."""
 
     __slots__ = ("limit", "clean")
 
@@ -302,11 +309,14 @@ class RowProbe:
         self.limit = limit
         self.clean = True
 
-    def see(self, blocks: torch.Tensor, last_page: torch.Tensor, table_width: int) -> None:
+    def see_pages(self, last_page: torch.Tensor, table_width: int) -> None:
+        """Rule 5: every row's last page inside the table."""
+        self.clean = self.clean and int(last_page.max()) < table_width
+
+    def see_blocks(self, blocks: torch.Tensor) -> None:
+        """Rule 6: every block id the rows' pages hold (a row's pages below its first included) in range."""
         lowest, highest = torch.aminmax(blocks)
-        self.clean = (
-            self.clean and int(lowest) >= 0 and int(highest) < self.limit and int(last_page.max()) < table_width
-        )
+        self.clean = self.clean and int(lowest) >= 0 and int(highest) < self.limit
 
 
 def _fill_rows(
@@ -320,44 +330,48 @@ def _fill_rows(
     ws: RowWorkspace,
     guard: RowGuard | None = None,
     lens_in_range: bool = True,
-    ends: torch.Tensor | None = None,
     probe: RowProbe | None = None,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1 (``start >= 0``).
 
     Page by page, not entry by entry: a row touches at most ``pages`` pages, so it reads each page's
     block once ([rows, pages] lookups), lays out the slots of those pages, and copies its entries out
-    as one window of them (``PageTables``). Page reads are clamped into the table: a malformed row never
-    reads outside it. With ``guard`` (docs/semantics.md #guarded-builds),
-    rows that read past the table or a block id outside ``[0, guard.limit)`` are emptied (their lens
-    zeroed before the columns are laid out) and reported in ``guard``. ``lens_in_range``: whether every lens lies in [0, width] already.
+    as one window of them (``PageTables``). The pages are the ``pages`` pages that end at the row's last
+    page, (start + lens - 1) // B: a row never reads a page past its last, and a shorter row reads pages
+    of its request below its first, which it then skips (they hold blocks of earlier positions, where
+    the entries past a request's last page may be anything, -1 included). Page reads are clamped into
+    the table: a malformed row never reads outside it. With ``guard`` (docs/semantics.md
+    #guarded-builds), rows that read past the table or a block id outside ``[0, guard.limit)`` are emptied
+    (their lens zeroed before the columns are laid out) and reported in ``guard``; the pages below a row's
+    first are then left out of its block check. ``lens_in_range``: whether every lens lies in [0, width]
+    already. With ``probe``, the pages' last and blocks are only looked at (``RowProbe``).
     """
     width = out.shape[1]
     t = v.tables
     table = block_table if block_table.is_contiguous() else block_table.contiguous()
     table_width = table.shape[1]
+    # The lens the addresses and the kept columns follow (a malformed DSpark length may be negative or
+    # too long; the row's own lens are handed out as they are).
+    kept = lens if lens_in_range else torch.clamp(lens, 0, width, out=v.lens_index)
     # Integer division is slow on CPUs; a power-of-two page size divides by shifting.
     shift = block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else None
+    # The row's last page (a row without entries: the page before its start, -1 at most below it).
+    last = torch.add(start, kept, out=v.last_page).sub_(ws.c[1])
     if shift is not None:
-        torch.bitwise_right_shift(start, ws.c[shift], out=v.first)
-        torch.bitwise_and(start, ws.c[block_size - 1], out=v.offset)
+        last.bitwise_right_shift_(ws.c[shift])
     else:
-        torch.div(start, ws.c[block_size], rounding_mode="floor", out=v.first)
-        torch.remainder(start, ws.c[block_size], out=v.offset)
-    pages = torch.add(v.first_col, t.steps, out=v.pages)
-    if guard is not None or probe is not None:
-        # Rule 5 looks at a row's last page, (start + lens - 1) // B; the pages past it re-read it, so
-        # the block check (rule 6) sees only blocks the row reads.
-        if ends is None:
-            ends = torch.add(start, lens, out=v.last_page)
-        last = torch.sub(ends, ws.c[1], out=v.last_page)
+        last.div_(ws.c[block_size], rounding_mode="floor")
+    pages = torch.add(v.last_page_col, t.steps_down, out=v.pages)  # last - (pages - 1) .. last
+    if probe is not None:
+        probe.see_pages(last, table_width)
+    if guard is not None:
+        # Rule 5 looks at the last page; rule 6 at the blocks the row reads, from its first page on.
+        torch.ge(last, ws.c[table_width], out=v.off_table)
         if shift is not None:
-            last.bitwise_right_shift_(ws.c[shift])
+            torch.bitwise_right_shift(start, ws.c[shift], out=v.first)
         else:
-            last.div_(ws.c[block_size], rounding_mode="floor")
-        if guard is not None:
-            torch.ge(last, ws.c[table_width], out=v.off_table)
-        torch.minimum(pages, v.last_page_col, out=pages)
+            torch.div(start, ws.c[block_size], rounding_mode="floor", out=v.first)
+        torch.maximum(pages, v.first_col, out=pages)
     # Clamped into the table: a valid batch never needs it, a malformed one must not read outside it.
     pages.clamp_(0, table_width - 1)
     torch.mul(req, ws.c[table_width], out=v.row_base)
@@ -365,7 +379,7 @@ def _fill_rows(
     blocks = v.blocks
     torch.index_select(table.view(-1), 0, v.flat_pages, out=v.flat_blocks)
     if probe is not None:
-        probe.see(blocks, v.last_page, table_width)
+        probe.see_blocks(blocks)
     if guard is not None:
         torch.clamp(blocks, 0, guard.limit - 1, out=v.clamped)
         torch.ne(blocks, v.clamped, out=v.bad)
@@ -378,15 +392,17 @@ def _fill_rows(
         torch.where(off_table, page_value, v.block_value, out=guard.value)
         torch.where(broken, req, ws.c[NO_KEY], out=guard.key)
         lens.masked_fill_(broken, ws.c[0])
+        if kept is not lens:
+            kept.masked_fill_(broken, ws.c[0])
     # Row i's slots (+ 1): block_k * B + (position % B) + 1 for every position of its pages; its
-    # entries are the window of them starting at its offset (one row copy each), and the columns past
-    # its lens are (slot + 1) * 0 - 1.
+    # entries are the window of them starting at its start's place among them, start - (last - pages +
+    # 1) * B (the base carries the + (pages - 1) * B), one row copy each; the columns past its lens are
+    # (slot + 1) * 0 - 1.
     torch.add(t.slot_offsets1, v.blocks_3d, alpha=block_size, out=v.slots)
+    torch.addcmul(start, last, ws.c[-block_size], out=v.offset)
     starts = torch.add(v.window_base, v.offset, out=v.offset)
     torch.index_select(v.windows, 0, starts, out=out)
-    if not lens_in_range:
-        lens = torch.clamp(lens, 0, width, out=v.lens_index)
-    torch.addcmul(ws.c[-1], out, torch.index_select(t.keep, 0, lens, out=v.keep), out=out)
+    torch.addcmul(ws.c[-1], out, torch.index_select(t.keep, 0, kept, out=v.keep), out=out)
 
 
 def request_terms(
@@ -476,9 +492,7 @@ def fill_causal_rows(
     # than the row (only malformed input could ask for more; #engine-parity). Invalid tokens: empty.
     torch.sub(end, start, out=lens).clamp_(0, width)
     torch.where(valid, lens, ws.c[0], out=lens)
-    # Without spans no row is cut to its width: a row with entries ends at p + 1.
-    ends = pos1 if right is None else None
-    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, ends=ends, probe=probe)
+    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, probe=probe)
 
 
 def fill_dspark_rows(

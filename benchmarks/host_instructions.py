@@ -11,6 +11,8 @@ plan, launch record, metadata) and nothing of the interpreter. Collection is swi
 
     python benchmarks/host_instructions.py --a /path/to/before --b . [--builds 200] [--cases ...]
 
+The ``torch_*`` cases are the torch backend on the CPU, nothing stubbed (``_unguarded``: ``guard=False``).
+
 Needs valgrind. The launch stub reaches into the backends' launch objects (``_rows``/``_slot_rows``, or
 the older ``_launch_rows``); it is a measuring tool, not an API.
 """
@@ -34,6 +36,13 @@ CASES = (
     "slot_rows",
     "sglang_causal",
     "window_layout",
+    # The torch backend's builds on the CPU (nothing stubbed), guarded (the default) and not.
+    "torch_decode_only",
+    "torch_decode_only_unguarded",
+    "torch_mixed",
+    "torch_mixed_unguarded",
+    "torch_long_prefill",
+    "torch_long_prefill_unguarded",
 )
 
 
@@ -97,6 +106,13 @@ def _case(name: str, root: Path):
             SWAMetadataBuilder(config, device=cpu, backend="cuda", platform=platform, validate=False, guard=True)
         )
 
+    if name.startswith("torch_"):
+        scenario = name.removeprefix("torch_").removesuffix("_unguarded")
+        batch = Scenario.from_yaml(root / "configs" / "batches" / f"{scenario}.yaml").make_batch(flash, cpu)
+        guarded = SWAMetadataBuilder(
+            flash, device=cpu, backend="torch", validate=False, guard=not name.endswith("_unguarded")
+        )
+        return lambda: guarded.build(batch)
     if name == "window_layout":
         # DeepSeek-V4.1's decode-256 request-window layout through the SGLang adapter
         # (benchmarks/sglang_window.py's first scenario).

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -177,3 +178,49 @@ def kernel_us(fn: Callable[[], object], device: torch.device = CUDA, builds: int
         raise RuntimeError(f"the profiler saw {len(spans)} kernels for {builds} builds of {per_build}")
     sums = [sum(end - start for start, end in spans[i : i + per_build]) for i in range(0, len(spans), per_build)]
     return median_us([s * 1e-6 for s in sums])
+
+
+def vllm_step_inputs(groups: int, reqs: int, device: torch.device) -> SimpleNamespace:
+    """A decode step of ``reqs`` requests over ``groups`` SWA KV-cache groups (DeepSeek-V4-Flash config), laid
+    out as vLLM's model runner V2 hands it to the plugin's step builds: ``config``, the step's ``batch``, a
+    tuple of per-group ``tables``, each group's own slot mapping (``rows``), the ``[G, T]`` view
+    ``slot_mappings`` of a persistent ``[G, max_num_batched_tokens]`` buffer, and ``common(table, slots)``,
+    the step's common metadata for one group."""
+    import dataclasses
+    import random
+
+    from swa_hal import SWAConfig
+    from swa_hal.scenarios import synthesize_batch
+
+    config = dataclasses.replace(SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml"), num_kv_groups=groups)
+    rng = random.Random(0)
+    seqs = [rng.randint(1, 32768) for _ in range(reqs)]
+    batch = synthesize_batch(config, seqs, [1] * reqs, rng=rng, device=device)
+    others = [synthesize_batch(config, seqs, [1] * reqs, rng=rng, device=device) for _ in range(groups)]
+    rows = [o.slot_mapping for o in others]
+    persistent = torch.full((groups, config.max_num_batched_tokens), -1, dtype=torch.int64, device=device)
+    for g, s in enumerate(rows):
+        persistent[g, : s.shape[0]] = s
+
+    def common(table: torch.Tensor, slots: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(
+            seq_lens=batch.seq_lens,
+            seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
+            query_start_loc=batch.query_start_loc,
+            query_start_loc_cpu=batch.query_start_loc_cpu,
+            block_table_tensor=table,
+            slot_mapping=slots,
+            max_query_len=batch.max_query_len,
+            num_reqs=reqs,
+            num_actual_tokens=batch.num_tokens,
+            causal=True,
+        )
+
+    return SimpleNamespace(
+        config=config,
+        batch=batch,
+        tables=tuple(o.block_table for o in others),
+        rows=rows,
+        slot_mappings=persistent[:, : batch.num_tokens],
+        common=common,
+    )

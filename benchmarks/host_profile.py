@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import io
 import pstats
-import random
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "benchmarks")]
@@ -33,12 +30,13 @@ PATHS = ("decode", "step8", "sglang_causal", "slot_rows", "window_layout")
 
 def paths(device):
     """Each path's call, made ready (warmed) on ``device``."""
-    import torch
 
-    from swa_hal import SlotRows, SWAConfig, SWAMetadataBuilder
+    from common import vllm_step_inputs
+
+    from swa_hal import SWAConfig, SWAMetadataBuilder
     from swa_hal.integrations.engine import batch_from_common_metadata
     from swa_hal.integrations.sglang import SGLangSWAIndices
-    from swa_hal.scenarios import Scenario, synthesize_batch
+    from swa_hal.scenarios import Scenario
 
     flash = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml")
     out = {}
@@ -46,28 +44,10 @@ def paths(device):
     single = SWAMetadataBuilder(flash, device=device)
     out["decode"] = lambda: single.build(batch)
 
-    groups = 8
-    config = dataclasses.replace(flash, num_kv_groups=groups)
-    rng = random.Random(0)
-    seqs = [rng.randint(1, 32768) for _ in range(256)]
-    step_batch = synthesize_batch(config, seqs, [1] * 256, rng=rng, device=device)
-    others = [synthesize_batch(config, seqs, [1] * 256, rng=rng, device=device) for _ in range(groups)]
-    persistent = torch.full((groups, config.max_num_batched_tokens), -1, dtype=torch.int64, device=device)
-    for g, o in enumerate(others):
-        persistent[g, : o.slot_mapping.shape[0]] = o.slot_mapping
-    tables, slots = tuple(o.block_table for o in others), persistent[:, : step_batch.num_tokens]
-    common = SimpleNamespace(
-        seq_lens=step_batch.seq_lens,
-        seq_lens_cpu_upper_bound=step_batch.seq_lens_cpu,
-        query_start_loc=step_batch.query_start_loc,
-        query_start_loc_cpu=step_batch.query_start_loc_cpu,
-        block_table_tensor=tables[0],
-        slot_mapping=slots[0],
-        max_query_len=step_batch.max_query_len,
-        num_reqs=256,
-        num_actual_tokens=step_batch.num_tokens,
-        causal=True,
-    )
+    inputs = vllm_step_inputs(8, 256, device)
+    tables, slots = inputs.tables, inputs.slot_mappings
+    common = inputs.common(tables[0], slots[0])
+    config = inputs.config
     step_builder = SWAMetadataBuilder(config, device=device)
 
     def step8():
@@ -82,13 +62,7 @@ def paths(device):
     kw = row_scenarios(device)["decode 256"]["kw"]
     adapter = SGLangSWAIndices(device=device)
     out["sglang_causal"] = lambda: adapter.causal(**kw)
-    rows = SlotRows(
-        row_ends=kw["seq_lens_casual"],
-        pools=kw["req_pool_indices_repeated"],
-        req_to_token=kw["req_to_token"],
-        slot_map=kw["full_to_swa"],
-        width=128,
-    )
+    rows = adapter.causal_rows(**kw)  # the call's rows, prepared once: the plain build
     out["slot_rows"] = lambda: adapter.builder.build_slot_rows(rows)
     case = window_scenarios(device)[0]
     window = SGLangSWAIndices(case.window, device)

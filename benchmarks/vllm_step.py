@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import random
 import statistics
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "benchmarks")]
@@ -42,43 +40,16 @@ def main() -> int:
     args = p.parse_args()
 
     import torch
-    from common import count_launches, host_mean_us, host_us, kernel_us, run_info, warm_gpu
+    from common import count_launches, host_mean_us, host_us, kernel_us, run_info, vllm_step_inputs, warm_gpu
     from seed_baseline import SeedSequenceBuilder
 
-    from swa_hal import SWAConfig, SWAMetadataBuilder
+    from swa_hal import SWAMetadataBuilder
     from swa_hal.integrations.engine import batch_from_common_metadata
-    from swa_hal.scenarios import synthesize_batch
 
     device = torch.device(args.device)
-    config = dataclasses.replace(SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml"), num_kv_groups=GROUPS)
-    rng = random.Random(0)
-    seqs = [rng.randint(1, 32768) for _ in range(REQS)]
-    batch = synthesize_batch(config, seqs, [1] * REQS, rng=rng, device=device)
-    tables, rows = [], []
-    for _ in range(GROUPS):
-        other = synthesize_batch(config, seqs, [1] * REQS, rng=rng, device=device)
-        tables.append(other.block_table)
-        rows.append(other.slot_mapping)
-    # vLLM's persistent slot-mapping buffer, [G, max_num_batched_tokens]; a step passes its first T columns.
-    persistent = torch.full((GROUPS, config.max_num_batched_tokens), -1, dtype=torch.int64, device=device)
-    for g, s in enumerate(rows):
-        persistent[g, : s.shape[0]] = s
-    slot_mappings = persistent[:, : batch.num_tokens]
-    block_tables = tuple(tables)
-
-    def common(table, slots):
-        return SimpleNamespace(
-            seq_lens=batch.seq_lens,
-            seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
-            query_start_loc=batch.query_start_loc,
-            query_start_loc_cpu=batch.query_start_loc_cpu,
-            block_table_tensor=table,
-            slot_mapping=slots,
-            max_query_len=batch.max_query_len,
-            num_reqs=REQS,
-            num_actual_tokens=batch.num_tokens,
-            causal=True,
-        )
+    inputs = vllm_step_inputs(GROUPS, REQS, device)
+    config, batch, tables, rows, common = inputs.config, inputs.batch, inputs.tables, inputs.rows, inputs.common
+    slot_mappings, block_tables = inputs.slot_mappings, tables
 
     step_cm = common(block_tables[0], slot_mappings[0])
     group_cms = [common(block_tables[g], slot_mappings[g]) for g in range(GROUPS)]

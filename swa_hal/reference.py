@@ -401,6 +401,10 @@ def _fill_rows(
     torch.add(t.slot_offsets1, v.blocks_3d, alpha=block_size, out=v.slots)
     torch.addcmul(start, last, ws.c[-block_size], out=v.offset)
     starts = torch.add(v.window_base, v.offset, out=v.offset)
+    if shift is None:
+        # start + lens past int32 wraps; with a power-of-two page the wrapped last page still gives the
+        # exact place (all of it is arithmetic mod 2^32), a floor division does not: keep it in the space.
+        starts.clamp_(0, v.windows.shape[0] - 1)
     torch.index_select(v.windows, 0, starts, out=out)
     torch.addcmul(ws.c[-1], out, torch.index_select(t.keep, 0, kept, out=v.keep), out=out)
 

@@ -81,10 +81,14 @@ def primitives(device) -> dict[str, float]:
     import torch
 
     t = torch.zeros(256, dtype=torch.int32, device=device)
-    index = device.index or 0 if device.type == "cuda" else -1
+    index = (device.index or 0) if device.type == "cuda" else -1
 
     def stream():
         torch._C._cuda_getCurrentRawStream(index)
+
+    def switch():
+        with torch.cuda.device(index):
+            pass
 
     cases = {
         "torch.empty(256, int32)": lambda: torch.empty(256, dtype=torch.int32, device=device),
@@ -96,9 +100,7 @@ def primitives(device) -> dict[str, float]:
     }
     if device.type == "cuda":
         cases["current raw stream"] = stream
-        cases["torch.cuda.device(i) enter+exit"] = lambda: torch.cuda.device(index).__exit__(
-            *(torch.cuda.device(index).__enter__() or (None, None, None))
-        )
+        cases["torch.cuda.device(i) enter+exit"] = switch
     found = {}
     for name, fn in cases.items():
         for _ in range(1000):

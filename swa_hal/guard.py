@@ -182,7 +182,6 @@ class _RequestViews:
     __slots__ = (
         "filled",
         "flat_quantities",
-        "order_and_prefix",
         "qsl",
         "begin",
         "end",
@@ -228,7 +227,6 @@ class _RequestViews:
     checked: torch.Tensor
     quantities: torch.Tensor
     flat_quantities: torch.Tensor
-    order_and_prefix: torch.Tensor
     filled: set[int]
     rules: torch.Tensor
     negative: torch.Tensor
@@ -314,7 +312,6 @@ class TorchGuard:
         v.need, v.width_left = rules[NEED], rules[WIDTH_LEFT]
         v.checked, v.quantities, v.rules = rules[: NONE + 1], rules[:NONE], rules
         v.flat_quantities = v.quantities.view(-1)
-        v.order_and_prefix = rules[QUERY : PREFIX + 1].view(-1)  # rules 1 and 2: one contiguous block
         v.negative = self.negative[:, :r]
         v.any, v.rule = self.any[:r], self.rule[:r]
         v.value_row, v.value = self.value_row[:r], self.value[:r]
@@ -359,18 +356,22 @@ class TorchGuard:
         num_reqs: int,
         *,
         causal: bool,
+        values: bool = True,
     ) -> None:
         """The first half of ``request_checks``: every request's checked quantities (negative where it
-        breaks a rule), without choosing the first broken rule."""
+        breaks a rule), without choosing the first broken rule. ``values=False``: the quantities alone,
+        not the values a violation reports (``requests_clean`` reads no more)."""
         v = self._request_views(num_reqs)
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
         torch.sub(v.end, v.begin, out=v.query)
-        # seq_lens in int64 first: the value rule 2 reports, and an int32 - int64 difference would convert
-        # seq_lens into a temporary on every build.
-        v.seq.copy_(seq_lens)
-        torch.sub(v.seq, v.query, out=v.prefix)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
+        if values or checks_spans or not causal:
+            # seq_lens in int64 first: the value rule 2 reports (spans and DSpark widths read it too).
+            v.seq.copy_(seq_lens)
+            torch.sub(v.seq, v.query, out=v.prefix)
+        else:
+            torch.sub(seq_lens, v.query, out=v.prefix)
         replay = causal and replay_start is not None
         self._clear(v, BOUND, replay)
         self._clear(v, HEADROOM, replay)
@@ -389,29 +390,10 @@ class TorchGuard:
             torch.minimum(v.seq, v.query + config.window_size, out=v.need)
             torch.sub(v.need, config.noncausal_index_width, out=v.width_left).neg_()
 
-    def requests_clean(
-        self,
-        config: SWAConfig,
-        query_start_loc: torch.Tensor,
-        seq_lens: torch.Tensor,
-        replay_start: torch.Tensor | None,
-        spans: ImageSpans | None,
-        num_reqs: int,
-        *,
-        causal: bool,
-    ) -> bool:
-        """Whether no request broke a rule (``request_quantities``, then one host read: so only for a
-        device where reading a value costs no sync, the CPU). Only the quantities are needed here, not
-        the values a violation reports (``first_broken`` runs after a full ``request_quantities``): a
-        causal build without replay bounds or spans checks rules 1 and 2 alone, in three operations."""
-        if not causal or replay_start is not None or (spans is not None and config.max_image_tokens > 0):
-            self.request_quantities(config, query_start_loc, seq_lens, replay_start, spans, num_reqs, causal=causal)
-            return int(self._request_views(num_reqs).flat_quantities.min()) >= 0
-        v = self._request_views(num_reqs)
-        v.qsl.copy_(query_start_loc)
-        torch.sub(v.end, v.begin, out=v.query)
-        torch.sub(seq_lens, v.query, out=v.prefix)  # int32 - int64 is computed in int64: no wrap
-        return int(v.order_and_prefix.min()) >= 0
+    def requests_clean(self, num_reqs: int) -> bool:
+        """Whether no request broke a rule, from ``request_quantities``: a host read, so only for a
+        device where reading a value costs no sync (the CPU)."""
+        return int(self._request_views(num_reqs).flat_quantities.min()) >= 0
 
     def first_broken(self, num_reqs: int) -> torch.Tensor:
         """The second half of ``request_checks``: each request's first broken rule into its candidate;

@@ -235,7 +235,8 @@ class TorchBackend(Backend):
         guard = self.guard and probe is None
         if probe is not None:
             spans = plan.spans if plan.images else None
-            if not self._guard.requests_clean(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal):
+            self._guard.request_quantities(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, values=False)
+            if not self._guard.requests_clean(nreq):
                 return False
             probe.clean = True
         ends = qsl[1:]

@@ -33,6 +33,9 @@ CASES = (
     "long_prefill",
     "groups8",
     "groups8_stacked",
+    # The vLLM step of 8 groups as the plugin's step builds feed it (benchmarks/vllm_step.py): a tuple of
+    # tables, the [G, T] slot mappings, the batch from vLLM's common metadata, then the poll.
+    "step8",
     "slot_rows",
     "sglang_causal",
     "window_layout",
@@ -151,6 +154,21 @@ def _case(name: str, root: Path):
             width=128,
         )
         return lambda: adapter.builder.build_slot_rows(rows)
+    if name == "step8":
+        sys.path.insert(0, str(root / "benchmarks"))
+        from common import vllm_step_inputs
+
+        from swa_hal.integrations.engine import batch_from_common_metadata
+
+        inputs = vllm_step_inputs(8, 256, cpu)
+        common = inputs.common(inputs.tables[0], inputs.slot_mappings[0])
+        step = builder(inputs.config)
+
+        def step8():
+            step.build_groups(batch_from_common_metadata(common), inputs.tables, inputs.slot_mappings)
+            step.poll_violations()
+
+        return step8
     if name in ("decode_only", "mixed", "long_prefill"):
         batch = Scenario.from_yaml(root / "configs" / "batches" / f"{name}.yaml").make_batch(flash, cpu)
         b = builder(flash)

@@ -26,7 +26,8 @@ from .slot_rows import _index_tensor
 DEFAULT_CAPACITY = 256
 
 
-@dataclasses.dataclass(frozen=True)
+# Not frozen, for the reason SlotRows is not (a new one per call; the frozen constructor costs more).
+@dataclasses.dataclass(eq=False)
 class RequestWindowRows:
     """One call's inputs (docs/semantics.md #request-window-layouts).
 

@@ -329,26 +329,16 @@ class TritonBackend(Backend):
             key = self._window_keys[spec] = request_window_key(
                 window, has_floors=rows.floors is not None, device_type=self.device.type, dtypes=dtypes
             )
-        out = _new_layout(padded, groups * window, window, self.device)
+        out, block = _new_layout(padded, groups * window, window, self.device)
         launch = self._request_window
-        ptr = launch.pointer
-        # One record, every field set here by name (as the token-slot rows' record).
+        # One record, every field set here by name (as the token-slot rows' record); the outputs are one
+        # block, whose fields the kernel finds at their places in it.
         args = self._window_record
+        ptr = launch.pointer
         args.req_ptr = ptr(rows.req)
         args.pos_ptr = ptr(rows.pos)
         args.floors_ptr = ptr(floors)
-        args.out_req_ptr = ptr(out.req)
-        args.out_pos_ptr = ptr(out.pos)
-        args.write_ptr = ptr(out.write_loc)
-        args.indices_ptr = ptr(out.indices)
-        args.lengths_ptr = ptr(out.lengths)
-        args.commit_ptr = ptr(out.commit_mask)
-        args.hist_req_ptr = ptr(out.history_req)
-        args.hist_pos_ptr = ptr(out.history_pos)
-        args.hist_loc_ptr = ptr(out.history_loc)
-        args.hist_valid_ptr = ptr(out.history_valid)
-        args.hist_src_ptr = ptr(out.history_src)
-        args.runs_ptr = ptr(out.runs)
+        args.out_ptr = ptr(block)
         args.n_rows = n
         args.padded = padded
         args.groups = groups
@@ -382,24 +372,26 @@ class TritonBackend(Backend):
         }
 
 
-def _new_layout(padded: int, history: int, window: int, device: torch.device) -> RequestWindowLayout:
-    """A request-window layout's output fields, new per call, as views of one new tensor: an allocation
-    costs about 5 us of host time on an H200, a view about 1 (benchmarks/results/h200/host_profile.txt;
-    twelve allocations were about a third of a call's host time: ab_window.txt). The int64 fields come
-    first, then the int32 and the bool ones, each part starting on an 8-byte boundary."""
+def _new_layout(
+    padded: int, history: int, window: int, device: torch.device
+) -> tuple[RequestWindowLayout, torch.Tensor]:
+    """A request-window layout's output fields, new per call, as views of one new int64 block (returned
+    too: the kernel takes its address alone and finds each field at its place, ``_fields`` in
+    ``kernels/request_window.py``, which follows this split). An allocation costs about 5 us of host time
+    on an H200, a view about 1 (benchmarks/results/h200/host_profile.txt). The int64 fields come first,
+    then the int32 and the bool ones, each part starting on an 8-byte boundary."""
     n32, n8 = padded * (window + 2), history + padded
     words32, words8 = -(-n32 // 2), -(-n8 // 8)
     # The int64 fields and the two tails, in one split; a view per field and no more (about 1 us each).
     sizes = [padded, padded, history, history, history, history, 1, words32, words8]
-    req, pos, h_req, h_pos, h_loc, h_src, runs, tail32, tail8 = torch.empty(
-        sum(sizes), dtype=torch.int64, device=device
-    ).split_with_sizes(sizes)
+    block = torch.empty(sum(sizes), dtype=torch.int64, device=device)
+    req, pos, h_req, h_pos, h_loc, h_src, runs, tail32, tail8 = block.split_with_sizes(sizes)
     write_loc, lengths, indices, *_ = tail32.view(torch.int32).split_with_sizes(
         [padded, padded, padded * window] + [1] * (2 * words32 - n32)
     )
-    flags = tail8.view(torch.bool)
-    h_valid, commit = flags[:history], flags[history:n8]
-    return RequestWindowLayout(
+    # One split rather than two slices (a slice costs more than a view of a split there).
+    h_valid, commit, _ = tail8.view(torch.bool).split_with_sizes([history, padded, words8 * 8 - n8])
+    layout = RequestWindowLayout(
         req=req,
         pos=pos,
         write_loc=write_loc,
@@ -414,3 +406,4 @@ def _new_layout(padded: int, history: int, window: int, device: torch.device) ->
         size=history + padded,
         runs=runs,
     )
+    return layout, block

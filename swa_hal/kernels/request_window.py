@@ -31,23 +31,40 @@ def _is_start(req_ptr, j, n_rows):
     return (j >= 0) & (j < n_rows) & ((j == 0) | (here != before))
 
 
+@triton.jit
+def _fields(out_ptr, padded, history_rows, WINDOW: tl.constexpr):
+    """Each output field's place in the call's one output block (int64 ``out_ptr``), in the order
+    ``triton_backend._new_layout`` splits it: the int64 fields (req, pos [P]; history req, pos, loc, src
+    [H]; runs [1]), then the int32 ones (write_loc, lengths [P], indices [P, W]) from the next int64 word,
+    then the bool ones (history_valid [H], commit_mask [P]) from the int64 word after them."""
+    p = padded.to(tl.int64)
+    hist_req = out_ptr + 2 * p
+    runs = hist_req + 4 * history_rows
+    tail32 = (runs + 1).to(tl.pointer_type(tl.int32))
+    words32 = (p * (WINDOW + 2) + 1) // 2
+    tail8 = (runs + 1 + words32).to(tl.pointer_type(tl.int1))
+    return (
+        out_ptr,
+        out_ptr + p,
+        tail32,
+        tail32 + 2 * p,
+        tail32 + p,
+        tail8 + history_rows,
+        hist_req,
+        hist_req + history_rows,
+        hist_req + 2 * history_rows,
+        tail8,
+        hist_req + 3 * history_rows,
+        runs,
+    )
+
+
 @triton.jit(do_not_specialize=REQUEST_WINDOW_INTS, do_not_specialize_on_alignment=list(REQUEST_WINDOW_ENGINE))
 def request_window_kernel(
     req_ptr,
     pos_ptr,
     floors_ptr,
-    out_req_ptr,
-    out_pos_ptr,
-    write_ptr,
-    indices_ptr,
-    lengths_ptr,
-    commit_ptr,
-    hist_req_ptr,
-    hist_pos_ptr,
-    hist_loc_ptr,
-    hist_valid_ptr,
-    hist_src_ptr,
-    runs_ptr,
+    out_ptr,
     n_rows,
     padded,
     groups,
@@ -68,6 +85,8 @@ def request_window_kernel(
     in_window = lb < WINDOW
     cap = capacity.to(tl.int64)
     history_rows = groups.to(tl.int64) * WINDOW
+    (out_req_ptr, out_pos_ptr, write_ptr, indices_ptr, lengths_ptr, commit_ptr, hist_req_ptr, hist_pos_ptr,
+     hist_loc_ptr, hist_valid_ptr, hist_src_ptr, runs_ptr) = _fields(out_ptr, padded, history_rows, WINDOW)  # fmt: skip
     if pid < query_programs:
         lo = pid * BLOCK_T
         rows = lo + tl.arange(0, BLOCK_T)

@@ -48,18 +48,9 @@ class RequestWindowArgs:
     req_ptr: Any
     pos_ptr: Any
     floors_ptr: Any
-    out_req_ptr: Any
-    out_pos_ptr: Any
-    write_ptr: Any
-    indices_ptr: Any
-    lengths_ptr: Any
-    commit_ptr: Any
-    hist_req_ptr: Any
-    hist_pos_ptr: Any
-    hist_loc_ptr: Any
-    hist_valid_ptr: Any
-    hist_src_ptr: Any
-    runs_ptr: Any
+    # The call's one output block (int64): every field of the layout at its place in it (the kernel's
+    # ``_fields``), so a launch reads one address where it would read twelve.
+    out_ptr: Any
     n_rows: int
     padded: int
     groups: int
@@ -72,18 +63,7 @@ REQUEST_WINDOW_INPUTS = ("req_ptr", "pos_ptr", "floors_ptr")
 # The inputs' dtypes are the key's (``pointer_dtypes``); the outputs' are fixed.
 REQUEST_WINDOW_POINTERS: dict[str, torch.dtype] = {
     **dict.fromkeys(REQUEST_WINDOW_INPUTS, torch.int64),
-    "out_req_ptr": torch.int64,
-    "out_pos_ptr": torch.int64,
-    "write_ptr": torch.int32,
-    "indices_ptr": torch.int32,
-    "lengths_ptr": torch.int32,
-    "commit_ptr": torch.bool,
-    "hist_req_ptr": torch.int64,
-    "hist_pos_ptr": torch.int64,
-    "hist_loc_ptr": torch.int64,
-    "hist_valid_ptr": torch.bool,
-    "hist_src_ptr": torch.int64,
-    "runs_ptr": torch.int64,
+    "out_ptr": torch.int64,
 }
 # Every pointer is an engine tensor: the inputs are the engine's and the outputs new on every call.
 REQUEST_WINDOW_ENGINE = tuple(REQUEST_WINDOW_POINTERS)

@@ -4,9 +4,10 @@
 uses (a small ``torch.empty``, ``data_ptr``, the current-stream query, a device switch).
 
 The paths: a decode-256 ``build``; the vLLM step of 8 groups as the plugin's step builds feed it
-(``benchmarks/vllm_step.py``); SGLang's decode-256 causal rows through the adapter and as a plain
-``build_slot_rows`` (``benchmarks/sglang_rows.py``); DeepSeek-V4.1's decode-256 request-window layout
-through the adapter (``benchmarks/sglang_window.py``). Profiles are for finding the costly part of a
+(``benchmarks/vllm_step.py``), built, and built and handed out to the 8 groups' builders; SGLang's
+decode-256 causal rows through the adapter and as a plain ``build_slot_rows``
+(``benchmarks/sglang_rows.py``); DeepSeek-V4.1's decode-256 request-window layout through the adapter
+(``benchmarks/sglang_window.py``). Profiles are for finding the costly part of a
 path; timings to report come from those benchmarks.
 
     python3 benchmarks/host_profile.py [--device cuda] [--calls 2000] [--top 18] [--paths ...]
@@ -25,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "backends"), str(ROOT / "benchmarks")]
 
-PATHS = ("decode", "step8", "sglang_causal", "slot_rows", "window_layout")
+PATHS = ("decode", "step8", "plugin_step8", "sglang_causal", "slot_rows", "window_layout")
 
 
 def paths(device):
@@ -55,6 +56,21 @@ def paths(device):
         step_builder.poll_violations()
 
     out["step8"] = step8
+
+    # The same step as the vLLM plugin hands it out: a Step, then each group's builder asking for its
+    # metadata (benchmarks/vllm_step.py's "plugin step"; stand-ins for vLLM's builder objects).
+    from swa_hal.integrations.vllm_step import Step, StepPlan
+
+    askers = [object() for _ in tables]
+    plan = StepPlan({id(b): (b, g) for g, b in enumerate(askers)}, tuple(range(len(tables))), step_builder)
+    cms = [inputs.common(tables[g], slots[g]) for g in range(len(tables))]
+
+    def plugin_step8():
+        step = Step(plan, tables, slots)
+        for asker, cm in zip(askers, cms):
+            step.metadata(asker, cm, None)
+
+    out["plugin_step8"] = plugin_step8
 
     from sglang_rows import scenarios as row_scenarios
     from sglang_window import scenarios as window_scenarios

@@ -11,7 +11,7 @@
 # python3 benchmarks/sglang_site.py on one with it first: it writes .device/sglang/ (SGLang's own files of that import
 # chain, and wheels of the packages in it that a GPU machine's image lacks), which those steps then take
 # (CARRIED_SGLANG=DIR for another folder).
-# STEPS="info bench" runs only some steps (fuzz, memcheck, abwindow, vllmstep and hostprofile run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
+# STEPS="info bench" runs only some steps (fuzz, memcheck, abwindow, abstep, vllmstep and hostprofile run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
 # SGLWINDOW_ARGS and PYTEST_ARGS pass options on.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out/h200}
@@ -130,6 +130,19 @@ for step in $STEPS; do
       wait
       cat "$OUT"/memcheck_*.part | grep -v Warning > "$OUT/fuzz_memcheck.txt"; rm -f "$OUT"/memcheck_*.part
       grep -E "cases|total|ERROR SUMMARY" "$OUT/fuzz_memcheck.txt"
+      ;;
+    abstep)
+      # The vLLM step of benchmarks/vllm_step.py with two source trees in turn (AB_BEFORE, default .device/before,
+      # then this one), AB_ROUNDS rounds, on one pinned core: each tree's swa_hal through this tree's script.
+      for ((r = 1; r <= ${AB_ROUNDS:-2}; r++)); do
+        for tree in "${AB_BEFORE:-.device/before}" .; do
+          tree=$(cd "$tree" && pwd)
+          cp benchmarks/vllm_step.py benchmarks/common.py "$tree/benchmarks/" 2>/dev/null
+          echo "== round $r, swa_hal from $tree"
+          taskset -c ${PIN_CORE:-5} timeout ${BENCH_TIMEOUT:-200} python3 "$tree/benchmarks/vllm_step.py" \
+            ${VLLMSTEP_ARGS:-} 2>&1 | grep -E "==|rep |ratio|^(plugin step|step build|8 )"
+        done
+      done 2>&1 | tee "$OUT/ab_step.txt"
       ;;
     vllmstep)
       # A vLLM step of 8 SWA groups x decode-256 through the step path, against 8 single builds and 8 engine

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import operator
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -228,26 +229,38 @@ plans = Plans()
 
 
 class Step:
-    """One ``prepare_attn`` call's step build: made by the first SWA builder vLLM calls, handed out to each."""
+    """One ``prepare_attn`` call's step build: made by the first SWA builder vLLM calls, handed out to each.
 
-    __slots__ = ("plan", "block_tables", "slot_mappings", "built", "key")
+    Every builder of the step asks once, so what each ask checks is kept small: where the slot-mapping
+    rows lie is read once per step, and the shared inputs are compared by identity first (vLLM hands
+    every group the same objects), by their addresses and values only when an object differs."""
+
+    __slots__ = ("plan", "block_tables", "slot_mappings", "built", "shared", "_rows")
 
     def __init__(self, plan: StepPlan, block_tables: Any, slot_mappings: Any):
         self.plan = plan
         self.block_tables = block_tables
         self.slot_mappings = slot_mappings
         self.built: list[SWAMetadata] | None = None
-        self.key: tuple[Any, ...] | None = None
+        self.shared: tuple[Any, ...] | None = None  # the building call's ``_shared``
+        # Group i's slot-mapping row: its address is rows[0] + i * rows[1]; rows[2] entries of rows[3].
+        self._rows = (
+            slot_mappings.data_ptr(),
+            slot_mappings.stride(0) * slot_mappings.element_size(),
+            slot_mappings.shape[1],
+            slot_mappings.dtype,
+        )
 
     def own_inputs(self, g: int, cm: Any) -> bool:
         """Whether ``cm`` carries step group g's own block table and slot-mapping row of this step."""
         i = self.plan.kv_ids[g]
-        slots, mine = self.slot_mappings, cm.slot_mapping
+        mine = cm.slot_mapping
+        first, step, tokens, dtype = self._rows
         return (
             cm.block_table_tensor is self.block_tables[i]
-            and mine.data_ptr() == slots.data_ptr() + i * slots.stride(0) * slots.element_size()
-            and mine.shape[0] == slots.shape[1]
-            and mine.dtype == slots.dtype
+            and mine.data_ptr() == first + i * step
+            and mine.shape[0] == tokens
+            and mine.dtype == dtype
         )
 
     def metadata(self, builder: Any, cm: Any, replay_start: torch.Tensor | None) -> SWAMetadata | None:
@@ -256,43 +269,63 @@ class Step:
         member = self.plan.members.get(id(builder))
         if member is None or member[0] is not builder or not self.own_inputs(member[1], cm):
             return None
-        key = _shared_key(cm, replay_start)
+        shared = _shared(cm, replay_start)
         if self.built is None:
             hal = self.plan.builder
             assert hal is not None
             tables, slots = self.plan.inputs(self.block_tables, self.slot_mappings)
             batch = batch_from_common_metadata(cm, replay_start=replay_start, image_spans=step_image_spans(hal, cm))
             self.built = hal.build_groups(batch, tables, slots)
-            self.key = key
+            self.shared = shared
             self.plan.handed = [None] * len(self.plan.kv_ids)
             self.plan.updated = set()
             hal.poll_violations()
-        elif not _same_key(key, self.key):
+        elif not _same_shared(shared, self.shared):
             return None
         return self.built[member[1]]
 
 
-def _shared_key(cm: Any, replay_start: torch.Tensor | None) -> tuple[Any, ...]:
-    """What every group of a step shares, as a build reads it: host objects by identity (vLLM hands every
-    group the same ones), device views by address and shape (each group gets views of its own)."""
-    replay = None if replay_start is None else (replay_start.data_ptr(), replay_start.shape)
-    seq = cm.seq_lens
+def _shared(cm: Any, replay_start: torch.Tensor | None) -> tuple[Any, ...]:
+    """What every group of a step shares, as a build reads it, as the objects themselves."""
     return (
         cm.query_start_loc_cpu,
         cm.seq_lens_cpu_upper_bound,
         getattr(cm, "mm_req_doc_ranges", None),
         cm.causal,
-        (seq.data_ptr(), seq.shape),
-        (cm.query_start_loc.data_ptr(), cm.query_start_loc.shape),
+        cm.seq_lens,
+        cm.query_start_loc,
         cm.num_actual_tokens,
         cm.max_query_len,
-        replay,
+        replay_start,
     )
 
 
-def _same_key(a: tuple[Any, ...], b: tuple[Any, ...] | None) -> bool:
-    # Objects (tensors among them) by identity, values by equality; never a tensor comparison.
-    return b is not None and all(x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a, b))
+def _shared_key(shared: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``_shared`` as a build reads it: host objects by identity, device views by address and shape (a
+    view of the same memory is the same input)."""
+    qsl_cpu, seq_cpu, ranges, causal, seq, qsl, tokens, max_query_len, replay = shared
+    return (
+        qsl_cpu,
+        seq_cpu,
+        ranges,
+        causal,
+        (seq.data_ptr(), seq.shape),
+        (qsl.data_ptr(), qsl.shape),
+        tokens,
+        max_query_len,
+        None if replay is None else (replay.data_ptr(), replay.shape),
+    )
+
+
+def _same_shared(a: tuple[Any, ...], b: tuple[Any, ...] | None) -> bool:
+    """Whether two builders' shared inputs are the same: the same objects (how vLLM hands them out), or
+    keys equal with objects (tensors among them) by identity and values by equality, never a tensor
+    comparison."""
+    if b is None:
+        return False
+    if all(map(operator.is_, a, b)):
+        return True
+    return all(x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(_shared_key(a), _shared_key(b)))
 
 
 _active = threading.local()  # microbatches build their metadata from threads of their own

@@ -1631,6 +1631,12 @@ def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm,
         check(2, group_step(2))
         check(1, group_step(1))
         assert calls.take() == {}
+        # Shared inputs are compared by identity first, then by what a build reads: another view of the
+        # same seq_lens memory is the step's input, a copy of it is not.
+        check(1, group_step(1, seq_lens=batch.seq_lens[:]))
+        assert calls.take() == {}
+        check(1, group_step(1, seq_lens=batch.seq_lens.clone()))
+        assert calls.take() == {"build": 1}
     check(0, group_step(0))  # the step closed: alone again
     assert calls.take() == {"build": 1}
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -224,3 +225,23 @@ def vllm_step_inputs(groups: int, reqs: int, device: torch.device) -> SimpleName
         slot_mappings=persistent[:, : batch.num_tokens],
         common=common,
     )
+
+
+def vllm_plugin_step(inputs: SimpleNamespace, builder: Any) -> Callable[[], None]:
+    """The vLLM plugin's step over ``vllm_step_inputs``: a ``Step`` per ``prepare_attn`` call, then each
+    group's builder asking it for its metadata in vLLM's order (the first ask builds every group through
+    ``builder``, a ``SWAMetadataBuilder`` with a group per table). Stand-ins for vLLM's builder objects,
+    which the step knows by identity only."""
+    from swa_hal.integrations.vllm_step import Step, StepPlan
+
+    tables, slots = inputs.tables, inputs.slot_mappings
+    askers = [object() for _ in tables]
+    plan = StepPlan({id(b): (b, g) for g, b in enumerate(askers)}, tuple(range(len(tables))), builder)
+    cms = [inputs.common(tables[g], slots[g]) for g in range(len(tables))]
+
+    def step() -> None:
+        handing = Step(plan, tables, slots)
+        for asker, cm in zip(askers, cms):
+            handing.metadata(asker, cm, None)
+
+    return step

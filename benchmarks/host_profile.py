@@ -32,7 +32,7 @@ PATHS = ("decode", "step8", "plugin_step8", "sglang_causal", "slot_rows", "windo
 def paths(device):
     """Each path's call, made ready (warmed) on ``device``."""
 
-    from common import vllm_step_inputs
+    from common import vllm_plugin_step, vllm_step_inputs
 
     from swa_hal import SWAConfig, SWAMetadataBuilder
     from swa_hal.integrations.engine import batch_from_common_metadata
@@ -57,20 +57,8 @@ def paths(device):
 
     out["step8"] = step8
 
-    # The same step as the vLLM plugin hands it out: a Step, then each group's builder asking for its
-    # metadata (benchmarks/vllm_step.py's "plugin step"; stand-ins for vLLM's builder objects).
-    from swa_hal.integrations.vllm_step import Step, StepPlan
-
-    askers = [object() for _ in tables]
-    plan = StepPlan({id(b): (b, g) for g, b in enumerate(askers)}, tuple(range(len(tables))), step_builder)
-    cms = [inputs.common(tables[g], slots[g]) for g in range(len(tables))]
-
-    def plugin_step8():
-        step = Step(plan, tables, slots)
-        for asker, cm in zip(askers, cms):
-            step.metadata(asker, cm, None)
-
-    out["plugin_step8"] = plugin_step8
+    # The same step as the vLLM plugin hands it out (benchmarks/vllm_step.py's "plugin step").
+    out["plugin_step8"] = vllm_plugin_step(inputs, step_builder)
 
     from sglang_rows import scenarios as row_scenarios
     from sglang_window import scenarios as window_scenarios

@@ -136,9 +136,8 @@ for step in $STEPS; do
       # then this one), AB_ROUNDS rounds, on one pinned core: each tree's swa_hal through this tree's script.
       for ((r = 1; r <= ${AB_ROUNDS:-2}; r++)); do
         for tree in "${AB_BEFORE:-.device/before}" .; do
-          tree=$(cd "$tree" && pwd)
-          cp benchmarks/vllm_step.py benchmarks/common.py "$tree/benchmarks/" 2>/dev/null
-          echo "== round $r, swa_hal from $tree"
+          [ "$tree" = . ] || cp benchmarks/vllm_step.py benchmarks/common.py "$tree/benchmarks/"
+          echo "== round $r, swa_hal from $tree"  # the path as given, relative to the repository root
           taskset -c ${PIN_CORE:-5} timeout ${BENCH_TIMEOUT:-200} python3 "$tree/benchmarks/vllm_step.py" \
             ${VLLMSTEP_ARGS:-} 2>&1 | grep -E "==|rep |ratio|^(plugin step|step build|8 )"
         done

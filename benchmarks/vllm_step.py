@@ -42,12 +42,20 @@ def main() -> int:
     args = p.parse_args()
 
     import torch
-    from common import count_launches, host_mean_us, host_us, kernel_us, run_info, vllm_step_inputs, warm_gpu
+    from common import (
+        count_launches,
+        host_mean_us,
+        host_us,
+        kernel_us,
+        run_info,
+        vllm_plugin_step,
+        vllm_step_inputs,
+        warm_gpu,
+    )
     from seed_baseline import SeedSequenceBuilder
 
     from swa_hal import SWAMetadataBuilder
     from swa_hal.integrations.engine import batch_from_common_metadata
-    from swa_hal.integrations.vllm_step import Step, StepPlan
 
     device = torch.device(args.device)
     inputs = vllm_step_inputs(GROUPS, REQS, device)
@@ -61,16 +69,7 @@ def main() -> int:
     seed = SeedSequenceBuilder(config, device)
     seed_batches = [dataclasses.replace(batch, block_table=t, slot_mapping=s) for t, s in zip(tables, rows)]
 
-    # The plugin's step: one Step per prepare_attn call, then every group's builder asking it for its
-    # metadata in vLLM's order (the first ask builds every group); stand-ins for vLLM's builder objects,
-    # which the step knows by identity only.
-    askers = [object() for _ in range(GROUPS)]
-    plan = StepPlan({id(b): (b, g) for g, b in enumerate(askers)}, tuple(range(GROUPS)), step_builder)
-
-    def plugin_step() -> None:
-        handing = Step(plan, block_tables, slot_mappings)
-        for asker, cm in zip(askers, group_cms):
-            handing.metadata(asker, cm, None)
+    plugin_step = vllm_plugin_step(inputs, step_builder)  # the step with its hand-out, as the plugin runs it
 
     def step() -> None:
         b = batch_from_common_metadata(step_cm)

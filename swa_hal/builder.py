@@ -39,6 +39,7 @@ from .request_window import (
     preflight_request_window,
     validate_request_window,
 )
+from .schedulers import no_schedulers
 from .selection import select_backend
 from .slot_rows import SlotRows, check_outputs, new_slot_rows_outputs, preflight_slot_rows, slot_limit
 from .split import split_decodes_and_prefills
@@ -91,6 +92,8 @@ class SWAMetadataBuilder:
     guard: guarded builds (docs/semantics.md #guarded-builds): the build itself checks what needs the
         data, hands offending rows out empty and records the first violation for ``check()``;
         default on, ``SWA_HAL_GUARD=0`` turns it off.
+    tile_schedulers: hand out the backend's planner objects in ``tile_sched`` (default); False for an
+        engine that makes its own (vLLM's builders do), whose ``tile_sched`` is then None for every type.
 
     One builder serves one thread at a time (entering it from two threads at once raises
     ``ConcurrentBuildError``); give each thread, or each GPU, its own builder.
@@ -109,11 +112,13 @@ class SWAMetadataBuilder:
         registry: PluginRegistry | None = None,
         validate: bool | None = None,
         guard: bool | None = None,
+        tile_schedulers: bool = True,
     ):
         """Select and start the backend (``backend``, else ``SWA_HAL_BACKEND``, else the platform's best;
         an explicit request never falls back) and allocate the fixed output buffers for everything
         ``config`` admits. ``device`` is where the engine's tensors live (``"cpu"``, ``"cuda"``,
-        ``"cuda:1"``); ``platform``, ``registry``, ``validate`` and ``guard`` as in the class docstring.
+        ``"cuda:1"``); ``platform``, ``registry``, ``validate``, ``guard`` and ``tile_schedulers`` as in the
+        class docstring.
         Raises ``BackendNotFoundError`` / ``BackendUnavailableError`` when no backend can start
         (``BackendStartError`` when the chosen one's factory or ``allocate()`` raised, and it was
         requested by name, or ``SWA_HAL_STRICT=1`` is set, or no candidate started)."""
@@ -131,6 +136,8 @@ class SWAMetadataBuilder:
         self.validate = debug_mode() if validate is None else validate
         self.guard = guard_default() if guard is None else bool(guard)
         self.backend.guard = self.guard
+        self.tile_schedulers = bool(tile_schedulers)
+        self._make_schedulers = self.backend.make_tile_schedulers if tile_schedulers else no_schedulers
         self._device_index = -1 if device.type == "cpu" else (device.index or 0)
         self._on_device = OnDevice(self._device_index)
         # Non-blocking: a second thread entering a build fails at once instead of waiting or
@@ -421,7 +428,7 @@ class SWAMetadataBuilder:
             made = [self._shape(plan, g, max_decode_query_len) for g in range(groups)]
             shapes = self._cache.keep(key, (made[0], [group_views(shape) for shape in made]))
         shape, views = shapes
-        make_schedulers, ndt = self.backend.make_tile_schedulers, plan.num_decode_tokens
+        make_schedulers, ndt = self._make_schedulers, plan.num_decode_tokens
         md = SWAMetadata.for_step(
             shape,
             seq_lens=batch.seq_lens,
@@ -574,7 +581,7 @@ class SWAMetadataBuilder:
             buffers = self._group_buffers[g]
             with self._on_device:
                 self.backend.recompute_decode_rows(metadata, buffers)
-                metadata.tile_sched = self.backend.make_tile_schedulers(metadata.num_decode_tokens)
+                metadata.tile_sched = self._make_schedulers(metadata.num_decode_tokens)
                 metadata.extras = self.backend.extras(metadata, buffers)
         finally:
             self._busy.release()
@@ -616,7 +623,7 @@ class SWAMetadataBuilder:
             with self._on_device:
                 self.backend.recompute_groups(metadatas, self.buffers)
                 for g, md in enumerate(metadatas):
-                    md.tile_sched = self.backend.make_tile_schedulers(md.num_decode_tokens)
+                    md.tile_sched = self._make_schedulers(md.num_decode_tokens)
                     md.extras = self.backend.extras(md, self._group_buffers[g])
         finally:
             self._busy.release()

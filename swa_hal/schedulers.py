@@ -9,6 +9,7 @@ build, and a type no layer reads costs nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from .config import LAYER_TYPES
@@ -49,3 +50,13 @@ class FreshSchedulers(Mapping[str, Any]):
     def __repr__(self) -> str:
         made = ", ".join(self._made) or "none yet"
         return f"FreshSchedulers(types={list(self._types)}, made: {made})"
+
+
+# What a builder made with ``tile_schedulers=False`` hands out: None for every type, one read-only mapping
+# shared by all its builds (an engine that makes its own planner objects reads none of these).
+NO_SCHEDULERS: Mapping[str, Any] = MappingProxyType(dict.fromkeys(LAYER_TYPES))
+
+
+def no_schedulers(num_decode_tokens: int) -> Mapping[str, Any]:
+    """``Backend.make_tile_schedulers``'s stand-in for a builder without planner objects."""
+    return NO_SCHEDULERS

@@ -11,6 +11,7 @@ import pytest
 
 from helpers import make_builder
 from swa_hal import AttentionBatch, PlatformInfo, SWAConfig, SWAMetadataBuilder
+from swa_hal.config import LAYER_TYPES
 
 CFG = SWAConfig(window_size=4, block_size=4, compress_ratios=(0, 4, 0), max_model_len=64,
                 max_num_batched_tokens=32, max_num_seqs=4, num_speculative_tokens=1, speculative_method="mtp")
@@ -62,6 +63,22 @@ def test_draft_update_replaces_the_objects(fake_flash_mla):
     batch.seq_lens += 1
     builder.update_draft_decode_metadata(md)
     assert md.tile_sched["swaonly"] is not before["swaonly"] and md.tile_sched["c4a"] is not before["c4a"]
+
+
+def test_a_builder_without_planner_objects_makes_none(fake_flash_mla):
+    """``tile_schedulers=False`` (an engine with planner objects of its own, as vLLM's builders): builds,
+    group builds and draft updates hand out None for every type, and no FlashMLA object is made."""
+    builder = make_builder(CFG, "cuda", validate=True, tile_schedulers=False)
+    batch = AttentionBatch.from_lists([6, 3], [2, 1], [[7, 3], [5, 9]], block_size=4)
+    md = builder.build(batch)
+    assert md.num_decode_tokens and set(md.tile_sched) == set(LAYER_TYPES)
+    assert all(v is None for v in md.tile_sched.values())
+    batch.seq_lens += 1
+    builder.update_draft_decode_metadata(md)
+    assert all(v is None for v in md.tile_sched.values())
+    assert FakeSchedMeta.made == 0
+    # The same builder with objects makes them (the stand-in module is in place).
+    assert make_builder(CFG, "cuda").build(batch).tile_sched["swaonly"] is not None and FakeSchedMeta.made == 1
 
 
 @pytest.mark.parametrize("backend", ["torch", "sm12x", "rocm", "xpu"])

@@ -252,6 +252,8 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             backend=backend if backend is not None else options.backend,
             platform=platform if platform is not None else options.platform,
             validate=validate if validate is not None else options.validate,
+            # vLLM's kernels read the planner objects of this class's build_tile_scheduler, never swa_hal's.
+            tile_schedulers=False,
         )
         # Guard violations surface in vLLM's log (or raise, SWA_HAL_STRICT=1) a build late, without a
         # sync: nothing in vLLM calls check().

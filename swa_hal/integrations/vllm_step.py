@@ -180,6 +180,7 @@ def _make_plan(found: list[tuple[int, Any, Any]]) -> StepPlan:
             platform=hal.platform,
             validate=hal.validate,
             guard=hal.guard,
+            tile_schedulers=hal.tile_schedulers,
         )
         builder.violations.logger = plugin.log
     return StepPlan(members, kv_ids, builder)
@@ -251,38 +252,41 @@ class Step:
             slot_mappings.dtype,
         )
 
-    def own_inputs(self, g: int, cm: Any) -> bool:
-        """Whether ``cm`` carries step group g's own block table and slot-mapping row of this step."""
-        i = self.plan.kv_ids[g]
+    def metadata(self, builder: Any, cm: Any, replay_start: torch.Tensor | None) -> tuple[int, SWAMetadata] | None:
+        """(step group, its metadata) for ``builder``'s build of ``cm`` (building every group on the first
+        call), or None: not one of this step's groups, or not its inputs (the builder builds alone). The
+        inputs are ``cm``'s block table (the step's own object for the group), its slot-mapping row (the
+        group's row of the step's [G, T] buffer) and the shared ones (``_same_shared``)."""
+        plan = self.plan
+        member = plan.members.get(id(builder))
+        if member is None:
+            return None
+        g = member[1]
+        i = plan.kv_ids[g]
         mine = cm.slot_mapping
         first, step, tokens, dtype = self._rows
-        return (
-            cm.block_table_tensor is self.block_tables[i]
+        if not (
+            member[0] is builder
+            and cm.block_table_tensor is self.block_tables[i]
             and mine.data_ptr() == first + i * step
             and mine.shape[0] == tokens
             and mine.dtype == dtype
-        )
-
-    def metadata(self, builder: Any, cm: Any, replay_start: torch.Tensor | None) -> SWAMetadata | None:
-        """Step group g's metadata for ``builder``'s build of ``cm`` (building every group on the first
-        call), or None: not one of this step's groups, or not its inputs (the builder builds alone)."""
-        member = self.plan.members.get(id(builder))
-        if member is None or member[0] is not builder or not self.own_inputs(member[1], cm):
+        ):
             return None
-        shared = _shared(cm, replay_start)
-        if self.built is None:
-            hal = self.plan.builder
+        built = self.built
+        if built is None:
+            hal = plan.builder
             assert hal is not None
-            tables, slots = self.plan.inputs(self.block_tables, self.slot_mappings)
+            tables, slots = plan.inputs(self.block_tables, self.slot_mappings)
             batch = batch_from_common_metadata(cm, replay_start=replay_start, image_spans=step_image_spans(hal, cm))
-            self.built = hal.build_groups(batch, tables, slots)
-            self.shared = shared
-            self.plan.handed = [None] * len(self.plan.kv_ids)
-            self.plan.updated = set()
+            built = self.built = hal.build_groups(batch, tables, slots)
+            self.shared = _shared(cm, replay_start)
+            plan.handed = [None] * len(plan.kv_ids)
+            plan.updated = set()
             hal.poll_violations()
-        elif not _same_shared(shared, self.shared):
+        elif not _same_shared(cm, replay_start, self.shared):
             return None
-        return self.built[member[1]]
+        return g, built[g]
 
 
 def _shared(cm: Any, replay_start: torch.Tensor | None) -> tuple[Any, ...]:
@@ -317,15 +321,18 @@ def _shared_key(shared: tuple[Any, ...]) -> tuple[Any, ...]:
     )
 
 
-def _same_shared(a: tuple[Any, ...], b: tuple[Any, ...] | None) -> bool:
-    """Whether two builders' shared inputs are the same: the same objects (how vLLM hands them out), or
-    keys equal with objects (tensors among them) by identity and values by equality, never a tensor
-    comparison."""
-    if b is None:
+def _same_shared(cm: Any, replay_start: torch.Tensor | None, built: tuple[Any, ...] | None) -> bool:
+    """Whether ``cm`` and ``replay_start`` bring the shared inputs the step build read (``built``, its
+    ``_shared``): the same objects (how vLLM hands them out), or keys equal with objects (tensors among
+    them) by identity and values by equality, never a tensor comparison."""
+    if built is None:
         return False
-    if all(map(operator.is_, a, b)):
+    shared = _shared(cm, replay_start)
+    if all(map(operator.is_, shared, built)):
         return True
-    return all(x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(_shared_key(a), _shared_key(b)))
+    return all(
+        x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(_shared_key(shared), _shared_key(built))
+    )
 
 
 _active = threading.local()  # microbatches build their metadata from threads of their own
@@ -377,10 +384,10 @@ def group_metadata(
     step = current()
     if step is None:
         return None
-    md = step.metadata(builder, cm, replay_start)
-    if md is None:
+    found = step.metadata(builder, cm, replay_start)
+    if found is None:
         return None
-    return step.plan, step.plan.members[id(builder)][1], md
+    return step.plan, found[0], found[1]
 
 
 def update_draft(builder: Any, vllm_metadata: Any) -> bool:

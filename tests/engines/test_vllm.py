@@ -46,6 +46,7 @@ from swa_hal import AttentionBatch
 from swa_hal.errors import BatchRangeError, ConfigError, SpeculativeModeError
 from swa_hal.integrations import vllm as integ
 from swa_hal.reference import build_reference
+from swa_hal.schedulers import no_schedulers
 
 CPU = torch.device("cpu")
 SEED = 20261130
@@ -1676,6 +1677,8 @@ def test_step_builds_under_cudagraph_capture(plugin_log, vllm_configs, rocm, mon
         seen = ptrs
     plan = rig.ours[0].swa_hal_step[0]
     assert got["model.layers.0.attn.swa_cache"].decode_swa_lens.data_ptr() == plan.builder.buffers.decode_lens.data_ptr()
+    # vLLM's kernels read the planner objects of vLLM's build_tile_scheduler: swa_hal's builders make none.
+    assert plan.builder._make_schedulers is no_schedulers and rig.ours[0].swa_hal._make_schedulers is no_schedulers
 
 
 def test_coverage_of_the_random_batches():

@@ -227,6 +227,17 @@ def vllm_step_inputs(groups: int, reqs: int, device: torch.device) -> SimpleName
     )
 
 
+def vllm_plugin_options() -> dict[str, Any]:
+    """The options the vLLM plugin makes its swa_hal builders with, those this tree's ``SWAMetadataBuilder``
+    takes: no planner objects (vLLM's builders make their own). An earlier tree (an A/B run) gets its
+    defaults."""
+    import inspect
+
+    from swa_hal import SWAMetadataBuilder
+
+    return {"tile_schedulers": False} if "tile_schedulers" in inspect.signature(SWAMetadataBuilder).parameters else {}
+
+
 def vllm_plugin_step(inputs: SimpleNamespace, builder: Any) -> Callable[[], None]:
     """The vLLM plugin's step over ``vllm_step_inputs``: a ``Step`` per ``prepare_attn`` call, then each
     group's builder asking it for its metadata in vLLM's order (the first ask builds every group through

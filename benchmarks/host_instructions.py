@@ -36,6 +36,8 @@ CASES = (
     # The vLLM step of 8 groups as the plugin's step builds feed it (benchmarks/vllm_step.py): a tuple of
     # tables, the [G, T] slot mappings, the batch from vLLM's common metadata, then the poll.
     "step8",
+    # The same step handed out to the 8 groups' builders, as the plugin does (common.vllm_plugin_step).
+    "plugin_step8",
     "slot_rows",
     "sglang_causal",
     "window_layout",
@@ -104,9 +106,11 @@ def _case(name: str, root: Path):
     cpu = torch.device("cpu")
     flash = SWAConfig.from_yaml(root / "configs" / "deepseek_v4_flash.yaml")
 
-    def builder(config):
+    def builder(config, **options):
         return _stub(
-            SWAMetadataBuilder(config, device=cpu, backend="cuda", platform=platform, validate=False, guard=True)
+            SWAMetadataBuilder(
+                config, device=cpu, backend="cuda", platform=platform, validate=False, guard=True, **options
+            )
         )
 
     if name.startswith("torch_"):
@@ -154,14 +158,22 @@ def _case(name: str, root: Path):
             width=128,
         )
         return lambda: adapter.builder.build_slot_rows(rows)
-    if name == "step8":
+    if name in ("step8", "plugin_step8"):
         sys.path.insert(0, str(root / "benchmarks"))
-        from common import vllm_step_inputs
+        from common import vllm_plugin_step, vllm_step_inputs
 
         from swa_hal.integrations.engine import batch_from_common_metadata
 
         inputs = vllm_step_inputs(8, 256, cpu)
         common = inputs.common(inputs.tables[0], inputs.slot_mappings[0])
+        if name == "plugin_step8":
+            import inspect
+
+            # The plugin's builder: no planner objects (vLLM makes its own), where the tree has the option.
+            has_option = "tile_schedulers" in inspect.signature(SWAMetadataBuilder).parameters
+            options = {"tile_schedulers": False} if has_option else {}
+            step = builder(inputs.config, **options)
+            return vllm_plugin_step(inputs, step)
         step = builder(inputs.config)
 
         def step8():

@@ -32,7 +32,7 @@ PATHS = ("decode", "step8", "plugin_step8", "sglang_causal", "slot_rows", "windo
 def paths(device):
     """Each path's call, made ready (warmed) on ``device``."""
 
-    from common import vllm_plugin_step, vllm_step_inputs
+    from common import vllm_plugin_options, vllm_plugin_step, vllm_step_inputs
 
     from swa_hal import SWAConfig, SWAMetadataBuilder
     from swa_hal.integrations.engine import batch_from_common_metadata
@@ -49,7 +49,7 @@ def paths(device):
     tables, slots = inputs.tables, inputs.slot_mappings
     common = inputs.common(tables[0], slots[0])
     config = inputs.config
-    step_builder = SWAMetadataBuilder(config, device=device)
+    step_builder = SWAMetadataBuilder(config, device=device, **vllm_plugin_options())  # as the plugin's
 
     def step8():
         step_builder.build_groups(batch_from_common_metadata(common), tables, slots)

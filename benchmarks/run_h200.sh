@@ -11,7 +11,7 @@
 # python3 benchmarks/sglang_site.py on one with it first: it writes .device/sglang/ (SGLang's own files of that import
 # chain, and wheels of the packages in it that a GPU machine's image lacks), which those steps then take
 # (CARRIED_SGLANG=DIR for another folder).
-# STEPS="info bench" runs only some steps (fuzz, memcheck, abwindow, abstep, vllmstep and hostprofile run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
+# STEPS="info bench" runs only some steps (fuzz, memcheck, abwindow, abstep, vllmstep, hostfloor and hostprofile run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
 # SGLWINDOW_ARGS and PYTEST_ARGS pass options on.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out/h200}
@@ -28,7 +28,7 @@ fi
 # DLPack addon on first import; nothing timed here uses it, so it is switched off unless set.
 CARRIED_SGLANG=${CARRIED_SGLANG:-.device/sglang}
 SGLANG_PATH=
-if [ -d "$CARRIED_SGLANG/src/sglang" ] && [[ " $STEPS " == *" slotrows "* || " $STEPS " == *" sglwindow "* || " $STEPS " == *" abwindow "* ]]; then
+if [ -d "$CARRIED_SGLANG/src/sglang" ] && [[ " $STEPS " == *" slotrows "* || " $STEPS " == *" sglwindow "* || " $STEPS " == *" abwindow "* || " $STEPS " == *" hostfloor "* ]]; then
   SGLANG_DEPS=$(mktemp -d)
   if ! ls "$CARRIED_SGLANG"/wheels/*.whl >/dev/null 2>&1 || python3 -m pip install -q --no-index --no-deps \
       --no-compile --no-cache-dir --upgrade --target "$SGLANG_DEPS" "$CARRIED_SGLANG"/wheels/*.whl; then
@@ -91,7 +91,7 @@ for step in $STEPS; do
           echo "== round $r, swa_hal from $(cd /tmp && PYTHONPATH="$tree" python3 -c \
             "import swa_hal, os; print(os.path.relpath(os.path.dirname(swa_hal.__file__), '$root'))")"
           PYTHONPATH="$tree:$tree/backends${PYTHONPATH:+:$PYTHONPATH}" with_sglang timeout ${BENCH_TIMEOUT:-200} \
-            python3 benchmarks/sglang_window.py --steps 0 --reps 1 ${SGLWINDOW_ARGS:-} 2>&1 | grep -E "==|host|which|swa_hal backend"
+            python3 benchmarks/sglang_window.py --steps 0 --reps 1 ${SGLWINDOW_ARGS:-} 2>&1 | grep -E "==|host|kernel|which|swa_hal backend"
         done
       done 2>&1 | tee "$OUT/ab_window.txt"
       ;;
@@ -148,6 +148,12 @@ for step in $STEPS; do
       # launch sequences (benchmarks/vllm_step.py), on one pinned core.
       taskset -c ${PIN_CORE:-5} timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/vllm_step.py ${VLLMSTEP_ARGS:-} 2>&1 \
         | grep -v USDT | tee "$OUT/vllm_step.txt" | tail -14
+      ;;
+    hostfloor)
+      # The host-time floor of the SGLang adapter's call and of the vLLM plugin step (benchmarks/host_floor.py): the
+      # launch, allocation and input reads alone against the targets, on one pinned core, SGLang's ops where they import.
+      with_sglang taskset -c ${PIN_CORE:-5} timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/host_floor.py ${HOSTFLOOR_ARGS:-} 2>&1 \
+        | grep -v USDT | tee "$OUT/host_floor.txt" | tail -16
       ;;
     hostprofile)
       # Where each host path's time goes (benchmarks/host_profile.py), on one pinned core.

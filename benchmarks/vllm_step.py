@@ -48,6 +48,7 @@ def main() -> int:
         host_us,
         kernel_us,
         run_info,
+        vllm_plugin_options,
         vllm_plugin_step,
         vllm_step_inputs,
         warm_gpu,
@@ -64,8 +65,9 @@ def main() -> int:
 
     step_cm = common(block_tables[0], slot_mappings[0])
     group_cms = [common(block_tables[g], slot_mappings[g]) for g in range(GROUPS)]
-    step_builder = SWAMetadataBuilder(config, device=device)
-    group_builders = [SWAMetadataBuilder(config, device=device) for _ in range(GROUPS)]
+    # Both swa_hal paths with the plugin's builders (no planner objects: vLLM makes its own).
+    step_builder = SWAMetadataBuilder(config, device=device, **vllm_plugin_options())
+    group_builders = [SWAMetadataBuilder(config, device=device, **vllm_plugin_options()) for _ in range(GROUPS)]
     seed = SeedSequenceBuilder(config, device)
     seed_batches = [dataclasses.replace(batch, block_table=t, slot_mapping=s) for t, s in zip(tables, rows)]
 

@@ -238,6 +238,23 @@ def vllm_plugin_options() -> dict[str, Any]:
     return {"tile_schedulers": False} if "tile_schedulers" in inspect.signature(SWAMetadataBuilder).parameters else {}
 
 
+def vllm_group_builds(inputs: SimpleNamespace, device: torch.device, **options: Any) -> Callable[[], None]:
+    """The vLLM plugin without step builds over ``vllm_step_inputs``: per group, the batch from its common
+    metadata, one ``build`` of a builder of its own (made here with ``options``), the poll."""
+    from swa_hal import SWAMetadataBuilder
+    from swa_hal.integrations.engine import batch_from_common_metadata
+
+    builders = [SWAMetadataBuilder(inputs.config, device=device, **options) for _ in inputs.tables]
+    cms = [inputs.common(t, s) for t, s in zip(inputs.tables, inputs.slot_mappings.unbind(0))]
+
+    def per_group() -> None:
+        for builder, cm in zip(builders, cms):
+            builder.build(batch_from_common_metadata(cm))
+            builder.poll_violations()
+
+    return per_group
+
+
 def vllm_plugin_step(inputs: SimpleNamespace, builder: Any) -> Callable[[], None]:
     """The vLLM plugin's step over ``vllm_step_inputs``: a ``Step`` per ``prepare_attn`` call, then each
     group's builder asking it for its metadata in vLLM's order (the first ask builds every group through

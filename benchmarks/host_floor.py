@@ -71,7 +71,7 @@ def sglang_parts(device, hal: dict) -> dict[str, Callable[[], object]]:
 
 
 def vllm_parts(device, hal: dict) -> dict[str, Callable[[], object]]:
-    from common import vllm_plugin_options, vllm_plugin_step, vllm_step_inputs
+    from common import vllm_group_builds, vllm_plugin_options, vllm_plugin_step, vllm_step_inputs
 
     from swa_hal import SWAMetadataBuilder
     from swa_hal.integrations.engine import batch_from_common_metadata
@@ -89,13 +89,7 @@ def vllm_parts(device, hal: dict) -> dict[str, Callable[[], object]]:
     md = step_builder.build_groups(batch_from_common_metadata(inputs.common(tables[0], slots[0])), tables, slots)[0]
     rows = list(zip(tables, slots.unbind(0)))
     make = step_builder._make_schedulers
-    group_builders = [SWAMetadataBuilder(inputs.config, device=device, **hal) for _ in range(groups)]
-    cms = [inputs.common(t, s) for t, s in rows]
-
-    def per_group() -> None:
-        for builder, cm in zip(group_builders, cms):
-            builder.build(batch_from_common_metadata(cm))
-            builder.poll_violations()
+    per_group = vllm_group_builds(inputs, device, **hal)
 
     def table_facts() -> None:
         for t in tables:

@@ -48,6 +48,7 @@ def main() -> int:
         host_us,
         kernel_us,
         run_info,
+        vllm_group_builds,
         vllm_plugin_options,
         vllm_plugin_step,
         vllm_step_inputs,
@@ -64,10 +65,8 @@ def main() -> int:
     slot_mappings, block_tables = inputs.slot_mappings, tables
 
     step_cm = common(block_tables[0], slot_mappings[0])
-    group_cms = [common(block_tables[g], slot_mappings[g]) for g in range(GROUPS)]
     # Both swa_hal paths with the plugin's builders (no planner objects: vLLM makes its own).
     step_builder = SWAMetadataBuilder(config, device=device, **vllm_plugin_options())
-    group_builders = [SWAMetadataBuilder(config, device=device, **vllm_plugin_options()) for _ in range(GROUPS)]
     seed = SeedSequenceBuilder(config, device)
     seed_batches = [dataclasses.replace(batch, block_table=t, slot_mapping=s) for t, s in zip(tables, rows)]
 
@@ -81,10 +80,7 @@ def main() -> int:
     def step_unpolled() -> None:  # what the poll costs: the same step without it
         step_builder.build_groups(batch_from_common_metadata(step_cm), block_tables, slot_mappings)
 
-    def per_group() -> None:
-        for builder, cm in zip(group_builders, group_cms):
-            builder.build(batch_from_common_metadata(cm))
-            builder.poll_violations()
+    per_group = vllm_group_builds(inputs, device, **vllm_plugin_options())
 
     def seed_sequence() -> None:
         for b in seed_batches:

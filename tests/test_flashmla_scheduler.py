@@ -66,8 +66,8 @@ def test_draft_update_replaces_the_objects(fake_flash_mla):
 
 
 def test_a_builder_without_planner_objects_makes_none(fake_flash_mla):
-    """``tile_schedulers=False`` (an engine with planner objects of its own, as vLLM's builders): builds,
-    group builds and draft updates hand out None for every type, and no FlashMLA object is made."""
+    """``tile_schedulers=False`` (an engine with planner objects of its own, as vLLM's builders): a build
+    and a draft update hand out None for every type, and no FlashMLA object is made."""
     builder = make_builder(CFG, "cuda", validate=True, tile_schedulers=False)
     batch = AttentionBatch.from_lists([6, 3], [2, 1], [[7, 3], [5, 9]], block_size=4)
     md = builder.build(batch)

@@ -101,11 +101,14 @@ def ranges_in_step(
     num_reqs: int,
     field: str = "mm_req_doc_ranges",
 ) -> dict[int, list[tuple[int, int]]]:
-    """The image ranges that overlap each request's new tokens this step. Engines list every image of a
-    request (prefilled by earlier chunks, or still to come); only those over this step's tokens reach
-    the rows (docs/semantics.md #vision-spans), and only those are legal in a batch. Host values only
-    (a host seq_lens upper bound is exact for prefill rows; decode rows lie past every image). The
-    ranges are checked first (``check_image_ranges``; errors name ``field``, the engine's attribute)."""
+    """The image ranges that overlap each request's new tokens this step, whole. Engines list every image
+    of a request (prefilled by earlier chunks, or still to come); only those over this step's tokens can
+    reach the rows (docs/semantics.md #vision-spans). An image that overlaps them is kept as the engine
+    gave it, also where it began before the new tokens (a prefix-cache hit, or an earlier chunk, that ended
+    inside it) or goes on past them (a chunk that ends inside it): its earlier positions widen the rows,
+    and the rows stop at the request's last position. Host values only (a host seq_lens upper bound is
+    exact for prefill rows; decode rows lie past every image). The ranges are checked first
+    (``check_image_ranges``; errors name ``field``, the engine's attribute)."""
     checked = check_image_ranges(ranges, num_reqs, field)
     qsl = query_start_loc_cpu.tolist()
     seqs = seq_lens_cpu.tolist()

@@ -2,7 +2,7 @@
 
 In guard mode the build (the Triton kernel, or the vectorised torch code below) also checks what the
 host preflight cannot see without a sync: query_start_loc non-decreasing, seq_len >= query_len, replay
-and span bounds, every block id a window reads inside ``[0, block_limit)`` and inside the block
+bounds, image spans neither inverted nor negative, every block id a window reads inside ``[0, block_limit)`` and inside the block
 table's width. A row that breaks a rule is handed out empty (lens 0, all -1), so no index points
 outside the KV cache, and the first violation found is recorded in a small device buffer:
 ``[count, kind, request, value]``. ``SWAMetadataBuilder.check()`` reads it (one sync, when the engine
@@ -33,7 +33,7 @@ class Violation(enum.IntEnum):
     QUERY_ORDER = 1  # query_start_loc[r + 1] < query_start_loc[r]
     SEQ_SHORT = 2  # seq_lens[r] < query_len[r]
     REPLAY = 3  # replay_start[r] outside [0, seq_lens[r] - query_len[r]]
-    SPAN = 4  # an image span inverted, outside the request's new tokens, or longer than max_image_tokens
+    SPAN = 4  # an image span inverted (start > end) or starting at a negative position
     PAGES = 5  # a window reads a page past the block table's width
     BLOCK = 6  # a window reads a block id outside [0, block_limit)
     ROW_WIDTH = 7  # a row needs more entries than its width (a DSpark block too long for its row)
@@ -77,8 +77,7 @@ def violation_error(record: list[int], config: SWAConfig) -> BatchValidationErro
     if kind == Violation.SPAN:
         return BatchRangeError(
             "image_spans",
-            f"image_spans[{req}]: span {value} is inverted, outside the request's new tokens or longer "
-            f"than max_image_tokens={config.max_image_tokens}{where}",
+            f"image_spans[{req}]: span {value} is inverted or starts at a negative position{where}",
             req,
         )
     if kind == Violation.PAGES:
@@ -366,8 +365,8 @@ class TorchGuard:
         v.qsl.copy_(query_start_loc)
         torch.sub(v.end, v.begin, out=v.query)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
-        if values or checks_spans or not causal:
-            # seq_lens in int64 first: the value rule 2 reports (spans and DSpark widths read it too).
+        if values or not causal:
+            # seq_lens in int64 first: the value rule 2 reports (DSpark widths read it too).
             v.seq.copy_(seq_lens)
             torch.sub(v.seq, v.query, out=v.prefix)
         else:
@@ -382,7 +381,7 @@ class TorchGuard:
         self._clear(v, SPAN_BAD, checks_spans)
         if checks_spans:
             assert spans is not None
-            bad_req, first_span = _span_checks(config, spans, v.prefix, v.seq, num_reqs)
+            bad_req, first_span = _span_checks(spans, num_reqs)
             torch.mul(bad_req, -1, out=v.span_bad)
             v.first_span.copy_(first_span)
         self._clear(v, WIDTH_LEFT, not causal)
@@ -453,12 +452,12 @@ class TorchGuard:
         torch.where(self.take, self.chosen_flat, record, out=record)
 
 
-def _span_checks(
-    config: SWAConfig, spans: ImageSpans, prefix: torch.Tensor, seq: torch.Tensor, num_reqs: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rule 4 per request: whether one of its image spans is inverted, outside its new tokens or longer
-    than max_image_tokens, and the first such span (``n``, the span count, where none is)."""
-    device = seq.device
+def _span_checks(spans: ImageSpans, num_reqs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rule 4 per request: whether one of its image spans is inverted or starts at a negative position,
+    and the first such span (``n``, the span count, where none is). A span that starts before the
+    request's new tokens (a prefix-cache hit inside an image), ends after them or holds more than
+    max_image_tokens is well formed (docs/semantics.md #vision-spans)."""
+    device = spans.starts.device
     i64 = torch.int64
     ptr = spans.indptr[: num_reqs + 1].to(i64)
     n = min(spans.starts.shape[0], spans.ends.shape[0])
@@ -467,7 +466,6 @@ def _span_checks(
     # decreases): [R, n] memberships, as the kernels test each span of a block against each row's range.
     mine = (span_ids >= ptr[:num_reqs, None]) & (span_ids < ptr[1:, None])
     a, e = spans.starts[:n].to(i64), spans.ends[:n].to(i64)
-    p, s = prefix[:, None], seq[:, None]
-    bad = mine & ((a > e) | (a < p) | (e > s - 1) | (e - a + 1 > config.max_image_tokens))
+    bad = mine & ((a > e) | (a < 0))
     first_span = torch.where(bad, span_ids, n).amin(1) if n else torch.full((num_reqs,), n, dtype=i64, device=device)
     return bad.any(1), first_span

@@ -493,7 +493,8 @@ def fill_causal_rows(
     torch.maximum(start, bound, out=start)  # bound = max(replay_start[r], 0)
     end = pos1 if right is None else pos1 + right
     # lens = end - start, never negative (a replay bound past p leaves an empty row) and never longer
-    # than the row (only malformed input could ask for more; #engine-parity). Invalid tokens: empty.
+    # than the row: a row that needs more (M > W and an image longer than M + W, or malformed input)
+    # keeps its first `width` positions (#vision-spans, #engine-parity). Invalid tokens: empty.
     torch.sub(end, start, out=lens).clamp_(0, width)
     torch.where(valid, lens, ws.c[0], out=lens)
     _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, probe=probe)
@@ -586,8 +587,10 @@ def image_visibility(
     out_right: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """docs/semantics.md #vision-spans: how far rows [token_offset, token_offset + num_rows) see
-    inside their image span: left = min(p - start, M - 1), right = min(end - p, M); 0 / 0 outside
-    every span; where spans overlap, the last one listed that contains p wins."""
+    inside their image span: left = min(p - start, M - 1), right = min(min(end, S_r - 1) - p, M) (never
+    past the request's last position, never below 0); 0 / 0 outside every span; where spans overlap, the
+    last one listed that contains p wins. A span may start before the request's new tokens, end after
+    them and hold more than M tokens."""
     device = seq_lens.device
     if out_left is None:
         out_left = torch.empty(num_rows, dtype=torch.int32, device=device)
@@ -613,7 +616,11 @@ def image_visibility(
     pick = (inside * order).argmax(dim=1)
     hit = inside.any(dim=1)
     left = torch.clamp_max(pos - starts[pick], max_image_tokens - 1)
-    right = torch.clamp_max(ends[pick] - pos, max_image_tokens)
+    # A span past the request's last position (a chunk that ends inside its image) is cut there: no row
+    # reaches a position this step has not written. Exact int64 distances; a position past the last one
+    # (only where the offsets decrease, a malformed batch) sees nothing to its right.
+    last = seq.long() - 1
+    right = (torch.minimum(ends[pick], last) - pos).clamp_(0, max_image_tokens)
     out_left.copy_(torch.where(hit, left, 0))
     out_right.copy_(torch.where(hit, right, 0))
     return out_left, out_right

@@ -8,6 +8,7 @@ the O(1) host checks of ``preflight.py``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +24,7 @@ from .errors import (
     BatchShapeError,
     SpeculativeModeError,
 )
+from .reference import image_visibility, token_to_req
 from .split import split_decodes_and_prefills
 
 if TYPE_CHECKING:
@@ -186,7 +188,8 @@ def validate_batch(batch: AttentionBatch, config: SWAConfig, capacity: int | Non
 
     replay = _validate_replay(batch.replay_start, seq, query, device)
     _validate_spans(batch.image_spans, seq, query, device, config)
-    _validate_pages(table, seq, query, starts, config, batch.causal, replay)
+    reach = _image_reach(batch, config, split)
+    _validate_pages(table, seq, query, starts, config, batch.causal, replay, reach)
     _validate_slots(slots, table, seq, starts, scheduled, config)
 
 
@@ -217,8 +220,10 @@ def _validate_replay(replay_start, seq, query, device) -> torch.Tensor | None:
 
 
 def _validate_spans(spans, seq, query, device, config) -> None:
-    """docs/semantics.md #vision-spans: a CSR over the requests; every span inside its request's new
-    tokens [seq_len - query_len, seq_len - 1], not inverted, at most max_image_tokens long."""
+    """docs/semantics.md #vision-spans: a CSR over the requests; every span neither inverted nor starting
+    at a negative position. A span may start before the request's new tokens (a prefix-cache hit inside
+    an image), end after them (a chunk that ends inside an image) and hold more than max_image_tokens:
+    the rows follow the rule for each (docs/semantics.md #vision-spans)."""
     if spans is None:
         return
     num_reqs = seq.shape[0]
@@ -264,31 +269,43 @@ def _validate_spans(spans, seq, query, device, config) -> None:
             f"image_spans[{int(req[i])}]: span {i} is inverted: start {int(starts[i])} > end {int(ends[i])}",
             int(req[i]),
         )
-    lo, hi = (seq - query)[req], seq[req] - 1
-    outside = (starts < lo) | (ends > hi)
-    if bool(outside.any()):
-        i = _first(outside)
-        r = int(req[i])
+    if bool((starts < 0).any()):
+        i = _first(starts < 0)
         raise BatchRangeError(
             "image_spans",
-            f"image_spans[{r}]: span {i} [{int(starts[i])}, {int(ends[i])}] lies outside the request's new tokens "
-            f"[{int(lo[i])}, {int(hi[i])}] (seq_lens[{r}] - query_len .. seq_lens[{r}] - 1)",
-            r,
-        )
-    m = config.max_image_tokens
-    if m > 0 and bool((ends - starts + 1 > m).any()):
-        i = _first(ends - starts + 1 > m)
-        raise BatchRangeError(
-            "image_spans",
-            f"image_spans[{int(req[i])}]: span {i} [{int(starts[i])}, {int(ends[i])}] holds "
-            f"{int(ends[i] - starts[i] + 1)} tokens; max_image_tokens is {m}",
+            f"image_spans[{int(req[i])}]: span {i} [{int(starts[i])}, {int(ends[i])}] starts at a negative position",
             int(req[i]),
         )
 
 
-def _validate_pages(table, seq, query, starts, config, causal, replay=None) -> None:
+def _image_reach(batch, config, split) -> torch.Tensor | None:
+    """The lowest position each request's prefill rows read where an image span widens them
+    (docs/semantics.md #vision-spans: a row reaches back max(W - 1, left) positions, so a span that starts
+    before the new tokens reaches pages below the plain window's), int64 [R]; None without spans. Rows of
+    tokens without a slot count too, as the plain windows' pages do below."""
+    spans = batch.image_spans
+    nd, npt = split.num_decode_tokens, split.num_prefill_tokens
+    scheduled = int(batch.query_start_loc_cpu[-1])
+    rows = min(npt, scheduled - nd)
+    if spans is None or config.max_image_tokens <= 0 or rows <= 0 or spans.starts.shape[0] == 0:
+        return None
+    qsl, seq_lens = batch.query_start_loc.cpu(), batch.seq_lens.cpu()
+    owners = token_to_req(qsl, nd + rows)
+    cpu_spans = dataclasses.replace(spans, indptr=spans.indptr.cpu(), starts=spans.starts.cpu(), ends=spans.ends.cpu())
+    left, _ = image_visibility(
+        qsl, seq_lens, owners, cpu_spans, token_offset=nd, num_rows=rows, max_image_tokens=config.max_image_tokens
+    )
+    req = owners[nd:].long()
+    pos = seq_lens.long()[req] - qsl.long()[1:][req] + torch.arange(nd, nd + rows)
+    lowest = (pos - torch.clamp_min(left.long(), config.window_size - 1)).clamp_min_(0)
+    reach = torch.full((seq_lens.shape[0],), INT32_LIMIT + 1, dtype=torch.int64)
+    return reach.scatter_reduce_(0, req, lowest, reduce="amin")
+
+
+def _validate_pages(table, seq, query, starts, config, causal, replay=None, images=None) -> None:
     """Every page a window reads must exist, be a real block, and give int32 slot ids. Pages below a
-    request's replay bound are never read (an engine may have freed them)."""
+    request's replay bound are never read (an engine may have freed them); ``images`` (``_image_reach``):
+    the lowest position image spans widen each request's rows to, which may lie below its plain window."""
     block = config.block_size
     num_reqs = seq.shape[0]
     rows = table[:num_reqs].cpu().to(torch.int64)
@@ -304,6 +321,8 @@ def _validate_pages(table, seq, query, starts, config, causal, replay=None) -> N
     prefix = seq - query
     reach = config.window_size if not causal else config.window_size - 1
     lowest = torch.clamp_min(prefix - reach, 0)
+    if images is not None:
+        lowest = torch.minimum(lowest, images)
     if causal and replay is not None:
         lowest = torch.maximum(lowest, replay)
     first = lowest // block

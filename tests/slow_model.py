@@ -40,12 +40,16 @@ def position(qsl, seq_lens, t):
 
 
 def visibility(qsl, seq_lens, spans, t, max_image):
-    """(left, right) of token t: from the last listed span of its request that holds its position."""
+    """(left, right) of token t: from the last listed span of its request that holds its position. The
+    span may start before the request's new tokens and hold more than max_image tokens; the token sees
+    no further right than the request's last position, seq_lens[r] - 1."""
     r, p = owner(qsl, t), position(qsl, seq_lens, t)
+    last = seq_lens[r] - 1
     left = right = 0
     for a, e in spans.get(r, []):
         if a <= p <= e:
-            left, right = min(p - a, max_image - 1), min(e - p, max_image)
+            left = min(p - a, max_image - 1)
+            right = max(min(min(e, last) - p, max_image), 0)
     return left, right
 
 
@@ -58,7 +62,9 @@ def causal_row(qsl, seq_lens, table, valid, t, window, block_size, replay, width
     start = max(p - (window - 1) - max(left - (window - 1), 0), 0)
     start = max(start, replay[r])
     n = max(p + right + 1 - start, 0)
-    assert n <= width
+    # A row that needs more entries than its width (an image longer than M + W when M > W) keeps the
+    # first `width` of its positions.
+    n = min(n, width)
     row = [slot(table[r], block_size, start + j) for j in range(n)]
     return row + [-1] * (width - n), n
 

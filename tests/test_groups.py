@@ -39,7 +39,7 @@ def test_group_builds_equal_separate_builds(config_name, backend):
     single = make_builder(config, backend)
     kinds = ["decode", "mtp", "mixed", "padded", "invalid"] + (["dspark"] if config.is_dspark else [])
     for i, kind in enumerate(kinds * 2):
-        batch = random_batch(config, rng, kind, extra_pages=2, spans=1.0)
+        batch = random_batch(config, rng, kind, extra_pages=2, spans=1.0, departures=True)
         groups = 1 + i % config.num_kv_groups
         tables, slots = group_inputs(config, batch, groups, rng)
         strict = address_strict(extra=tables + slots) if backend == "sm12x" else _null()
@@ -119,7 +119,7 @@ def test_stacked_group_inputs_equal_listed_ones(config_name, backend):
     stacked_builder, listed_builder = make_builder(config, backend), make_builder(config, backend)
     kinds = ["decode", "mtp", "mixed", "padded", "invalid"] + (["dspark"] if config.is_dspark else [])
     for i, kind in enumerate(kinds):
-        batch = random_batch(config, rng, kind, extra_pages=2, spans=1.0)
+        batch = random_batch(config, rng, kind, extra_pages=2, spans=1.0, departures=True)
         groups = 1 + i % config.num_kv_groups
         tables, slots = group_inputs(config, batch, groups, rng)
         t3, s2, t_step, s_step = stack(tables, slots)

@@ -626,8 +626,9 @@ def _pair(backend: str, config: SWAConfig = FUZZ):
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_a_prefill_whose_span_breaks_rule_4_gets_gather_length_0(backend):
     """The kernels' gather programs check rule 4 too (they handed this prefill a gather length of 9)."""
-    # One prefill, S=21, q=5: new positions 16..20; the span 23..41 lies past them.
-    batch = make_batch([0, 5], [21], [[14, 17, 9, 24, 0, 18]], [62, 71, 65, 4, 14], 6, 5, None, ([0, 1], [23], [41]))
+    # One prefill, S=21, q=5: new positions 16..20; the span 41..23 is inverted (a span that merely lies past the
+    # new tokens is well formed: docs/semantics.md #vision-spans).
+    batch = make_batch([0, 5], [21], [[14, 17, 9, 24, 0, 18]], [62, 71, 65, 4, 14], 6, 5, None, ([0, 1], [41], [23]))
     builder, ref = _pair(backend)
     md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
     assert want.prefill_gather_lens.tolist() == [0] and md.prefill_gather_lens.tolist() == [0]
@@ -658,8 +659,8 @@ def test_a_prefill_without_tokens_whose_span_breaks_rule_4_gathers_nothing_and_i
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_a_decode_whose_span_breaks_rule_4_is_emptied(backend):
     """The kernels' decode programs check rule 4 when the model has image spans (they filled this row)."""
-    # Request 0 a decode (S=6, q=1: new position 5) whose span 2..4 lies before its new token.
-    batch = dataclasses.replace(base(), image_spans=spans([0, 1, 1], [2], [4]))
+    # Request 0 a decode (S=6, q=1: new position 5) whose span 4..2 is inverted.
+    batch = dataclasses.replace(base(), image_spans=spans([0, 1, 1], [4], [2]))
     builder, ref = _pair(backend)
     md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
     assert want.decode_swa_lens.tolist() == [0] and md.decode_swa_lens.tolist() == [0]
@@ -738,7 +739,7 @@ def test_where_query_start_loc_decreases_a_token_belongs_to_the_count_of_ends_be
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_where_the_span_csr_decreases_each_request_has_the_spans_of_its_own_range(backend):
     # indptr 4, 1, 3 over 2 spans: request 0 owns [4, 1), nothing; request 1 owns [1, 3) of the spans that
-    # exist, span 1 (-1..39), which starts below its prefix 6 (rule 4): request 1 is broken, request 0 sees
+    # exist, span 1 (-1..39), which starts at a negative position (rule 4): request 1 is broken, request 0 sees
     # no span. The reference gave span 1 to request 0 (a binary search of the unsorted ends).
     batch = make_batch(
         [0, 4, 10],
@@ -754,9 +755,10 @@ def test_where_the_span_csr_decreases_each_request_has_the_spans_of_its_own_rang
     md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
     assert metadata_differences(md, want) == []
     m = FUZZ.max_image_tokens
-    # Request 1's new positions 6..11 lie inside span 1: left min(p + 1, M - 1), right min(39 - p, M).
+    # Request 1's new positions 6..11 lie inside span 1: left min(p + 1, M - 1), right min(min(39, S - 1) - p, M)
+    # with S - 1 = 11 (no row sees past the request's last position).
     assert md.prefill_left_visible[4:10].tolist() == [min(p + 1, m - 1) for p in range(6, 12)]
-    assert md.prefill_right_visible[4:10].tolist() == [min(39 - p, m) for p in range(6, 12)]
+    assert md.prefill_right_visible[4:10].tolist() == [min(11 - p, m) for p in range(6, 12)]
     assert md.prefill_left_visible[:4].tolist() == [0] * 4 and md.prefill_right_visible[:4].tolist() == [0] * 4
     assert md.prefill_gather_lens.tolist()[-1] == 0  # the broken prefill gathers nothing
     assert recorded(builder) and recorded(ref)

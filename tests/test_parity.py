@@ -201,7 +201,7 @@ def test_reference_matches_the_slow_model_with_replay_and_spans(config_name, kin
     config = PARITY_CONFIGS[config_name]
     rng = random.Random(f"parity-{config_name}-{kind}")
     for _ in range(4):
-        batch = random_batch(config, rng, kind, replay=0.8, spans=1.0)
+        batch = random_batch(config, rng, kind, replay=0.8, spans=1.0, departures=True)
         got, want = build_reference(config, batch), model(config, batch)
         assert rows(got.decode_indices) == want["decode_indices"]
         assert got.decode_lens.tolist() == want["decode_lens"]
@@ -224,7 +224,7 @@ def test_backends_equal_the_reference_with_replay_spans_and_draft_updates(config
     with strict if strict is not None else _nullcontext():
         for i in range(2 * len(kinds)):
             kind = kinds[i % len(kinds)]
-            batch = random_batch(config, rng, kind, replay=0.7, spans=1.0, extra_pages=2)
+            batch = random_batch(config, rng, kind, replay=0.7, spans=1.0, extra_pages=2, departures=True)
             validate_batch(batch, config)
             md = builder.build(batch)
             assert compare_with_reference(config, batch, md) == [], (kind, i)
@@ -327,10 +327,8 @@ NEW_CATALOGUE = [
     ("replay_start too short", _replay([0]), E.BatchShapeError, r"^replay_start has 1 entries for 2 requests"),
     ("image span inverted", _spans([0, 0, 1], [7], [5]), E.BatchRangeError,
      r"^image_spans\[1\]: span 0 is inverted: start 7 > end 5"),
-    ("image span outside the new tokens", _spans([0, 0, 1], [2], [5]), E.BatchRangeError,
-     r"^image_spans\[1\]: span 0 \[2, 5\] lies outside the request's new tokens \[4, 8\]"),
-    ("image span longer than max_image_tokens", _spans([0, 0, 1], [4], [8]), E.BatchRangeError,
-     r"^image_spans\[1\]: span 0 \[4, 8\] holds 5 tokens; max_image_tokens is 4"),
+    ("image span at a negative position", _spans([0, 0, 1], [-2], [5]), E.BatchRangeError,
+     r"^image_spans\[1\]: span 0 \[-2, 5\] starts at a negative position"),
     ("image span indptr decreasing", _spans([0, 1, 0], [4], [5]), E.BatchOrderError,
      r"^image_spans.indptr\[2\]=0 is smaller than image_spans.indptr\[1\]=1"),
     ("image span indptr past the spans", _spans([0, 0, 3], [4], [5]), E.BatchShapeError,
@@ -344,6 +342,52 @@ def test_bad_replay_and_span_input(kind, make, exc, message):
     with pytest.raises(exc, match=message) as info:
         validate_batch(make(base()), VISION)
     assert type(info.value) is exc and info.value.field.split("[")[0].split(".")[0] in str(info.value)
+
+
+# docs/semantics.md #vision-spans: a span is the engine's image, whole. Starting before the new tokens 4..8 (a
+# prefix-cache hit inside the image), ending after them (a chunk that ends inside it) or longer than M = 4 is valid.
+WELL_FORMED_SPANS = {
+    "starts before the new tokens": ([2], [5]),
+    "starts at position 0, long before the window": ([0], [6]),
+    "ends after the new tokens": ([7], [12]),
+    "longer than max_image_tokens": ([4], [8]),
+    "all three": ([1], [20]),
+    "outside the new tokens": ([0], [2]),
+}
+
+
+@pytest.mark.parametrize("name", list(WELL_FORMED_SPANS))
+def test_spans_past_the_new_tokens_or_longer_than_m_are_valid(name):
+    starts, ends = WELL_FORMED_SPANS[name]
+    batch = _spans([0, 0, 1], starts, ends)(base())
+    validate_batch(batch, VISION)
+    builder = make_builder(VISION, "torch")
+    md = builder.build(batch, validate=True)
+    builder.check()  # nothing recorded: a guarded build empties no row
+    assert int(md.prefill_swa_lens.min()) > 0
+    # No row reaches past the request's last position, 8 (slot 20, page 5 of its table [3, 4, 5]).
+    assert int(md.prefill_swa_indices.max()) <= 20
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_straddling_images_rows_read_pages_below_the_window_and_those_pages_are_checked(backend):
+    # W=2, M=6, B=4; positions 8..12 of a 13-token request whose image 2..9 began before them. Position 8
+    # (left = min(6, M - 1) = 5) reads back to position 3, on page 0, below its plain window (7..8, page 1).
+    config = SWAConfig(window_size=2, block_size=4, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=2,
+                       max_image_tokens=6)
+    good = AttentionBatch.from_lists([13], [5], [[7, 4, 5, 6]], block_size=4, image_spans={0: [(2, 9)]})
+    validate_batch(good, config)
+    md = make_builder(config, backend).build(good, validate=True)
+    assert rows(md.prefill_swa_indices)[0][:6] == [31, 16, 17, 18, 19, 20]  # positions 3..8
+    # Page 0 holding a negative block id: validation names it, a guarded build empties the request's rows.
+    bad = dataclasses.replace(good, block_table=torch.tensor([[-1, 4, 5, 6]], dtype=torch.int32))
+    with pytest.raises(E.BatchRangeError, match=r"^block_table\[0, 0\]=-1 is negative but the window reads page 0"):
+        validate_batch(bad, config)
+    builder = make_builder(config, backend)
+    md = builder.build(bad, validate=False)
+    assert md.prefill_swa_lens.tolist()[0] == 0
+    with pytest.raises(E.BatchRangeError, match="block id -1"):
+        builder.check()
 
 
 @pytest.mark.parametrize("values, field", [

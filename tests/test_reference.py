@@ -48,7 +48,7 @@ def test_reference_matches_slow_model(name, kind):
     rng = random.Random(f"{name}-{kind}")
     for i in range(6):
         # Every other batch carries replay bounds; image spans whenever the config has images.
-        batch = random_batch(config, rng, kind, replay=float(i % 2), spans=1.0)
+        batch = random_batch(config, rng, kind, replay=float(i % 2), spans=1.0, departures=True)
         got = build_reference(config, batch)
         want = model(config, batch)
         assert tuple(got.split) == want["split"]

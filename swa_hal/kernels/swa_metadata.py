@@ -192,7 +192,6 @@ def _image_visibility(
     req,
     row_ok,
     seq,
-    prefix,
     span_indptr_ptr,
     span_starts_ptr,
     span_ends_ptr,
@@ -202,7 +201,12 @@ def _image_visibility(
     GUARD: tl.constexpr,
 ):
     """Per row: (left, right) inside the last listed image span of its request holding pos, and
-    (guarded) the first span of its request that breaks a rule, or NO_SPAN."""
+    (guarded) the first span of its request that breaks a rule (inverted, or starting below 0), or NO_SPAN.
+
+    right stops at the request's last position seq - 1 (a span past it: a chunk that ends inside its
+    image; docs/semantics.md #vision-spans): min(min(e, seq - 1) - pos, MAX_IMAGE), 0 where pos is past
+    seq - 1 (only where the offsets decrease). Where pos < seq, seq - 1 does not wrap and min(e, seq - 1)
+    >= pos inside the span, so the capped distance is exact."""
     lo = tl.load(span_indptr_ptr + req, mask=row_ok, other=0)
     hi = tl.load(span_indptr_ptr + req + 1, mask=row_ok, other=0)
     left = tl.zeros([BLOCK_T], dtype=tl.int32)
@@ -216,15 +220,17 @@ def _image_visibility(
     stop = tl.minimum(stop, num_spans)
     if GUARD:
         stop = tl.minimum(stop, first + MAX_SPAN_SCAN)
+    written = pos < seq
+    last = seq - 1
     for i in range(first, stop):
         a = tl.load(span_starts_ptr + i)
         e = tl.load(span_ends_ptr + i)
         mine = (i >= lo) & (i < hi)
         inside = mine & (pos >= a) & (pos <= e)
         left = tl.where(inside, _capped_distance(pos, a, MAX_IMAGE - 1), left)
-        right = tl.where(inside, _capped_distance(e, pos, MAX_IMAGE), right)
+        right = tl.where(inside, tl.where(written, _capped_distance(tl.minimum(e, last), pos, MAX_IMAGE), 0), right)
         if GUARD:
-            broken = mine & ((a > e) | (a < prefix) | (e > seq - 1) | (e - a + 1 > MAX_IMAGE))
+            broken = mine & ((a > e) | (a < 0))
             bad_span = tl.where(broken & (bad_span == NO_SPAN), i, bad_span)
     return left, right, bad_span
 
@@ -388,7 +394,6 @@ def _window_rows(
                 req,
                 row_ok,
                 seq,
-                prefix,
                 span_indptr_ptr,
                 span_starts_ptr,
                 span_ends_ptr,
@@ -415,7 +420,6 @@ def _window_rows(
                         req,
                         row_ok,
                         seq,
-                        prefix,
                         span_indptr_ptr,
                         span_starts_ptr,
                         span_ends_ptr,
@@ -431,9 +435,11 @@ def _window_rows(
             kind, value = _flag(kind, value, checked & ((bound < 0) | (bound > prefix)), 3, bound)  # REPLAY
             if IMAGES or CLEAR_IMAGES:
                 kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), 4, bad_span)  # SPAN
-    if GUARD:
+    if GUARD and NONCAUSAL:
         kind, value = _flag(kind, value, checked & (lens > WIDTH), 7, lens)  # ROW_WIDTH
-    # Never longer than the row: what is handed out stays inside it whatever the input.
+    # Never longer than the row: what is handed out stays inside it whatever the input. A causal row that
+    # needs more (an image longer than M + W where M > W) keeps its first WIDTH positions, as the
+    # reference does (docs/semantics.md #vision-spans).
     lens = tl.where(checked, tl.minimum(lens, WIDTH), 0)
 
     cols = tl.arange(0, BLOCK_W)
@@ -758,7 +764,6 @@ def swa_metadata_kernel(
                     req,
                     real,
                     seq,
-                    seq - query,
                     span_indptr_ptr,
                     span_starts_ptr,
                     span_ends_ptr,

@@ -23,6 +23,7 @@ def random_batch(
     device: str = "cpu",
     replay: float = 0.3,
     spans: float = 0.7,
+    departures: bool = False,
 ) -> AttentionBatch:
     """A valid batch of ``kind`` (one of KINDS) within the config's limits.
 
@@ -33,7 +34,12 @@ def random_batch(
     Block tables are exactly as wide as needed, or a little wider.
     With probability ``replay`` the batch carries replay bounds (docs/semantics.md #bounded-replay)
     anywhere in [0, prefix], the edges favoured; with probability ``spans``, when the config has
-    image tokens, prefills carry image spans (#vision-spans), overlapping ones included.
+    image tokens, prefills carry image spans (#vision-spans): inside the new tokens, straddling their
+    start (a prefix-cache hit inside an image, the image's start up to M + W + 2 positions before the
+    first new token), longer than M, overlapping ones included. ``departures`` also draws the spans where
+    swa_hal departs from the engines' builders on purpose (#engine-parity): spans past the request's last
+    position (a chunk that ends inside its image), and, where M > W, spans longer than M + W, whose rows
+    need more than the W + M width; without it every span gives the engines' own rows.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown batch kind {kind!r}; known: {', '.join(KINDS)}")
@@ -109,7 +115,7 @@ def random_batch(
     replay_start = random_replay(rng, seqs, queries, w) if rng.random() < replay else None
     image_spans = None
     if config.max_image_tokens > 0 and rng.random() < spans:
-        image_spans = random_spans(rng, seqs, queries, config.max_image_tokens)
+        image_spans = random_spans(rng, seqs, queries, config.max_image_tokens, window=w, departures=departures)
     return synthesize_batch(
         config,
         seqs,
@@ -138,10 +144,23 @@ def random_replay(rng: random.Random, seqs: list[int], queries: list[int], windo
 
 
 def random_spans(
-    rng: random.Random, seqs: list[int], queries: list[int], max_image_tokens: int
+    rng: random.Random,
+    seqs: list[int],
+    queries: list[int],
+    max_image_tokens: int,
+    *,
+    window: int = 0,
+    departures: bool = False,
 ) -> dict[int, list[tuple[int, int]]]:
-    """Image spans inside the new tokens of some requests, each at most ``max_image_tokens`` long;
-    sometimes overlapping, sometimes crossing the window's edge."""
+    """Image spans over the new tokens of some requests (docs/semantics.md #vision-spans), sometimes
+    overlapping, sometimes crossing the window's edge: inside the new tokens, at most ``max_image_tokens``
+    (M) long; straddling the first new token (the image's start up to M + W + 2 positions before it, W =
+    ``window``); longer than M. Every span gives the rows the engines' builders give, unless
+    ``departures``: then spans also run past the request's last position, and (M > W) grow longer than
+    M + W, where a row needs more entries than its W + M width (docs/semantics.md #engine-parity)."""
+    m = max_image_tokens
+    # The longest span whose rows fit the W + M width: any length when M <= W, M + W otherwise.
+    longest = 3 * m if departures or m <= window else m + window
     out: dict[int, list[tuple[int, int]]] = {}
     for r, (s, q) in enumerate(zip(seqs, queries)):
         if q < 2 or rng.random() < 0.3:
@@ -149,8 +168,20 @@ def random_spans(
         lo, hi = s - q, s - 1
         spans = []
         for _ in range(rng.randint(1, 3)):
-            a = rng.randint(lo, hi)
-            e = min(hi, a + rng.randint(0, max_image_tokens - 1))
-            spans.append((a, e))
+            shape = rng.choice(("inside", "inside", "straddle", "straddle", "long", "past_end"))
+            if shape == "straddle" and lo >= 1:
+                length = rng.randint(2, max(2, longest))
+                a = lo - rng.randint(1, min(length - 1, lo, m + window + 2))
+                e = a + length - 1
+            elif shape in ("long", "past_end"):
+                a = rng.randint(lo, hi)
+                e = a + rng.randint(min(m, longest - 1), longest - 1)
+                if shape == "past_end" and departures:
+                    e = max(e, hi + rng.randint(1, m + 2))
+            else:
+                a = rng.randint(lo, hi)
+                e = a + rng.randint(0, m - 1)
+            # Past the last position only with departures (the engines' rows would read unwritten ones).
+            spans.append((a, e if departures and rng.random() < 0.5 else max(a, min(hi, e))))
         out[r] = spans
     return out

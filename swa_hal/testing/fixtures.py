@@ -258,10 +258,12 @@ class BackendFixtures:
 
     @pytest.fixture
     def make_batch(self, target: Target) -> Callable[..., AttentionBatch]:
-        """``make_batch(config, rng, kind, **kw)``: a random valid batch of ``kind`` on the target device."""
+        """``make_batch(config, rng, kind, **kw)``: a random valid batch of ``kind`` on the target device,
+        image spans where swa_hal departs from the engines included (``random_batch(..., departures=True)``)."""
 
         def make(config: SWAConfig, rng: Any, kind: str, **kw: Any) -> AttentionBatch:
             kw.setdefault("device", str(target.device))
+            kw.setdefault("departures", True)
             return random_batch(config, rng, kind, **kw)
 
         return make

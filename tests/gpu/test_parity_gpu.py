@@ -49,7 +49,8 @@ def test_random_batches_with_replay_spans_and_groups(name, config_name, report):
     checked = grouped = 0
     for i in range(3 * len(kinds)):
         kind = kinds[i % len(kinds)]
-        batch = random_batch(config, rng, kind, max_tokens=4096, extra_pages=1, device="cuda", replay=0.7, spans=1.0)
+        batch = random_batch(config, rng, kind, max_tokens=4096, extra_pages=1, device="cuda", replay=0.7, spans=1.0,
+                             departures=True)
         md = builder.build(batch)
         assert compare_with_reference(config, batch, md) == [], (kind, i)
         checked += 1

@@ -15,6 +15,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml $(EXAMPLE)/pyproject.toml
+	@echo "installing $(TORCH), swa_hal (editable) and its test and lint tools into $(VENV) (about a minute, once)"
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[test,bench,lint]"
 	$(PIP) install -q ./$(EXAMPLE)
@@ -51,16 +52,25 @@ RESULTS ?= benchmarks/out
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_build.py --out $(RESULTS)
 
-# swa_hal inside vLLM 0.33.0 (tests/engines/test_vllm.py), in its own environment: the CPU torch above,
-# vLLM's wheel without its dependencies (they pin a CUDA torch 2.14), and the pure-Python part of the
-# import chain of vLLM's DeepSeek-V4 SWA builders, pinned to versions that import together. vLLM runs
-# on its CPU platform with its Triton kernels (and swa_hal's) in the interpreter. pip's warnings about
-# vLLM's other (uninstalled, CUDA) dependencies are silenced: leaving them out is the point.
-VLLM ?= vllm==0.33.0
-VLLM_VENV := .venv-vllm
+# swa_hal inside vLLM (tests/engines/test_vllm.py), one environment per vLLM release so switching never rebuilds
+# the other: `make test-vllm` runs against vLLM 0.34.0 in .venv-vllm-0.34.0, `make test-vllm VLLM=vllm==0.33.0`
+# against 0.33.0 in .venv-vllm-0.33.0. Each holds vLLM's wheel without its dependencies (they pin a CUDA torch
+# 2.14) and the pure-Python part of the import chain of vLLM's DeepSeek-V4 SWA builders, pinned to versions that
+# import together. vLLM runs on its CPU platform with its Triton kernels (and swa_hal's) in the interpreter.
+# The torch and Triton under each: 0.34 gets the engines' own pair (torch 2.14, which pins triton 3.8; 2.14.1 is
+# the build on this project's machines, a CUDA build that runs on the CPU), 0.33 the CPU torch and triton 3.6
+# of `make test`, so the engine parity suite runs on both Triton releases. Besides the engine tests, each
+# environment runs the backend parity tests (VLLM_CORE_TESTS) on its Triton. pip's warnings about vLLM's other
+# (uninstalled, CUDA) dependencies are silenced: leaving them out is the point.
+VLLM ?= vllm==0.34.0
+VLLM_VERSION := $(lastword $(subst ==, ,$(VLLM)))
+VLLM_VENV := .venv-vllm-$(VLLM_VERSION)
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_PIP := $(VLLM_BIN)/python -m pip
 VLLM_STAMP := $(VLLM_VENV)/.swa-hal-vllm-installed
+VLLM_TORCH ?= $(if $(filter 0.33.%,$(VLLM_VERSION)),"$(TORCH)" triton==3.6.0,torch==2.14.1 triton==3.8.0)
+VLLM_CORE_TESTS ?= tests/test_parity.py tests/test_address_strict.py tests/test_groups.py tests/test_slot_rows.py \
+	tests/test_slot_ring.py tests/test_request_window.py tests/test_guard.py tests/test_int32_edges.py tests/test_triton_versions.py
 VLLM_DEPS := transformers==5.20.2 einops==0.8.2 cbor2==6.3.0 msgspec==0.23.0 cloudpickle==3.1.3 \
 	pyzmq==27.3.0 psutil==7.2.2 requests==2.34.2 aiohttp==3.14.5 openai==3.57.0 openai-harmony==0.0.8 \
 	pillow==13.0.0 pybase64==1.5.1 cachetools==8.0.2 uvloop==0.23.0 py-cpuinfo==9.0.0 \
@@ -73,20 +83,27 @@ $(VLLM_BIN)/python:
 	$(PYTHON) -m venv $(VLLM_VENV)
 
 $(VLLM_STAMP): $(VLLM_BIN)/python pyproject.toml
-	$(VLLM_PIP) install -q "$(TORCH)" triton==3.6.0 "numpy<2.4"
+	@echo "make test-vllm: installing $(VLLM) with $(VLLM_TORCH) into $(VLLM_VENV) (a few minutes, once)"
+	$(VLLM_PIP) install -q $(VLLM_TORCH) "numpy<2.4"
 	$(VLLM_PIP) install -q --no-deps "$(VLLM)"
 	$(VLLM_PIP) install -q --no-warn-conflicts $(VLLM_DEPS)
-	$(VLLM_PIP) install -q --no-warn-conflicts -e ".[test]"
+	$(VLLM_PIP) install -q --no-warn-conflicts --no-deps -e .
+	$(VLLM_PIP) install -q --no-warn-conflicts pluggy pyyaml packaging "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" tqdm
 	touch $@
 
+# The engine tests in one process (their coverage counts are per process), the backend tests on every core.
 test-vllm: $(VLLM_STAMP)
-	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest tests/engines/test_vllm.py
+	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest \
+		-p no:cacheprovider tests/engines/test_vllm*.py
+	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= $(VLLM_BIN)/python -m pytest -p no:cacheprovider \
+		-n $(TEST_WORKERS) --dist worksteal $(VLLM_CORE_TESTS)
 
 # swa_hal inside SGLang 0.5.23 (tests/engines/test_sglang.py), in its own environment: the CPU torch above,
 # SGLang's wheel without its dependencies (they pin a CUDA torch 2.14), and what the import chain of its
 # plugin framework and DeepSeek-V4 metadata ops needs, pinned to versions that import together (msgspec is
 # the ops' own; the rest comes in through sglang.srt.utils and the dsv4 package). The ops run their torch
-# references on the CPU; swa_hal's Triton backends run in the interpreter.
+# references on the CPU; swa_hal's Triton backends run in the interpreter. pip's warnings about SGLang's other
+# (uninstalled, CUDA) dependencies are silenced, as for vLLM.
 SGLANG ?= sglang==0.5.23
 SGLANG_VENV := .venv-sglang
 SGLANG_BIN := $(SGLANG_VENV)/bin
@@ -102,14 +119,15 @@ $(SGLANG_BIN)/python:
 	$(PYTHON) -m venv $(SGLANG_VENV)
 
 $(SGLANG_STAMP): $(SGLANG_BIN)/python pyproject.toml
+	@echo "make test-sglang: installing $(SGLANG) into $(SGLANG_VENV) (a few minutes, once)"
 	$(SGLANG_PIP) install -q "$(TORCH)" triton==3.6.0 "numpy<2.4"
 	$(SGLANG_PIP) install -q --no-deps "$(SGLANG)"
-	$(SGLANG_PIP) install -q $(SGLANG_DEPS) "$(TORCH)" triton==3.6.0 "numpy<2.4"
-	$(SGLANG_PIP) install -q -e ".[test]"
+	$(SGLANG_PIP) install -q --no-warn-conflicts $(SGLANG_DEPS) "$(TORCH)" triton==3.6.0 "numpy<2.4"
+	$(SGLANG_PIP) install -q --no-warn-conflicts -e ".[test]"
 	touch $@
 
 test-sglang: $(SGLANG_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest tests/engines/test_sglang.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .venv-vllm-* .venv-sglang .pytest_cache .hypothesis build *.egg-info

@@ -119,6 +119,12 @@ class TritonBackend(Backend):
             self._request_window = RequestWindowLaunch(device)
         except ImportError as exc:
             raise BackendUnavailableError(f"backend {self.name!r} needs triton: {exc}") from exc
+        if self._rows.interpreted:
+            from .kernels.interpreter_probe import interpreter_problem
+
+            problem = interpreter_problem()
+            if problem is not None:
+                raise BackendUnavailableError(f"backend {self.name!r}: {problem}")
         self.guard = False
         self._keys: dict[tuple[bool, bool, bool], RowsKey] = {}
         self._slot_keys: dict[tuple[Any, ...], SlotRowsKey] = {}

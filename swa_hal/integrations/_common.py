@@ -13,13 +13,28 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from ..envs import env_switch
+from ..envs import env_flag, env_switch
 
 T = TypeVar("T")
 
 
+# Installs an engine plugin under an engine version it was not tested with (docs/engines.md #versions).
+FORCE_SWITCH = "SWA_HAL_FORCE_ENGINE"
+
+
+def supported_text(supported: Iterable[str]) -> str:
+    """The supported versions as people write them: "==0.33.*" reads "0.33.x"."""
+    out = []
+    for item in supported:
+        if item.startswith("==") and item.endswith(".*"):
+            item = item[2:-2] + ".x"
+        out.append(item)
+    return ", ".join(out)
+
+
 class EngineVersionError(RuntimeError):
-    """The engine installed is not the version an swa_hal plugin was built and tested against."""
+    """The engine installed is not a version an swa_hal plugin was built and tested against (raised where the
+    plugin is used directly, or at the engine's start-up under ``SWA_HAL_STRICT=1``)."""
 
     def __init__(self, engine: str, found: str | None, supported: Iterable[str], switch: str | None = None):
         self.engine = engine
@@ -28,8 +43,8 @@ class EngineVersionError(RuntimeError):
         have = "is not installed" if found is None else f"{found} is installed"
         off = f"; set {switch}=0 to run {engine} without swa_hal" if switch else ""
         super().__init__(
-            f"swa_hal's {engine} plugin supports {engine} {', '.join(self.supported)} only, and {engine} {have}: "
-            f"its hooks patch that version's internals, so swa_hal leaves {engine} untouched{off}"
+            f"swa_hal's {engine} plugin supports {engine} {supported_text(self.supported)} only, and {engine} {have}: "
+            f"its hooks patch those versions' internals{off}, or {FORCE_SWITCH}=1 to install it anyway (untested)"
         )
 
 
@@ -74,14 +89,72 @@ def require_version(
     *,
     switch: str | None = None,
     error: type[EngineVersionError] = EngineVersionError,
+    found: str | None = None,
 ) -> str:
-    """The engine's installed version when ``version_supported``; ``error`` (an EngineVersionError)
-    naming what was found otherwise, "not installed" included."""
+    """The engine's installed version (or ``found``) when ``version_supported`` or forced
+    (``SWA_HAL_FORCE_ENGINE=1``); ``error`` (an EngineVersionError) naming what was found otherwise, "not
+    installed" included. For direct use of a plugin's parts; an engine's start-up goes through ``gate_version``."""
     supported = tuple(supported)
-    found = installed_version(distribution)
-    if found is None or not version_supported(found, supported):
+    if found is None:
+        found = installed_version(distribution)
+    if found is None or not (version_supported(found, supported) or env_flag(FORCE_SWITCH)):
         raise error(engine, found, supported, switch)
     return found
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def gate_version(
+    logger: logging.Logger,
+    engine: str,
+    distribution: str,
+    supported: Iterable[str],
+    *,
+    switch: str,
+    error: type[EngineVersionError] = EngineVersionError,
+    found: str | None = None,
+) -> str | None:
+    """At the engine's start-up: the engine's version when the plugin may install, else None.
+
+    A plugin never stops an engine from starting (docs/engines.md #versions): under a version outside
+    ``supported`` it logs one warning per process (the version found, the supported ones, the settings) and
+    returns None, so the plugin installs nothing and the engine keeps its own code. ``SWA_HAL_STRICT=1``
+    raises ``error`` instead; ``SWA_HAL_FORCE_ENGINE=1`` installs anyway, with a warning."""
+    supported = tuple(supported)
+    if found is None:
+        found = installed_version(distribution)
+    if found is not None and version_supported(found, supported):
+        return found
+    if env_flag("SWA_HAL_STRICT"):
+        raise error(engine, found, supported, switch)
+    have = "is not installed" if found is None else f"{found} is installed"
+    if found is not None and env_flag(FORCE_SWITCH):
+        logger.warning(
+            "swa_hal: %s %s; the plugin supports %s %s and installs anyway (%s=1, untested)",
+            engine,
+            have,
+            engine,
+            supported_text(supported),
+            FORCE_SWITCH,
+        )
+        return found
+    if (engine, str(found)) not in _warned:
+        _warned.add((engine, str(found)))
+        logger.warning(
+            "swa_hal: %s %s, and swa_hal's %s plugin supports %s %s only: it installs nothing and %s runs with "
+            "its own code (%s=1 installs it anyway, untested; SWA_HAL_STRICT=1 refuses to start instead; %s=0 "
+            "silences this)",
+            engine,
+            have,
+            engine,
+            engine,
+            supported_text(supported),
+            engine,
+            FORCE_SWITCH,
+            switch,
+        )
+    return None
 
 
 def auto_backend(device: Any = None, *, backend: str | None = None, platform: Any = None) -> tuple[str, str]:

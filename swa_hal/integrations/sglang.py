@@ -48,7 +48,7 @@ from ..platform import PlatformInfo, probe_platform
 from ..request_window import DEFAULT_CAPACITY, RequestWindowLayout, RequestWindowRows
 from ..slot_ring import SlotRing
 from ..slot_rows import SlotRows
-from ._common import InstallOnce, announce, auto_backend, enabled, require_version
+from ._common import InstallOnce, announce, auto_backend, enabled, gate_version, require_version
 
 # A child of SGLang's plugin logger, so the line appears in SGLang's own log format.
 log = logging.getLogger("sglang.srt.plugins.swa_hal")
@@ -517,9 +517,11 @@ def _install() -> str:
 def load_plugin() -> str | None:
     """The ``sglang.srt.plugins`` entry point. Registers the hooks once per process (SGLang's loader
     applies them), logs one line naming the swa_hal backend, and returns it. ``SWA_HAL_SGLANG=0``
-    leaves SGLang untouched (returns None); another SGLang version raises EngineVersionError."""
+    leaves SGLang untouched (returns None); so does another SGLang version, with one warning
+    (``SWA_HAL_STRICT=1``: an EngineVersionError instead; ``SWA_HAL_FORCE_ENGINE=1``: installs anyway)."""
     if not enabled(SWITCH):
         log.debug("swa_hal: %s=0, SGLang left untouched", SWITCH)
         return None
-    require_version(ENGINE, DISTRIBUTION, SUPPORTED_VERSIONS, switch=SWITCH)
+    if gate_version(log, ENGINE, DISTRIBUTION, SUPPORTED_VERSIONS, switch=SWITCH) is None:
+        return None
     return _install_once(_install)

@@ -1,4 +1,4 @@
-"""swa_hal inside vLLM 0.33: DeepSeek-V4 / V4.1 sliding-window metadata from swa_hal's backend.
+"""swa_hal inside vLLM 0.33 and 0.34: DeepSeek-V4 / V4.1 sliding-window metadata from swa_hal's backend.
 
 ``register`` is the ``vllm.general_plugins`` entry point (``pyproject.toml``): vLLM calls it in every
 process. It makes every DeepSeek-V4 SWA attention backend of vLLM (``DeepseekSparseSWABackend`` and
@@ -52,8 +52,9 @@ from ..errors import SWAHalError
 from ..platform import PlatformInfo
 from . import _common
 
-# The vLLM release series this integration is written and tested against (its builders' internals).
-SUPPORTED_VLLM_SERIES = (0, 33)
+# The vLLM release series this integration is written and tested against (its builders' internals);
+# docs/engines.md #compatibility says how each is tested.
+SUPPORTED_VLLM = ("==0.33.*", "==0.34.*")
 ENV_SWITCH = "SWA_HAL_VLLM"
 STEP_SWITCH = "SWA_HAL_VLLM_STEP"
 
@@ -95,29 +96,29 @@ def step_builds_enabled(env: dict[str, str] | None = None) -> bool:
     return _common.enabled(STEP_SWITCH, env)
 
 
+def _installed_version() -> str:
+    version = vllm_version()
+    if version is None:  # importable but without distribution metadata (a source tree on sys.path)
+        import vllm
+
+        version = getattr(vllm, "__version__", None) or "unknown"
+    return version
+
+
 def check_vllm(version: str | None = None) -> str:
-    """The installed vLLM's version, or a clear error: not installed, or not a 0.33.x release."""
+    """The installed vLLM's version, or a clear error: not installed, or not a supported release (unless
+    ``SWA_HAL_FORCE_ENGINE=1``). For direct use of the builders; vLLM's start-up goes through ``register``,
+    which never raises on a version (``SWA_HAL_STRICT=1`` aside)."""
     if version is None:
         if not vllm_installed():
             raise VllmNotInstalledError(
-                "swa_hal.integrations.vllm needs vLLM 0.33.x, which is not installed: install vLLM itself "
-                "(swa_hal's [vllm] extra never installs, replaces or downgrades an engine)"
+                f"swa_hal.integrations.vllm needs vLLM {_common.supported_text(SUPPORTED_VLLM)}, which is not "
+                "installed: install vLLM itself (swa_hal's [vllm] extra never installs, replaces or downgrades an engine)"
             )
-        version = vllm_version()
-        if version is None:  # importable but without distribution metadata (a source tree on sys.path)
-            import vllm
-
-            version = getattr(vllm, "__version__", None) or "unknown"
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        release = Version(version).release[:2]
-    except InvalidVersion:
-        release = ()
-    if release != SUPPORTED_VLLM_SERIES:
-        series = ".".join(map(str, SUPPORTED_VLLM_SERIES)) + ".x"
-        raise VllmVersionError("vLLM", version, [series], ENV_SWITCH)
-    return version
+        version = _installed_version()
+    return _common.require_version(
+        "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=version
+    )
 
 
 # -- options for the builders vLLM creates ------------------------------------------------------
@@ -245,7 +246,12 @@ def register() -> bool:
     with _lock:
         if _registered:
             return True
-        version = check_vllm()
+        # Never stops vLLM from starting: another release gets one warning and vLLM's own builders.
+        version = _common.gate_version(
+            log, "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=_installed_version()
+        )
+        if version is None:
+            return False
         # Choose the backend first: a backend that cannot be chosen (SWA_HAL_BACKEND naming an
         # unknown or unavailable one) stops here, with vLLM untouched.
         backend_name, platform = describe(version)

@@ -167,16 +167,12 @@ def swa_config_from_vllm(builder: Any) -> SWAConfig:
     spec = vllm_config.speculative_config
     k = int(builder.num_speculative_tokens or 0)
     method = None
-    parallel = False
     if k > 0:
         if builder.is_dspark:
             method = "dspark"
         else:
             name = str(getattr(spec, "method", "") or "").lower()
             method = name if name in SPECULATIVE_METHODS else "mtp"
-        parallel = bool(getattr(spec, "parallel_drafting", False)) and not bool(
-            getattr(vllm_config, "use_v2_model_runner", False)
-        )
     cfg = SWAConfig(
         window_size=int(builder.window_size),
         block_size=int(builder.block_size),
@@ -187,18 +183,14 @@ def swa_config_from_vllm(builder: Any) -> SWAConfig:
         # #context-parallel-ranks; vLLM's PCPManager sizes its rank-local request buffers the same).
         max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs) * (2 if pcp_size(vllm_config) > 1 else 1),
         num_speculative_tokens=k,
-        parallel_drafting=parallel,
         speculative_method=method,
+        # vLLM's own split width, whichever release's rule computed it (docs/semantics.md #split): 0.33
+        # widens it under model runner V1's parallel drafting, 0.34 by the drafter's extra slots.
+        split_threshold=int(builder.decode_threshold),
         head_size=int(builder.head_size),
         model_version="deepseek_v41" if v41 else "deepseek_v4",
         max_image_tokens=int(builder.max_image_tokens),
     )
-    if cfg.decode_threshold != builder.decode_threshold:
-        raise ConfigError(
-            "num_speculative_tokens",
-            f"vLLM's decode threshold is {builder.decode_threshold}; swa_hal derives {cfg.decode_threshold} "
-            f"from {k} draft tokens (parallel_drafting={parallel}); this drafting setup is not supported",
-        )
     if builder.is_dspark and cfg.noncausal_index_width != builder.noncausal_index_width:
         raise ConfigError(
             "num_speculative_tokens",

@@ -39,10 +39,27 @@ import torch
 from .. import envs
 
 NUM_WARPS = 4
-# The leading arguments of the C launch function of the Triton versions we call it directly on:
-# grid (3), stream, function, cooperative grid, PDL, global and profile scratch, kernel metadata,
-# launch metadata, enter and exit hooks. Another layout (another Triton) takes the wrapper's path.
-_DIRECT_FORMAT = "iiiKKppOOOOOO"
+# The C launch functions we call directly, by the layout of their arguments (a test holds each against
+# the installed Triton's launcher source, tests/test_triton_versions.py). Triton 3.6 and 3.7: grid (3),
+# stream, function, cooperative grid, PDL, global and profile scratch, kernel metadata, launch metadata,
+# enter and exit hooks, then the kernel's arguments spread out. Triton 3.8: grid, stream, function,
+# cooperative grid, PDL, kernel metadata, launch metadata, enter and exit hooks, global and profile
+# scratch, the argument annotations and signature bytes of the launcher, then the kernel's arguments as
+# one tuple. Another layout (another Triton) takes Triton's own launcher wrapper, still correct.
+SPREAD_FORMAT = "iiiKKppOOOOOO"
+TUPLE_FORMAT = "iiiKKpp(iii)OOOOOOy*O"
+_TUPLE_CALL = (
+    "gridX",
+    "gridY",
+    "gridZ",
+    "stream",
+    "function",
+    "kernel_metadata",
+    "launch_metadata",
+    "launch_enter_hook",
+    "launch_exit_hook",
+    "args",
+)
 
 
 def num_warps() -> int:
@@ -101,33 +118,71 @@ def _hooks_idle(runtime: Any) -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
-def _direct_launch(kernel: Any) -> tuple[Any, tuple[Any, ...]] | None:
-    """The C launch function and the arguments it takes before the kernel's own, when this Triton's
-    launcher can be called directly (a CUDA launcher whose kernel needs no scratch space); else None."""
-    launcher = kernel.run  # loads the kernel onto the current device
+def launcher_layout() -> str | None:
+    """Which C launch layout this Triton's NVIDIA launcher has: ``SPREAD_FORMAT`` (3.6, 3.7),
+    ``TUPLE_FORMAT`` (3.8), or None (another layout, or no NVIDIA backend: the wrapper's path)."""
     try:
         from triton.backends.nvidia import driver as nvidia
     except ImportError:
         return None
+    launcher = getattr(nvidia, "CudaLauncher", None)
+    if launcher is None:
+        return None
+    if getattr(nvidia, "_BASE_ARGS_FORMAT", None) == SPREAD_FORMAT:
+        return SPREAD_FORMAT
+    import inspect
+
+    call = tuple(inspect.signature(launcher.__call__).parameters)[1:]
+    if call == _TUPLE_CALL and "arg_annotations" in inspect.getsource(launcher.__init__):
+        return TUPLE_FORMAT
+    return None
+
+
+def _direct_launch(kernel: Any) -> tuple[Any, tuple[Any, ...], bool] | None:
+    """The C launch function, the arguments it takes before the kernel's own, and whether the kernel's
+    arguments go in as one tuple, when this Triton's launcher can be called directly (a CUDA launcher of a
+    known layout whose kernel needs no scratch space and no instrumentation); else None."""
+    launcher = kernel.run  # loads the kernel onto the current device
+    layout = launcher_layout()
     if (
-        type(launcher) is not getattr(nvidia, "CudaLauncher", None)
-        or getattr(nvidia, "_BASE_ARGS_FORMAT", None) != _DIRECT_FORMAT
+        layout is None
+        or type(launcher).__name__ != "CudaLauncher"
         or launcher.global_scratch_size
         or launcher.profile_scratch_size
+        or getattr(launcher, "gsan_enabled", False)
     ):
+        return None
+    if layout == SPREAD_FORMAT:
+        head: tuple[Any, ...] = (
+            kernel.function,
+            launcher.launch_cooperative_grid,
+            launcher.launch_pdl,
+            None,
+            None,
+            kernel.packed_metadata,
+            None,
+            None,
+            None,
+        )
+        return launcher.launch, head, False
+    from triton.runtime.driver import driver
+
+    if launcher.launch is not driver.active.utils.launch:  # wrapped (tensor descriptors): not ours to skip
         return None
     head = (
         kernel.function,
         launcher.launch_cooperative_grid,
         launcher.launch_pdl,
-        None,
-        None,
         kernel.packed_metadata,
         None,
         None,
         None,
+        None,
+        None,
+        launcher.arg_annotations,
+        launcher.kernel_signature,
     )
-    return launcher.launch, head
+    return launcher.launch, head, True
 
 
 class TritonLaunch:
@@ -155,8 +210,9 @@ class TritonLaunch:
         self._values = record_values(self.Args)
         # What a record's pointer fields hold: tensors for the interpreter, addresses for the C launch.
         self.pointer: Callable[[torch.Tensor], Any] = _same if self.interpreted else torch.Tensor.data_ptr
-        # key -> (launch function, its leading arguments, constexpr values)
-        self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...], tuple[Any, ...]]] = {}
+        # key -> (launch function, its leading arguments, constexpr values, kernel arguments as one tuple)
+        self._compiled: dict[Hashable, tuple[Any, tuple[Any, ...], tuple[Any, ...], bool]] = {}
+        self.direct: dict[Hashable, bool] = {}  # key -> launched through the C launch function directly
         self.kernels: dict[Hashable, Any] = {}  # the compiled kernels, for inspection (registers, spills)
         self.prepared: set[Hashable] = set()  # keys compiled (or, in the interpreter, seen by warmup)
         self.launches = 0
@@ -183,12 +239,14 @@ class TritonLaunch:
             kernel = kernel.result()
         self.kernels[key] = kernel
         direct = _direct_launch(kernel)
+        self.direct[key] = direct is not None
         if direct is None:
             # Through Triton's own launcher wrapper (its leading arguments differ).
             head: tuple[Any, ...] = (kernel.function, kernel.packed_metadata, None, None, None)
-            self._compiled[key] = (kernel.run, head, tuple(constexprs.values()))
+            self._compiled[key] = (kernel.run, head, tuple(constexprs.values()), False)
         else:
-            self._compiled[key] = (*direct, tuple(constexprs.values()))
+            launch, head, packed = direct
+            self._compiled[key] = (launch, head, tuple(constexprs.values()), packed)
 
     # -- launch ----------------------------------------------------------------------------------
 
@@ -203,10 +261,13 @@ class TritonLaunch:
         if entry is None:
             self.compile(key)
             entry = self._compiled[key]
-        launch, head, constexprs = entry
+        launch, head, constexprs, packed = entry
         stream = self._current_stream(self._device_index)
         if _hooks_idle(self._runtime):
-            launch(grid, 1, 1, stream, *head, *self._values(args), *constexprs)
+            if packed:
+                launch(grid, 1, 1, stream, *head, (*self._values(args), *constexprs))
+            else:
+                launch(grid, 1, 1, stream, *head, *self._values(args), *constexprs)
         else:
             # A profiler's launch hooks are installed: the compiled kernel's own runner calls them.
             self.kernels[key][(grid, 1, 1)](*self._values(args), *constexprs, stream=stream)

@@ -94,6 +94,10 @@ def _check(kind: str, ptrs: Any, mask: Any) -> None:
     )
 
 
+# The interpreter's memory operations address_strict checks (in every supported Triton).
+PATCHED_BUILDER_METHODS = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")
+
+
 @contextlib.contextmanager
 def address_strict(active_only: bool = False, extra: Any = ()) -> Iterator[None]:
     """Check every lane of every interpreted load/store/atomic while the context is active; with
@@ -102,6 +106,18 @@ def address_strict(active_only: bool = False, extra: Any = ()) -> Iterator[None]
     require_interpreter()
     from triton.runtime import interpreter as it
 
+    # (owner, attribute) of everything patched; block-pointer loads and stores exist up to triton 3.7.
+    targets = [
+        (it.GridExecutor, "_init_args_hst"),
+        (it.GridExecutor, "__call__"),
+        *((it.InterpreterBuilder, name) for name in PATCHED_BUILDER_METHODS),
+        *(
+            (it.InterpreterBuilder, name)
+            for name in ("create_tensor_pointer_load", "create_tensor_pointer_store")
+            if hasattr(it.InterpreterBuilder, name)
+        ),
+    ]
+    saved = {(owner, name): getattr(owner, name) for owner, name in targets}
     originals = {
         "init": it.GridExecutor._init_args_hst,
         "call": it.GridExecutor.__call__,
@@ -109,8 +125,6 @@ def address_strict(active_only: bool = False, extra: Any = ()) -> Iterator[None]
         "store": it.InterpreterBuilder.create_masked_store,
         "rmw": it.InterpreterBuilder.create_atomic_rmw,
         "cas": it.InterpreterBuilder.create_atomic_cas,
-        "tload": it.InterpreterBuilder.create_tensor_pointer_load,
-        "tstore": it.InterpreterBuilder.create_tensor_pointer_store,
     }
 
     def init_args(self, args_dev, kwargs):
@@ -153,22 +167,20 @@ def address_strict(active_only: bool = False, extra: Any = ()) -> Iterator[None]
     def unsupported(*_args, **_kwargs):
         raise AddressViolation("address-strict: block-pointer loads/stores are not checked; use plain pointers")
 
-    it.GridExecutor._init_args_hst = init_args
-    it.GridExecutor.__call__ = call
-    it.InterpreterBuilder.create_masked_load = load
-    it.InterpreterBuilder.create_masked_store = store
-    it.InterpreterBuilder.create_atomic_rmw = rmw
-    it.InterpreterBuilder.create_atomic_cas = cas
-    it.InterpreterBuilder.create_tensor_pointer_load = unsupported
-    it.InterpreterBuilder.create_tensor_pointer_store = unsupported
+    replacements = {
+        "_init_args_hst": init_args,
+        "__call__": call,
+        "create_masked_load": load,
+        "create_masked_store": store,
+        "create_atomic_rmw": rmw,
+        "create_atomic_cas": cas,
+        "create_tensor_pointer_load": unsupported,
+        "create_tensor_pointer_store": unsupported,
+    }
+    for owner, name in targets:
+        setattr(owner, name, replacements[name])
     try:
         yield
     finally:
-        it.GridExecutor._init_args_hst = originals["init"]
-        it.GridExecutor.__call__ = originals["call"]
-        it.InterpreterBuilder.create_masked_load = originals["load"]
-        it.InterpreterBuilder.create_masked_store = originals["store"]
-        it.InterpreterBuilder.create_atomic_rmw = originals["rmw"]
-        it.InterpreterBuilder.create_atomic_cas = originals["cas"]
-        it.InterpreterBuilder.create_tensor_pointer_load = originals["tload"]
-        it.InterpreterBuilder.create_tensor_pointer_store = originals["tstore"]
+        for (owner, name), original in saved.items():
+            setattr(owner, name, original)

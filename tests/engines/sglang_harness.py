@@ -413,7 +413,9 @@ def ring_case(rng: random.Random, kind: str, *, window: int = SWA_WINDOW) -> Rin
     num_slots = rng.randint(2, 12)  # max_num_reqs + 1
     nreq = rng.randint(1, min(6, num_slots - 1))
     slots = rng.sample(range(1, num_slots), nreq)
-    prefix = [rng.choice((0, rng.randint(0, 3 * ring_size))) if rng.random() < 0.2 else p for p in _lens(rng, nreq, 1, 3000)]
+    prefix = [
+        rng.choice((0, rng.randint(0, 3 * ring_size))) if rng.random() < 0.2 else p for p in _lens(rng, nreq, 1, 3000)
+    ]
     valid_from = [0] * num_slots
     for s, p in zip(slots, prefix):
         if kind == "ring_floors" or (kind == "ring_verify" and rng.random() < 0.3):

@@ -204,27 +204,51 @@ def test_switch_off_leaves_sglang_untouched(isolated_registry, monkeypatch):
     assert "through swa_hal backend" in integ.load_plugin()
 
 
-def test_other_sglang_version_is_a_clear_error(isolated_registry, monkeypatch):
-    monkeypatch.setattr(_common, "installed_version", lambda dist: "0.5.22")
-    with pytest.raises(_common.EngineVersionError) as err:
-        integ.load_plugin()
-    message = str(err.value)
-    assert "0.5.23" in message and "0.5.22 is installed" in message and "SWA_HAL_SGLANG=0" in message
-    assert not HookRegistry._hooks
-    # Through SGLang's loader: the error is logged by SGLang and SGLang runs on, untouched.
+def _load_through_sglang():
+    """SGLang's own plugin loader, as every SGLang process runs it; returns what its loggers logged."""
     handler = _Lines()
-    logging.getLogger("sglang.srt.plugins").addHandler(handler)
+    logging.getLogger("sglang.srt.plugins").addHandler(handler)  # the plugin's logger is its child
     try:
         sgl_plugins._plugins_loaded = False
         sgl_plugins.load_plugins()
     finally:
         logging.getLogger("sglang.srt.plugins").removeHandler(handler)
         sgl_plugins._plugins_loaded = True
-    assert any("Failed to execute general plugin: swa_hal" in line for line in handler.lines)
+    return handler.lines
+
+
+def test_other_sglang_version_runs_sglang_untouched_with_one_warning(isolated_registry, monkeypatch):
+    """Under another SGLang, SGLang's own loader runs the plugin, which logs one warning (the version
+    found, the supported one, the settings) and registers no hook: SGLang keeps its own rows."""
+    monkeypatch.setattr(_common, "installed_version", lambda dist: "0.5.22")
+    monkeypatch.setattr(_common, "_warned", set())
+    lines = _load_through_sglang() + _load_through_sglang()  # loaded twice in one process: one warning
+    assert integ.load_plugin() is None
+    assert not HookRegistry._hooks
+    warned = [line for line in lines if "0.5.22 is installed" in line]
+    assert len(warned) == 1, lines
+    assert "supports SGLang 0.5.23 only" in warned[0] and "SWA_HAL_FORCE_ENGINE=1" in warned[0]
+    assert not any("Failed to execute general plugin" in line for line in lines)
+
+
+def test_other_sglang_version_under_strict_is_a_clear_error(isolated_registry, monkeypatch):
+    monkeypatch.setattr(_common, "installed_version", lambda dist: "0.5.22")
+    monkeypatch.setenv("SWA_HAL_STRICT", "1")
+    with pytest.raises(_common.EngineVersionError) as err:
+        integ.load_plugin()
+    message = str(err.value)
+    assert "0.5.23" in message and "0.5.22 is installed" in message and "SWA_HAL_SGLANG=0" in message
     assert not HookRegistry._hooks
     monkeypatch.setattr(_common, "installed_version", lambda dist: None)
     with pytest.raises(_common.EngineVersionError, match="is not installed"):
         integ.load_plugin()
+
+
+def test_other_sglang_version_forced_installs(isolated_registry, monkeypatch):
+    monkeypatch.setattr(_common, "installed_version", lambda dist: "0.5.22")
+    monkeypatch.setenv("SWA_HAL_FORCE_ENGINE", "1")
+    assert "SGLang 0.5.22" in integ.load_plugin()
+    assert HookRegistry._hooks
 
 
 def test_backend_that_cannot_start_is_an_error_before_any_hook(isolated_registry, monkeypatch):
@@ -262,11 +286,21 @@ def _check_causal(case, got, want) -> int:
     """Rows equal SGLang's; lens equal SGLang's where SGLang's are not negative, 0 where they are.
     Returns the number of rows where SGLang handed out a negative length."""
     assert got.swa_page_indices.dtype == torch.int32 and got.swa_page_indices.shape == want.swa_page_indices.shape
-    torch.testing.assert_close(got.swa_page_indices, want.swa_page_indices, rtol=0, atol=0,
-                               msg=lambda m: f"{case.kind} rows differ ({case.rows} rows, W={case.window}): {m}")
+    torch.testing.assert_close(
+        got.swa_page_indices,
+        want.swa_page_indices,
+        rtol=0,
+        atol=0,
+        msg=lambda m: f"{case.kind} rows differ ({case.rows} rows, W={case.window}): {m}",
+    )
     negative = int((want.swa_topk_lengths < 0).sum())
-    torch.testing.assert_close(got.swa_topk_lengths, want.swa_topk_lengths.clamp_min(0).to(torch.int32), rtol=0,
-                               atol=0, msg=lambda m: f"{case.kind} lens differ: {m}")
+    torch.testing.assert_close(
+        got.swa_topk_lengths,
+        want.swa_topk_lengths.clamp_min(0).to(torch.int32),
+        rtol=0,
+        atol=0,
+        msg=lambda m: f"{case.kind} lens differ: {m}",
+    )
     return negative
 
 
@@ -295,14 +329,25 @@ def test_dspark_rows_and_lens_equal_sglangs(loaded, backend):
     for i in range(n):
         case = H.dspark_case(rng, with_valid_from=bool(i % 2), window=_window(rng))
         want_idx, want_lens = H.sglang_dspark(case)
-        got_idx, got_lens = integ.dspark_indices_around(
-            refuse, H.backend_stand_in(case), seq_lens_casual=case.seq_lens_casual,
-            req_pool_indices_repeated=case.req_pool_indices_repeated, out_loc=case.out_loc,
-            block_size=case.block_size,
-        ) if case.window == H.SWA_WINDOW else integ.adapter_for(torch.device("cpu"), case.window).dspark(
-            req_to_token=case.pool.req_to_token, full_to_swa=case.pool.full_to_swa,
-            seq_lens_casual=case.seq_lens_casual, req_pool_indices_repeated=case.req_pool_indices_repeated,
-            out_loc=case.out_loc, block_size=case.block_size, valid_from=case.valid_from,
+        got_idx, got_lens = (
+            integ.dspark_indices_around(
+                refuse,
+                H.backend_stand_in(case),
+                seq_lens_casual=case.seq_lens_casual,
+                req_pool_indices_repeated=case.req_pool_indices_repeated,
+                out_loc=case.out_loc,
+                block_size=case.block_size,
+            )
+            if case.window == H.SWA_WINDOW
+            else integ.adapter_for(torch.device("cpu"), case.window).dspark(
+                req_to_token=case.pool.req_to_token,
+                full_to_swa=case.pool.full_to_swa,
+                seq_lens_casual=case.seq_lens_casual,
+                req_pool_indices_repeated=case.req_pool_indices_repeated,
+                out_loc=case.out_loc,
+                block_size=case.block_size,
+                valid_from=case.valid_from,
+            )
         )
         torch.testing.assert_close(got_idx, want_idx, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k}: {m}")
         torch.testing.assert_close(got_lens, want_lens, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k} lens: {m}")
@@ -382,6 +427,7 @@ def test_one_launch_per_call_same_builder_new_outputs(loaded):
     assert first.swa_page_indices.data_ptr() != second.swa_page_indices.data_ptr()
     assert torch.equal(first.swa_page_indices, second.swa_page_indices)
 
+
 # -- the per-request SWA ring -------------------------------------------------------------------------------
 
 # Random ring steps per backend, all compared with SGLang's op (its torch path is its only one); the unified-KV
@@ -394,9 +440,15 @@ def _check_ring(case, got, want) -> None:
     """Rows and lens: SGLang's dtype, shape and values."""
     for name, have, expected in (("rows", got[0], want[0]), ("lens", got[1], want[1])):
         assert have.dtype == expected.dtype and have.shape == expected.shape, (case.kind, name)
-        torch.testing.assert_close(have, expected, rtol=0, atol=0,
-                                   msg=lambda m, n=name: f"{case.kind} {n} (W={case.window}, N={case.block_size}, "
-                                   f"ring {case.ring_size} x {case.num_slots}): {m}")
+        torch.testing.assert_close(
+            have,
+            expected,
+            rtol=0,
+            atol=0,
+            msg=lambda m, n=name: (
+                f"{case.kind} {n} (W={case.window}, N={case.block_size}, ring {case.ring_size} x {case.num_slots}): {m}"
+            ),
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -488,8 +540,12 @@ def test_ring_pool_gets_its_rows_from_swa_hal_through_sglangs_method(loaded, mon
         adapter = integ.adapter_for(torch.device("cpu"), case.window)
         launches = adapter.builder.backend._slot_rows.launches
         got = integ.dspark_indices_around(
-            H.sglang_ring_method(case), stand_in, seq_lens_casual=case.seq_lens_casual,
-            req_pool_indices_repeated=case.req_pool_indices_repeated, out_loc=None, block_size=case.block_size,
+            H.sglang_ring_method(case),
+            stand_in,
+            seq_lens_casual=case.seq_lens_casual,
+            req_pool_indices_repeated=case.req_pool_indices_repeated,
+            out_loc=None,
+            block_size=case.block_size,
         )
         _check_ring(case, got, H.sglang_ring(case))
         assert adapter.builder.backend._slot_rows.launches == launches + 1
@@ -501,7 +557,9 @@ def _ring_block(slot: int, prefix: int, *, slots: int = 4, block: int = 2):
     of 136 rows (W = 128 + a block of 8), valid_from 0."""
     t = torch.tensor
     casual = t([prefix + 1 + j for j in range(block)], dtype=torch.int32)
-    return H.RingCase("malformed", H.SWA_WINDOW, block, 136, t([slot] * block), casual, torch.zeros(slots, dtype=torch.int64))
+    return H.RingCase(
+        "malformed", H.SWA_WINDOW, block, 136, t([slot] * block), casual, torch.zeros(slots, dtype=torch.int64)
+    )
 
 
 def test_ring_slot_outside_the_ring_sglang_reads_outside_swa_hal_empties(loaded, swa_hal_warnings):
@@ -582,8 +640,13 @@ def _check_window(case, got, want, where: str) -> None:
 def _window_through_swa_hal(case):
     adapter = integ.adapter_for(case.pos.device, case.window)
     return adapter.window_layout(
-        case.req, case.pos, zero_row=case.zero_row, capacity=case.capacity, floor=case.floor,
-        num_groups=case.num_groups, padded_rows=case.padded_rows,
+        case.req,
+        case.pos,
+        zero_row=case.zero_row,
+        capacity=case.capacity,
+        floor=case.floor,
+        num_groups=case.num_groups,
+        padded_rows=case.padded_rows,
     )
 
 
@@ -629,15 +692,25 @@ def test_window_layout_worked_vectors_are_sglangs(loaded):
     t = torch.tensor
     vectors = [
         H.WindowCase("vector 1", t([3, 3, 3, 5]), t([4, 5, 6, 0]), 99, 4, 8, None, 3, 6),
-        H.WindowCase("vector 2", t([7, 7, 7, 7, 7, 2]), t([9, 10, 11, 12, 13, 3]), 50, 4, 4, t([8, 8, 8, 8, 8, 2]),
-                     None, None),
+        H.WindowCase(
+            "vector 2", t([7, 7, 7, 7, 7, 2]), t([9, 10, 11, 12, 13, 3]), 50, 4, 4, t([8, 8, 8, 8, 8, 2]), None, None
+        ),
     ]
     _use_backend("torch")
     for case in vectors:
         got = _window_through_swa_hal(case)
         _check_window(case, got, H.sglang_window_torch(case), "torch path")
         _check_window(case, got, H.sglang_window_triton(case), "op")
-    assert got.indices[5].tolist() == [29, 7, -1, -1] and got.history_src[:8].tolist() == [50, 50, 50, 28, 50, 50, 50, 10]
+    assert got.indices[5].tolist() == [29, 7, -1, -1] and got.history_src[:8].tolist() == [
+        50,
+        50,
+        50,
+        28,
+        50,
+        50,
+        50,
+        10,
+    ]
 
 
 def test_at_least_200_window_steps():
@@ -859,8 +932,11 @@ def test_sglang_xpu_rows_equal_sglangs_cuda_path(sglang_on_xpu):
         case.pool.full_to_swa[-1] = WRAP_SENTINEL
         want_idx, want_lens = H.sglang_dspark(case, path="triton")
         got_idx, got_lens = integ.dspark_indices_around(
-            refuse, H.backend_stand_in(case), seq_lens_casual=case.seq_lens_casual,
-            req_pool_indices_repeated=case.req_pool_indices_repeated, out_loc=case.out_loc,
+            refuse,
+            H.backend_stand_in(case),
+            seq_lens_casual=case.seq_lens_casual,
+            req_pool_indices_repeated=case.req_pool_indices_repeated,
+            out_loc=case.out_loc,
             block_size=case.block_size,
         )
         torch.testing.assert_close(got_idx, want_idx, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k}: {m}")

@@ -1,4 +1,4 @@
-"""swa_hal inside vLLM 0.33: the plugin, the builder family, and parity with vLLM's own builders.
+"""swa_hal inside vLLM 0.33 and 0.34: the plugin, the builder family, and parity with vLLM's own builders.
 
 Every parity test builds the same ``CommonAttentionMetadata`` twice, with vLLM's native builder class
 and with the swa_hal builder vLLM would get for it, and compares every field vLLM's builder fills
@@ -25,7 +25,7 @@ import logging
 import random
 import subprocess
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, version
 
 import pytest
 import torch
@@ -141,17 +141,27 @@ def builders(native_cls, variant_name, vllm_configs, **swa_hal_kw):
     spec = H.make_kv_spec(v)
     native = native_cls(spec, ["model.layers.0.attn.swa_cache"], vc, CPU)
     ours = integ.swa_hal_builder_cls(native_cls)(spec, ["model.layers.0.attn.swa_cache"], vc, CPU, **swa_hal_kw)
-    if hasattr(native, "_use_aiter_sparse_mla"):  # ROCm: also build the aiter prefill's ragged rows
-        native._use_aiter_sparse_mla = ours._use_aiter_sparse_mla = True
+    H.force_rocm_ragged_prefill(native, ours)  # ROCm: also build the aiter prefill's ragged rows
     return native, ours, H.swa_config_for(v, vc)
 
 
+def xpu_v4_native():
+    """vLLM 0.34's XPU SWA builder for V4 (the base backend hands it out on XPU); None on 0.33."""
+    if not H.V034:
+        return None
+    from vllm.models.deepseek_v4.xpu.xpu_sparse import DeepseekV4XPUSparseSWAMetadataBuilder
+
+    return DeepseekV4XPUSparseSWAMetadataBuilder
+
+
 def natives_for(variant_name, rocm):
-    """vLLM's builder classes for the variant's model version: base, FlashMLA, FlashInfer, ROCm AITER."""
+    """vLLM's builder classes for the variant's model version: base, FlashMLA, FlashInfer, ROCm AITER
+    (and, from vLLM 0.34, V4's XPU builder)."""
     a4, a41 = rocm
     if ALL_VARIANTS[variant_name].version == "deepseek_v41":
         return (*V41_NATIVES, a41.DeepseekV41ROCMAiterSparseSWAMetadataBuilder)
-    return (*V4_NATIVES, a4.DeepseekV4ROCMAiterSparseSWAMetadataBuilder)
+    xpu = xpu_v4_native()
+    return (*V4_NATIVES, a4.DeepseekV4ROCMAiterSparseSWAMetadataBuilder, *((xpu,) if xpu else ()))
 
 
 def kinds_for(variant_name):
@@ -176,6 +186,8 @@ def chunk_args(variant_name):
 
 
 def tally(kind, batch, ranges, native_md):
+    if hasattr(native_md, "prefill_swa_ragged_indptr") and batch.replay_start is not None:
+        COUNTS["rocm_replay"] += 1  # bounded replay on ROCm (V4.1 CDNA3/4 from vLLM 0.34)
     COUNTS["batches"] += 1
     COUNTS[kind] += 1
     COUNTS["replay_start"] += batch.replay_start is not None
@@ -195,7 +207,8 @@ def test_vllm_plugin_loader_activates_swa_hal(plugin_log):
     assert integ.is_registered()
     lines = [r.getMessage() for r in at_load]
     assert len(lines) == 1, lines
-    assert "vLLM 0.33.0 builds its DeepSeek-V4/V4.1 SWA metadata through swa_hal backend 'torch'" in lines[0]
+    installed = version("vllm")
+    assert f"vLLM {installed} builds its DeepSeek-V4/V4.1 SWA metadata through swa_hal backend 'torch'" in lines[0]
     # vLLM loads plugins in every process, sometimes more than once: nothing changes, nothing is logged.
     before = len(since)
     vllm.plugins.plugins_loaded = False
@@ -231,6 +244,10 @@ def test_builder_vllm_resolves_for_a_deepseek_v4_swa_cache_is_swa_hals(plugin_lo
     assert pickle.loads(pickle.dumps(builder_cls)) is builder_cls  # found by name in any process
 
 
+# vLLM 0.34 lowered the V4.1 FlashMLA and FlashInfer SWA builders from ALWAYS to UNIFORM_BATCH.
+V41_SUPPORT = AttentionCGSupport.UNIFORM_BATCH if H.V034 else AttentionCGSupport.ALWAYS
+
+
 @pytest.mark.parametrize(
     "backend_cls, native, support",
     [
@@ -242,7 +259,7 @@ def test_builder_vllm_resolves_for_a_deepseek_v4_swa_cache_is_swa_hals(plugin_lo
         (
             v41_flashmla.DeepseekSparseSWAFlashMLABackend,
             v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder,
-            AttentionCGSupport.ALWAYS,
+            V41_SUPPORT,
         ),
         (
             v4_flashinfer.DeepseekSparseSWAFlashInferBackend,
@@ -252,7 +269,7 @@ def test_builder_vllm_resolves_for_a_deepseek_v4_swa_cache_is_swa_hals(plugin_lo
         (
             v41_flashinfer.DeepseekSparseSWAFlashInferBackend,
             v41_flashinfer.DeepseekSparseSWAFlashInferMetadataBuilder,
-            AttentionCGSupport.ALWAYS,
+            V41_SUPPORT,
         ),
     ],
     ids=["v4-flashmla", "v41-flashmla", "v4-flashinfer", "v41-flashinfer"],
@@ -271,6 +288,25 @@ def test_every_platform_backend_hands_out_swa_hal(plugin_log, vllm_configs, back
         < mro.index(integ.sparse_swa_builder_base())
         < mro.index(sparse_swa.DeepseekSparseSWAMetadataBuilder)
     )
+
+
+@pytest.mark.skipif(not H.V034, reason="vLLM 0.33 has no XPU SWA builder (its base builder serves XPU)")
+def test_xpu_base_backend_hands_out_swa_hals_xpu_builder(plugin_log, vllm_configs, monkeypatch):
+    """On XPU, vLLM 0.34's base SWA backend hands out its own XPU builder; under the plugin, swa_hal's
+    builder over it, keeping its CUDA-graph rule (ALWAYS under adaptive verification)."""
+    from vllm.platforms import current_platform
+
+    native = xpu_v4_native()
+    monkeypatch.setattr(type(current_platform), "is_xpu", lambda self: True)
+    cls = sparse_swa.DeepseekSparseSWABackend.get_builder_cls()
+    assert integ.native_builder_cls(cls) is native and issubclass(cls, native)
+    vc = vllm_configs["v4_mtp2_w6b8"]
+    assert cls.get_cudagraph_support(vc, None) == native.get_cudagraph_support(vc, None)
+    vc.speculative_config.enable_adaptive_verification = True
+    try:
+        assert cls.get_cudagraph_support(vc, None) == AttentionCGSupport.ALWAYS
+    finally:
+        vc.speculative_config.enable_adaptive_verification = False
 
 
 def test_platform_backends_defined_later_are_covered(plugin_log):
@@ -315,7 +351,7 @@ def test_rocm_backends_imported_after_registration_hand_out_swa_hal(rocm, vllm_c
 
 
 def test_rocm_one_launch_decode_build_defers_to_swa_hal(rocm, vllm_configs, monkeypatch):
-    """On gfx942 with the monokernel, ROCm's V4.1 builder fills a decode batch's rows with one launch
+    """On gfx942 (and, from vLLM 0.34, gfx950) with the monokernel, ROCm's V4.1 builder fills a decode batch's rows with one launch
     of its own kernel. Under swa_hal that shortcut declines (the rows are swa_hal's), and the result
     equals vLLM's one-launch build."""
     from vllm.models.deepseek_v41.amd.ops import swa_decode_meta
@@ -329,7 +365,10 @@ def test_rocm_one_launch_decode_build_defers_to_swa_hal(rocm, vllm_configs, monk
         taken.append((integ.is_swa_hal_builder(type(builder)), out is not None))
         return out
 
-    monkeypatch.setattr(swa_decode_meta, "enabled", lambda: True)
+    # The gate's name by release: ``enabled`` (0.33: gfx942), ``monokernel_cdna3_or_4`` (0.34: gfx942 and gfx950).
+    gate = "monokernel_cdna3_or_4" if H.V034 else "enabled"
+    assert hasattr(swa_decode_meta, gate)
+    monkeypatch.setattr(swa_decode_meta, gate, lambda: True)
     monkeypatch.setattr(swa_decode_meta, "build", spy)
     native, ours, cfg = builders(
         a41.DeepseekV41ROCMAiterSparseSWAMetadataBuilder, "v41_mtp1_w7b16", vllm_configs, backend="torch"
@@ -363,21 +402,131 @@ def test_off_switch_leaves_vllm_untouched(plugin_log, monkeypatch):
     assert integ.is_swa_hal_builder(sparse_swa.DeepseekSparseSWABackend.get_builder_cls())
 
 
-def test_other_vllm_versions_are_refused_clearly(plugin_log, monkeypatch):
-    assert integ.check_vllm("0.33.0") == "0.33.0"
-    assert integ.check_vllm("0.33.4+cu130") == "0.33.4+cu130"
-    for version in ("0.32.1", "0.34.0", "1.0.0", "weird"):
-        with pytest.raises(integ.VllmVersionError, match=r"supports vLLM 0\.33\.x only.*SWA_HAL_VLLM=0"):
-            integ.check_vllm(version)
+def test_supported_vllm_versions_and_direct_use_of_another():
+    for good in ("0.33.0", "0.33.4+cu130", "0.34.0", "0.34.2"):
+        assert integ.check_vllm(good) == good
+    for bad in ("0.32.1", "0.35.0", "1.0.0", "weird"):
+        with pytest.raises(
+            integ.VllmVersionError,
+            match=r"supports vLLM 0\.33\.x, 0\.34\.x only.*SWA_HAL_VLLM=0.*SWA_HAL_FORCE_ENGINE=1",
+        ):
+            integ.check_vllm(bad)
+
+
+@contextlib.contextmanager
+def installed_vllm(monkeypatch, found):
+    """vLLM's own plugin loader run afresh, as a process of an engine whose vLLM reports ``found``;
+    yields the plugin's log records. swa_hal's registration is put back afterwards."""
+    from swa_hal.integrations import _common
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(level=logging.DEBUG)
+    logger = logging.getLogger("vllm.plugins.swa_hal")
+    logger.addHandler(handler)
     integ.unregister()
+    monkeypatch.setattr(integ, "vllm_version", lambda: found)
+    monkeypatch.setattr(_common, "_warned", set())
     try:
-        monkeypatch.setattr(integ, "vllm_version", lambda: "0.34.0")
-        with pytest.raises(integ.VllmVersionError, match="vLLM 0.34.0 is installed"):
-            integ.register()
-        assert not integ.is_registered()
+        yield records
     finally:
+        logger.removeHandler(handler)
         monkeypatch.undo()
+        integ.unregister()
         integ.register()
+
+
+def load_vllm_plugins():
+    vllm.plugins.plugins_loaded = False
+    vllm.plugins.load_general_plugins()
+
+
+@pytest.mark.parametrize("found", ["0.35.0", "0.32.1"])
+def test_another_vllm_starts_with_its_own_builders(plugin_log, monkeypatch, found):
+    """Under a vLLM outside the supported series, vLLM's own plugin loader runs to the end: swa_hal logs
+    one warning (the version found, the supported ones, the settings), installs nothing, and every SWA
+    backend hands out vLLM's own builder."""
+    with installed_vllm(monkeypatch, found) as records:
+        load_vllm_plugins()
+        load_vllm_plugins()  # vLLM loads plugins more than once per process: still one warning
+        assert not integ.is_registered()
+        assert sparse_swa.DeepseekSparseSWABackend.get_builder_cls() is DeepseekV4CPUSparseSWAMetadataBuilder
+        assert v41_flashmla.DeepseekSparseSWAFlashMLABackend.get_builder_cls() is (
+            v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder
+        )
+        warnings = [r for r in records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, [r.getMessage() for r in records]
+        line = warnings[0].getMessage()
+        assert f"vLLM {found} is installed" in line and "0.33.x, 0.34.x" in line
+        assert "SWA_HAL_FORCE_ENGINE=1" in line and "SWA_HAL_STRICT=1" in line
+        assert "runs with its own code" in line
+
+
+def test_another_vllm_under_strict_stops_the_start(plugin_log, monkeypatch):
+    with installed_vllm(monkeypatch, "0.35.0"):
+        monkeypatch.setenv("SWA_HAL_STRICT", "1")
+        with pytest.raises(integ.VllmVersionError, match="vLLM 0.35.0 is installed"):
+            load_vllm_plugins()
+        assert not integ.is_registered()
+
+
+def test_another_vllm_forced_installs_with_a_warning(plugin_log, monkeypatch):
+    with installed_vllm(monkeypatch, "0.35.0") as records:
+        monkeypatch.setenv("SWA_HAL_FORCE_ENGINE", "1")
+        load_vllm_plugins()
+        assert integ.is_registered()
+        assert integ.is_swa_hal_builder(sparse_swa.DeepseekSparseSWABackend.get_builder_cls())
+        assert any("installs anyway" in r.getMessage() for r in records if r.levelno == logging.WARNING)
+
+
+# Speculative methods of both releases (vLLM 0.34 knows no "medusa"; 0.33's rule does not read the method).
+SPEC_METHODS = ("mtp", "eagle", "eagle3", "ngram", "suffix", "draft_model", "dspark")
+
+
+def expected_split_width(method, k, parallel, runner_v2):
+    """vLLM's split width, restated from each release (docs/semantics.md #split): 0.33: 1 + k, plus k more
+    under parallel drafting on model runner V1; 0.34: 1 + k plus the drafter's extra slots (1 for a
+    standalone draft model's unsliced token, 0 otherwise; parallel drafting no longer matters)."""
+    if H.V034:
+        return 1 + k + (1 if method == "draft_model" else 0)
+    return 1 + k + (k if parallel and not runner_v2 else 0)
+
+
+@pytest.mark.parametrize("runner_v2", [True, False] if not H.V034 else [True], ids=lambda v: f"v2={v}")
+@pytest.mark.parametrize("parallel", [False, True], ids=lambda p: f"parallel={p}")
+@pytest.mark.parametrize("method", SPEC_METHODS)
+def test_split_width_is_vllms_own_for_each_speculative_method(
+    plugin_log, vllm_configs, monkeypatch, method, parallel, runner_v2
+):
+    """The plugin takes vLLM's split width from vLLM's builder, whichever release computed it: equal to
+    vLLM's own value and to each release's rule, for every method, and a batch splits the same way."""
+    if not H.V034:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if runner_v2 else "0")
+    k = 3
+    dspark = method == "dspark"
+    variant = "v4_dspark3_w5b4" if dspark else "v4_mtp2_w6b8"
+    vc = vllm_configs[variant]
+    before = vc.speculative_config
+    object.__setattr__(vc, "speculative_config", H.SpecStub(k, dspark, method=method, parallel_drafting=parallel))
+    try:
+        native, ours, cfg = builders(
+            sparse_swa.DeepseekSparseSWAMetadataBuilder, variant, vllm_configs, backend="torch"
+        )
+    finally:
+        object.__setattr__(vc, "speculative_config", before)
+    want = expected_split_width(method, k, parallel, runner_v2)
+    assert native.decode_threshold == want
+    assert ours.swa_config.decode_threshold == ours.swa_hal.decode_threshold == want
+    # A request of exactly the width decodes, one token longer prefills: as vLLM splits it.
+    pages = -(-40 // cfg.block_size)
+    table = torch.arange(2 * pages, dtype=torch.int32).view(2, pages)
+    batch = AttentionBatch.from_lists([40, 40], [want, want + 1], table, block_size=cfg.block_size)
+    got_native, got_ours = build_both(native, ours, batch, None)
+    assert (got_native.num_decodes, got_native.num_prefills) == (got_ours.num_decodes, got_ours.num_prefills) == (1, 1)
 
 
 def test_a_backend_that_cannot_be_chosen_leaves_vllm_untouched(plugin_log, monkeypatch):
@@ -465,7 +614,9 @@ def test_pcp_v41_builders_hold_twice_the_requests(plugin_log, vllm_configs, rocm
 
 def test_without_vllm_the_module_says_so(plugin_log, monkeypatch):
     monkeypatch.setattr(integ, "vllm_installed", lambda: False)
-    with pytest.raises(integ.VllmNotInstalledError, match=r"needs vLLM 0\.33\.x, which is not installed: install vLLM"):
+    with pytest.raises(
+        integ.VllmNotInstalledError, match=r"needs vLLM 0\.33\.x, 0\.34\.x, which is not installed: install vLLM"
+    ):
         integ.check_vllm()
 
 
@@ -758,6 +909,60 @@ def test_parity_after_three_draft_steps(plugin_log, vllm_configs, rocm, variant,
             diffs = H.compare(got_native, got_ours, batch, **chunk_args(variant))
             assert not diffs, f"{backend} {native_cls.__name__} {kind} step {step}:\n" + "\n".join(diffs)
         COUNTS["draft_updates"] += 3
+
+
+def speculator_update(builder, metadata, spec):
+    """A draft step's in-place update as vLLM's speculator runs it (``DraftModelSpeculator._update_draft_decode_metadata``:
+    every attention group's ``update_draft_decode_metadata`` over the step's metadata by layer name), for
+    one SWA group built by ``builder``; without DCP, so no DCP-local lengths are prepared."""
+    import types
+
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    (group,) = H.attention_groups([builder], H.StepLayout(1, (0,)), spec)[0]
+    runner = types.SimpleNamespace(block_tables=types.SimpleNamespace(cp_size=1), attn_groups=[[group]])
+    DraftModelSpeculator._update_draft_decode_metadata(runner, {group.layer_names[0]: metadata}, 0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("pcp", [2, 4])
+def test_pcp_dspark_draft_steps_through_the_speculator(plugin_log, vllm_configs, monkeypatch, pcp, backend):
+    """V4.1 PCP with DSpark (reachable from vLLM 0.34: PCP ranks, fixed-length drafts): each rank builds its
+    DSpark draft step's non-causal rows from its own chunk, then three draft steps update them in place
+    through vLLM's speculator path. Every rank's metadata equals vLLM's own builder's after each step."""
+    variant = "v41_dspark2_w6b4"
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    ranks_of = PCPRanks(
+        monkeypatch, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, variant, vllm_configs, pcp, **kw
+    )
+    spec = H.make_kv_spec(ALL_VARIANTS[variant])
+    cfg = H.swa_config_for(ALL_VARIANTS[variant], vllm_configs[variant])
+    rng = random.Random(f"{SEED}-pcp{pcp}-dspark-{backend}")
+    updated = 0
+    for _ in range(2):
+        batch, _ = H.draw(cfg, rng, "dspark", replay=0.5, extra_pages=1)
+        ranks = H.pcp_partition(
+            batch,
+            pcp,
+            decode_threshold=cfg.decode_threshold,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+        )
+        built = ranks_of.build(ranks)
+        for rank, group, (native, ours), (got_native, got_ours) in zip(ranks, ranks_of.groups, ranks_of.pairs, built):
+            assert not rank.batch.causal  # the draft step's non-causal rows
+            if got_native.num_decode_tokens == 0:  # a rank that owns no draft request this step
+                continue
+            PCPRanks.active = group
+            for step in range(1, 4):
+                advance_draft_step(rank.batch, cfg.block_size)
+                speculator_update(native, got_native, spec)
+                speculator_update(ours, got_ours, spec)
+                diffs = H.compare(got_native, got_ours, rank.batch, **chunk_args(variant))
+                assert not diffs, f"PCP={pcp} rank {rank.rank} draft step {step}:\n" + "\n".join(diffs)
+                updated += 1
+    assert updated >= 3
+    COUNTS["pcp_dspark_draft_updates"] += updated
 
 
 def _advance_host_upper_bound(batch: AttentionBatch) -> None:
@@ -1082,8 +1287,14 @@ def test_one_field_list_maps_both_directions(plugin_log, vllm_configs):
 
     def filled(field):
         value, default = getattr(md_native, field.name), field.default
-        return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING or (
-            value is not None and not isinstance(value, dict) and (isinstance(value, torch.Tensor) or value != default)
+        return (
+            field.default is dataclasses.MISSING
+            and field.default_factory is dataclasses.MISSING
+            or (
+                value is not None
+                and not isinstance(value, dict)
+                and (isinstance(value, torch.Tensor) or value != default)
+            )
         )
 
     filled_names = {n for n, f in theirs.items() if filled(f) and not n.startswith("tile_sched_")}
@@ -1336,9 +1547,7 @@ class StepRig:
         self.natives = [native_cls(spec, names[j], vc, CPU) for j in range(n)]
         ours_cls = integ.swa_hal_builder_cls(native_cls)
         self.ours = [ours_cls(spec, names[j], vc, CPU, **swa_hal_kw) for j in range(n)]
-        for a, b in zip(self.natives, self.ours):
-            if hasattr(a, "_use_aiter_sparse_mla"):
-                a._use_aiter_sparse_mla = b._use_aiter_sparse_mla = True
+        H.force_rocm_ragged_prefill(*self.natives, *self.ours)
         self.native_groups = H.attention_groups(self.natives, layout, spec)
         self.our_groups = H.attention_groups(self.ours, layout, spec)
         self.layout, self.variant, self.vc = layout, v, vc
@@ -1657,7 +1866,10 @@ def test_step_builds_under_cudagraph_capture(plugin_log, vllm_configs, rocm, mon
     dummy = AttentionBatch.from_lists([q] * n, [q] * n, torch.zeros(n, 4, dtype=torch.int32), block_size=16)
     dummy = dataclasses.replace(dummy, slot_mapping=torch.full_like(dummy.slot_mapping, -1))
     real = AttentionBatch.from_lists(
-        [rng.randint(q, 60) for _ in range(n)], [q] * n, torch.arange(4 * n, dtype=torch.int32).view(n, 4), block_size=16
+        [rng.randint(q, 60) for _ in range(n)],
+        [q] * n,
+        torch.arange(4 * n, dtype=torch.int32).view(n, 4),
+        block_size=16,
     )
     seen = None
     for step, capture in ((dummy, True), (real, False)):
@@ -1676,7 +1888,9 @@ def test_step_builds_under_cudagraph_capture(plugin_log, vllm_configs, rocm, mon
         assert seen is None or ptrs == seen
         seen = ptrs
     plan = rig.ours[0].swa_hal_step[0]
-    assert got["model.layers.0.attn.swa_cache"].decode_swa_lens.data_ptr() == plan.builder.buffers.decode_lens.data_ptr()
+    assert (
+        got["model.layers.0.attn.swa_cache"].decode_swa_lens.data_ptr() == plan.builder.buffers.decode_lens.data_ptr()
+    )
     # vLLM's kernels read the planner objects of vLLM's build_tile_scheduler: swa_hal's builders make none.
     assert plan.builder._make_schedulers is no_schedulers and rig.ours[0].swa_hal._make_schedulers is no_schedulers
 
@@ -1687,6 +1901,7 @@ def test_coverage_of_the_random_batches():
         pytest.skip("run with the parity tests")
     print(dict(COUNTS))
     assert COUNTS["batches"] >= 200
+    assert COUNTS["rocm_replay"] >= 4, dict(COUNTS)
     assert all(COUNTS[f"backend:{b}"] >= 200 for b in ("torch", *TRITON_BACKENDS)), dict(COUNTS)
     for kind in ("decode", "mtp", "mixed", "padded", "dspark", "replay_start", "image_spans"):
         assert COUNTS[kind] > 0, kind

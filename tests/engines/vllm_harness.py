@@ -1,4 +1,4 @@
-"""Real vLLM 0.33 objects for the engine tests: a VllmConfig per model variant, the SWA KV-cache spec,
+"""Real vLLM 0.33 / 0.34 objects for the engine tests: a VllmConfig per model variant, the SWA KV-cache spec,
 CommonAttentionMetadata from swa_hal's random batches, and field-by-field comparison of metadata.
 
 Imported only after conftest.py set TRITON_INTERPRET=1, CUDA_VISIBLE_DEVICES="" and
@@ -22,6 +22,20 @@ from swa_hal.testing.batches import random_batch
 
 # What the parity tests covered: batches by kind, with replay bounds, with image spans, draft updates.
 COUNTS: Counter[str] = Counter()
+
+
+def vllm_series() -> tuple[int, int]:
+    """The installed vLLM's (major, minor): the tests state each release's own behaviour where they differ."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    major, minor = Version(version("vllm")).release[:2]
+    return major, minor
+
+
+SERIES = vllm_series()
+V034 = SERIES >= (0, 34)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,17 +72,25 @@ VARIANTS = {
 
 class SpecStub:
     """The speculative-config fields the SWA builders read (a real SpeculativeConfig needs a draft
-    model on disk); assigned onto a real VllmConfig."""
+    model on disk); assigned onto a real VllmConfig. ``method`` is any of vLLM's method names;
+    ``max_num_new_slots_for_drafting`` (vLLM 0.34) comes from vLLM's own speculator config class for it."""
 
-    def __init__(self, k: int, dspark: bool):
+    def __init__(self, k: int, dspark: bool, method: str | None = None, parallel_drafting: bool = False):
         self.num_speculative_tokens = k
-        self.method = "dspark" if dspark else "mtp"
-        self.parallel_drafting = False
+        self.method = method or ("dspark" if dspark else "mtp")
+        self.custom_method = None
+        self.parallel_drafting = parallel_drafting
         self.enable_adaptive_verification = False
         self._dspark = dspark
 
     def use_dspark(self) -> bool:
         return self._dspark
+
+    @property
+    def max_num_new_slots_for_drafting(self) -> int:
+        from vllm.v1.worker.gpu.spec_decode.speculator_config import get_method_config_class
+
+        return get_method_config_class(self)(self).max_num_new_slots_for_drafting
 
 
 def make_vllm_config(variant: Variant, tmp: Path) -> Any:
@@ -406,6 +428,27 @@ def same_memory(a: Any, b: Any) -> bool:
     )
 
 
+# The flag each release's ROCm AITER SWA builder reads before it builds the aiter prefill's ragged rows:
+# vLLM 0.34 renamed V4's to ``_use_aiter_sparse_mla_prefill`` (set only at <= 64 heads per rank); V4.1's
+# and 0.33's are ``_use_aiter_sparse_mla``. On this CPU both are off; the tests turn them on.
+ROCM_PREFILL_GATES = ("_use_aiter_sparse_mla_prefill", "_use_aiter_sparse_mla")
+
+
+def is_rocm_builder(builder: Any) -> bool:
+    return any("ROCMAiter" in c.__name__ for c in type(builder).__mro__)
+
+
+def force_rocm_ragged_prefill(*builders: Any) -> None:
+    """Turn on the ragged prefill rows of ROCm AITER builders (other builders are left alone). A ROCm
+    builder with none of the known flags fails here: a renamed gate must not silently untest the rows."""
+    for builder in builders:
+        if not is_rocm_builder(builder):
+            continue
+        gate = next((g for g in ROCM_PREFILL_GATES if hasattr(builder, g)), None)
+        assert gate is not None, f"{type(builder).__name__} has none of {ROCM_PREFILL_GATES}"
+        setattr(builder, gate, True)
+
+
 def compare(
     native: Any,
     ours: Any,
@@ -494,6 +537,8 @@ def compare(
         else:
             m = valid[:ndt]
             check(f, a[:ndt][m], b[:ndt][m])
+    if hasattr(native, "prefill_swa_ragged_indptr") and npt:  # a ROCm build with prefills: the forced rows
+        check("prefill_swa_ragged_indptr built", native.prefill_swa_ragged_indptr is not None, True)
     for part, rows_ in (("decode", ndt), ("prefill", npt)):  # ROCm AITER's ragged rows
         indptr_n = getattr(native, f"{part}_swa_ragged_indptr", None)
         indptr_o = getattr(ours, f"{part}_swa_ragged_indptr", None)
@@ -700,7 +745,15 @@ def prepare_attn(
     elif replay_start is not None:
         extra["model_specific_attn_metadata"] = ReplayAttnMetadata(replay_start)
     return type(state).prepare_attn(
-        state, ib, mode, block_tables, slot_mappings, attn_groups, kv_cache_config(layout), for_capture=for_capture, **extra
+        state,
+        ib,
+        mode,
+        block_tables,
+        slot_mappings,
+        attn_groups,
+        kv_cache_config(layout),
+        for_capture=for_capture,
+        **extra,
     )
 
 

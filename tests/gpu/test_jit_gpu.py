@@ -140,3 +140,23 @@ def test_launch_hooks_are_called_and_builds_stay_exact(report):
         chain.remove(hook)
     assert seen.count("swa_metadata_kernel") == 3, seen
     report(f"with a launch hook installed: 3 builds bit-exact, the hook saw {len(seen)} launches")
+
+
+def test_compiled_launches_take_the_fast_path(report):
+    """Every kernel variant a warmed builder compiled is launched through Triton's C launch function
+    directly (kernels/launch.py, docs/kernels.md #triton-versions), on the Triton installed here: 3.6's
+    spread layout and 3.8's tuple layout are both recognised, so an unrecognised one fails here."""
+    import triton
+
+    from swa_hal.kernels.launch import launcher_layout
+
+    config = SWAConfig.from_yaml(CONFIGS / "deepseek_v4_flash_dspark.yaml")
+    builder = SWAMetadataBuilder(config, device="cuda", backend="cuda")
+    builder.warmup()
+    batch = random_batch(config, random.Random(7), "mixed", max_context=4096, device="cuda")
+    md = builder.build(batch)
+    assert not compare_with_reference(config, batch, md)
+    launches = [builder.backend._rows, builder.backend._slot_rows, builder.backend._request_window]
+    direct = {key: flag for launch in launches for key, flag in launch.direct.items()}
+    assert direct and all(direct.values()), f"triton {triton.__version__}: {direct}"
+    report(f"triton {triton.__version__}: layout {launcher_layout()!r}; {len(direct)} compiled variants, all direct")

@@ -121,9 +121,22 @@ class SWAMetadataBuilder:
         class docstring.
         Raises ``BackendNotFoundError`` / ``BackendUnavailableError`` when no backend can start
         (``BackendStartError`` when the chosen one's factory or ``allocate()`` raised, and it was
-        requested by name, or ``SWA_HAL_STRICT=1`` is set, or no candidate started)."""
+        requested by name, or ``SWA_HAL_STRICT=1`` is set, or no candidate started), and ``DeviceError``
+        for a device no build can run on (not a torch device, or ``meta``)."""
         self.config = config
-        device = torch.device(device)
+        # The device is checked before any selection or allocation, so a device no build can run on is
+        # named here instead of failing deep inside the first allocation or read-back.
+        from .errors import DeviceError
+
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise DeviceError(f"device {device!r} is not a torch device ({' '.join(str(exc).split())})") from None
+        if device.type == "meta":
+            raise DeviceError(
+                f"device {str(device)!r} holds no data (meta tensors have shapes only), so a builder has nowhere "
+                f"to write its outputs: use the engine's device (cpu, cuda, cuda:1, ...)"
+            )
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -16,7 +17,6 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from importlib import metadata
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
@@ -118,9 +118,34 @@ def _platform(args: argparse.Namespace) -> PlatformInfo:
     assumed = _assumed(args)
     if assumed is not None:
         return assumed
+    import torch
+
     from .platform import probe_platform
 
-    return probe_platform(getattr(args, "device", None))
+    text = getattr(args, "device", None)
+    if text is None:
+        return probe_platform(None)
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as exc:
+        raise CliError(f"--device {text!r}: {exc}") from None
+    return probe_platform(device)
+
+
+def _check_environment() -> None:
+    """Read every SWA_HAL_* variable (and TRITON_INTERPRET) of a kind that can be misspelt before the
+    command runs: a value that is not a word or number its variable takes is one line naming the
+    variable, not a traceback from wherever the library first reads it."""
+    from . import envs
+
+    readers = {"flag": envs.env_flag, "switch": envs.env_switch, "int": envs.env_int}
+    for var in envs.VARIABLES.values():
+        read = readers.get(var.kind)
+        if read is not None:
+            try:
+                read(var.name)
+            except ValueError as exc:
+                raise CliError(f"environment: {exc}") from None
 
 
 def _emit_json(data: Any) -> None:
@@ -238,16 +263,23 @@ def _config(args: argparse.Namespace):
     return SWAConfig.from_yaml(args.config) if getattr(args, "config", None) else SWAConfig()
 
 
-def _same_file(a: str | Path, b: str | Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return Path(a).resolve() == Path(b).resolve()
+def _differences(given: SWAConfig, named: SWAConfig) -> str:
+    """The settings two configs differ in, with both values where they are short."""
+    out = []
+    for field in dataclasses.fields(given):
+        mine, theirs = getattr(given, field.name), getattr(named, field.name)
+        if mine != theirs:
+            values = f" ({mine!r} vs {theirs!r})"
+            out.append(field.name + (values if len(values) <= 40 else ""))
+    return ", ".join(out)
 
 
 def _scenario_config(args: argparse.Namespace, path: str) -> tuple[Scenario, SWAConfig, str]:
     """A scenario and the config it runs with: ``--config``, else the one its ``config:`` key names. A
-    scenario that names a config runs with that one only: another ``--config`` is an error naming both."""
+    scenario that names a config runs with that config's settings only: a ``--config`` with the same
+    settings (a copy, another path to it, a file with other comments) is that config; one with other
+    settings is an error naming both and the settings they differ in. What a config is, is its settings,
+    never its path: a copy must run where the original does."""
     from .config import SWAConfig
     from .scenarios import Scenario
 
@@ -261,12 +293,15 @@ def _scenario_config(args: argparse.Namespace, path: str) -> tuple[Scenario, SWA
                 f"needed: pass --config FILE, or add config: FILE to the scenario"
             )
         return scenario, SWAConfig.from_yaml(named), str(named)
-    if named is not None and not _same_file(args.config, named):
-        raise CliError(
-            f"--config {args.config} does not match --batch {path}: scenario {scenario.name!r} is meant for "
-            f"config {str(named)!r} (its config: key). Leave out --config to use that one (a scenario without "
-            f"a config: key runs with any config)"
-        )
+    if named is not None:
+        meant = SWAConfig.from_yaml(named)
+        if given != meant:
+            raise CliError(
+                f"--config {args.config} does not match --batch {path}: scenario {scenario.name!r} is meant for "
+                f"config {str(named)!r} (its config: key), and the two differ in {_differences(given, meant)} "
+                f"(--config's value first). Leave out --config to use that one (a scenario without a config: key "
+                f"runs with any config)"
+            )
     return scenario, given, str(args.config)
 
 
@@ -519,11 +554,16 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             seen.setdefault(assume, name)
     entries = []
     for assume, declared_by in seen.items():
-        platform = PlatformInfo.from_assume(assume)
         try:
-            selected = select_backend(None, platform, registry=registry, env={}).name
-        except SWAHalError as exc:
-            selected, declared_by = None, f"{declared_by} ({exc})"
+            platform = PlatformInfo.from_assume(assume)
+        except ValueError as exc:  # a plugin's platform string --assume does not take: that row's problem
+            platform = PlatformInfo(vendor="?", synthetic=True)
+            selected, declared_by = None, f"{declared_by} (its platform {assume!r}: {exc})"
+        else:
+            try:
+                selected = select_backend(None, platform, registry=registry, env={}).name
+            except SWAHalError as exc:
+                selected, declared_by = None, f"{declared_by} ({exc})"
         entries.append(
             {
                 "platform": assume,
@@ -559,7 +599,8 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors as one line, exit code 2 (argparse's own code for them)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        # One line even when a word of the command line holds a line break.
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -653,6 +694,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with _one_line_warnings():
         try:
+            _check_environment()
             return int(args.func(args) or 0)
         except BrokenPipeError:  # the reader went away (`swa-hal build ... | head`): nothing left to say
             with contextlib.suppress(OSError):

@@ -62,14 +62,27 @@ def _json_problem(exc: json.JSONDecodeError) -> str:
 def _read_settings(path: Path, what: str, parse: Any, parse_error: type[Exception], problem: Any) -> Any:
     """``parse`` of a UTF-8 file; every way it can be unreadable is a ConfigError naming the file."""
     try:
-        with path.open("r", encoding="utf-8") as fh:
-            return parse(fh)
+        fh = path.open("r", encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(path), f"cannot read the {what}: {exc.strerror or exc}") from None
-    except parse_error as exc:
-        raise ConfigError(str(path), problem(exc)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"is not a UTF-8 text file: {exc.reason}") from None
+    except ValueError as exc:  # a name no file can have (an embedded NUL)
+        raise ConfigError(repr(str(path)), f"cannot read the {what}: {exc}") from None
+    with fh:
+        try:
+            return parse(fh)
+        except OSError as exc:
+            raise ConfigError(str(path), f"cannot read the {what}: {exc.strerror or exc}") from None
+        except parse_error as exc:
+            raise ConfigError(str(path), problem(exc)) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(str(path), f"is not a UTF-8 text file: {exc.reason}") from None
+        except Exception as exc:  # noqa: BLE001
+            # The parsers fail on some inputs with their own internals' errors (PyYAML: a ValueError for the
+            # date 2001-02-30, a KeyError for ``!!bool maybe``, a RecursionError for deep nesting): the file is
+            # then no data either, and says so as the parse errors above do.
+            raise ConfigError(
+                str(path), f"is not data a {what} can hold ({type(exc).__name__}: {' '.join(str(exc).split())})"
+            ) from None
 
 
 def load_yaml_mapping(path: str | Path, what: str) -> Mapping[str, Any]:
@@ -121,6 +134,32 @@ def dspark_index_width(window_size: int, num_speculative_tokens: int) -> int:
     return math.ceil((window_size + num_speculative_tokens) / INDEX_TILE) * INDEX_TILE
 
 
+# The settings a config file (``from_mapping``, ``from_yaml``) must state, each with what it is: values of
+# one model or engine, for which any default would be another model's or engine's.
+REQUIRED_SETTINGS = {
+    "window_size": "the model's sliding window (sliding_window in its config.json)",
+    "block_size": "the engine's KV-cache page size",
+    "compress_ratios": "the model's compress ratio of every layer (compress_ratios in its config.json)",
+    "max_model_len": "the engine's longest sequence",
+    "max_num_batched_tokens": "the engine's largest step, in tokens",
+    "max_num_seqs": "the engine's largest step, in requests",
+}
+# Compress ratios whose layer type depends on the model version (docs/semantics.md #layer-types-and-schedulers).
+AMBIGUOUS_RATIOS = frozenset(
+    r
+    for r in _LAYER_TYPE_BY_RATIO["deepseek_v4"]
+    if r in _LAYER_TYPE_BY_RATIO["deepseek_v41"]
+    and _LAYER_TYPE_BY_RATIO["deepseek_v4"][r] != _LAYER_TYPE_BY_RATIO["deepseek_v41"][r]
+)
+
+
+def key_name(key: Any) -> str:
+    """A key of a settings file as an error names it: as written, or quoted where it holds a line break or
+    another character that would not print (an error is one line)."""
+    text = str(key)
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
+
+
 def _reason(exc: ConfigError) -> str:
     """A ConfigError's message without its leading field."""
     return str(exc).removeprefix(f"{exc.field}: ")
@@ -144,6 +183,9 @@ class SWAConfig:
     num_speculative_tokens: int = 0
     parallel_drafting: bool = False
     speculative_method: str | None = None
+    # The decode threshold as the engine computes it (docs/semantics.md #split; engines change their rule
+    # between releases, so an engine plugin passes the engine's own value). None: derived from drafting.
+    split_threshold: int | None = None
     head_size: int = 512
     # Pages in the SWA KV cache. Optional: when given, validation checks block ids against it.
     num_kv_blocks: int | None = None
@@ -198,6 +240,14 @@ class SWAConfig:
             )
         if self.parallel_drafting and self.num_speculative_tokens == 0:
             raise ConfigError("parallel_drafting", "needs num_speculative_tokens > 0")
+        if self.split_threshold is not None:
+            # A verification query (1 + N tokens) is always a decode; no decode is longer than a step.
+            _check_int(
+                "split_threshold",
+                self.split_threshold,
+                1 + self.num_speculative_tokens,
+                max(1 + self.num_speculative_tokens, self.max_num_batched_tokens),
+            )
         if self.num_kv_blocks is not None:
             _check_int("num_kv_blocks", self.num_kv_blocks, 1)
             if self.num_kv_blocks * self.block_size > INT32_LIMIT + 1:
@@ -213,7 +263,10 @@ class SWAConfig:
 
     @property
     def decode_threshold(self) -> int:
-        """docs/semantics.md #split: the longest query that still counts as a decode."""
+        """docs/semantics.md #split: the longest query that still counts as a decode (the engine's
+        ``split_threshold`` when given)."""
+        if self.split_threshold is not None:
+            return self.split_threshold
         return 1 + (2 if self.parallel_drafting else 1) * self.num_speculative_tokens
 
     @property
@@ -245,6 +298,11 @@ class SWAConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, source: str = "config") -> SWAConfig:
+        """A config from settings (a config file's mapping). Unlike the constructor, whose defaults serve
+        code and tests, a mapping must state every setting in ``REQUIRED_SETTINGS``: a config file that
+        leaves out its window or its capacities would otherwise run with values of another model or engine,
+        and nothing would say so. ``model_version`` is required where ratio 1 makes the layer types depend
+        on it (``AMBIGUOUS_RATIOS``). ``name`` and ``description`` are comments for people."""
         if not isinstance(data, Mapping):
             raise ConfigError(source, f"must be a mapping of settings, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -253,10 +311,28 @@ class SWAConfig:
             if key in ("name", "description"):
                 continue
             if key not in known:
-                raise ConfigError(str(key), f"unknown setting in {source} (known: {', '.join(sorted(known))})")
+                raise ConfigError(key_name(key), f"unknown setting in {source} (known: {', '.join(sorted(known))})")
             settings[key] = value
-        if isinstance(settings.get("compress_ratios"), list):
-            settings["compress_ratios"] = tuple(settings["compress_ratios"])
+        missing = [key for key in REQUIRED_SETTINGS if key not in settings]
+        if missing:
+            also = f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else ""
+            raise ConfigError(
+                missing[0],
+                f"missing from {source}: a config states {REQUIRED_SETTINGS[missing[0]]}, which has no default "
+                f"that fits every model and engine{also}",
+            )
+        ratios = settings["compress_ratios"]
+        if isinstance(ratios, list):
+            settings["compress_ratios"] = ratios = tuple(ratios)
+        if "model_version" not in settings and isinstance(ratios, tuple):
+            ambiguous = sorted({r for r in ratios if type(r) is int and r in AMBIGUOUS_RATIOS})
+            if ambiguous:
+                raise ConfigError(
+                    "model_version",
+                    f"missing from {source}, whose compress_ratios include {', '.join(map(str, ambiguous))}: the "
+                    f"layer type of that ratio differs between {' and '.join(MODEL_VERSIONS)}, so the config "
+                    f"must say which model it describes",
+                )
         return cls(**settings)
 
     @classmethod

@@ -3,7 +3,8 @@
 Variables are read when asked (never cached at import), so a test or an engine that sets one before
 building sees it. Kinds:
 
-* ``flag``: on when set to a true word (``TRUE_WORDS``, any case, spaces ignored), off otherwise;
+* ``flag``: on when set to a true word (``TRUE_WORDS``, any case, spaces ignored), off when unset, empty or
+  a false word (``FALSE_WORDS``); any other word is an error;
 * ``switch``: on unless set to a false word (``FALSE_WORDS``); any other word than a true or false
   one is an error, so a typo never silently flips a behaviour;
 * ``int``: an integer, or unset;
@@ -39,6 +40,11 @@ VARIABLES: dict[str, EnvVar] = {
             "flag",
             "a plugin that fails to load, a backend fallback, or a guard violation a poll finds, is an error",
         ),
+        EnvVar(
+            "SWA_HAL_FORCE_ENGINE",
+            "flag",
+            "the engine plugins install under an engine version they were not tested with (at your own risk)",
+        ),
         EnvVar("SWA_HAL_PLUGINS", "list", "load only these plugin distributions or entry points"),
         EnvVar("SWA_HAL_DISABLE_PLUGINS", "list", "skip these plugin distributions or entry points"),
         EnvVar("SWA_HAL_DEBUG", "flag", "full (syncing) validation of every build"),
@@ -73,8 +79,19 @@ def _raw(name: str, env: Mapping[str, str] | None) -> str:
 
 
 def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether the flag ``name`` of ``env`` (default: the process environment) is set to a true word."""
-    return _raw(name, env).lower() in TRUE_WORDS
+    """Whether the flag ``name`` of ``env`` (default: the process environment) is set to a true word:
+    off when unset, empty or a false word. Any other value is a ValueError naming the variable, the value
+    and the words accepted: ``SWA_HAL_STRICT=2`` or ``=maybe`` must not quietly leave a safety check off."""
+    raw = _raw(name, env)
+    word = raw.lower()
+    if word in TRUE_WORDS:
+        return True
+    if word == "" or word in FALSE_WORDS:
+        return False
+    raise ValueError(
+        f"{name}={raw!r}: use one of {', '.join(TRUE_WORDS)} (on) or {', '.join(FALSE_WORDS)} (off), or leave it "
+        f"unset (off)"
+    )
 
 
 def env_switch(name: str, env: Mapping[str, str] | None = None) -> bool:

@@ -61,6 +61,11 @@ class SpeculativeModeError(BatchValidationError):
     """A request the configured speculative method does not allow (causal=False without DSpark, ...)."""
 
 
+class DeviceError(SWAHalError, ValueError):
+    """A device a builder cannot build on: not a device name torch knows, or one whose tensors hold no
+    data (``meta``), so no output could be written or read back."""
+
+
 class PluginError(SWAHalError):
     """A plugin failed to load or gave something malformed (raised only in strict mode)."""
 

@@ -12,6 +12,12 @@ from typing import Any
 
 from .envs import FALSE_WORDS, TRUE_WORDS, env_flag
 
+# The keys ``--assume`` takes (PlatformInfo.from_assume), the other spellings it accepts for some, and the
+# prefix of a third-party backend's own facts.
+ASSUME_KEYS = ("vendor", "capability", "arch", "name", "triton", "interpret", "devices")
+ASSUME_ALIASES = {"cc": "capability", "sm": "capability", "device_name": "name"}
+EXTRA_PREFIX = "x-"
+
 
 def _parse_bool(key: str, text: str) -> bool:
     low = text.strip().lower()
@@ -82,34 +88,56 @@ class PlatformInfo:
 
     @classmethod
     def from_assume(cls, text: str) -> PlatformInfo:
-        """Parse ``vendor=cuda,capability=12.0[,arch=...,triton=0,name=...,KEY=VALUE]``.
+        """Parse ``vendor=cuda,capability=12.0[,arch=...,triton=0,name=...,x-KEY=VALUE]``.
 
-        Unknown keys go to ``extra`` so third-party backends can read their own facts.
+        The keys are ``ASSUME_KEYS`` (with the aliases ``ASSUME_ALIASES``); any other is a ValueError naming
+        it and the accepted ones, as is a key given twice: a mistyped key must not quietly leave a fact out,
+        which would select another backend than the one asked about. A third-party backend's own facts go
+        through ``x-KEY=VALUE`` and are read back with ``get("KEY")``.
         A synthetic GPU platform assumes Triton is present unless ``triton=0``.
         """
         fields: dict[str, Any] = {"synthetic": True}
         extra: dict[str, str] = {}
+        given: set[str] = set()
         for item in (p for p in text.split(",") if p.strip()):
             if "=" not in item:
                 raise ValueError(f"--assume item {item.strip()!r} is not KEY=VALUE")
             key, value = (s.strip() for s in item.split("=", 1))
             key = key.lower()
-            if key == "vendor":
-                fields["vendor"] = value.lower()
-            elif key in ("capability", "cc", "sm"):
-                fields["capability"] = _parse_capability(value)
-            elif key == "arch":
-                fields["arch"] = value
-            elif key in ("name", "device_name"):
-                fields["device_name"] = value
-            elif key == "triton":
-                fields["triton"] = _parse_bool(key, value)
-            elif key == "interpret":
-                fields["triton_interpret"] = _parse_bool(key, value)
-            elif key == "devices":
-                fields["device_count"] = int(value)
+            if key.startswith(EXTRA_PREFIX) and len(key) > len(EXTRA_PREFIX):
+                name = key[len(EXTRA_PREFIX) :]
             else:
-                extra[key] = value
+                name = ASSUME_ALIASES.get(key, key)
+                if name not in ASSUME_KEYS:
+                    raise ValueError(
+                        f"--assume key {key!r} is not one of {', '.join(ASSUME_KEYS)} (aliases: "
+                        f"{', '.join(f'{a}={k}' for a, k in ASSUME_ALIASES.items())}); a backend's own facts are "
+                        f"{EXTRA_PREFIX}KEY=VALUE"
+                    )
+            slot = key if key.startswith(EXTRA_PREFIX) else name
+            if slot in given:
+                raise ValueError(f"--assume key {key!r}: {slot} is given twice")
+            given.add(slot)
+            if not value:
+                raise ValueError(f"--assume {key}=: the value is empty")
+            if key.startswith(EXTRA_PREFIX):
+                extra[name] = value
+            elif name == "vendor":
+                fields["vendor"] = value.lower()
+            elif name == "capability":
+                fields["capability"] = _parse_capability(value)
+            elif name == "arch":
+                fields["arch"] = value
+            elif name == "name":
+                fields["device_name"] = value
+            elif name == "triton":
+                fields["triton"] = _parse_bool(key, value)
+            elif name == "interpret":
+                fields["triton_interpret"] = _parse_bool(key, value)
+            else:  # devices
+                if not (value.isascii() and value.isdigit()):
+                    raise ValueError(f"--assume {key}={value!r}: expected a number of devices (0, 1, 2, ...)")
+                fields["device_count"] = int(value)
         if "vendor" not in fields:
             raise ValueError(f"--assume {text!r} names no vendor (vendor=cuda|rocm|xpu|cpu|...)")
         vendor = fields["vendor"]

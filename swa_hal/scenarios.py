@@ -16,9 +16,15 @@ A scenario is data (``yaml.safe_load``)::
     images_per_prefill: 0                # image spans in each prefill's new tokens (vision configs)
     image_tokens: 0                      # tokens per image (<= the config's max_image_tokens)
 
-``images_per_prefill`` and ``image_tokens`` go together (both 0, or both positive), and image spans need a
-vision config: ``make_batch`` raises a ``ConfigError`` for a config whose ``max_image_tokens`` is 0 (where
-the spans would be ignored) or smaller than ``image_tokens``.
+Nothing is repaired: a value a key does not take is a ``ConfigError`` naming the key (``groups[1].seq_len``).
+Each group has ``count >= 1`` and ``query_len <= lo <= hi``; ``invalid_tokens`` is at most the groups' tokens.
+``images_per_prefill`` and ``image_tokens`` go together (both 0, or both positive).
+
+A scenario runs on a config only as written (``check_config``, which ``make_batch`` calls): every ``seq_len``
+within ``max_model_len``, the requests (counts plus ``padding_requests``) within ``max_num_seqs``, the token
+rows (``count x query_len`` plus ``padding_rows``) within ``max_num_batched_tokens``; image spans need a vision
+config (``max_image_tokens`` neither 0, where the spans would be ignored, nor smaller than ``image_tokens``)
+and prefills whose new tokens hold ``images_per_prefill x image_tokens``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 import torch
 
 from .batch import AttentionBatch
-from .config import SWAConfig, load_yaml_mapping
+from .config import SWAConfig, key_name, load_yaml_mapping
 from .errors import ConfigError
 
 REPLAY_MODES = ("none", "prefix", "window", "random")
@@ -43,6 +49,49 @@ class Group:
     count: int
     query_len: int
     seq_len: tuple[int, int]
+
+
+GROUP_KEYS = ("count", "query_len", "seq_len")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _group(i: int, data: Any, source: str) -> Group:
+    """``groups[i]`` of a scenario: ``count`` requests (at least 1) of ``query_len`` new tokens each, with
+    sequence lengths drawn from ``seq_len`` (an integer, or ``[lo, hi]`` with ``query_len <= lo <= hi``)."""
+    where = f"groups[{i}]"
+    if not isinstance(data, Mapping):
+        raise ConfigError(where, f"must be a mapping of {', '.join(GROUP_KEYS)} in {source}, got {data!r}")
+    unknown = sorted(key_name(k) for k in data if k not in GROUP_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown group key in {source} (known: {', '.join(GROUP_KEYS)})")
+    for key in GROUP_KEYS:
+        if key not in data:
+            raise ConfigError(f"{where}.{key}", f"missing in {source}: a group needs {', '.join(GROUP_KEYS)}")
+    count, query_len, seq_len = data["count"], data["query_len"], data["seq_len"]
+    if not _is_int(count) or count < 1:
+        raise ConfigError(
+            f"{where}.count", f"must be an integer >= 1 in {source} (requests in the group), got {count!r}"
+        )
+    if not _is_int(query_len) or query_len < 0:
+        raise ConfigError(f"{where}.query_len", f"must be a non-negative integer in {source}, got {query_len!r}")
+    if _is_int(seq_len):
+        lo = hi = seq_len
+    elif isinstance(seq_len, (list, tuple)) and len(seq_len) == 2 and all(_is_int(v) for v in seq_len):
+        lo, hi = seq_len
+    else:
+        raise ConfigError(
+            f"{where}.seq_len", f"must be an integer or [lo, hi] of integers in {source}, got {seq_len!r}"
+        )
+    if not query_len <= lo <= hi:
+        raise ConfigError(
+            f"{where}.seq_len",
+            f"{seq_len!r} in {source} breaks query_len <= lo <= hi (query_len {query_len}): a sequence holds its "
+            f"new tokens",
+        )
+    return Group(count, query_len, (lo, hi))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,32 +111,32 @@ class Scenario:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "scenario") -> Scenario:
+        """A scenario from its settings. Every value is checked as written, never repaired: a value that
+        is not what its key takes is a ConfigError naming the key (``groups[i].count`` for a group's)."""
         if not isinstance(data, Mapping):
             raise ConfigError(source, "a scenario must be a mapping")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
+        unknown = sorted(key_name(k) for k in data if k not in known)
         if unknown:
+            raise ConfigError(unknown[0], f"unknown scenario key in {source} (known: {', '.join(sorted(known))})")
+        raw_groups = data.get("groups")
+        if not isinstance(raw_groups, list) or not raw_groups:
             raise ConfigError(
-                sorted(unknown)[0], f"unknown scenario key in {source} (known: {', '.join(sorted(known))})"
+                "groups",
+                f"{source} describes no requests: groups must be a non-empty list of "
+                f"{{count, query_len, seq_len}}, got {raw_groups!r}",
             )
-        groups = []
-        for i, g in enumerate(data.get("groups") or []):
-            try:
-                lo_hi = g["seq_len"]
-                lo, hi = (lo_hi, lo_hi) if isinstance(lo_hi, int) else (int(lo_hi[0]), int(lo_hi[1]))
-                groups.append(Group(int(g["count"]), int(g["query_len"]), (lo, hi)))
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                raise ConfigError(f"groups[{i}]", f"needs count, query_len, seq_len (int or [lo, hi]): {exc}") from None
-            if groups[-1].count < 0 or groups[-1].query_len < 0 or lo > hi or lo < groups[-1].query_len:
-                raise ConfigError(f"groups[{i}]", "needs count >= 0, query_len >= 0 and query_len <= seq_len lo <= hi")
-        if not groups:
-            raise ConfigError("groups", f"{source} describes no requests")
+        groups = tuple(_group(i, g, source) for i, g in enumerate(raw_groups))
         fields = {k: data[k] for k in known - {"groups"} if k in data}
-        if fields.get("replay", "none") not in REPLAY_MODES:
-            raise ConfigError("replay", f"{fields['replay']!r} is not one of {', '.join(REPLAY_MODES)}")
+        for key in ("name", "description"):
+            if key in fields and not isinstance(fields[key], str):
+                raise ConfigError(key, f"must be a string in {source}, got {fields[key]!r}")
+        replay = fields.get("replay", "none")
+        if not isinstance(replay, str) or replay not in REPLAY_MODES:
+            raise ConfigError("replay", f"{replay!r} is not one of {', '.join(REPLAY_MODES)}")
         for key in ("seed", "padding_rows", "padding_requests", "invalid_tokens", "images_per_prefill", "image_tokens"):
             value = fields.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not _is_int(value) or value < 0:
                 raise ConfigError(key, f"must be a non-negative integer in {source}, got {value!r}")
         if not isinstance(fields.get("causal", True), bool):
             raise ConfigError("causal", f"must be true or false in {source}, got {fields['causal']!r}")
@@ -99,9 +148,21 @@ class Scenario:
                 f"is 0 in {source} but {other} is {images or tokens}: image spans need both "
                 f"(images_per_prefill spans of image_tokens tokens in each prefill), or neither",
             )
+        real_tokens = sum(g.count * g.query_len for g in groups)
+        if real_tokens + fields.get("padding_rows", 0) == 0:
+            raise ConfigError(
+                "groups",
+                f"{source} has no token rows (every query_len is 0, and padding_rows is 0): a step has at least one",
+            )
+        if fields.get("invalid_tokens", 0) > real_tokens:
+            raise ConfigError(
+                "invalid_tokens",
+                f"{fields['invalid_tokens']} in {source}, but its groups have {real_tokens} tokens: at most that many "
+                f"can lack a KV slot",
+            )
         if "config" in fields and (not isinstance(fields["config"], str) or not fields["config"].strip()):
             raise ConfigError("config", f"must be the path of a config file in {source}, got {fields['config']!r}")
-        return cls(groups=tuple(groups), **{"name": Path(source).stem, **fields})
+        return cls(groups=groups, **{"name": Path(source).stem, **fields})
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Scenario:
@@ -127,8 +188,31 @@ class Scenario:
         )
 
     def check_config(self, config: SWAConfig) -> None:
-        """Raise a ConfigError unless this scenario can run on ``config`` as written: image spans need a
-        vision config (``max_image_tokens > 0``; with 0 the spans would be ignored) that fits them."""
+        """Raise a ConfigError unless this scenario can run on ``config`` as written, with nothing clamped or
+        dropped: every sequence within ``max_model_len``, the requests within ``max_num_seqs``, the token rows
+        within ``max_num_batched_tokens``; image spans need a vision config (``max_image_tokens > 0``; with 0
+        the spans would be ignored) that fits them, and every prefill's new tokens must hold its images whole."""
+        for i, g in enumerate(self.groups):
+            if g.seq_len[1] > config.max_model_len:
+                raise ConfigError(
+                    f"groups[{i}].seq_len",
+                    f"{g.seq_len[1]} is past the config's max_model_len {config.max_model_len} (scenario "
+                    f"{self.name!r}): lower the group's seq_len, or use a config with a longer max_model_len",
+                )
+        requests = sum(g.count for g in self.groups) + self.padding_requests
+        if requests > config.max_num_seqs:
+            raise ConfigError(
+                "groups",
+                f"scenario {self.name!r} has {requests} requests (counts plus padding_requests), past the config's "
+                f"max_num_seqs {config.max_num_seqs}",
+            )
+        rows = sum(g.count * g.query_len for g in self.groups) + self.padding_rows
+        if rows > config.max_num_batched_tokens:
+            raise ConfigError(
+                "groups",
+                f"scenario {self.name!r} has {rows} token rows (count x query_len of each group plus padding_rows), "
+                f"past the config's max_num_batched_tokens {config.max_num_batched_tokens}",
+            )
         if not self.images_per_prefill:
             return
         spans = f"scenario {self.name!r} has image spans ({self.images_per_prefill} per prefill, {self.image_tokens} tokens each)"
@@ -144,6 +228,13 @@ class Scenario:
                 f"{spans} but the config's max_image_tokens is {config.max_image_tokens}: an image span holds "
                 f"at most max_image_tokens tokens",
             )
+        need = self.images_per_prefill * self.image_tokens
+        for i, g in enumerate(self.groups):
+            if config.decode_threshold < g.query_len < need:
+                raise ConfigError(
+                    f"groups[{i}].query_len",
+                    f"{g.query_len} new tokens cannot hold {spans}: a prefill of this scenario needs at least {need}",
+                )
 
     def make_batch(self, config: SWAConfig, device: str | torch.device = "cpu") -> AttentionBatch:
         self.check_config(config)
@@ -151,9 +242,7 @@ class Scenario:
         seq_lens, query_lens = [], []
         for g in self.groups:
             for _ in range(g.count):
-                hi = min(g.seq_len[1], config.max_model_len)
-                lo = min(g.seq_len[0], hi)
-                seq_lens.append(rng.randint(lo, hi))
+                seq_lens.append(rng.randint(*g.seq_len))  # within max_model_len: check_config said so
                 query_lens.append(g.query_len)
         seq_lens += [0] * self.padding_requests
         query_lens += [0] * self.padding_requests

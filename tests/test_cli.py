@@ -15,6 +15,12 @@ from helpers import CONFIGS, ROOT, SCENARIOS
 from swa_hal.cli import main
 
 
+def tiny_config_text(**changes):
+    """configs/tiny.yaml as YAML text, with ``changes`` to its settings (None: the setting left out)."""
+    settings = {**yaml.safe_load((CONFIGS / "tiny.yaml").read_text()), **changes}
+    return yaml.safe_dump({k: v for k, v in settings.items() if v is not None}, sort_keys=False)
+
+
 def run(capsys, *argv):
     code = main(list(argv))
     out = capsys.readouterr()
@@ -160,10 +166,11 @@ def test_bad_cli_input_is_one_line_and_exit_code_2(capsys, tmp_path, argv, messa
              "tiny_batch": CONFIGS / "batches" / "tiny_mixed.yaml"}
     files["bad"].write_text("window_size: [1,\n")
     files["empty"].write_text("")
-    files["ratios"].write_text("compress_ratios: []\n")
-    files["method"].write_text("num_speculative_tokens: 1\nspeculative_method: medusa2\n")
-    files["window"].write_text("window_size: '128'\n")
-    files["zero"].write_text("max_num_seqs: 0\n")
+    # Each a whole config (every required setting there) with one bad value.
+    files["ratios"].write_text(tiny_config_text(compress_ratios=[]))
+    files["method"].write_text(tiny_config_text(num_speculative_tokens=1, speculative_method="medusa2"))
+    files["window"].write_text(tiny_config_text(window_size="128"))
+    files["zero"].write_text(tiny_config_text(max_num_seqs=0))
     argv = [a.format(**files) for a in argv]
     if "--device" in argv and __import__("torch").cuda.is_available():
         pytest.skip("this machine has a CUDA device")  # the no-GPU message is what is tested here
@@ -382,3 +389,176 @@ def test_info_env_lists_every_variable(capsys, monkeypatch):
     assert main(["info", "--env", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [v["name"] for v in data["env"]] == list(VARIABLES)
+
+
+# -- nothing is repaired or ignored in silence; bad input is one line, exit 2 ---------------------------------
+
+
+def _one_line_error(capsys, *argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_a_seq_len_past_max_model_len_is_refused_not_clamped(capsys, tmp_path):
+    (tmp_path / "batches").mkdir()
+    shutil.copy(CONFIGS / "tiny.yaml", tmp_path / "tiny.yaml")
+    scenario = tmp_path / "batches" / "long.yaml"
+    scenario.write_text("config: tiny.yaml\ngroups:\n  - {count: 2, query_len: 1, seq_len: [1, 30]}\n"
+                        "  - {count: 1, query_len: 4, seq_len: [200, 1000]}\n")
+    err = _one_line_error(capsys, "build", "--batch", str(scenario))
+    assert err == ("swa-hal build: error: groups[1].seq_len: 1000 is past the config's max_model_len 256 (scenario "
+                   "'long'): lower the group's seq_len, or use a config with a longer max_model_len")
+    scenario.write_text(scenario.read_text().replace("1000", "256"))  # the limit itself is a sequence's length
+    code, out, _ = run(capsys, "build", "--batch", str(scenario), "--repeat", "1", "--json")
+    assert code == 0 and json.loads(out)["mismatches"] == []
+
+
+@pytest.mark.parametrize("groups, field, message", [
+    ("[{count: 0, query_len: 1, seq_len: 5}]", "groups[0].count", "must be an integer >= 1"),
+    ("[{count: 2, query_len: 1, seq_len: 5}, {count: 0, query_len: 1, seq_len: 5}]", "groups[1].count",
+     "must be an integer >= 1"),
+    ("[]", "groups", "describes no requests"),
+    ("5", "groups", "describes no requests"),
+    ("[7]", "groups[0]", "must be a mapping of count, query_len, seq_len"),
+    ("[{count: 2, query_len: 1, seq_lens: 5}]", "groups[0].seq_lens", "unknown group key"),
+    ("[{count: 2, query_len: 1}]", "groups[0].seq_len", "missing in"),
+    ("[{count: '2', query_len: 1, seq_len: 5}]", "groups[0].count", "got '2'"),
+    ("[{count: 2.5, query_len: 1, seq_len: 5}]", "groups[0].count", "got 2.5"),
+    ("[{count: 2, query_len: true, seq_len: 5}]", "groups[0].query_len", "got True"),
+    ("[{count: 2, query_len: 1, seq_len: [1, 5, 9]}]", "groups[0].seq_len", "must be an integer or [lo, hi]"),
+    ("[{count: 2, query_len: 1, seq_len: [9, 5]}]", "groups[0].seq_len", "breaks query_len <= lo <= hi"),
+])
+def test_bad_groups_name_the_group_and_the_key(capsys, tmp_path, groups, field, message):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(f"groups: {groups}\n")
+    err = _one_line_error(capsys, "build", "--config", str(CONFIGS / "tiny.yaml"), "--batch", str(scenario))
+    assert err.startswith(f"swa-hal build: error: {field}: ") and message in err, err
+
+
+@pytest.mark.parametrize("text, field, message", [
+    ("padding_requests: 2\ngroups: [{count: 7, query_len: 1, seq_len: 5}]\n", "groups",
+     "has 9 requests (counts plus padding_requests), past the config's max_num_seqs 8"),
+    ("padding_rows: 5\ngroups: [{count: 6, query_len: 10, seq_len: 20}]\n", "groups",
+     "has 65 token rows (count x query_len of each group plus padding_rows), past the config's "
+     "max_num_batched_tokens 64"),
+    ("invalid_tokens: 5\ngroups: [{count: 2, query_len: 2, seq_len: 5}]\n", "invalid_tokens",
+     "5 in {path}, but its groups have 4 tokens"),
+])
+def test_a_scenario_that_does_not_fit_its_config_is_refused(capsys, tmp_path, text, field, message):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(text)
+    err = _one_line_error(capsys, "build", "--config", str(CONFIGS / "tiny.yaml"), "--batch", str(scenario))
+    assert err.startswith(f"swa-hal build: error: {field}: ") and message.format(path=scenario) in err, err
+
+
+def test_images_a_prefill_cannot_hold_are_refused_not_shortened(capsys, tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("images_per_prefill: 2\nimage_tokens: 5\n"
+                        "groups: [{count: 1, query_len: 1, seq_len: 9}, {count: 1, query_len: 9, seq_len: 20}]\n")
+    err = _one_line_error(capsys, "build", "--config", str(CONFIGS / "tiny_vision.yaml"), "--batch", str(scenario))
+    assert "groups[1].query_len: 9 new tokens cannot hold scenario 's' has image spans (2 per prefill, 5 tokens " \
+           "each): a prefill of this scenario needs at least 10" in err, err
+    scenario.write_text(scenario.read_text().replace("query_len: 9", "query_len: 10"))
+    assert run(capsys, "build", "--config", str(CONFIGS / "tiny_vision.yaml"), "--batch", str(scenario),
+               "--repeat", "1")[0] == 0
+
+
+def test_a_copy_of_the_scenarios_config_is_that_config(capsys, tmp_path):
+    # Configs are what they say, not where they are: a copy (other comments, other name) runs the scenario.
+    copy = tmp_path / "my_tiny.yaml"
+    copy.write_text("# my copy\n" + (CONFIGS / "tiny.yaml").read_text().replace("name: tiny", "name: mine"))
+    scenario = CONFIGS / "batches" / "tiny_mixed.yaml"
+    code, out, err = run(capsys, "build", "--config", str(copy), "--batch", str(scenario), "--repeat", "1", "--json")
+    assert code == 0 and err == "" and json.loads(out)["config"] == str(copy)
+    copy.write_text(tiny_config_text(window_size=8, max_num_seqs=16))
+    err = _one_line_error(capsys, "build", "--config", str(copy), "--batch", str(scenario))
+    assert f"--config {copy} does not match --batch {scenario}: scenario 'tiny_mixed' is meant for config " in err
+    assert "the two differ in window_size (8 vs 4), max_num_seqs (16 vs 8) (--config's value first)" in err
+
+
+@pytest.mark.parametrize("assume, message", [
+    ("vendor=cuda,capabilty=9.0", "--assume key 'capabilty' is not one of vendor, capability, arch, name, triton, "
+                                  "interpret, devices (aliases: cc=capability, sm=capability, device_name=name)"),
+    ("vendor=cuda,capability=9.0,cc=12.0", "--assume key 'cc': capability is given twice"),
+    ("vendor=cuda,capability=", "--assume capability=: the value is empty"),
+    ("vendor=cuda,devices=two", "--assume devices='two': expected a number of devices"),
+])
+def test_a_bad_assume_key_is_an_error_not_another_backend(capsys, assume, message):
+    err = _one_line_error(capsys, "info", "--assume", assume, "--expect", "cuda")
+    assert message in err, err
+
+
+def test_a_backends_own_facts_pass_through_assume():
+    from swa_hal import PlatformInfo
+
+    platform = PlatformInfo.from_assume("vendor=acme,x-Stepping=B0,name=Acme 1")
+    assert (platform.get("stepping"), platform.device_name, platform.to_dict()["extra"]) == ("B0", "Acme 1",
+                                                                                           {"stepping": "B0"})
+    with pytest.raises(ValueError, match="--assume key 'x-stepping': x-stepping is given twice"):
+        PlatformInfo.from_assume("vendor=acme,x-stepping=B0,X-Stepping=B1")
+
+
+@pytest.mark.parametrize("variable, value", [("SWA_HAL_STRICT", "2"), ("SWA_HAL_STRICT", "maybe"),
+                                             ("SWA_HAL_DEBUG", "yes please"), ("SWA_HAL_GUARD", "2"),
+                                             ("SWA_HAL_POLL_EVERY", "often")])
+def test_a_misspelt_variable_is_one_line_and_exit_2(capsys, monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    err = _one_line_error(capsys, "build", "--batch", str(CONFIGS / "batches" / "tiny_mixed.yaml"))
+    assert err.startswith(f"swa-hal build: error: environment: {variable}={value!r}: "), err
+    err = _one_line_error(capsys, "info")
+    assert f"{variable}={value!r}" in err
+
+
+def test_a_misspelt_strict_flag_is_an_error_in_the_library_too(monkeypatch):
+    from swa_hal import SWAConfig, SWAMetadataBuilder
+
+    monkeypatch.setenv("SWA_HAL_STRICT", "2")
+    monkeypatch.setattr("swa_hal.plugins._default", None)  # the registry reads the flag when it loads
+    with pytest.raises(ValueError, match="^SWA_HAL_STRICT='2': use one of 1, true, yes, on"):
+        SWAMetadataBuilder(SWAConfig())
+
+
+@pytest.mark.parametrize("device, message", [
+    ("meta", "device 'meta' holds no data (meta tensors have shapes only)"),
+    ("garbage", "device 'garbage' is not a torch device"),
+])
+def test_a_builder_on_a_device_it_cannot_build_on_says_so_first(device, message):
+    import torch
+
+    from swa_hal import SWAConfig, SWAMetadataBuilder
+    from swa_hal.errors import DeviceError, SWAHalError
+
+    for given in (device, torch.device(device) if device == "meta" else device):
+        with pytest.raises(DeviceError) as info:
+            SWAMetadataBuilder(SWAConfig(), device=given)
+        assert isinstance(info.value, SWAHalError) and str(info.value).startswith(message), str(info.value)
+
+
+def test_info_on_a_device_torch_does_not_know_is_one_line(capsys):
+    err = _one_line_error(capsys, "info", "--device", "garbage")
+    assert err.startswith("swa-hal info: error: --device 'garbage': "), err
+
+
+def test_the_scenario_format_in_the_backends_guide_is_whole_and_runs(capsys, tmp_path):
+    # docs/backends.md documents every scenario key, and its example is a scenario that runs as written.
+    import dataclasses
+    import re
+
+    from swa_hal.scenarios import Scenario
+
+    guide = (ROOT / "docs" / "backends.md").read_text()
+    section = guide.split("## Trying a backend on a scenario", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)`(?:, `(\w+)`)? \|", section, flags=re.M))
+    keys = {k for pair in documented for k in pair if k}
+    assert keys == {f.name for f in dataclasses.fields(Scenario)}, keys
+    example = re.search(r"```yaml\n(.*?)```", section, flags=re.S).group(1)
+    (tmp_path / "batches").mkdir()
+    shutil.copy(CONFIGS / "deepseek_v4_flash.yaml", tmp_path / "deepseek_v4_flash.yaml")
+    scenario = tmp_path / "batches" / "my_step.yaml"
+    scenario.write_text(example)
+    assert set(yaml.safe_load(example)) == keys - {"name"}  # the example shows every key but the name
+    code, out, err = run(capsys, "build", "--batch", str(scenario), "--repeat", "1", "--json")
+    data = json.loads(out)
+    assert code == 0 and err == "" and data["mismatches"] == [], err
+    assert data["scenario"] == "my_step" and data["split"]["num_decodes"] == 64 and data["split"]["num_prefills"] == 6

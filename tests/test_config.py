@@ -227,3 +227,96 @@ def test_from_hf_config_engine_setting_errors_name_the_setting(settings, key, me
     with pytest.raises(ConfigError) as info:
         SWAConfig.from_hf_config({"sliding_window": 8, "max_position_embeddings": 64}, **settings)
     assert info.value.field == key and str(info.value).startswith(f"{key}: {message}"), str(info.value)
+
+
+# -- config files state what has no safe default -------------------------------------------------------------
+
+
+def _tiny_settings():
+    import yaml
+
+    return yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
+
+
+@pytest.mark.parametrize("field", ["window_size", "block_size", "compress_ratios", "max_model_len",
+                                   "max_num_batched_tokens", "max_num_seqs"])
+def test_a_config_file_without_a_required_setting_names_it(tmp_path, field):
+    import yaml
+
+    settings = _tiny_settings()
+    del settings[field]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    with pytest.raises(ConfigError) as info:
+        SWAConfig.from_yaml(path)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}: missing from {path}: a config states "), str(info.value)
+    assert "also missing" not in str(info.value)
+    with pytest.raises(ConfigError, match=f"^{field}: missing from config: "):
+        SWAConfig.from_mapping(settings)
+
+
+def test_a_config_file_without_its_window_no_longer_gets_128(tmp_path):
+    # The first of the settings missing is the error's field; the message lists the others.
+    path = tmp_path / "c.yaml"
+    path.write_text("block_size: 64\ncompress_ratios: [0, 4]\n")
+    with pytest.raises(ConfigError) as info:
+        SWAConfig.from_yaml(path)
+    assert info.value.field == "window_size"
+    assert str(info.value).endswith("also missing: max_model_len, max_num_batched_tokens, max_num_seqs")
+
+
+def test_settings_with_a_safe_default_may_be_left_out():
+    settings = {key: value for key, value in _tiny_settings().items()
+                if key not in ("num_speculative_tokens", "speculative_method", "head_size")}
+    cfg = SWAConfig.from_mapping(settings)
+    assert (cfg.num_speculative_tokens, cfg.speculative_method, cfg.decode_threshold) == (0, None, 1)
+    assert (cfg.head_size, cfg.model_version, cfg.max_image_tokens, cfg.num_kv_groups) == (512, "deepseek_v4", 0, 1)
+    assert cfg.num_kv_blocks is None and cfg.split_threshold is None
+    # The constructor keeps its defaults for code that builds a config by hand.
+    assert SWAConfig().window_size == 128 and SWAConfig(window_size=4).max_num_seqs == 256
+
+
+def test_ratio_1_needs_the_model_version_in_a_config_file():
+    # Ratio 1 is a SWA-only layer in V4 and a C1A layer in V4.1: a file must say which model it describes.
+    settings = {**_tiny_settings(), "compress_ratios": [0, 1, 2], "num_speculative_tokens": 0,
+                "speculative_method": None}
+    with pytest.raises(ConfigError, match=r"^model_version: missing from config, whose compress_ratios include 1: "
+                                          r"the layer type of that ratio differs between deepseek_v4 and deepseek_v41"):
+        SWAConfig.from_mapping(settings)
+    assert SWAConfig.from_mapping({**settings, "model_version": "deepseek_v41"}).layer_types == ("swaonly", "c1a", "c2a")
+    assert SWAConfig.from_mapping({**settings, "model_version": "deepseek_v4"}).layer_types == ("swaonly", "c2a")
+    no_one = SWAConfig.from_mapping({**settings, "compress_ratios": [0, 2]})  # the same types in both versions
+    assert no_one.model_version == "deepseek_v4"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("a: 2001-02-30\n", "is not data a config can hold (ValueError: day is out of range for month)"),
+    ("a: !!bool maybe\n", "is not data a config can hold (KeyError: 'maybe')"),
+    ("a: " + "[" * 3000 + "\n", "is not data a config can hold (RecursionError"),
+])
+def test_yaml_the_parser_chokes_on_is_a_config_error(tmp_path, text, fragment):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        SWAConfig.from_yaml(path)
+    assert str(info.value).startswith(f"{path}: {fragment}"), str(info.value)
+
+
+def test_a_path_no_file_can_have_is_a_config_error():
+    with pytest.raises(ConfigError, match="cannot read the config: embedded null byte"):
+        SWAConfig.from_yaml("configs/tiny\x00.yaml")
+
+
+def test_split_threshold_is_the_engines_own_decode_threshold():
+    """docs/semantics.md #split: an engine's own threshold replaces the derived one, within [1 + N, tokens]."""
+    base = dict(window_size=4, block_size=4, max_num_batched_tokens=16, num_speculative_tokens=3)
+    derived = SWAConfig(**base, speculative_method="dspark", parallel_drafting=True)
+    assert derived.decode_threshold == 7  # 1 + 2 * 3, the parallel-drafting rule
+    given = SWAConfig(**base, speculative_method="dspark", parallel_drafting=True, split_threshold=4)
+    assert given.decode_threshold == 4  # what vLLM 0.34 computes for this setup
+    assert SWAConfig(**base, speculative_method="draft_model", split_threshold=5).decode_threshold == 5
+    for bad, rule in ((3, r"outside \[4, 16\]"), (17, r"outside \[4, 16\]"), (True, "must be an integer")):
+        with pytest.raises(ConfigError, match=rule) as info:
+            SWAConfig(**base, speculative_method="mtp", split_threshold=bad)
+        assert info.value.field == "split_threshold"

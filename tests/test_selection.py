@@ -80,7 +80,7 @@ def test_explain_lists_every_backend():
 
 
 def test_assume_parsing():
-    p = PlatformInfo.from_assume("vendor=cuda, capability=12.1, arch=sm_121, custom=7")
+    p = PlatformInfo.from_assume("vendor=cuda, capability=12.1, arch=sm_121, x-custom=7")
     assert (p.vendor, p.capability, p.arch, p.get("custom"), p.synthetic) == ("cuda", (12, 1), "sm_121", "7", True)
     assert PlatformInfo.from_assume("vendor=cuda,sm=90").capability == (9, 0)
     with pytest.raises(ValueError, match="no vendor"):
@@ -138,9 +138,13 @@ def test_env_flag_reads_true_words_only():
 
     for value in ("1", "true", " YES ", "On"):
         assert env_flag("SWA_HAL_DEBUG", {"SWA_HAL_DEBUG": value})
-    for value in ("", "0", "false", "no", "off", "2"):
+    for value in ("", "0", "false", "no", " OFF "):
         assert not env_flag("SWA_HAL_DEBUG", {"SWA_HAL_DEBUG": value})
     assert not env_flag("SWA_HAL_DEBUG", {})
+    # Neither a true nor a false word: an error naming the variable, the value and the words, never "off".
+    for value in ("2", "maybe", "ture", "-1"):
+        with pytest.raises(ValueError, match=f"^SWA_HAL_DEBUG={value!r}: use one of 1, true, yes, on .* or 0, false"):
+            env_flag("SWA_HAL_DEBUG", {"SWA_HAL_DEBUG": value})
 
 
 def test_every_variable_read_is_listed_in_envs():

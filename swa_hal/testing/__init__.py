@@ -3,9 +3,9 @@
 - ``BackendConformance`` (``swa_hal.testing.conformance``): every topic of the conformance kit in one class.
 - ``BackendFixtures`` (``swa_hal.testing.fixtures``): the kit's overridable fixtures, and one mixin per
   topic: ``SelectionTests``, ``VectorTests``, ``RandomBatchTests``, ``DraftUpdateTests``,
-  ``AddressRuleTests``, ``GraphTests``, ``GroupBuildTests``, ``SlotRowTests``, ``GuardedOutputTests``
-  (modules ``selection``, ``vectors``, ``random_batches``, ``draft_updates``, ``address_rules``, ``graphs``,
-  ``groups``, ``slot_rows``, ``guarded``), so a backend takes
+  ``AddressRuleTests``, ``GraphTests``, ``HostSyncTests``, ``GroupBuildTests``, ``SlotRowTests``,
+  ``GuardedOutputTests`` (modules ``selection``, ``vectors``, ``random_batches``, ``draft_updates``,
+  ``address_rules``, ``graphs``, ``host_sync``, ``groups``, ``slot_rows``, ``guarded``), so a backend takes
   the topics that apply.
 - ``swa_hal.testing.plugin``: the opt-in pytest plugin (options and fixtures).
 - ``swa_hal.testing.suite``: the whole kit for the backend named by ``--swa-hal-backend``, with no test file
@@ -37,6 +37,8 @@ _EXPORTS = {
     "GroupBuildTests": "groups",
     "SlotRowTests": "slot_rows",
     "GuardedOutputTests": "guarded",
+    "HostSyncTests": "host_sync",
+    "BuildWatch": "host_sync",
     "random_slot_rows": "slot_rows",
     "random_ring_rows": "slot_rows",
     "address_strict": "interpreter",

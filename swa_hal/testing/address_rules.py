@@ -12,7 +12,16 @@ from ..batch import AttentionBatch
 from ..builder import SWAMetadataBuilder
 from ..compare import compare_with_reference
 from .fixtures import BackendFixtures, Target, requires
-from .interpreter import address_strict
+from .interpreter import AddressViolation, address_strict
+
+# What to change when a backend breaks the rule it claims.
+CLAMP_FIX = (
+    "backend {name!r} claims clamps_addresses=True in its spec, so every lane's address must lie inside a tensor "
+    "argument, masked or not. Fix: run swa_hal's shared kernels in their clamped variant (a TritonBackend "
+    "subclass with CLAMP_ADDRESSES = True, as the sm12x backend does), or clamp the offsets of your own "
+    "kernel's loads and stores into bounds before the mask applies; or, if the device does not need it, drop "
+    "clamps_addresses=True from the spec (the test is then not collected)"
+)
 
 
 class AddressRuleTests(BackendFixtures):
@@ -33,11 +42,15 @@ class AddressRuleTests(BackendFixtures):
         config = self.configs[config_name]
         builder = make_builder(config)
         rng = random.Random(f"strict-{name}-{config_name}-{kind}")
-        with address_strict():
-            for _ in range(self.batches_per_case):
-                batch = make_batch(config, rng, kind)
-                md = builder.build(batch)
-                problems = compare_with_reference(config, batch, md)
-                assert not problems, f"{kind} batch of {config_name} under address-strict: " + "; ".join(problems)
-                if md.causal and md.num_decode_tokens and builder.supports_draft_decode_metadata_update:
-                    builder.update_draft_decode_metadata(md)  # the in-place variant, same rule
+        try:
+            with address_strict():
+                for _ in range(self.batches_per_case):
+                    batch = make_batch(config, rng, kind)
+                    md = builder.build(batch)
+                    problems = compare_with_reference(config, batch, md)
+                    assert not problems, f"{kind} batch of {config_name} under address-strict: " + "; ".join(problems)
+                    if md.causal and md.num_decode_tokens and builder.supports_draft_decode_metadata_update:
+                        builder.update_draft_decode_metadata(md)  # the in-place variant, same rule
+        except AddressViolation as exc:
+            # The message says which lanes; the fix is in the backend or in its claim, never in the kit.
+            raise AddressViolation(f"{kind} batch of {config_name}: {exc}\n{CLAMP_FIX.format(name=name)}") from None

@@ -26,6 +26,7 @@ from .fixtures import CONFORMANCE_CONFIGS, PLATFORM_GRID, BackendFixtures, Targe
 from .graphs import GraphTests
 from .groups import GroupBuildTests
 from .guarded import GuardedOutputTests
+from .host_sync import HostSyncTests
 from .random_batches import RandomBatchTests
 from .selection import SelectionTests
 from .slot_rows import SlotRowTests
@@ -41,6 +42,7 @@ __all__ = [
     "GraphTests",
     "GroupBuildTests",
     "GuardedOutputTests",
+    "HostSyncTests",
     "RandomBatchTests",
     "SelectionTests",
     "SlotRowTests",
@@ -58,6 +60,7 @@ class BackendConformance(
     DraftUpdateTests,
     AddressRuleTests,
     GraphTests,
+    HostSyncTests,
     SlotRowTests,
     GuardedOutputTests,
 ):

@@ -1,0 +1,218 @@
+"""What the conformance kit catches, run as a vendor runs it: pytest with only the kit's plugin, in a folder
+outside this checkout (none of this repository's pytest settings apply).
+
+- the CUDA-graph test is skipped, with its reason, where there is no CUDA device (it used to fail there);
+- a backend that claims ``cuda_graphs`` but reads device values on the host or allocates device tensors
+  during a build, a group build or a draft update fails the host-sync topic, naming the call; reading the
+  batch's host copies stays allowed;
+- a backend that claims ``clamps_addresses`` but does not clamp fails with what to change."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+# One misbehaving backend per class, each a TritonBackend (the cuda backend's class) that claims cuda_graphs.
+BAD_BACKENDS = """
+import pytest
+
+from swa_hal import Availability, BackendSpec, hookimpl
+from swa_hal.testing import AddressRuleTests, HostSyncTests
+from swa_hal_cuda.backend import CudaBackend
+
+
+class ItemInCompute(CudaBackend):
+    def compute(self, plan, batch, buffers):
+        if int(batch.seq_lens.max().item()) < 0:  # a host read of a device value
+            raise AssertionError("unreachable")
+        super().compute(plan, batch, buffers)
+
+
+class TolistInCompute(CudaBackend):
+    def compute(self, plan, batch, buffers):
+        self.seen = batch.slot_mapping.tolist()
+        super().compute(plan, batch, buffers)
+
+
+class CpuOfABuffer(CudaBackend):
+    def compute(self, plan, batch, buffers):
+        super().compute(plan, batch, buffers)
+        self.lens = buffers.decode_lens.cpu()
+
+
+class AllocatesInCompute(CudaBackend):
+    def compute(self, plan, batch, buffers):
+        scratch = torch.zeros(plan.num_tokens, dtype=torch.int32, device=self.device)
+        super().compute(plan, batch, buffers)
+        scratch.add_(1)
+
+
+class OutOfPlaceInDraftUpdate(CudaBackend):
+    def recompute_decode_rows(self, metadata, buffers):
+        super().recompute_decode_rows(metadata, buffers)
+        self.shifted = metadata.seq_lens + 1  # a new device tensor per draft step
+
+
+class ReadsHostCopies(CudaBackend):
+    def compute(self, plan, batch, buffers):
+        self.queries = batch.query_start_loc_cpu.tolist()  # the host copies are the backend's to read
+        if batch.seq_lens_cpu is not None:
+            self.longest = int(batch.seq_lens_cpu.max())
+        super().compute(plan, batch, buffers)
+
+
+class Unclamped(CudaBackend):
+    CLAMP_ADDRESSES = False  # but the spec below claims clamps_addresses
+
+
+import torch  # noqa: E402
+
+
+def spec(name, cls, **claims):
+    return BackendSpec(
+        name=name, priority=1, factory=f"test_bad_kit:{cls}", platforms=(f"vendor={name}",), summary=name,
+        is_available=lambda platform: Availability.check([] if platform.vendor == name else ["another vendor"]),
+        kernels="triton", cuda_graphs=True, **claims,
+    )
+
+
+SPECS = [
+    spec("item", "ItemInCompute"), spec("tolist", "TolistInCompute"), spec("cpucopy", "CpuOfABuffer"),
+    spec("alloc", "AllocatesInCompute"), spec("draftalloc", "OutOfPlaceInDraftUpdate"),
+    spec("hostcopies", "ReadsHostCopies"), spec("unclamped", "Unclamped", clamps_addresses=True),
+]
+
+
+class Plugin:
+    @hookimpl
+    def swa_hal_register_backends(self):
+        return SPECS
+
+
+class Registered:
+    @pytest.fixture
+    def registry(self, swa_hal_registry):
+        swa_hal_registry.register_plugin(Plugin(), "bad")
+        return swa_hal_registry
+
+
+class Bad(Registered, HostSyncTests):
+    pass
+
+
+class TestItem(Bad):
+    backend_name = "item"
+
+
+class TestTolist(Bad):
+    backend_name = "tolist"
+
+
+class TestCpuCopy(Bad):
+    backend_name = "cpucopy"
+
+
+class TestAlloc(Bad):
+    backend_name = "alloc"
+
+
+class TestDraftAlloc(Bad):
+    backend_name = "draftalloc"
+
+
+class TestHostCopies(Bad):
+    backend_name = "hostcopies"
+
+
+class TestUnclamped(Registered, AddressRuleTests):
+    backend_name = "unclamped"
+"""
+
+
+def _kit_run(tmp_path, *args, files=None):
+    """pytest with only the kit's plugin, in a folder of its own (no pytest configuration of this checkout)."""
+    for name, text in (files or {}).items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "swa_hal.testing.plugin", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a CUDA device")
+def test_the_cuda_graph_test_is_skipped_without_a_cuda_device(tmp_path):
+    proc = _kit_run(
+        tmp_path,
+        "-rs",
+        "--swa-hal-interpret",
+        "--pyargs",
+        "swa_hal.testing.suite",
+        "--swa-hal-backend",
+        "cuda",
+        "-k",
+        "cuda_graph",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "1 skipped" in out and "needs a CUDA device and this machine has none" in out, out
+
+
+@pytest.fixture(scope="module")
+def bad_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("bad-kit")
+    # One address-strict case is enough to show its message: the kit runs it for every config and kind.
+    proc = _kit_run(
+        tmp_path,
+        "-q",
+        "--tb=short",
+        "-k",
+        "sync_nor or (address_strict and v4-decode)",
+        files={"test_bad_kit.py": BAD_BACKENDS},
+    )
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "cls, test, call",
+    [
+        ("TestItem", "test_builds_neither_sync_nor_allocate", "Tensor.item() reads a device tensor on the host"),
+        ("TestTolist", "test_builds_neither_sync_nor_allocate", "Tensor.tolist() reads a device tensor on the host"),
+        ("TestCpuCopy", "test_builds_neither_sync_nor_allocate", "Tensor.cpu() reads a device tensor on the host"),
+        ("TestAlloc", "test_builds_neither_sync_nor_allocate", "torch.zeros() allocates a new device tensor"),
+        (
+            "TestDraftAlloc",
+            "test_group_builds_and_draft_updates_neither_sync_nor_allocate",
+            "Tensor.add() allocates a new device tensor",
+        ),
+    ],
+)
+def test_a_backend_that_syncs_or_allocates_fails_naming_the_call(bad_run, cls, test, call):
+    assert f"FAILED test_bad_kit.py::{cls}::{test}" in bad_run, bad_run[-6000:]
+    # The failure's own section names the call and where the backend made it (its file and function).
+    section = re.search(rf"^_+ {cls}\.{test} _+$(.*?)(?=^_{{3,}} |^=+ short test summary)", bad_run, re.M | re.S)
+    assert section, bad_run[-6000:]
+    assert call in section.group(1) and re.search(r"test_bad_kit\.py:\d+ \(\w+\)", section.group(1)), section.group(1)
+    assert "claims cuda_graphs" in section.group(1) and "drop cuda_graphs=True" in section.group(1)
+
+
+def test_reading_the_host_copies_is_allowed(bad_run):
+    assert "FAILED test_bad_kit.py::TestHostCopies" not in bad_run, bad_run[-6000:]
+    assert "ERROR test_bad_kit.py::TestHostCopies" not in bad_run, bad_run[-6000:]
+
+
+def test_a_broken_address_claim_says_what_to_change(bad_run):
+    assert "FAILED test_bad_kit.py::TestUnclamped::test_address_strict" in bad_run, bad_run[-6000:]
+    assert "claims clamps_addresses=True" in bad_run and "CLAMP_ADDRESSES = True" in bad_run, bad_run[-6000:]

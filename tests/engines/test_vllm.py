@@ -100,25 +100,36 @@ def planner_stub():
         yield
 
 
+class Keep(logging.Handler):
+    """Keeps every record of the plugin's logger (``vllm.plugins.swa_hal``) while attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.logger = logging.getLogger("vllm.plugins.swa_hal")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def __enter__(self) -> list[logging.LogRecord]:
+        self.logger.addHandler(self)
+        return self.records
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)
+
+
 @pytest.fixture(scope="session")
 def plugin_log():
     """vLLM's own plugin loader, as every vLLM process runs it, with the plugin's log records kept."""
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    handler = Keep(level=logging.DEBUG)
     logger = logging.getLogger("vllm.plugins.swa_hal")
-    logger.addHandler(handler)
     level = logger.level
     logger.setLevel(logging.INFO)
-    integ.unregister()
-    vllm.plugins.plugins_loaded = False
-    vllm.plugins.load_general_plugins()
-    yield list(records), records  # (what the load logged, everything logged since)
-    logger.removeHandler(handler)
+    with Keep() as records:
+        integ.unregister()
+        vllm.plugins.plugins_loaded = False
+        vllm.plugins.load_general_plugins()
+        yield list(records), records  # (what the load logged, everything logged since)
     logger.setLevel(level)
 
 
@@ -419,22 +430,13 @@ def installed_vllm(monkeypatch, found):
     yields the plugin's log records. swa_hal's registration is put back afterwards."""
     from swa_hal.integrations import _common
 
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    handler = Keep(level=logging.DEBUG)
-    logger = logging.getLogger("vllm.plugins.swa_hal")
-    logger.addHandler(handler)
     integ.unregister()
     monkeypatch.setattr(integ, "vllm_version", lambda: found)
     monkeypatch.setattr(_common, "_warned", set())
     try:
-        yield records
+        with Keep() as records:
+            yield records
     finally:
-        logger.removeHandler(handler)
         monkeypatch.undo()
         integ.unregister()
         integ.register()

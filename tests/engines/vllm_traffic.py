@@ -1,0 +1,561 @@
+"""vLLM's own scheduler drives the SWA builders: engine traffic without a model.
+
+vLLM's real ``Scheduler`` and ``KVCacheManager`` run on the CPU with prefix caching, chunked prefill under a
+small token budget, preemption under a small KV pool, MTP drafts and, for a vision variant, images in the shared
+prefixes (cache hits that end inside an image); sampled tokens and draft acceptance are drawn from a seed. Each step's ``SchedulerOutput`` becomes the model runner's inputs as vLLM's model runner V2
+makes them (its request order, block tables, slot mappings, positions, ``query_start_loc``, ``seq_lens``,
+``is_prefilling``), the step's metadata is built through vLLM's ``prepare_attn`` by vLLM's own SWA builder and
+by swa_hal's builder for it (the torch backend every step, a Triton backend in the interpreter every
+``triton_every`` steps), and every field is compared (``vllm_harness.compare``); on MTP steps the drafter's
+draft-step updates follow (``update_draft_decode_metadata`` after advancing the batch as the drafter does).
+
+A long run: ``python tests/engines/vllm_traffic.py --steps 50000 --seed 1`` (in a vLLM test environment; add
+``--variant v4_vision_w6b4 --images 3 --num-blocks 48 --num-prefixes 1`` for images) prints the steps, what the
+traffic contained and every difference.
+"""
+
+from __future__ import annotations
+
+import os
+
+# vLLM on its CPU platform, before anything imports it (as the engine tests set it).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import argparse
+import contextlib
+import dataclasses
+import random
+import sys
+import tempfile
+import time
+import types
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import vllm_harness as H  # noqa: E402
+
+from swa_hal import AttentionBatch  # noqa: E402
+from swa_hal.integrations import vllm as integ  # noqa: E402
+
+CPU = torch.device("cpu")
+TRITON_PLATFORM = "vendor=cuda,capability=9.0"
+LAYER = "model.layers.0.attn.swa_cache"
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+    """The engine setup and the requests it is fed."""
+
+    variant: str = "v4_mtp2_w6b8"
+    num_blocks: int = 16  # the KV pool, blocks of the variant's size: small enough to preempt
+    token_budget: int = 24  # max_num_batched_tokens: prompts longer than it are chunked
+    max_num_seqs: int = 8
+    num_prefixes: int = 2  # prompts share one of these prefixes (prefix-cache hits)
+    prefix_len: tuple[int, int] = (12, 90)
+    suffix_len: tuple[int, int] = (0, 40)
+    max_tokens: tuple[int, int] = (20, 80)  # long decodes: running requests outgrow the pool
+    arrivals: float = 0.6  # a new request arrives in a step with this probability (two at most)
+    max_waiting: int = 6
+    triton_every: int = 8  # the Triton backend builds every n-th step (the interpreter is slow)
+    images: int = 0  # images in each shared prefix (a vision variant): hits may end inside one
+    encoder_budget: int = 64  # the encoder's token budget and cache (the CPU platform's vision stub has none)
+
+
+class Engine:
+    """vLLM's scheduler and KV-cache manager with the model runner's request state, and the builders."""
+
+    def __init__(self, traffic: Traffic, seed: int, tmp: Path, backends: tuple[str, ...] = ("torch", "cuda")):
+        from vllm.config import SpeculativeConfig
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.traffic = traffic
+        self.rng = random.Random(seed)
+        v = dataclasses.replace(H.VARIANTS[traffic.variant], max_num_seqs=traffic.max_num_seqs)
+        self.variant = v
+        vc = H.make_vllm_config(dataclasses.replace(v, spec_tokens=0), tmp)
+        if v.spec_tokens:
+            assert not v.dspark, "DSpark drafts are not driven here"
+            # A real MTP config: the draft model is the target's own MTP layers (read from its config only).
+            spec = SpeculativeConfig(
+                method="mtp",
+                num_speculative_tokens=v.spec_tokens,
+                target_model_config=vc.model_config,
+                target_parallel_config=vc.parallel_config,
+            )
+            object.__setattr__(vc, "speculative_config", spec)
+        # The CPU platform forces 256-token blocks on DeepSeek-V4; the variant's small blocks are the point.
+        vc.cache_config.block_size = v.block_size
+        vc.cache_config.enable_prefix_caching = True
+        vc.cache_config.prefix_caching_hash_algo = "sha256"  # its NONE_HASH seed is fixed: reproducible runs
+        vc.cache_config.num_gpu_blocks = traffic.num_blocks
+        vc.scheduler_config.max_num_batched_tokens = traffic.token_budget
+        vc.scheduler_config.enable_chunked_prefill = True
+        # vLLM's CUDA and ROCm platforms force this for a vision prefix-LM (an image's tokens are prefilled in
+        # one chunk); the CPU platform does not, so it is set as those engines run. Prefix-cache hits can
+        # still end inside an image.
+        vc.scheduler_config.disable_chunked_mm_input = bool(traffic.images)
+        self.vc = vc
+        self.kv_spec = H.make_kv_spec(v)
+        kv_config = KVCacheConfig(
+            num_blocks=traffic.num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec([LAYER], self.kv_spec)],
+            hash_block_size=v.block_size,
+        )
+        hash_fn = get_hash_fn_by_name("sha256")
+        init_none_hash(hash_fn)
+        self.block_hasher = get_request_block_hasher(v.block_size, hash_fn)
+        self.scheduler = Scheduler(
+            vc, kv_config, StructuredOutputManager(vc), block_size=v.block_size, hash_block_size=v.block_size
+        )
+        if traffic.images:
+            from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+
+            self.scheduler.max_num_encoder_input_tokens = traffic.encoder_budget
+            self.scheduler.encoder_cache_manager = EncoderCacheManager(cache_size=traffic.encoder_budget)
+        # vLLM's model runner V2: verification/decode rows of this query length lead the batch.
+        self.decode_query_len = 1 + v.spec_tokens
+        self.cfg = H.swa_config_for(v, vc)
+        self.width = -(-v.max_model_len // v.block_size)  # the block table's columns (max_model_len's blocks)
+        self.layout = H.StepLayout(1, (0,))
+        self.prefixes = [
+            [self.rng.randint(1, 999) for _ in range(self.rng.randint(*traffic.prefix_len))]
+            for _ in range(traffic.num_prefixes)
+        ]
+        # Each prefix's images: (offset, length, identifier); the same image in every prompt of the prefix.
+        self.images = []
+        for f, prefix in enumerate(self.prefixes):
+            spans, at = [], self.rng.randint(0, 6)
+            for j in range(traffic.images):
+                # As vLLM's DeepSeek-V4 processor lays an image out (models/deepseek_v4/common/mm_preprocess.py,
+                # build_image_block): a compressor-alignment pad to one before a multiple of 4, then the
+                # image's tokens, at most vision_max_n_token in all.
+                pad = 3 - at % 4
+                length = pad + self.rng.randint(1, max(1, v.max_image_tokens - 3))
+                if at + length > len(prefix):
+                    break
+                spans.append((at, length, f"image-{f}-{j}"))
+                at += length + self.rng.randint(1, 12)
+            self.images.append(spans)
+        self.reqs: dict[str, dict[str, Any]] = {}  # the model runner's request state
+        self.seen: set[str] = set()
+        self.next_id = 0
+        self.counts: Counter[str] = Counter()
+        self.diffs: list[str] = []
+        # This step's requests whose image range starts before their chunk (a prefix-cache hit inside an image).
+        self.into_chunk: list[tuple[str, int, tuple[int, int]]] = []
+        self.backends = backends
+        self._make_builders()
+
+    def _make_builders(self) -> None:
+        from vllm.v1.attention.backends.mla import sparse_swa
+
+        native_cls = sparse_swa.DeepseekSparseSWAMetadataBuilder
+        ours_cls = integ.swa_hal_builder_cls(native_cls)
+        self.native = native_cls(self.kv_spec, [LAYER], self.vc, CPU)
+        self.native_groups = H.attention_groups([self.native], self.layout, self.kv_spec)
+        self.ours = {}
+        for b in self.backends:
+            kw = {"backend": b, **({"platform": TRITON_PLATFORM} if b != "torch" else {})}
+            ours = ours_cls(self.kv_spec, [LAYER], self.vc, CPU, **kw)
+            self.ours[b] = (ours, H.attention_groups([ours], self.layout, self.kv_spec))
+        self.state = H.model_state(self.variant.version, self.vc)
+        if self.traffic.images:
+            self._vision_state()
+
+    def _vision_state(self) -> None:
+        """vLLM's default model state as a DeepSeek-V4 vision model has it: its ``prepare_attn`` computes the
+        step's ``mm_req_doc_ranges`` itself (vllm/v1/worker/gpu/model_states/default.py) from the encoder
+        cache's features by request, the model's clamp and leading-pad settings
+        (vllm/models/deepseek_v4/common/vl_model.py, read from its class) and the window."""
+        from vllm.models.deepseek_v4.common.vl_model import DeepseekV4ForConditionalGeneration as VL
+
+        real = self.vc.model_config
+
+        class ModelConfig:  # the CPU platform's text-only model config, as a vision prefix-LM
+            is_mm_prefix_lm = True
+            hf_text_config = real.hf_text_config
+
+            def get_sliding_window(self) -> int | None:
+                return real.get_sliding_window()
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        model = types.SimpleNamespace(
+            mm_prefix_clamp_sliding_window=VL.mm_prefix_clamp_sliding_window,
+            mm_prefix_span_leading_pad_modulus=VL.mm_prefix_span_leading_pad_modulus,
+        )
+        self.encoder_cache = types.SimpleNamespace(mm_features={})
+        for name, value in dict(
+            model_config=ModelConfig(), supports_mm_inputs=True, encoder_cache=self.encoder_cache, model=model
+        ).items():
+            object.__setattr__(self.state, name, value)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def add_requests(self) -> None:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        t, rng = self.traffic, self.rng
+        waiting = len(self.scheduler.waiting) + len(getattr(self.scheduler, "kv_holding_waiting", ()))
+        for _ in range(2):
+            if waiting >= t.max_waiting or rng.random() >= t.arrivals:
+                continue
+            family = rng.randrange(len(self.prefixes))
+            prefix = self.prefixes[family]
+            cut = len(prefix) if rng.random() < 0.6 else rng.randint(1, len(prefix))
+            # A prompt holds its prefix's images that fit whole before the cut.
+            images = [(a, n, name) for a, n, name in self.images[family] if a + n <= cut]
+            prompt = prefix[:cut] + [rng.randint(1, 999) for _ in range(rng.randint(*t.suffix_len))]
+            params = SamplingParams(max_tokens=rng.randint(*t.max_tokens), ignore_eos=True)
+            rid = f"req-{self.next_id}"
+            self.next_id += 1
+            self.scheduler.add_request(
+                Request(
+                    rid,
+                    prompt,
+                    params,
+                    None,
+                    mm_features=[self._feature(*image) for image in images] or None,
+                    block_hasher=self.block_hasher,
+                    arrival_time=float(self.next_id),
+                )
+            )
+            waiting += 1
+            self.counts["requests"] += 1
+
+    @staticmethod
+    def _feature(offset: int, length: int, name: str) -> Any:
+        from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+        # No encoder runs: the scheduler and the ranges read the identifier (the block hashes' image key)
+        # and the placeholder's position only.
+        return MultiModalFeatureSpec(
+            data=None,
+            modality="image",
+            identifier=name,
+            mm_position=PlaceholderRange(offset=offset, length=length),
+            mm_hash=name,
+        )
+
+    # -- the model runner's side ------------------------------------------------------------------
+
+    def _update_states(self, out: Any) -> None:
+        """vLLM's model runner V2 ``update_requests``: finished and preempted requests leave, new (and, in
+        0.34, resumed) ones bring their block ids and prefill length, running ones append new blocks."""
+        for rid in out.finished_req_ids:
+            self.reqs.pop(rid, None)
+        for rid in out.preempted_req_ids or ():
+            self.reqs.pop(rid, None)
+        for new in out.scheduled_new_reqs:
+            prefill = new.prefill_token_ids if new.prefill_token_ids is not None else new.prompt_token_ids
+            self.reqs[new.req_id] = dict(
+                blocks=list(new.block_ids[0]),
+                prefill_len=len(prefill),
+                computed=new.num_computed_tokens,
+                replay_start=getattr(new, "replay_start", 0),
+                mm=list(new.mm_features or ()),
+            )
+            if new.req_id in self.seen:
+                self.counts["resumed_after_preemption"] += 1
+            elif new.num_computed_tokens > 0:
+                self.counts["prefix_cache_hits"] += 1
+                self.counts["prefix_cache_hit_tokens"] += new.num_computed_tokens
+                c = new.num_computed_tokens
+                if any(f.mm_position.offset < c < f.mm_position.offset + f.mm_position.length for f in new.mm_features):
+                    self.counts["prefix_cache_hits_inside_image"] += 1
+            self.seen.add(new.req_id)
+        cached = out.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", set())
+        for i, rid in enumerate(cached.req_ids):
+            st = self.reqs[rid]
+            blocks = cached.new_block_ids[i]
+            if rid in resumed:  # 0.33's resumed requests: the block table anew, all their tokens to prefill
+                st["blocks"] = list(blocks[0])
+                st["prefill_len"] = len(cached.all_token_ids[rid])
+                self.counts["resumed_after_preemption"] += 1
+            elif blocks is not None:
+                st["blocks"].extend(blocks[0])
+            st["computed"] = cached.num_computed_tokens[i]
+
+    def inputs(self, out: Any) -> tuple[AttentionBatch, Any, tuple[torch.Tensor, ...], torch.Tensor, list[str]]:
+        """The step's inputs as vLLM's model runner V2 makes them (vllm/v1/worker/gpu/model_runner.py:
+        ``sort_batch_req_ids``, ``prepare_inputs``; its block tables and slot mappings,
+        vllm/v1/worker/gpu/block_table.py, are Triton kernels over the request table, restated here)."""
+        from vllm.v1.worker.gpu.model_runner import sort_batch_req_ids
+
+        ids = sort_batch_req_ids(out.num_scheduled_tokens, out.scheduled_spec_decode_tokens, self.decode_query_len)
+        n = len(ids)
+        bs = self.variant.block_size
+        qlens = np.array([out.num_scheduled_tokens[r] for r in ids], dtype=np.int32)
+        computed = np.array([self.reqs[r]["computed"] for r in ids], dtype=np.int32)
+        prefill_len = np.array([self.reqs[r]["prefill_len"] for r in ids], dtype=np.int32)
+        seq = computed + qlens
+        qsl = np.zeros(n + 1, dtype=np.int32)
+        qsl[1:] = np.cumsum(qlens)
+        table = torch.zeros(n, self.width, dtype=torch.int32)
+        for i, r in enumerate(ids):
+            blocks = self.reqs[r]["blocks"]
+            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        positions = torch.from_numpy(np.concatenate([np.arange(c, s) for c, s in zip(computed, seq)])).to(torch.int64)
+        rows = torch.repeat_interleave(torch.arange(n), torch.from_numpy(qlens).to(torch.int64))
+        slots = (table[rows, positions // bs].to(torch.int64) * bs + positions % bs).view(1, -1).contiguous()
+        num_tokens = int(qsl[-1])
+        seq_t = torch.from_numpy(seq.copy())
+        qsl_t = torch.from_numpy(qsl.copy())
+        replay = None
+        if self.variant.version == "deepseek_v41":
+            replay = torch.tensor([self.reqs[r]["replay_start"] for r in ids], dtype=torch.int32)
+        batch = AttentionBatch(
+            seq_lens=seq_t,
+            query_start_loc=qsl_t,
+            query_start_loc_cpu=qsl_t,
+            seq_lens_cpu=seq_t,
+            block_table=table,
+            slot_mapping=slots[0],
+            max_query_len=int(qlens.max()),
+            num_tokens=num_tokens,
+            causal=True,
+            replay_start=replay,
+        )
+        ib = types.SimpleNamespace(
+            req_ids=ids,
+            num_reqs=n,
+            num_reqs_after_padding=n,
+            num_tokens=num_tokens,
+            num_tokens_after_padding=num_tokens,
+            query_start_loc=qsl_t,
+            query_start_loc_np=qsl,
+            max_query_len=int(qlens.max()),
+            num_scheduled_tokens=qlens,
+            seq_lens=seq_t,
+            seq_lens_cpu_upper_bound=seq_t,
+            pcp=None,
+            dcp_local_seq_lens=None,
+            positions=positions,
+            # model_runner.py: a request prefills while its computed tokens are short of its prefill length.
+            is_prefilling_np=computed < prefill_len,
+            prompt_lens=None,
+            idx_mapping_np=np.arange(n),
+            fast_prefill=None,
+        )
+        if self.traffic.images:
+            self.encoder_cache.mm_features = {r: self.reqs[r]["mm"] for r in ids}
+        return batch, ib, (table,), slots, ids
+
+    def spans_into_chunk(self, ids: list[str]) -> list[tuple[str, int, tuple[int, int]]]:
+        """The requests whose image range (as vLLM's ``prepare_attn`` makes it) starts before their chunk and
+        reaches into it: a prefix-cache hit, or an earlier chunk, ending inside an image."""
+        from vllm.v1.attention.backends.utils import compute_mm_prefix_ranges
+
+        model = self.state.model
+        ranges = compute_mm_prefix_ranges(
+            [self.reqs[r]["mm"] for r in ids],
+            sliding_window=self.variant.window,
+            clamp_sliding_window=model.mm_prefix_clamp_sliding_window,
+            span_pad=model.mm_prefix_span_leading_pad_modulus,
+        )
+        out = []
+        for i, r in enumerate(ids):
+            first = self.reqs[r]["computed"]
+            out += [(r, first, (a, b)) for a, b in ranges.get(i, ()) if a < first <= b]
+        return out
+
+    # -- a step -----------------------------------------------------------------------------------
+
+    def build_and_compare(self, step: int, out: Any) -> None:
+        batch, ib, tables, slots, ids = self.inputs(out)
+        want = H.prepare_attn(self.state, ib, tables, slots, self.native_groups, self.layout, batch.replay_start)
+        md = want[LAYER]
+        c = self.counts
+        c["steps"] += 1
+        c["tokens"] += batch.num_tokens
+        c["decode_rows"] += md.num_decode_tokens
+        c["prefill_rows"] += md.num_prefill_tokens
+        c["mixed_steps"] += md.num_decodes > 0 and md.num_prefills > 0
+        spec = out.scheduled_spec_decode_tokens
+        c["draft_steps"] += bool(spec)
+        c["draft_tokens"] += sum(len(d) for d in spec.values())
+        for i, r in enumerate(ids):
+            st, q = self.reqs[r], int(ib.num_scheduled_tokens[i])
+            if ib.is_prefilling_np[i] and st["computed"] + q < st["prefill_len"]:
+                c["chunked_prefill_chunks"] += 1  # a prefill that continues in a later step
+            if ib.is_prefilling_np[i] and st["computed"] > 0:
+                c["prefills_after_context"] += 1  # a later chunk, a resumed request or one after a cache hit
+        gots = {}
+        self.into_chunk = []
+        if self.traffic.images:
+            c["image_rows_visible_steps"] += md.prefill_left_visible is not None and bool(
+                (md.prefill_left_visible > 0).any()
+            )
+            self.into_chunk = self.spans_into_chunk(ids)
+            c["steps_with_span_into_chunk"] += bool(self.into_chunk)
+        for backend, (_, groups) in self.ours.items():
+            if backend != "torch" and step % self.traffic.triton_every:
+                continue
+            gots[backend] = H.prepare_attn(self.state, ib, tables, slots, groups, self.layout, batch.replay_start)
+            self._record(step, backend, "build", ids, H.compare(md, gots[backend][LAYER], batch, **self.chunk_args()))
+            c[f"builds:{backend}"] += 1
+        if spec and self.variant.spec_tokens > 1 and md.num_decode_tokens:
+            self._draft_updates(step, batch, tables, slots, want, gots, ids)
+
+    def chunk_args(self) -> dict[str, Any]:
+        if self.variant.version == "deepseek_v41":
+            return dict(chunk_ratios=(1, 2), has_compressed=(True, False))
+        return dict(chunk_ratios=(1, 4, 128), has_compressed=(None,))
+
+    def _draft_updates(self, step, batch, tables, slots, want, gots, ids) -> None:
+        """vLLM's drafter between its draft steps (vllm/v1/worker/gpu/spec_decode/speculator.py): one more
+        position per request and the moved tokens' slots, in place in the step's own inputs (every build of
+        the step reads them), then every group's ``update_draft_decode_metadata``."""
+        for k in range(1, self.variant.spec_tokens):
+            H.advance_draft_step_groups(batch, tables, slots, self.variant.block_size)
+            for group in self.native_groups[0]:
+                group.update_draft_decode_metadata(want)
+            for backend, got in gots.items():
+                for group in self.ours[backend][1][0]:
+                    group.update_draft_decode_metadata(got)
+                diffs = H.compare(want[LAYER], got[LAYER], batch, **self.chunk_args())
+                self._record(step, backend, f"draft step {k}", ids, diffs)
+                self.counts[f"draft_updates:{backend}"] += 1
+
+    def _record(self, step: int, backend: str, what: str, ids: list[str], diffs: list[str]) -> None:
+        """Every difference is one, steps whose image range starts before its request's chunk included (swa_hal
+        builds vLLM's rows for those: docs/semantics.md #vision-spans)."""
+        if not diffs:
+            return
+        text = f"step {step} {backend} {what} (requests {ids}):\n  " + "\n  ".join(diffs)
+        if self.into_chunk:
+            spans = ", ".join(f"{r} chunk from {first}, range {ab}" for r, first, ab in self.into_chunk)
+            text += f"\n  image range into the chunk: {spans}"
+        self.counts["differences"] += 1
+        self.diffs.append(text)
+
+    def sample(self, out: Any) -> None:
+        """The model's output, drawn: a token per request that reached its end (a partial prefill's is
+        dropped, as vLLM's runner drops it), plus the accepted drafts; then the next drafts."""
+        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+        ids = list(out.num_scheduled_tokens)
+        spec = out.scheduled_spec_decode_tokens
+        sampled = []
+        for rid in ids:
+            drafts = spec.get(rid, [])
+            new = self.reqs[rid]["computed"] + out.num_scheduled_tokens[rid] - len(drafts)
+            if new < self.scheduler.requests[rid].num_tokens:
+                sampled.append([])
+                continue
+            accepted = self.rng.randint(0, len(drafts))
+            self.counts["accepted_drafts"] += accepted
+            self.counts["rejected_drafts"] += len(drafts) - accepted
+            sampled.append([self.rng.randint(1, 999) for _ in range(accepted + 1)])
+        kw = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if not H.V034 else {}  # 0.34 derives it
+        mro = ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **kw)
+        self.scheduler.update_from_output(out, mro)
+        k = self.variant.spec_tokens
+        if k:
+            running = [r for r, s in zip(ids, sampled) if s and r in self.scheduler.requests]
+            drafts = [[self.rng.randint(1, 999) for _ in range(k)] for _ in running]
+            self.scheduler.update_draft_token_ids(DraftTokenIds(running, drafts))
+
+    def step(self, step: int) -> bool:
+        self.add_requests()
+        out = self.scheduler.schedule()
+        self._update_states(out)
+        self.counts["preemptions"] += len(out.preempted_req_ids or ())
+        if not out.num_scheduled_tokens:
+            self.counts["empty_steps"] += 1
+            return False
+        self.build_and_compare(step, out)
+        self.sample(out)
+        return True
+
+
+@contextlib.contextmanager
+def planner_stub():
+    """FlashMLA's planner needs CUDA; the builders only create one fresh planner object per layer type."""
+    from vllm.v1.attention.backends.mla import sparse_swa
+    from vllm.v1.attention.ops.flashmla import FlashMLASchedMeta
+
+    original = sparse_swa.get_mla_metadata
+    sparse_swa.get_mla_metadata = lambda *a, **k: (FlashMLASchedMeta(), None)
+    try:
+        yield
+    finally:
+        sparse_swa.get_mla_metadata = original
+
+
+def run(
+    traffic: Traffic, steps: int, seed: int, *, backends: tuple[str, ...] = ("torch", "cuda"), tmp: Path | None = None
+) -> Engine:
+    """``steps`` scheduler steps of ``traffic`` (steps that schedule nothing do not count)."""
+    integ.register()  # the plugin as vLLM loads it: swa_hal's step builds hook prepare_attn
+    with contextlib.ExitStack() as stack:
+        if tmp is None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        stack.enter_context(planner_stub())
+        engine = Engine(traffic, seed, tmp, backends)
+        done = idle = 0
+        while done < steps:
+            if engine.step(done):
+                done += 1
+                idle = 0
+            else:
+                idle += 1
+                assert idle < 50, f"the scheduler scheduled nothing for 50 steps: {dict(engine.counts)}"
+    return engine
+
+
+def summary(engine: Engine, seconds: float) -> str:
+    c = engine.counts
+    lines = [
+        f"vLLM traffic {engine.traffic.variant}: {c['steps']} steps in {seconds:.0f} s",
+        "  " + ", ".join(f"{k}={v}" for k, v in sorted(c.items())),
+        f"  differences: {len(engine.diffs)}",
+    ]
+    lines += ["  " + d for d in engine.diffs[:20]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--variant", default=Traffic.variant, choices=sorted(H.VARIANTS))
+    p.add_argument("--num-blocks", type=int, default=Traffic.num_blocks)
+    p.add_argument("--token-budget", type=int, default=Traffic.token_budget)
+    p.add_argument("--images", type=int, default=0, help="images per shared prefix (a vision variant)")
+    p.add_argument("--num-prefixes", type=int, default=Traffic.num_prefixes)
+    p.add_argument("--triton-every", type=int, default=Traffic.triton_every, help="0: the torch backend only")
+    a = p.parse_args(argv)
+    backends = ("torch", "cuda") if a.triton_every else ("torch",)
+    traffic = Traffic(
+        variant=a.variant,
+        num_blocks=a.num_blocks,
+        token_budget=a.token_budget,
+        images=a.images,
+        num_prefixes=a.num_prefixes,
+        triton_every=max(a.triton_every, 1),
+    )
+    start = time.monotonic()
+    engine = run(traffic, a.steps, a.seed, backends=backends)
+    print(summary(engine, time.monotonic() - start))
+    return 1 if engine.diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -778,6 +778,18 @@ def reference_diffs(rank, native, swa_config):
     return [f"reference {name}: {a.tolist()} vs {b.tolist()}" for name, a, b in pairs if not _same(a, b)]
 
 
+def pcp_ranks_of(cfg, batch, pcp, **kw):
+    """vLLM's ``PCPManager`` cut of ``batch`` into ``pcp`` ranks (``H.pcp_partition``) under ``cfg``'s limits."""
+    return H.pcp_partition(
+        batch,
+        pcp,
+        decode_threshold=cfg.decode_threshold,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        **kw,
+    )
+
+
 def pcp_parity(monkeypatch, vllm_configs, rocm, variant, pcp, seed, batches, **swa_hal_kw):
     rng = random.Random(seed)
     natives = natives_for(variant, rocm)
@@ -790,12 +802,10 @@ def pcp_parity(monkeypatch, vllm_configs, rocm, variant, pcp, seed, batches, **s
             # PCP-only serving owns each decode on one rank; with DCP every rank runs it (and short
             # prefills), and only rank 0 writes the replicated rows.
             shard = (i + j) % 2 == 0
-            ranks = H.pcp_partition(
+            ranks = pcp_ranks_of(
+                cfg,
                 batch,
                 pcp,
-                decode_threshold=cfg.decode_threshold,
-                max_num_seqs=cfg.max_num_seqs,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
                 shard_decode_requests=shard,
                 dcp=1 if shard else pcp,
             )
@@ -943,13 +953,7 @@ def test_pcp_dspark_draft_steps_through_the_speculator(plugin_log, vllm_configs,
     updated = 0
     for _ in range(2):
         batch, _ = H.draw(cfg, rng, "dspark", replay=0.5, extra_pages=1)
-        ranks = H.pcp_partition(
-            batch,
-            pcp,
-            decode_threshold=cfg.decode_threshold,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-        )
+        ranks = pcp_ranks_of(cfg, batch, pcp)
         built = ranks_of.build(ranks)
         for rank, group, (native, ours), (got_native, got_ours) in zip(ranks, ranks_of.groups, ranks_of.pairs, built):
             assert not rank.batch.causal  # the draft step's non-causal rows

@@ -31,6 +31,7 @@ Nothing here imports Triton at module level: the keys and records are importable
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
@@ -118,6 +119,7 @@ def _hooks_idle(runtime: Any) -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
+@functools.cache  # the installed Triton does not change within a process; read its source once
 def launcher_layout() -> str | None:
     """Which C launch layout this Triton's NVIDIA launcher has: ``SPREAD_FORMAT`` (3.6, 3.7),
     ``TUPLE_FORMAT`` (3.8), or None (another layout, or no NVIDIA backend: the wrapper's path)."""

@@ -149,7 +149,7 @@ def check_rank(
     from ..platform import PlatformInfo
 
     cfg = rank_config(config)
-    batch = _to(rank.batch, device)
+    batch = rank.batch if torch.device(device) == rank.batch.device else rank.batch.to(device)
     assumed = PlatformInfo.from_assume(platform) if platform else None
     md = SWAMetadataBuilder(cfg, device=device, backend=backend, platform=assumed).build(batch)
     diffs = [f"rank {rank.rank} ({backend}): {d}" for d in compare_with_reference(cfg, batch, md)]
@@ -161,19 +161,6 @@ def check_rank(
 def _host_seq_lens(batch: AttentionBatch) -> torch.Tensor:
     seq = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens
     return seq.cpu().to(torch.int64)
-
-
-def _to(batch: AttentionBatch, device: str) -> AttentionBatch:
-    if torch.device(device) == batch.device:
-        return batch
-    return dataclasses.replace(
-        batch,
-        seq_lens=batch.seq_lens.to(device),
-        query_start_loc=batch.query_start_loc.to(device),
-        block_table=batch.block_table.to(device),
-        slot_mapping=batch.slot_mapping.to(device),
-        replay_start=None if batch.replay_start is None else batch.replay_start.to(device),
-    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -127,7 +127,8 @@ $(SGLANG_STAMP): $(SGLANG_BIN)/python pyproject.toml
 	touch $@
 
 test-sglang: $(SGLANG_STAMP)
-	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest tests/engines/test_sglang.py
+	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest tests/engines/test_sglang.py \
+		tests/engines/test_sglang_traffic.py
 
 clean:
 	rm -rf $(VENV) .venv-vllm-* .venv-sglang .pytest_cache .hypothesis build *.egg-info

@@ -80,7 +80,7 @@ def main() -> int:
         "ring_rows": guarded.ring_rows_case,
     }
     configs = {
-        "build": [guarded.GUARDED_CONFIG],
+        "build": [guarded.GUARDED_CONFIG, guarded.GUARDED_DSPARK_CONFIG],
         "groups": [guarded.GUARDED_CONFIG],
         "slot_rows": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
         "ring_rows": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],

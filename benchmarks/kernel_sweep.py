@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Kernel duration (profiler device timestamps) of decode-256 and the 16k-row prefill, guarded and not,
+"""Kernel duration (profiler device timestamps) of decode-256, the 16k-row prefill and a mixed batch, guarded and not,
 under several warps per program and tile sizes: one process per setting, since both are read when a
 kernel compiles. ``WARPS=4,8 TILES=4096,8192 python3 benchmarks/kernel_sweep.py``.
 
@@ -21,8 +21,12 @@ def variant_kernel(source: str):
     """The ``swa_metadata_kernel`` of another version of ``kernels/swa_metadata.py``."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("swa_metadata_variant", source)
+    import swa_hal.kernels
+
+    # A module of swa_hal.kernels, so that its relative imports resolve as the current kernel's do.
+    spec = importlib.util.spec_from_file_location("swa_hal.kernels._sweep_variant", source)
     module = importlib.util.module_from_spec(spec)
+    module.__package__ = swa_hal.kernels.__name__
     spec.loader.exec_module(module)
     return module.swa_metadata_kernel
 
@@ -46,8 +50,14 @@ def one() -> None:
     dev = torch.device("cuda")
     config = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml")
     rng = random.Random(0)
-    shapes = {"decode 256": ([rng.randint(1, 32768) for _ in range(256)], [1] * 256),
-              "prefill 8 x 2048": ([rng.randint(2048, 16384) for _ in range(8)], [2048] * 8)}
+    shapes = {
+        "decode 256": ([rng.randint(1, 32768) for _ in range(256)], [1] * 256),
+        "prefill 8 x 2048": ([rng.randint(2048, 16384) for _ in range(8)], [2048] * 8),
+        "mixed 64 + 4 x 2048": (
+            [rng.randint(1, 32768) for _ in range(64)] + [rng.randint(2048, 16384) for _ in range(4)],
+            [1] * 64 + [2048] * 4,
+        ),
+    }
     out = []
     for label, (seqs, queries) in shapes.items():
         batch = synthesize_batch(config, seqs, queries, rng=rng, device=dev)
@@ -56,11 +66,16 @@ def one() -> None:
             b.warmup()
             warm_gpu(dev)
             k = b.backend._rows.kernels.get(b.backend.kernel_key())
-            out.append(f"{label} {'guard' if guard else 'no guard'} {kernel_us(lambda: b.build(batch), dev):5.2f} us"
-                       f" (regs {getattr(k, 'n_regs', '?')})")
-    print(f"kernel {os.environ.get('_SWEEP_KERNEL') or 'current'} "
-          f"warps {os.environ.get('SWA_HAL_NUM_WARPS', '4')} tile {os.environ.get('SWA_HAL_TILE_ELEMS', 'default')}"
-          f" decode tile {os.environ.get('SWA_HAL_DECODE_TILE_ELEMS', 'default')}: " + "; ".join(out), flush=True)
+            out.append(
+                f"{label} {'guard' if guard else 'no guard'} {kernel_us(lambda: b.build(batch), dev):5.2f} us"
+                f" (regs {getattr(k, 'n_regs', '?')})"
+            )
+    print(
+        f"kernel {os.environ.get('_SWEEP_KERNEL') or 'current'} "
+        f"warps {os.environ.get('SWA_HAL_NUM_WARPS', '4')} tile {os.environ.get('SWA_HAL_TILE_ELEMS', 'default')}"
+        f" decode tile {os.environ.get('SWA_HAL_DECODE_TILE_ELEMS', 'default')}: " + "; ".join(out),
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -72,8 +87,13 @@ def main() -> int:
         for kernel in kernels:
             for warps in os.environ.get("WARPS", "4,8").split(","):
                 for tile in os.environ.get("TILES", "4096,8192").split(","):
-                    env = {**os.environ, "_SWEEP_CHILD": "1", "SWA_HAL_NUM_WARPS": warps, "SWA_HAL_TILE_ELEMS": tile,
-                           "_SWEEP_KERNEL": kernel}
+                    env = {
+                        **os.environ,
+                        "_SWEEP_CHILD": "1",
+                        "SWA_HAL_NUM_WARPS": warps,
+                        "SWA_HAL_TILE_ELEMS": tile,
+                        "_SWEEP_KERNEL": kernel,
+                    }
                     subprocess.run([sys.executable, __file__], env=env, timeout=120, check=False)
     return 0
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from .config import LAYER_TYPES
+from .config import INT32_LIMIT, LAYER_TYPES
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -143,6 +143,10 @@ class BuildPlan(NamedTuple):
     # cheap owner guess, checked before use; docs/semantics.md #per-token-helpers): host values only.
     decode_guess_len: int = 1
     prefill_guess_len: int = 1
+    # The query lengths the host's split admits (docs/semantics.md #guarded-builds, rule 14): every
+    # request's at most max_query_len, a decode's at most decode_query_max (max_decode_query_len).
+    max_query_len: int = INT32_LIMIT
+    decode_query_max: int = INT32_LIMIT
     # A group build's rows of the kernel's group table (docs/semantics.md #group-builds), from its
     # host preflight; empty for a single build.
     group_rows: tuple[tuple[int, int, int, int], ...] = ()
@@ -166,6 +170,8 @@ def update_plan(metadata: SWAMetadata) -> BuildPlan:
         decode_lens_clear_end=ndt,
         replay_start=metadata.replay_start,
         decode_guess_len=metadata.max_decode_query_len,
+        max_query_len=metadata.max_decode_query_len,
+        decode_query_max=metadata.max_decode_query_len,
     )
 
 

@@ -259,7 +259,19 @@ class AttentionBatch:
                         f"block_table {tuple(bt.shape)} is too narrow to hold the pages of every token "
                         f"(needs {int(page.max()) + 1} pages with block_size {block_size})",
                     )
-                slots[:real] = bt.to(torch.int64)[req, page] * block_size + pos % block_size
+                blocks = bt.to(torch.int64)[req, page]
+                if bool((blocks < 0).any()):
+                    # A row shorter than its request's pages (padded with -1) or a negative block id: the
+                    # slot it would give is not a slot of the cache.
+                    t = int(torch.nonzero(blocks < 0)[0])
+                    r, p = int(req[t]), int(page[t])
+                    raise BatchCapacityError(
+                        "block_table",
+                        f"block_table[{r}, {p}]={int(blocks[t])}: request {r}'s token {t} (position {int(pos[t])}) "
+                        f"needs page {p}, which the row does not hold; give the slot_mapping or every page",
+                        r,
+                    )
+                slots[:real] = blocks * block_size + pos % block_size
         elif isinstance(slot_mapping, torch.Tensor):
             slots = slot_mapping.to(dtype=torch.int64, device="cpu")
         else:

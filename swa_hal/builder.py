@@ -22,9 +22,12 @@ from .envs import env_flag, env_switch
 from .errors import (
     BatchCapacityError,
     BatchDeviceError,
+    BatchOrderError,
+    BatchRangeError,
     BatchShapeError,
     BatchValidationError,
     ConcurrentBuildError,
+    ConfigError,
     SpeculativeModeError,
 )
 from .groups import GroupRow, group_inputs
@@ -124,6 +127,15 @@ class SWAMetadataBuilder:
         requested by name, or ``SWA_HAL_STRICT=1`` is set, or no candidate started), and ``DeviceError``
         for a device no build can run on (not a torch device, or ``meta``)."""
         self.config = config
+        # Switches are bools (None: the environment's default): a truthy string such as "no" must not
+        # quietly turn the guard, validation or the planner objects on.
+        for name, value, optional in (
+            ("validate", validate, True),
+            ("guard", guard, True),
+            ("tile_schedulers", tile_schedulers, False),
+        ):
+            if value.__class__ is not bool and not (optional and value is None):
+                raise ConfigError(name, f"must be a bool{' or None' if optional else ''}, got {value!r}")
         # The device is checked before any selection or allocation, so a device no build can run on is
         # named here instead of failing deep inside the first allocation or read-back.
         from .errors import DeviceError
@@ -147,9 +159,9 @@ class SWAMetadataBuilder:
         self.backend = self.selection.create(config, device, self.buffers)
         self.backend_name: str = self.backend.name
         self.validate = debug_mode() if validate is None else validate
-        self.guard = guard_default() if guard is None else bool(guard)
+        self.guard = guard_default() if guard is None else guard
         self.backend.guard = self.guard
-        self.tile_schedulers = bool(tile_schedulers)
+        self.tile_schedulers = tile_schedulers
         self._make_schedulers = self.backend.make_tile_schedulers if tile_schedulers else no_schedulers
         self._device_index = -1 if device.type == "cpu" else (device.index or 0)
         self._on_device = OnDevice(self._device_index)
@@ -356,6 +368,10 @@ class SWAMetadataBuilder:
             qsl = self._host_array(qsl_cpu)
             query = qsl[1:] - qsl[:-1]
             nd, npf, ndt, npt = split_decodes_and_prefills(qsl, mql, num_tokens, threshold, query)
+            if qsl[0] != 0 or not 0 <= ndt <= num_tokens:
+                # The rows' ranges come from this split: a host copy that does not start at 0, or whose
+                # decode part ends outside the batch, would give a negative or oversized part.
+                refuse_host_split(qsl, ndt, num_tokens)
             dec_guess, pre_guess = int(query[0]), (int(query[nd]) if nd < num_reqs else 1)
         causal = batch.causal
         width = self.config.window_size if causal else self._noncausal_width(batch, nd)
@@ -392,6 +408,8 @@ class SWAMetadataBuilder:
             spans,
             dec_guess,
             pre_guess,
+            mql,
+            min(mql, threshold),
             group_rows,
         )
         return plan, query
@@ -673,3 +691,13 @@ def _same_build(metadatas: Sequence[SWAMetadata]) -> None:
                     f"takes the metadata of one build_groups() (the groups share the step's tensors)",
                     g,
                 )
+
+
+def refuse_host_split(qsl: np.ndarray, num_decode_tokens: int, num_tokens: int) -> None:
+    """The typed error for a host copy of query_start_loc the split cannot use (docs/semantics.md #split)."""
+    if qsl[0] != 0:
+        raise BatchOrderError("query_start_loc_cpu", f"query_start_loc_cpu[0]={int(qsl[0])}; it must start at 0", 0)
+    raise BatchRangeError(
+        "query_start_loc_cpu",
+        f"query_start_loc_cpu puts the decode part's end at {num_decode_tokens}, outside [0, num_tokens={num_tokens}]",
+    )

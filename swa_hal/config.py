@@ -28,6 +28,9 @@ _LAYER_TYPE_BY_RATIO = {
 }
 # Index slots are int32 (FlashMLA's encoding), so no position or slot may reach 2**31.
 INT32_LIMIT = 2**31 - 1
+# The widest row any kernel takes: a Triton program holds a whole row (its width padded to a power of two)
+# in one tensor, and Triton's tensors hold at most 2^20 elements; a wider row fails inside the compiler.
+MAX_ROW_WIDTH = 1 << 20
 # FlashMLA reads index rows in tiles of 64 entries (docs/semantics.md #flashmla-consumer), hence the DSpark row padding.
 INDEX_TILE = 64
 
@@ -198,7 +201,7 @@ class SWAConfig:
     num_kv_groups: int = 1
 
     def __post_init__(self) -> None:
-        _check_int("window_size", self.window_size, 1)
+        _check_int("window_size", self.window_size, 1, MAX_ROW_WIDTH)
         _check_int("block_size", self.block_size, 1)
         _check_int("max_model_len", self.max_model_len, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
@@ -258,6 +261,33 @@ class SWAConfig:
                 )
         if self.max_model_len + self.window_size + self.num_speculative_tokens > INT32_LIMIT:
             raise ConfigError("max_model_len", f"{self.max_model_len} overflows int32 positions")
+        self._check_row_widths()
+
+    def _check_row_widths(self) -> None:
+        """Every row width the buffers hold, against what the kernels can address: a row fits one Triton
+        tensor (``MAX_ROW_WIDTH``), and a buffer's last entry, ``max_num_batched_tokens * width - 1``, is
+        an int32 offset (the kernels store row ``t`` at ``t * width``)."""
+        widths = [("window_size", self.window_size)]
+        if self.max_image_tokens:
+            widths.append(("max_image_tokens", self.prefill_index_width))
+        if self.is_dspark:
+            widths.append(("num_speculative_tokens", self.noncausal_index_width))
+        for field, width in widths:
+            if width > MAX_ROW_WIDTH:
+                raise ConfigError(
+                    field,
+                    f"rows {width} entries wide (window_size {self.window_size}, max_image_tokens "
+                    f"{self.max_image_tokens}, num_speculative_tokens {self.num_speculative_tokens}) exceed "
+                    f"{MAX_ROW_WIDTH}, the widest row a kernel holds",
+                )
+        field, width = max(widths, key=lambda item: item[1])
+        if self.max_num_batched_tokens * width > INT32_LIMIT + 1:
+            raise ConfigError(
+                "max_num_batched_tokens",
+                f"{self.max_num_batched_tokens} token rows x {width} entries (the widest row, set by {field}) = "
+                f"{self.max_num_batched_tokens * width} entries: the kernels' int32 offsets reach "
+                f"{INT32_LIMIT + 1} at most",
+            )
 
     # -- derived values -------------------------------------------------------------------------
 

@@ -12,12 +12,19 @@ chooses) and raises the error full validation would have raised.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from .config import INT32_LIMIT
-from .errors import BatchCapacityError, BatchOrderError, BatchRangeError, BatchValidationError, SpeculativeModeError
+from .errors import (
+    BatchCapacityError,
+    BatchConsistencyError,
+    BatchOrderError,
+    BatchRangeError,
+    BatchValidationError,
+    SpeculativeModeError,
+)
 from .reference import NO_KEY
 
 if TYPE_CHECKING:
@@ -25,6 +32,21 @@ if TYPE_CHECKING:
     from .config import SWAConfig
 
 RECORD_LEN = 4  # count, kind, request, value
+
+
+class SplitFacts(Protocol):
+    """What rule 14 compares the device offsets with: the host's split (a ``backend.BuildPlan``)."""
+
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_decodes(self) -> int: ...
+    @property
+    def num_decode_tokens(self) -> int: ...
+    @property
+    def max_query_len(self) -> int: ...
+    @property
+    def decode_query_max(self) -> int: ...
 
 
 class Violation(enum.IntEnum):
@@ -44,6 +66,9 @@ class Violation(enum.IntEnum):
     CACHE_SLOT = 11  # a cache slot outside [-1, slot_limit)
     # Ring rows (docs/semantics.md #ring-rows); "request" is the row.
     RING_SLOT = 12  # a row's request slot outside the ring's slots
+    # Builds again (checked first and third): values the host trusted.
+    PADDING_SLOT = 13  # a row past query_start_loc[R] (padding) holds a slot; the value is the row
+    HOST_SPLIT = 14  # a request's device offsets disagree with the host's split (max_query_len, decode part)
 
 
 def block_limit(config: SWAConfig) -> int:
@@ -115,6 +140,22 @@ def violation_error(record: list[int], config: SWAConfig) -> BatchValidationErro
         return BatchRangeError(
             "slot_map", f"slot_map: row {req}'s window reads cache slot {value}, outside the cache{where}", req
         )
+    if kind == Violation.PADDING_SLOT:
+        return BatchConsistencyError(
+            "slot_mapping",
+            f"slot_mapping[{value}] holds a slot but row {value} is past the scheduled tokens "
+            f"(query_start_loc[-1]); padding rows must be -1{where}",
+            value,
+        )
+    if kind == Violation.HOST_SPLIT:
+        return BatchConsistencyError(
+            "query_start_loc",
+            f"request {req}: its {value} query tokens on the device disagree with the split made from the host "
+            "copies (query_start_loc_cpu, max_query_len): a request is at most max_query_len long, a decode at "
+            "most max_decode_query_len and inside the decode tokens, a prefill after them, every request inside "
+            f"num_tokens{where}",
+            req,
+        )
     if kind == Violation.RING_SLOT:
         return BatchRangeError("pools", f"pools[{req}]={value} is not a request slot of the ring{where}", req)
     return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
@@ -153,22 +194,23 @@ def record_first(record: torch.Tensor, kind: torch.Tensor, value: torch.Tensor) 
 # -- the torch backend's guard -----------------------------------------------------------------------------
 
 # Rows of a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``), one column per
-# request. Rows 0-6 are the quantities that are negative where a rule is broken, in the order the rules are
-# checked (row 6, always -1, stands for "none"); the rest hold values a violation reports. query_start_loc
+# request. Rows 0-7 are the quantities that are negative where a rule is broken, in the order the rules are
+# checked (row 7, always -1, stands for "none"); the rest hold values a violation reports. query_start_loc
 # (R + 1 entries) has its own vector.
-QUERY, PREFIX, BOUND, HEADROOM, SPAN_BAD, WIDTH_LEFT, NONE, SEQ, FIRST_SPAN, NEED = range(10)
-RULE_ROWS = 10
+QUERY, PREFIX, SPLIT, BOUND, HEADROOM, SPAN_BAD, WIDTH_LEFT, NONE, SEQ, FIRST_SPAN, NEED = range(11)
+RULE_ROWS = 11
 # Per checked row: the kind it stands for and the row of the value reported.
 ROW_KINDS = (
     Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
     Violation.SEQ_SHORT,  # P_r = S_r - q_r < 0 (reports S_r)
+    Violation.HOST_SPLIT,  # the least of the split's margins < 0 (reports q_r)
     Violation.REPLAY,  # replay_start[r] < 0
     Violation.REPLAY,  # P_r - replay_start[r] < 0 (reports replay_start[r])
     Violation.SPAN,  # -1 where a span of the request is bad (reports the first)
     Violation.ROW_WIDTH,  # width - need < 0 (reports need)
     0,
 )
-VALUE_ROWS = (QUERY, SEQ, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
+VALUE_ROWS = (QUERY, SEQ, QUERY, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
 
 
 class _RequestViews:
@@ -187,6 +229,7 @@ class _RequestViews:
         "seq",
         "query",
         "prefix",
+        "split",
         "bound",
         "headroom",
         "span_bad",
@@ -217,6 +260,7 @@ class _RequestViews:
     seq: torch.Tensor
     query: torch.Tensor
     prefix: torch.Tensor
+    split: torch.Tensor
     bound: torch.Tensor
     headroom: torch.Tensor
     span_bad: torch.Tensor
@@ -305,7 +349,7 @@ class TorchGuard:
         v.filled = set()
         v.qsl = torch.zeros(r + 1, dtype=torch.int64, device=self.device)
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
-        v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
+        v.seq, v.query, v.prefix, v.split = rules[SEQ], rules[QUERY], rules[PREFIX], rules[SPLIT]
         v.bound, v.headroom = rules[BOUND], rules[HEADROOM]
         v.span_bad, v.first_span = rules[SPAN_BAD], rules[FIRST_SPAN]
         v.need, v.width_left = rules[NEED], rules[WIDTH_LEFT]
@@ -337,12 +381,17 @@ class TorchGuard:
         num_reqs: int,
         *,
         causal: bool,
+        split: SplitFacts,
     ) -> torch.Tensor:
-        """Rules 1-4 and 7 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
-        ``seq_lens`` and ``replay_start`` [R] (rule 3 only where ``causal``; None: no replay bounds, which
-        is the same as bounds of 0): fills the requests' candidates. Returns the bool mask [num_reqs] of the requests that broke a rule (the caller
-        empties their rows: ``reference.empty_requests``)."""
-        self.request_quantities(config, query_start_loc, seq_lens, replay_start, spans, num_reqs, causal=causal)
+        """Rules 1-4, 7 and 14 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
+        ``seq_lens`` and ``replay_start`` [R] (rule 3 where rows use the bound: every request where
+        ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
+        against ``split``): fills the requests' candidates. Returns the
+        bool mask [num_reqs] of the requests that broke a rule (the caller empties their rows:
+        ``reference.empty_requests``)."""
+        self.request_quantities(
+            config, query_start_loc, seq_lens, replay_start, spans, num_reqs, causal=causal, split=split
+        )
         return self.first_broken(num_reqs)
 
     def request_quantities(
@@ -355,6 +404,7 @@ class TorchGuard:
         num_reqs: int,
         *,
         causal: bool,
+        split: SplitFacts,
         values: bool = True,
     ) -> None:
         """The first half of ``request_checks``: every request's checked quantities (negative where it
@@ -364,6 +414,15 @@ class TorchGuard:
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
         torch.sub(v.end, v.begin, out=v.query)
+        # Rule 14: the least margin of the host's split, negative where the device offsets break it.
+        margin = torch.minimum(split.max_query_len - v.query, split.num_tokens - v.end)
+        decode = v.arange < split.num_decodes
+        part = torch.where(
+            decode,
+            torch.minimum(split.decode_query_max - v.query, split.num_decode_tokens - v.end),
+            v.begin - split.num_decode_tokens,
+        )
+        torch.minimum(margin, part, out=v.split)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         if values or not causal:
             # seq_lens in int64 first: the value rule 2 reports (DSpark widths read it too).
@@ -371,13 +430,20 @@ class TorchGuard:
             torch.sub(v.seq, v.query, out=v.prefix)
         else:
             torch.sub(seq_lens, v.query, out=v.prefix)
-        replay = causal and replay_start is not None
+        # Rule 3 holds where rows use the bound: every request of a causal build; the prefills of a DSpark
+        # step (its decode rows ignore the bound, docs/semantics.md #dspark-rows; its prefill rows and gather
+        # lengths do not), as the kernels' prefill and gather programs check it.
+        decodes = 0 if causal else split.num_decodes
+        replay = replay_start is not None and decodes < num_reqs
         self._clear(v, BOUND, replay)
         self._clear(v, HEADROOM, replay)
         if replay:
             assert replay_start is not None
             v.bound.copy_(replay_start)
             torch.sub(v.prefix, v.bound, out=v.headroom)
+            if decodes:
+                v.bound[:decodes] = 0
+                v.headroom[:decodes] = 0
         self._clear(v, SPAN_BAD, checks_spans)
         if checks_spans:
             assert spans is not None
@@ -392,7 +458,7 @@ class TorchGuard:
     def requests_clean(self, num_reqs: int) -> bool:
         """Whether no request broke a rule, from ``request_quantities``: a host read, so only for a
         device where reading a value costs no sync (the CPU)."""
-        return int(self._request_views(num_reqs).flat_quantities.min()) >= 0
+        return num_reqs == 0 or int(self._request_views(num_reqs).flat_quantities.min()) >= 0
 
     def first_broken(self, num_reqs: int) -> torch.Tensor:
         """The second half of ``request_checks``: each request's first broken rule into its candidate;

@@ -58,6 +58,14 @@ def preflight_tensor(name: str, t: object, want: torch.dtype, device_index: int,
         _refuse(name, t, want, device_index, ndim)
 
 
+def refuse_host_copy(name: str, t: object) -> None:
+    """A host copy of the batch (``query_start_loc_cpu``, ``seq_lens_cpu``) must be a tensor in host memory."""
+    if not isinstance(t, torch.Tensor):
+        raise BatchDtypeError(name, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cpu:
+        raise BatchDeviceError(name, f"{name} is on {t.device}; a host copy must be a CPU tensor")
+
+
 def refuse_table_reach(field: str, num_reqs: int, row_stride: int, width: int) -> None:
     """The kernels address a block table's entries with int32 offsets (``req * row_stride + page``), so
     the last request's row must end below 2^31 entries from the table's start (docs/semantics.md
@@ -127,6 +135,17 @@ def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, dev
     if batch.causal.__class__ is not bool:
         raise BatchDtypeError("causal", f"causal must be a bool, got {batch.causal!r}")
     qsl_cpu = batch.query_start_loc_cpu
+    seq_cpu = batch.seq_lens_cpu
+    # The plan reads the host copies as numpy arrays: one on another device (a meta tensor, a GPU copy)
+    # would fail there with an untyped error, so it is refused by name first.
+    try:
+        host_ok = qsl_cpu.is_cpu and (seq_cpu is None or seq_cpu.is_cpu)
+    except AttributeError:
+        host_ok = False
+    if not host_ok:
+        refuse_host_copy("query_start_loc_cpu", qsl_cpu)
+        if seq_cpu is not None:
+            refuse_host_copy("seq_lens_cpu", seq_cpu)
     num_reqs = qsl_cpu.shape[0] - 1
     if num_reqs < 1:
         raise BatchShapeError("query_start_loc_cpu", "query_start_loc_cpu has no request: the batch is empty")

@@ -13,7 +13,7 @@ import torch
 
 from . import reference
 from .backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
-from .guard import TorchGuard, block_limit
+from .guard import TorchGuard, Violation, block_limit
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -235,8 +235,10 @@ class TorchBackend(Backend):
         guard = self.guard and probe is None
         if probe is not None:
             spans = plan.spans if plan.images else None
-            self._guard.request_quantities(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, values=False)
-            if not self._guard.requests_clean(nreq):
+            self._guard.request_quantities(
+                cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan, values=False
+            )
+            if not self._guard.requests_clean(nreq) or self._padding_slots(batch, qsl, nreq, plan.num_tokens):
                 return False
             probe.clean = True
         ends = qsl[1:]
@@ -256,7 +258,9 @@ class TorchBackend(Backend):
         broken = None
         if guard:
             spans = plan.spans if plan.images else None
-            broken = self._guard.request_checks(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal)
+            broken = self._guard.request_checks(
+                cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan
+            )
             # A request is checked at its rows with a slot: one without any is recorded by no backend.
             self._guard.only_seen(nreq, s.t2r, s.valid)
             # Every row of a request that broke a rule is handed out empty.
@@ -333,6 +337,8 @@ class TorchBackend(Backend):
             )
             if probe is not None and not probe.clean:
                 return False
+        if guard:
+            self._empty_padding(s, qsl[nreq], ndt)
         if plan.num_prefills:
             reference.prefill_gather_lens(
                 batch.seq_lens,
@@ -349,6 +355,30 @@ class TorchBackend(Backend):
         if guard:
             self._guard.record(buffers.violation, nreq + ndt + npt)
         return True
+
+    @staticmethod
+    def _padding_slots(batch: AttentionBatch, qsl: torch.Tensor, num_reqs: int, num_tokens: int) -> bool:
+        """Rule 13 for the CPU's first, unguarded build: whether a row past query_start_loc[R] has a slot
+        (a host read, free on the CPU)."""
+        return bool((batch.slot_mapping[max(int(qsl[num_reqs]), 0) : num_tokens] >= 0).any())
+
+    @staticmethod
+    def _empty_padding(s: _Shape, scheduled: torch.Tensor, ndt: int) -> None:
+        """Rule 13, checked first at every row: a row past query_start_loc[R] (``scheduled``) that holds a slot
+        is emptied and becomes a candidate of the record (its request the owner the fill gave it, its
+        value the row), whatever else it broke."""
+        pad = (s.rows >= scheduled) & s.valid
+        parts = ((s.dec_out, s.dec_lens, s.dec_guard, 0), (s.pre_out, s.pre_lens, s.pre_guard, ndt))
+        for out, lens, guard, start in parts:
+            n = lens.shape[0]
+            if n == 0 or guard is None:
+                continue
+            mask = pad[start : start + n]
+            out.masked_fill_(mask[:, None], -1)
+            lens.masked_fill_(mask, 0)
+            guard.kind.masked_fill_(mask, int(Violation.PADDING_SLOT))
+            torch.where(mask, s.rows[start : start + n], guard.value, out=guard.value)
+            torch.where(mask, s.t2r[start : start + n], guard.key, out=guard.key)
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         # An update rebuilds the decode requests only, so only they are checked: a prefill's violation

@@ -14,7 +14,6 @@ what every backend without a kernel of its own runs (the Triton backends launch
 from __future__ import annotations
 
 import dataclasses
-import numbers
 
 import torch
 
@@ -34,7 +33,8 @@ class RequestWindowRows:
     req: [n] each query row's request (its ring slot); a run is a maximal stretch of equal values.
     pos: [n] each query row's position; within a run they ascend by one.
     zero_row: the ring row an invalid history row copies from (a row of zeros).
-    capacity: ring rows per request; ring row of (request, position) is ``req * capacity + pos % capacity``.
+    capacity: ring rows per request, at least the window (at most 2^31 - 1); ring row of (request, position)
+        is ``req * capacity + pos % capacity``.
     floors: [>= n] each query row's lowest readable position, or None (0).
     num_groups: history groups of ``W`` rows in the workspace (None: n); at least the number of runs.
     padded_rows: query rows of the layout (a prefill graph pads past n); None or <= n: n.
@@ -116,19 +116,23 @@ class RequestWindowLayout:
         return {name: getattr(self, name) for name in self.FIELDS}
 
 
-def _count(name: str, value: object, low: int, allow_none: bool = False) -> None:
-    # A plain int first: the abstract-class test below costs a microsecond, and this runs for four
-    # settings of every call.
-    if (type(value) is int and value >= low) or (value is None and allow_none):
+# A ring row is int64 (``history_src``), and ``zero_row`` is handed out as one.
+INT64_LIMIT = 2**63 - 1
+
+
+def _count(name: str, value: object, low: int, high: int, allow_none: bool = False) -> None:
+    # The type first, then the bounds: a float, a bool or a numpy scalar would pass a comparison, and the
+    # Triton backends launch with the value as it is (a numpy scalar fails inside the kernel's launch).
+    # A plain int is one test; this runs for four settings of every call.
+    if (type(value) is int and low <= value <= high) or (value is None and allow_none):
         return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        kind = "a non-negative integer" if low == 0 else "a positive integer"
-        raise BatchRangeError(name, f"{name}={value!r} must be {kind}{' or None' if allow_none else ''}")
+    kind = f"an int in [{low}, {high}]{' or None' if allow_none else ''}"
+    raise BatchRangeError(name, f"{name}={value!r} must be {kind}")
 
 
 def preflight_request_window(rows: RequestWindowRows, window: int, device: torch.device) -> None:
-    """The O(1) host checks of a call: dtypes, devices, ranks, strides, lengths, the scalar settings, and
-    that every workspace row fits int32 (``write_loc``). The rules that need the data are
+    """The O(1) host checks of a call: dtypes, devices, ranks, strides, lengths, the scalar settings' types
+    and bounds, and that every workspace row fits int32 (``write_loc``). The rules that need the data are
     ``validate_request_window``'s."""
     n = _index_tensor("pos", rows.pos, device, 1).shape[0]
     req = _index_tensor("req", rows.req, device, 1)
@@ -138,15 +142,30 @@ def preflight_request_window(rows: RequestWindowRows, window: int, device: torch
         raise BatchShapeError("pos", "a request-window layout needs at least one query row (pos is empty)")
     if rows.floors is not None and _index_tensor("floors", rows.floors, device, 1).shape[0] < n:
         raise BatchShapeError("floors", f"floors has {rows.floors.shape[0]} rows; pos has {n}")
-    _count("zero_row", rows.zero_row, 0)
-    _count("capacity", rows.capacity, 1)
-    _count("num_groups", rows.num_groups, 1, allow_none=True)
-    _count("padded_rows", rows.padded_rows, 0, allow_none=True)
-    size = rows.groups() * window + rows.padded()
-    if size > INT32_LIMIT:
+    _count("zero_row", rows.zero_row, 0, INT64_LIMIT)
+    # At most int32: the kernel's commit test (``row + capacity``) and the ring row of every int32 slot
+    # (``req * capacity + pos % capacity``) then stay inside int64.
+    _count("capacity", rows.capacity, 1, INT32_LIMIT)
+    _count("num_groups", rows.num_groups, 1, INT32_LIMIT, allow_none=True)
+    _count("padded_rows", rows.padded_rows, 0, INT32_LIMIT, allow_none=True)
+    if rows.capacity < window:
+        # A run's history is the W positions before it, read back from the ring: a shorter ring keeps two
+        # of them in one row, the newer over the older, and the older one's history row reads the newer key.
         raise BatchCapacityError(
-            "num_groups",
-            f"the workspace has {size} rows ({rows.groups()} groups of {window} + {rows.padded()} query rows); "
+            "capacity",
+            f"capacity={rows.capacity} ring rows per request are fewer than the window ({window}): two of "
+            "a run's history positions would share a ring row",
+        )
+    history = rows.groups() * window
+    size = history + rows.padded()
+    if size > INT32_LIMIT:
+        # Name the setting that made the workspace too large: the padding when the groups and the live
+        # rows fit on their own.
+        padded_too_large = rows.padded_rows is not None and rows.padded_rows > n and history + n <= INT32_LIMIT
+        field = "padded_rows" if padded_too_large else "num_groups"
+        raise BatchCapacityError(
+            field,
+            f"{field}: the workspace has {size} rows ({rows.groups()} groups of {window} + {rows.padded()} query rows); "
             f"write_loc is int32 (at most {INT32_LIMIT})",
         )
 

@@ -11,16 +11,13 @@ the vectorised torch build (the Triton backends launch ``kernels/slot_rows.py`` 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchShapeError
 from .guard import Violation
-
-if TYPE_CHECKING:
-    from .slot_rows import SlotRows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,19 +33,43 @@ class SlotRing:
         return self.size * self.slots
 
 
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise BatchShapeError("ring", f"ring.{name}={value!r} must be a positive integer")
+# The kernels step a row's ring offsets in int32 (``(first - c + size) % size``, ``first < size``), which
+# holds up to 2 * size - 1: a ring of more than 2^30 rows per slot would wrap.
+MAX_RING_SIZE = 1 << 30
+
+
+def _positive(name: str, value: object, high: int) -> int:
+    # The type first: a numpy scalar or a float would compare, but the kernels take plain ints.
+    if type(value) is not int or not 1 <= value <= high:
+        raise BatchShapeError("ring", f"ring.{name}={value!r} must be a positive integer (an int in [1, {high}])")
     return value
 
 
-def preflight_ring(rows: SlotRows, window: int, limit: int) -> SlotRing:
+class RingCall(Protocol):
+    """What the ring reads of a call (a ``slot_rows.SlotRows`` with ``ring``): named here so the two modules
+    do not import each other."""
+
+    @property
+    def row_ends(self) -> torch.Tensor: ...
+    @property
+    def pools(self) -> torch.Tensor: ...
+    @property
+    def floors(self) -> torch.Tensor | None: ...
+    @property
+    def block(self) -> int: ...
+    @property
+    def ring(self) -> SlotRing | None: ...
+    @property
+    def num_rows(self) -> int: ...
+
+
+def preflight_ring(rows: RingCall, window: int, limit: int) -> SlotRing:
     """The ring's own O(1) host checks (the tensors are ``preflight_slot_rows``'s): a ring, no paged
     inputs beside it, as many rows per slot as a row has positions, and every ring row a cache slot."""
     ring = rows.ring
     if not isinstance(ring, SlotRing):
         raise BatchShapeError("ring", f"ring must be a SlotRing, got {type(ring).__name__}")
-    size, slots = _positive("size", ring.size), _positive("slots", ring.slots)
+    size, slots = _positive("size", ring.size, MAX_RING_SIZE), _positive("slots", ring.slots, INT32_LIMIT + 1)
     # Ring rows are computed, never looked up: a table given beside them would be silently ignored.
     for name in ("req_to_token", "slot_map", "block_slots"):
         if getattr(rows, name) is not None:
@@ -72,7 +93,7 @@ def preflight_ring(rows: SlotRows, window: int, limit: int) -> SlotRing:
 
 
 def build_ring_rows(
-    rows: SlotRows, window: int, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, *, guard: bool
+    rows: RingCall, window: int, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, *, guard: bool
 ) -> None:
     """The torch build of ring rows into ``out``/``lens`` (no host sync). Guarded: a row with entries
     whose request slot is outside the ring is handed out empty and the lowest one recorded (rule 12);

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .config import INT32_LIMIT
+from .config import INT32_LIMIT, MAX_ROW_WIDTH
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
 from .guard import Violation
 from .slot_ring import SlotRing, build_ring_rows, preflight_ring
@@ -126,8 +126,14 @@ def preflight_slot_rows(rows: SlotRows, window: int, device: torch.device, limit
     if pools.shape[0] != n:
         raise BatchShapeError("pools", f"pools has {pools.shape[0]} rows; row_ends has {n}")
     block = rows.block
-    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
-        raise BatchShapeError("block", f"block={block!r} must be 0 (causal rows) or the DSpark block size")
+    # The type first (a float or numpy scalar would compare), then the bound: a row of W + N entries must fit
+    # one kernel tensor (MAX_ROW_WIDTH).
+    if type(block) is not int or not 0 <= block <= MAX_ROW_WIDTH - window:
+        raise BatchShapeError(
+            "block",
+            f"block={block!r} must be 0 (causal rows) or the DSpark block size, an int in "
+            f"[1, {MAX_ROW_WIDTH - window}] (rows of window {window} + block at most {MAX_ROW_WIDTH} wide)",
+        )
     if rows.ring is not None:
         num_pools = preflight_ring(rows, window, limit).slots
         per = f"ring slot (the ring has {num_pools} slots)"
@@ -144,7 +150,17 @@ def preflight_slot_rows(rows: SlotRows, window: int, device: torch.device, limit
                 f"req_to_token has {rt.shape[1]} positions per pool row; at most {INT32_LIMIT - 1} (positions "
                 "and row ends are int32)",
             )
-        _index_tensor("slot_map", rows.slot_map, device, 1)
+        sm = _index_tensor("slot_map", rows.slot_map, device, 1)
+        # An empty table or map has nothing a row could read, and no address a clamped lane could keep to
+        # (docs/semantics.md #token-slot-rows): refused by shape, whatever the rows hold.
+        if n and (rt.shape[0] == 0 or rt.shape[1] == 0):
+            raise BatchShapeError(
+                "req_to_token",
+                f"req_to_token has shape {tuple(rt.shape)}: token-slot rows need at least one pool row and one "
+                "position",
+            )
+        if n and sm.shape[0] == 0:
+            raise BatchShapeError("slot_map", "slot_map is empty: token-slot rows need at least one token slot")
         num_pools = rt.shape[0]
         per = f"pool row (req_to_token has {num_pools})"
     if rows.floors is not None:
@@ -162,11 +178,16 @@ def preflight_slot_rows(rows: SlotRows, window: int, device: torch.device, limit
         if slots.shape[0] < n:
             raise BatchShapeError("block_slots", f"block_slots has {slots.shape[0]} entries; row_ends has {n} rows")
     width = rows.row_width(window)
-    if isinstance(width, bool) or not isinstance(width, int) or width < window + block:
+    if type(width) is not int:
+        raise BatchCapacityError("width", f"width={width!r} must be an int or None")
+    if width < window + block:
         raise BatchCapacityError(
             "width",
-            f"width={width!r} is narrower than a row can be ({window + block}: window {window} + block {block})",
+            f"width={width} is narrower than a row can be ({window + block}: window {window} + block {block})",
         )
+    if width > MAX_ROW_WIDTH:
+        # A kernel holds a whole row in one Triton tensor; the [n, width] output's offsets are int64.
+        raise BatchCapacityError("width", f"width={width} is wider than a kernel's row can be ({MAX_ROW_WIDTH})")
     return width
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from .backend import Backend, BuildPlan, update_plan
+from .config import INT32_LIMIT
 from .envs import env_flag
 from .errors import BackendUnavailableError
 from .groups import group_rows
@@ -93,6 +94,8 @@ def rows_record(buffers: MetadataBuffers, causal: bool, own: Callable[[torch.Ten
         group_rows=buffers.capacity,
         decode_guess_len=0,
         prefill_guess_len=0,
+        max_query_len=0,
+        decode_query_max=0,
         num_spans=0,
     )
 
@@ -218,6 +221,9 @@ class TritonBackend(Backend):
         args.num_groups = groups
         args.decode_guess_len = plan.decode_guess_len
         args.prefill_guess_len = plan.prefill_guess_len
+        # Clamped into int32 (a host int may be any size; beyond int32 it admits every query length).
+        args.max_query_len = min(plan.max_query_len, INT32_LIMIT)
+        args.decode_query_max = min(plan.decode_query_max, INT32_LIMIT)
         return args
 
     def _launch(

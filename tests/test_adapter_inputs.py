@@ -13,8 +13,10 @@ from swa_hal import AttentionBatch, ConfigError, SWAConfig, SWAMetadataBuilder
 from swa_hal import errors as E
 from swa_hal.integrations import EngineSWABuilder
 from swa_hal.integrations.sglang import SGLangSWAIndices, adapter_for
-VISION = SWAConfig(window_size=8, block_size=4, max_model_len=512, max_num_batched_tokens=96, max_num_seqs=12,
-                   max_image_tokens=4)
+
+VISION = SWAConfig(
+    window_size=8, block_size=4, max_model_len=512, max_num_batched_tokens=96, max_num_seqs=12, max_image_tokens=4
+)
 
 
 def vision_step():
@@ -24,16 +26,25 @@ def vision_step():
 
 # (ranges, error type, the message's start): each class of malformed image range.
 BAD_RANGES = {
-    "not a mapping": ([(9, 12)], E.BatchShapeError,
-                      "mm_req_doc_ranges must be a mapping {request: [(start, end), ...]}, got list"),
+    "not a mapping": (
+        [(9, 12)],
+        E.BatchShapeError,
+        "mm_req_doc_ranges must be a mapping {request: [(start, end), ...]}, got list",
+    ),
     "spans not a list": ({1: 5}, E.BatchShapeError, "mm_req_doc_ranges[1]=5 is not a list of (start, end) pairs"),
     "a single number": ({1: [9]}, E.BatchShapeError, "mm_req_doc_ranges[1][0]=9 is not a (start, end) pair"),
     "one value": ({1: [(9,)]}, E.BatchShapeError, "mm_req_doc_ranges[1][0]=(9,) is not a (start, end) pair"),
-    "three values": ({1: [(9, 10, 11)]}, E.BatchShapeError,
-                     "mm_req_doc_ranges[1][0]=(9, 10, 11) is not a (start, end) pair"),
+    "three values": (
+        {1: [(9, 10, 11)]},
+        E.BatchShapeError,
+        "mm_req_doc_ranges[1][0]=(9, 10, 11) is not a (start, end) pair",
+    ),
     "a string": ({1: ["9-12"]}, E.BatchShapeError, "mm_req_doc_ranges[1][0]='9-12' is not a (start, end) pair"),
-    "inverted": ({1: [(9, 12), (12, 9)]}, E.BatchRangeError,
-                 "mm_req_doc_ranges[1][1]=(12, 9) is inverted: start 12 > end 9"),
+    "inverted": (
+        {1: [(9, 12), (12, 9)]},
+        E.BatchRangeError,
+        "mm_req_doc_ranges[1][1]=(12, 9) is inverted: start 12 > end 9",
+    ),
     "negative": ({1: [(-1, 9)]}, E.BatchRangeError, "mm_req_doc_ranges[1][0]=(-1, 9) starts at a negative position"),
     "string end": ({1: [(9, "12")]}, E.BatchDtypeError, "mm_req_doc_ranges[1][0]='12' is not an integer"),
     "fractional start": ({1: [(9.5, 12)]}, E.BatchDtypeError, "mm_req_doc_ranges[1][0]=9.5 is not an integer"),
@@ -60,13 +71,17 @@ def test_well_formed_image_ranges_still_build():
     assert md.prefill_left_visible.tolist()[1:] == [0, 0, 1, 2, 3, 0, 0, 0]
 
 
-@pytest.mark.parametrize("ranges, error, message", [
-    ({0: [(3, 2)]}, E.BatchRangeError, "image_spans[0][0]=(3, 2) is inverted: start 3 > end 2"),
-    ({0: [(-2, 2)]}, E.BatchRangeError, "image_spans[0][0]=(-2, 2) starts at a negative position"),
-    ({0: [(1, 2, 3)]}, E.BatchShapeError, "image_spans[0][0]=(1, 2, 3) is not a (start, end) pair"),
-    ({0: 7}, E.BatchShapeError, "image_spans[0]=7 is not a list of (start, end) pairs"),
-    ([(1, 2)], E.BatchShapeError, "image_spans must be a mapping"),
-], ids=["inverted", "negative", "three values", "spans not a list", "not a mapping"])
+@pytest.mark.parametrize(
+    "ranges, error, message",
+    [
+        ({0: [(3, 2)]}, E.BatchRangeError, "image_spans[0][0]=(3, 2) is inverted: start 3 > end 2"),
+        ({0: [(-2, 2)]}, E.BatchRangeError, "image_spans[0][0]=(-2, 2) starts at a negative position"),
+        ({0: [(1, 2, 3)]}, E.BatchShapeError, "image_spans[0][0]=(1, 2, 3) is not a (start, end) pair"),
+        ({0: 7}, E.BatchShapeError, "image_spans[0]=7 is not a list of (start, end) pairs"),
+        ([(1, 2)], E.BatchShapeError, "image_spans must be a mapping"),
+    ],
+    ids=["inverted", "negative", "three values", "spans not a list", "not a mapping"],
+)
 def test_the_builders_image_spans_from_ranges_checks_the_same(ranges, error, message):
     builder = SWAMetadataBuilder(VISION, backend="torch")
     with pytest.raises(error) as info:
@@ -126,23 +141,25 @@ def test_sglang_dspark_block_size(value):
     assert str(info.value) == f"block_size: must be a positive integer, got {value!r}"
 
 
-def test_sglang_window_builds_its_config_only_when_valid():
-    # A window that passes the setting check but not SWAConfig's bounds is still a ConfigError naming it.
-    adapter = SGLangSWAIndices(2**31)
-    with pytest.raises(ConfigError, match="window_size"):
-        adapter.builder  # noqa: B018 - the builder is made on first use
+def test_sglang_window_past_the_widest_row_is_refused_where_the_adapter_is_made():
+    # A window no kernel row can hold is a ConfigError naming it up front, not at the first call.
+    with pytest.raises(ConfigError, match=r"window_size: must be at most 1048576, got 2147483648"):
+        SGLangSWAIndices(2**31)
 
 
 def ring_inputs(**kw):
     """One DSpark block of 2 at prefix 5 in slot 1 of a 2-slot ring of 6 rows (window 4)."""
-    return dict(
-        seq_lens_casual=torch.tensor([6, 7], dtype=torch.int32),
-        req_pool_indices_repeated=torch.ones(2, dtype=torch.int64),
-        valid_from=torch.zeros(2, dtype=torch.int64),
-        ring_size=6,
-        block_size=2,
-        page_index_aligned_size=8,
-    ) | kw
+    return (
+        dict(
+            seq_lens_casual=torch.tensor([6, 7], dtype=torch.int32),
+            req_pool_indices_repeated=torch.ones(2, dtype=torch.int64),
+            valid_from=torch.zeros(2, dtype=torch.int64),
+            ring_size=6,
+            block_size=2,
+            page_index_aligned_size=8,
+        )
+        | kw
+    )
 
 
 def test_the_sglang_ring_adapter_builds_with_valid_settings():

@@ -104,8 +104,15 @@ def test_hf_config_reads_the_model_version_and_vision_tokens():
     no_layers = SWAConfig.from_hf_config({"sliding_window": 128, "vision_n_layers": 0, "vision_max_n_token": 576})
     assert no_layers.max_image_tokens == 0
     # V4.1 image tokens use the plain causal window: no widening.
-    v41_vision = SWAConfig.from_hf_config({"sliding_window": 128, "model_type": "deepseek_v41",
-                                           "compress_ratios": [0], "vision_n_layers": 2, "vision_max_n_token": 576})
+    v41_vision = SWAConfig.from_hf_config(
+        {
+            "sliding_window": 128,
+            "model_type": "deepseek_v41",
+            "compress_ratios": [0],
+            "vision_n_layers": 2,
+            "vision_max_n_token": 576,
+        }
+    )
     assert v41_vision.max_image_tokens == 0
     with pytest.raises(ConfigError, match="model_version"):
         SWAConfig(model_version="deepseek_v5")
@@ -127,10 +134,10 @@ def test_yaml_is_data_not_code(tmp_path):
 
 
 def test_from_hf_config_dict_and_file(tmp_path):
-    hf = {"sliding_window": 128, "compress_ratios": [0, 4, 128, 0], "head_dim": 512,
-          "max_position_embeddings": 1048576}
-    cfg = SWAConfig.from_hf_config(hf, block_size=64, max_num_batched_tokens=4096, num_speculative_tokens=1,
-                                   speculative_method="mtp")
+    hf = {"sliding_window": 128, "compress_ratios": [0, 4, 128, 0], "head_dim": 512, "max_position_embeddings": 1048576}
+    cfg = SWAConfig.from_hf_config(
+        hf, block_size=64, max_num_batched_tokens=4096, num_speculative_tokens=1, speculative_method="mtp"
+    )
     assert (cfg.window_size, cfg.max_model_len, cfg.max_num_batched_tokens) == (128, 1048576, 4096)
     assert cfg.layer_types == ("swaonly", "c4a", "c128a")
     (tmp_path / "config.json").write_text(json.dumps(hf))
@@ -154,15 +161,22 @@ def test_from_hf_config_errors_name_the_field():
 # -- from_hf_config: every odd input is a ConfigError naming the file (when there is one) and the key --------
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "{path}: cannot read the model config: No such file or directory"),
-    ('{"sliding_window": 128,', "{path}: is not valid JSON (line 1, column 24)"),
-    ("[128]", "{path}: must hold a JSON object of settings, got list"),
-    ('"sliding_window"', "{path}: must hold a JSON object of settings, got str"),
-    (b"\xff\xfe{}", "{path}: is not a UTF-8 text file"),
-    ("{}", "sliding_window: {path} has no sliding_window; this is not an SWA model"),
-    ('{"sliding_window": "128"}', "sliding_window: must be an integer, got '128' (SWAConfig.window_size, in {path})"),
-], ids=["missing", "invalid JSON", "a list", "a string", "not UTF-8", "no sliding_window", "string window"])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "{path}: cannot read the model config: No such file or directory"),
+        ('{"sliding_window": 128,', "{path}: is not valid JSON (line 1, column 24)"),
+        ("[128]", "{path}: must hold a JSON object of settings, got list"),
+        ('"sliding_window"', "{path}: must hold a JSON object of settings, got str"),
+        (b"\xff\xfe{}", "{path}: is not a UTF-8 text file"),
+        ("{}", "sliding_window: {path} has no sliding_window; this is not an SWA model"),
+        (
+            '{"sliding_window": "128"}',
+            "sliding_window: must be an integer, got '128' (SWAConfig.window_size, in {path})",
+        ),
+    ],
+    ids=["missing", "invalid JSON", "a list", "a string", "not UTF-8", "no sliding_window", "string window"],
+)
 @pytest.mark.parametrize("given", ["file", "folder"])
 def test_from_hf_config_file_errors_name_the_file(tmp_path, content, message, given):
     path = tmp_path / "config.json"
@@ -175,29 +189,41 @@ def test_from_hf_config_file_errors_name_the_file(tmp_path, content, message, gi
     assert str(info.value).startswith(message.format(path=path)), str(info.value)
 
 
-@pytest.mark.parametrize("hf, key, message", [
-    ({"sliding_window": "128"}, "sliding_window", "must be an integer, got '128' (SWAConfig.window_size"),
-    ({"sliding_window": 128.5}, "sliding_window", "must be an integer, got 128.5"),
-    ({"sliding_window": True}, "sliding_window", "must be an integer, got True"),
-    ({"sliding_window": 0}, "sliding_window", "0 is outside [1, 2147483647]"),
-    ({"sliding_window": -4}, "sliding_window", "-4 is outside [1, 2147483647]"),
-    ({"sliding_window": 8, "head_dim": "512"}, "head_dim", "must be an integer, got '512' (SWAConfig.head_size"),
-    ({"sliding_window": 8, "head_dim": 0}, "head_dim", "0 is outside [1, 2147483647]"),
-    ({"sliding_window": 8, "max_position_embeddings": False}, "max_position_embeddings",
-     "must be an integer, got False (SWAConfig.max_model_len"),
-    ({"sliding_window": 8, "max_position_embeddings": -1}, "max_position_embeddings", "-1 is outside"),
-    ({"sliding_window": 8, "compress_ratios": "4"}, "compress_ratios", "must be a list of integers, got '4'"),
-    ({"sliding_window": 8, "compress_ratios": [1, True]}, "compress_ratios[1]", "ratio True is not an integer"),
-    ({"sliding_window": 8, "compress_ratios": [1, -4]}, "compress_ratios[1]", "unsupported compress ratio -4"),
-    ({"sliding_window": 8, "architectures": 5}, "architectures", "must be a list of class names, got 5"),
-    ({"sliding_window": 8, "architectures": "DeepseekV41ForCausalLM"}, "architectures",
-     "must be a list of class names, got 'DeepseekV41ForCausalLM'"),
-    ({"sliding_window": 8, "vision_n_layers": "2"}, "vision_n_layers", "must be a non-negative integer, got '2'"),
-    ({"sliding_window": 8, "vision_n_layers": -1}, "vision_n_layers", "must be a non-negative integer, got -1"),
-    ({"sliding_window": 8, "vision_n_layers": 2, "vision_max_n_token": "576"}, "vision_max_n_token",
-     "must be an integer, got '576' (SWAConfig.max_image_tokens"),
-    ({"sliding_window": 8, "vision_n_layers": 2, "vision_max_n_token": -1}, "vision_max_n_token", "-1 is outside"),
-])
+@pytest.mark.parametrize(
+    "hf, key, message",
+    [
+        ({"sliding_window": "128"}, "sliding_window", "must be an integer, got '128' (SWAConfig.window_size"),
+        ({"sliding_window": 128.5}, "sliding_window", "must be an integer, got 128.5"),
+        ({"sliding_window": True}, "sliding_window", "must be an integer, got True"),
+        ({"sliding_window": 0}, "sliding_window", "0 is outside [1, 1048576]"),
+        ({"sliding_window": -4}, "sliding_window", "-4 is outside [1, 1048576]"),
+        ({"sliding_window": 8, "head_dim": "512"}, "head_dim", "must be an integer, got '512' (SWAConfig.head_size"),
+        ({"sliding_window": 8, "head_dim": 0}, "head_dim", "0 is outside [1, 2147483647]"),
+        (
+            {"sliding_window": 8, "max_position_embeddings": False},
+            "max_position_embeddings",
+            "must be an integer, got False (SWAConfig.max_model_len",
+        ),
+        ({"sliding_window": 8, "max_position_embeddings": -1}, "max_position_embeddings", "-1 is outside"),
+        ({"sliding_window": 8, "compress_ratios": "4"}, "compress_ratios", "must be a list of integers, got '4'"),
+        ({"sliding_window": 8, "compress_ratios": [1, True]}, "compress_ratios[1]", "ratio True is not an integer"),
+        ({"sliding_window": 8, "compress_ratios": [1, -4]}, "compress_ratios[1]", "unsupported compress ratio -4"),
+        ({"sliding_window": 8, "architectures": 5}, "architectures", "must be a list of class names, got 5"),
+        (
+            {"sliding_window": 8, "architectures": "DeepseekV41ForCausalLM"},
+            "architectures",
+            "must be a list of class names, got 'DeepseekV41ForCausalLM'",
+        ),
+        ({"sliding_window": 8, "vision_n_layers": "2"}, "vision_n_layers", "must be a non-negative integer, got '2'"),
+        ({"sliding_window": 8, "vision_n_layers": -1}, "vision_n_layers", "must be a non-negative integer, got -1"),
+        (
+            {"sliding_window": 8, "vision_n_layers": 2, "vision_max_n_token": "576"},
+            "vision_max_n_token",
+            "must be an integer, got '576' (SWAConfig.max_image_tokens",
+        ),
+        ({"sliding_window": 8, "vision_n_layers": 2, "vision_max_n_token": -1}, "vision_max_n_token", "-1 is outside"),
+    ],
+)
 @pytest.mark.parametrize("given", ["dict", "file"])
 def test_from_hf_config_value_errors_name_the_key_and_the_file(tmp_path, hf, key, message, given):
     path = tmp_path / "config.json"
@@ -216,12 +242,15 @@ def test_from_hf_config_of_something_else_names_the_argument(config):
         SWAConfig.from_hf_config(config)
 
 
-@pytest.mark.parametrize("settings, key, message", [
-    ({"max_num_seqs": 0}, "max_num_seqs", "0 is outside [1, 2147483647]"),
-    ({"block_size": "64"}, "block_size", "must be an integer, got '64'"),
-    ({"max_model_len": True}, "max_model_len", "must be an integer, got True"),
-    ({"window_size": 16}, "window_size", "is not an engine setting"),
-])
+@pytest.mark.parametrize(
+    "settings, key, message",
+    [
+        ({"max_num_seqs": 0}, "max_num_seqs", "0 is outside [1, 2147483647]"),
+        ({"block_size": "64"}, "block_size", "must be an integer, got '64'"),
+        ({"max_model_len": True}, "max_model_len", "must be an integer, got True"),
+        ({"window_size": 16}, "window_size", "is not an engine setting"),
+    ],
+)
 def test_from_hf_config_engine_setting_errors_name_the_setting(settings, key, message):
     # An engine setting that overrides a model value (max_model_len here) is named as the engine's.
     with pytest.raises(ConfigError) as info:
@@ -238,8 +267,9 @@ def _tiny_settings():
     return yaml.safe_load((CONFIGS / "tiny.yaml").read_text())
 
 
-@pytest.mark.parametrize("field", ["window_size", "block_size", "compress_ratios", "max_model_len",
-                                   "max_num_batched_tokens", "max_num_seqs"])
+@pytest.mark.parametrize(
+    "field", ["window_size", "block_size", "compress_ratios", "max_model_len", "max_num_batched_tokens", "max_num_seqs"]
+)
 def test_a_config_file_without_a_required_setting_names_it(tmp_path, field):
     import yaml
 
@@ -267,8 +297,11 @@ def test_a_config_file_without_its_window_no_longer_gets_128(tmp_path):
 
 
 def test_settings_with_a_safe_default_may_be_left_out():
-    settings = {key: value for key, value in _tiny_settings().items()
-                if key not in ("num_speculative_tokens", "speculative_method", "head_size")}
+    settings = {
+        key: value
+        for key, value in _tiny_settings().items()
+        if key not in ("num_speculative_tokens", "speculative_method", "head_size")
+    }
     cfg = SWAConfig.from_mapping(settings)
     assert (cfg.num_speculative_tokens, cfg.speculative_method, cfg.decode_threshold) == (0, None, 1)
     assert (cfg.head_size, cfg.model_version, cfg.max_image_tokens, cfg.num_kv_groups) == (512, "deepseek_v4", 0, 1)
@@ -279,22 +312,36 @@ def test_settings_with_a_safe_default_may_be_left_out():
 
 def test_ratio_1_needs_the_model_version_in_a_config_file():
     # Ratio 1 is a SWA-only layer in V4 and a C1A layer in V4.1: a file must say which model it describes.
-    settings = {**_tiny_settings(), "compress_ratios": [0, 1, 2], "num_speculative_tokens": 0,
-                "speculative_method": None}
-    with pytest.raises(ConfigError, match=r"^model_version: missing from config, whose compress_ratios include 1: "
-                                          r"the layer type of that ratio differs between deepseek_v4 and deepseek_v41"):
+    settings = {
+        **_tiny_settings(),
+        "compress_ratios": [0, 1, 2],
+        "num_speculative_tokens": 0,
+        "speculative_method": None,
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"^model_version: missing from config, whose compress_ratios include 1: "
+        r"the layer type of that ratio differs between deepseek_v4 and deepseek_v41",
+    ):
         SWAConfig.from_mapping(settings)
-    assert SWAConfig.from_mapping({**settings, "model_version": "deepseek_v41"}).layer_types == ("swaonly", "c1a", "c2a")
+    assert SWAConfig.from_mapping({**settings, "model_version": "deepseek_v41"}).layer_types == (
+        "swaonly",
+        "c1a",
+        "c2a",
+    )
     assert SWAConfig.from_mapping({**settings, "model_version": "deepseek_v4"}).layer_types == ("swaonly", "c2a")
     no_one = SWAConfig.from_mapping({**settings, "compress_ratios": [0, 2]})  # the same types in both versions
     assert no_one.model_version == "deepseek_v4"
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("a: 2001-02-30\n", "is not data a config can hold (ValueError: day is out of range for month)"),
-    ("a: !!bool maybe\n", "is not data a config can hold (KeyError: 'maybe')"),
-    ("a: " + "[" * 3000 + "\n", "is not data a config can hold (RecursionError"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("a: 2001-02-30\n", "is not data a config can hold (ValueError: day is out of range for month)"),
+        ("a: !!bool maybe\n", "is not data a config can hold (KeyError: 'maybe')"),
+        ("a: " + "[" * 3000 + "\n", "is not data a config can hold (RecursionError"),
+    ],
+)
 def test_yaml_the_parser_chokes_on_is_a_config_error(tmp_path, text, fragment):
     path = tmp_path / "c.yaml"
     path.write_text(text)

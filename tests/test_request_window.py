@@ -41,17 +41,28 @@ def check(got, want: dict) -> None:
 @pytest.mark.parametrize("dtype", (torch.int32, torch.int64))
 def test_worked_vector_1(backend, dtype):
     builder = make_builder(config(4), backend)
-    rows = RequestWindowRows(t([3, 3, 3, 5], dtype), t([4, 5, 6, 0], dtype), zero_row=99, capacity=8, num_groups=3,
-                             padded_rows=6)
+    rows = RequestWindowRows(
+        t([3, 3, 3, 5], dtype), t([4, 5, 6, 0], dtype), zero_row=99, capacity=8, num_groups=3, padded_rows=6
+    )
     got = builder.build_request_window(rows)
-    check(got, dict(
-        req=[3, 3, 3, 5, 0, 0], pos=[4, 5, 6, 0, 0, 0], write_loc=[12, 13, 14, 15, 16, 17],
-        indices=[[12, 3, 2, 1], [13, 12, 3, 2], [14, 13, 12, 3], [15, -1, -1, -1], [-1] * 4, [-1] * 4],
-        lengths=[4, 4, 4, 1, 0, 0], commit_mask=[T, T, T, T, F, F],
-        history_req=[3] * 4 + [5] * 4 + [0] * 4, history_pos=[0, 1, 2, 3] + [-4, -3, -2, -1] * 2,
-        history_loc=list(range(12)), history_valid=[T] * 4 + [F] * 8, history_src=[24, 25, 26, 27] + [99] * 8,
-        size=18, runs=[2],
-    ))
+    check(
+        got,
+        dict(
+            req=[3, 3, 3, 5, 0, 0],
+            pos=[4, 5, 6, 0, 0, 0],
+            write_loc=[12, 13, 14, 15, 16, 17],
+            indices=[[12, 3, 2, 1], [13, 12, 3, 2], [14, 13, 12, 3], [15, -1, -1, -1], [-1] * 4, [-1] * 4],
+            lengths=[4, 4, 4, 1, 0, 0],
+            commit_mask=[T, T, T, T, F, F],
+            history_req=[3] * 4 + [5] * 4 + [0] * 4,
+            history_pos=[0, 1, 2, 3] + [-4, -3, -2, -1] * 2,
+            history_loc=list(range(12)),
+            history_valid=[T] * 4 + [F] * 8,
+            history_src=[24, 25, 26, 27] + [99] * 8,
+            size=18,
+            runs=[2],
+        ),
+    )
     assert got.req.dtype == got.pos.dtype == got.history_src.dtype == torch.int64
     assert got.write_loc.dtype == got.indices.dtype == got.lengths.dtype == torch.int32
 
@@ -59,18 +70,32 @@ def test_worked_vector_1(backend, dtype):
 @pytest.mark.parametrize("backend", tuple(BACKEND_PLATFORMS))
 def test_worked_vector_2(backend):
     builder = make_builder(config(4), backend)
-    rows = RequestWindowRows(t([7, 7, 7, 7, 7, 2]), t([9, 10, 11, 12, 13, 3]), zero_row=50, capacity=4,
-                             floors=t([8, 8, 8, 8, 8, 2]))
+    rows = RequestWindowRows(
+        t([7, 7, 7, 7, 7, 2]), t([9, 10, 11, 12, 13, 3]), zero_row=50, capacity=4, floors=t([8, 8, 8, 8, 8, 2])
+    )
     got = builder.build_request_window(rows)
-    check(got, dict(
-        write_loc=[24, 25, 26, 27, 28, 29],
-        indices=[[24, 3, -1, -1], [25, 24, 3, -1], [26, 25, 24, 3], [27, 26, 25, 24], [28, 27, 26, 25],
-                 [29, 7, -1, -1]],
-        lengths=[2, 3, 4, 4, 4, 2], commit_mask=[F, T, T, T, T, T],
-        history_req=[7] * 4 + [2] * 4 + [0] * 16, history_pos=[5, 6, 7, 8, -1, 0, 1, 2] + [-4, -3, -2, -1] * 4,
-        history_valid=[F, F, F, T, F, F, F, T] + [F] * 16, history_src=[50, 50, 50, 28, 50, 50, 50, 10] + [50] * 16,
-        size=30, runs=[2],
-    ))
+    check(
+        got,
+        dict(
+            write_loc=[24, 25, 26, 27, 28, 29],
+            indices=[
+                [24, 3, -1, -1],
+                [25, 24, 3, -1],
+                [26, 25, 24, 3],
+                [27, 26, 25, 24],
+                [28, 27, 26, 25],
+                [29, 7, -1, -1],
+            ],
+            lengths=[2, 3, 4, 4, 4, 2],
+            commit_mask=[F, T, T, T, T, T],
+            history_req=[7] * 4 + [2] * 4 + [0] * 16,
+            history_pos=[5, 6, 7, 8, -1, 0, 1, 2] + [-4, -3, -2, -1] * 4,
+            history_valid=[F, F, F, T, F, F, F, T] + [F] * 16,
+            history_src=[50, 50, 50, 28, 50, 50, 50, 10] + [50] * 16,
+            size=30,
+            runs=[2],
+        ),
+    )
 
 
 def test_outputs_never_alias_the_inputs():
@@ -92,9 +117,20 @@ def test_each_field_is_its_own_memory(backend, window, padded):
     rows = RequestWindowRows(t([3, 3, 5]), t([4, 5, 0]), zero_row=99, capacity=8, num_groups=3, padded_rows=padded)
     got = builder.build_request_window(rows)
     n, history = max(3, padded), 3 * window
-    shapes = dict(req=(n,), pos=(n,), write_loc=(n,), indices=(n, window), lengths=(n,), commit_mask=(n,),
-                  history_req=(history,), history_pos=(history,), history_loc=(history,),
-                  history_valid=(history,), history_src=(history,), runs=(1,))
+    shapes = dict(
+        req=(n,),
+        pos=(n,),
+        write_loc=(n,),
+        indices=(n, window),
+        lengths=(n,),
+        commit_mask=(n,),
+        history_req=(history,),
+        history_pos=(history,),
+        history_loc=(history,),
+        history_valid=(history,),
+        history_src=(history,),
+        runs=(1,),
+    )
     for name, shape in shapes.items():
         field = getattr(got, name)
         assert tuple(field.shape) == shape and field.is_contiguous(), (name, tuple(field.shape), shape)
@@ -110,7 +146,8 @@ def test_each_field_is_its_own_memory(backend, window, padded):
 
 def test_runs_past_the_groups_get_no_history():
     # Three runs, two groups: the third run's rows keep the rule (its history indices point past H = 8,
-    # into the query rows) and no history group is its.
+    # here into the query rows; tests/test_settings_bounds.py has them past the workspace) and no history
+    # group is its.
     builder = make_builder(config(4), "torch")
     got = builder.build_request_window(RequestWindowRows(t([1, 2, 3]), t([5, 5, 5]), zero_row=0, num_groups=2))
     assert got.runs.tolist() == [3]
@@ -155,9 +192,10 @@ def test_validation_names_the_row():
     assert plain.build_request_window(RequestWindowRows(t([1, 1, 1, 2]), t([3, 4, 6, 0]), zero_row=0)).size == 20
 
 
-def random_rows(rng: random.Random) -> RequestWindowRows:
+def random_rows(rng: random.Random, window: int = 1) -> RequestWindowRows:
     """Runs of one to a ring and more rows (so some rows do not commit), floors anywhere, the groups
-    exact, spare, missing (fewer than the runs) or absent, padding or none, int32 or int64."""
+    exact, spare, missing (fewer than the runs) or absent, padding or none, int32 or int64. The ring holds
+    at least the window (a shorter one is refused)."""
     req, pos = [], []
     for _ in range(rng.randint(1, 5)):
         slot, first = rng.randint(0, 9), rng.randint(0, 500)
@@ -172,7 +210,7 @@ def random_rows(rng: random.Random) -> RequestWindowRows:
         torch.tensor(req, dtype=dtype),
         torch.tensor(pos, dtype=dtype),
         zero_row=rng.randint(0, 5000),
-        capacity=rng.choice((4, 16, 256)),
+        capacity=max(rng.choice((4, 16, 256)), window),
         floors=floors,
         num_groups=rng.choice((None, runs, max(1, runs - 1), runs + 3)),
         padded_rows=rng.choice((None, n + rng.randint(0, 7))),
@@ -185,7 +223,7 @@ def test_kernel_equals_the_torch_build(backend):
     for _ in range(12):
         window = rng.choice((4, 8, 16, 128))
         builder = make_builder(config(window), backend)
-        rows = random_rows(rng)
+        rows = random_rows(rng, window)
         want = build_request_window(rows, window)
         # SM12x keeps every lane's address in bounds; the others every lane the mask leaves on.
         with address_strict(active_only=backend != "sm12x"):

@@ -10,15 +10,17 @@ that the vLLM plugin uses too), ``step_image_spans`` takes the step's images fro
 from __future__ import annotations
 
 import enum
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..batch import AttentionBatch, ImageSpans, check_image_ranges, ranges_in_step
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
-from ..errors import BatchShapeError
+from ..errors import BatchDeviceError, BatchDtypeError, BatchShapeError
 from ..metadata import SWAMetadata
 from ..platform import PlatformInfo
 
@@ -47,6 +49,29 @@ def _seq_lens_cpu(cm: Any) -> torch.Tensor | None:
 
 def _first(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if t.shape[0] == n else t[:n]
+
+
+def _integer(name: str, value: Any) -> int:
+    """An engine's integer setting of the step as an int: a Python or numpy integer, or a one-element integer
+    tensor in host memory. A float, a bool or a meta tensor would otherwise be truncated or fail inside
+    ``int()``, so each is refused by name first."""
+    if isinstance(value, torch.Tensor):
+        if value.is_meta or not value.is_cpu:
+            raise BatchDeviceError(name, f"{name} is on {value.device}; it must be a host integer")
+        if value.numel() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise BatchDtypeError(name, f"{name} must be an integer, got a {value.dtype} tensor {tuple(value.shape)}")
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise BatchDtypeError(name, f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    """An engine's flag of the step: ``bool()`` of anything else (a string, a tensor) would decide the rows
+    by its truth value, or fail inside it (a meta tensor)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise BatchDtypeError(name, f"{name} must be a bool, got {value!r}")
 
 
 def batch_from_common_metadata(
@@ -79,6 +104,8 @@ def batch_from_common_metadata(
     slot_mapping = cm.slot_mapping
     num_tokens = slot_mapping.shape[0]
     actual = getattr(cm, "num_actual_tokens", None)
+    if actual is not None:
+        actual = _integer("num_actual_tokens", actual)
     if actual is not None and actual > num_tokens:
         raise BatchShapeError(
             "num_actual_tokens", f"num_actual_tokens={actual} exceeds the slot_mapping's {num_tokens} rows"
@@ -92,9 +119,9 @@ def batch_from_common_metadata(
         seq_lens_cpu=None if seq_cpu is None else _first(seq_cpu, num_reqs),
         block_table=cm.block_table_tensor,
         slot_mapping=slot_mapping,
-        max_query_len=int(cm.max_query_len),
+        max_query_len=_integer("max_query_len", cm.max_query_len),
         num_tokens=num_tokens,
-        causal=bool(getattr(cm, "causal", True)),
+        causal=_flag("causal", getattr(cm, "causal", True)),
         replay_start=replay_start,
         image_spans=image_spans,
     )

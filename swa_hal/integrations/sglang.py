@@ -42,11 +42,11 @@ from typing import Any
 import torch
 
 from ..builder import SWAMetadataBuilder
-from ..config import SWAConfig
-from ..errors import ConfigError
+from ..config import INT32_LIMIT, MAX_ROW_WIDTH, SWAConfig
+from ..errors import BatchDeviceError, BatchDtypeError, ConfigError, DeviceError
 from ..platform import PlatformInfo, probe_platform
 from ..request_window import DEFAULT_CAPACITY, RequestWindowLayout, RequestWindowRows
-from ..slot_ring import SlotRing
+from ..slot_ring import MAX_RING_SIZE, SlotRing
 from ..slot_rows import SlotRows
 from ._common import InstallOnce, announce, auto_backend, enabled, gate_version, require_version
 
@@ -80,12 +80,26 @@ def _align(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def _setting(name: str, value: Any) -> int:
-    """An adapter setting (the window, the row alignment, the DSpark block size): a positive integer, else a
-    ConfigError naming it. 0 would divide by zero (the alignment) or silently give causal rows (the block)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+def _setting(name: str, value: Any, high: int = MAX_ROW_WIDTH) -> int:
+    """An adapter setting (the window, the row alignment, the DSpark block size, the ring's sizes): an
+    integer in ``[1, high]``, else a ConfigError naming it. 0 would divide by zero (the alignment) or
+    silently give causal rows (the block); every one of them sizes a row or a ring, which the kernels bound
+    (``MAX_ROW_WIDTH``, ``MAX_RING_SIZE``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
         raise ConfigError(name, f"must be a positive integer, got {value!r}")
+    if int(value) > high:
+        raise ConfigError(name, f"must be at most {high}, got {value!r}")
     return int(value)
+
+
+def _engine_device(name: str, t: Any) -> torch.device:
+    """The device of the tensor a hook builds for (SGLang's own), refused up front where no build can run:
+    a meta tensor holds no data, so a builder there would have nowhere to write (and fail deep inside)."""
+    if not isinstance(t, torch.Tensor):
+        raise BatchDtypeError(name, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_meta:
+        raise BatchDeviceError(name, f"{name} is a meta tensor (shapes only, no data): no build can read it")
+    return t.device
 
 
 class SGLangSWAIndices:
@@ -107,7 +121,14 @@ class SGLangSWAIndices:
         self.window_size = _setting("window_size", window_size)
         # The causal row width at SGLang's default alignment: what nearly every call asks for, checked once.
         self._causal_width = _align(self.window_size, SGLANG_PAGE_INDEX_ALIGNED_SIZE)
-        self.device = torch.device(device)
+        # Checked here, not at the first call that makes the builder: a device no build can run on is named
+        # where the adapter is made.
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise DeviceError(f"device {device!r} is not a torch device ({' '.join(str(exc).split())})") from None
+        if self.device.type == "meta":
+            raise DeviceError(f"device {str(self.device)!r} holds no data (meta tensors have shapes only)")
         self.backend = backend
         self.platform = platform
         self.validate = validate
@@ -157,7 +178,8 @@ class SGLangSWAIndices:
         page_index_aligned_size: int = SGLANG_PAGE_INDEX_ALIGNED_SIZE,
     ) -> SlotRows:
         """The token-slot rows ``causal`` builds: SGLang's causal-op arguments as a ``SlotRows``."""
-        if page_index_aligned_size == SGLANG_PAGE_INDEX_ALIGNED_SIZE:
+        # The type before the comparison: 64.0 or a numpy scalar compares equal to 64 but is no alignment.
+        if type(page_index_aligned_size) is int and page_index_aligned_size == SGLANG_PAGE_INDEX_ALIGNED_SIZE:
             width = self._causal_width
         else:
             width = _align(self.window_size, _setting("page_index_aligned_size", page_index_aligned_size))
@@ -230,7 +252,7 @@ class SGLangSWAIndices:
         ``num_req_slots``)."""
         n = seq_lens_casual.shape[0]
         block = _setting("block_size", block_size)
-        size = _setting("ring_size", ring_size)
+        size = _setting("ring_size", ring_size, MAX_RING_SIZE)
         align = _setting("page_index_aligned_size", page_index_aligned_size)
         if num_slots is None:
             if not isinstance(valid_from, torch.Tensor):
@@ -242,7 +264,7 @@ class SGLangSWAIndices:
             floors=valid_from,
             block=block,
             width=_align(self.window_size + block, align),
-            ring=SlotRing(size=size, slots=_setting("num_slots", num_slots)),
+            ring=SlotRing(size=size, slots=_setting("num_slots", num_slots, INT32_LIMIT + 1)),
         )
 
     def _build(self, rows: SlotRows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -360,7 +382,7 @@ def causal_execute(
     swa_replay_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """REPLACE hook of ``BuildCausalSwaPageIndices.execute``: swa_hal's rows, newest first."""
-    adapter = adapter_for(seq_lens_casual.device, swa_window)
+    adapter = adapter_for(_engine_device("seq_lens_casual", seq_lens_casual), swa_window)
     indices, lens = adapter.causal(
         req_to_token=req_to_token,
         full_to_swa=full_to_swa_mapping,
@@ -426,7 +448,7 @@ def dspark_indices_around(
     module = sys.modules.get(type(self).__module__)
     window = getattr(module, "SWA_WINDOW", SGLANG_SWA_WINDOW)
     align = getattr(module, "PAGE_INDEX_ALIGNED_SIZE", SGLANG_PAGE_INDEX_ALIGNED_SIZE)
-    adapter = adapter_for(seq_lens_casual.device, window)
+    adapter = adapter_for(_engine_device("seq_lens_casual", seq_lens_casual), window)
     return adapter.dspark(
         req_to_token=self.req_to_token,
         full_to_swa=pool.full_to_swa_index_mapping,
@@ -454,7 +476,7 @@ def dspark_ring_execute(
     (docs/semantics.md #ring-rows). The ring's request slots are ``valid_from``'s entries: SGLang keeps
     one per request slot of the ring (``swa_valid_from``, ``num_req_slots`` long), and its own op reads
     it for every block."""
-    adapter = adapter_for(seq_lens_casual.device, swa_window)
+    adapter = adapter_for(_engine_device("seq_lens_casual", seq_lens_casual), swa_window)
     return adapter.dspark_ring(
         seq_lens_casual=seq_lens_casual,
         req_pool_indices_repeated=req_pool_indices_repeated,
@@ -483,8 +505,9 @@ def window_layout_around(
     ``dsv41.window_groups_fit`` is checked as its CUDA path checks it (its own ``expect``, its level,
     not while capturing a graph), now on every device; ``dsv41.swa_history_present`` stays where SGLang
     checks it, on the history rows this layout names."""
+    device = _engine_device("pos", pos)
     module = sys.modules[_REQUEST_WINDOW]
-    got = adapter_for(pos.device, window).window_layout(
+    got = adapter_for(device, window).window_layout(
         req, pos, zero_row=zero_row, capacity=capacity, floor=floor, num_groups=num_groups, padded_rows=padded_rows
     )
     if num_groups is not None and module.resolve_level() >= module.InvariantCheckLevel.WARN and not module._capturing():

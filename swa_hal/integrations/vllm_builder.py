@@ -238,7 +238,8 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             platform = PlatformInfo.from_assume(platform)
         options = plugin.options
         self.swa_config = swa_config_from_vllm(self)
-        self.swa_hal = SWAMetadataBuilder(
+        # A GroupBuilder: what a step build that serves this group records, its check() and poll read too.
+        self.swa_hal = vllm_step.GroupBuilder(
             self.swa_config,
             device=self.device,
             backend=backend if backend is not None else options.backend,
@@ -309,6 +310,9 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         step = vllm_step.group_metadata(self, cm, replay_start)
         if step is None:
             md = engine_rows(self.swa_hal.build(self.swa_hal_batch(cm, replay_start)), cm.num_actual_tokens)
+        elif step[2] is None:  # the step build refused the step's inputs: this group's own build says why
+            md = engine_rows(vllm_step.build_alone(self, step[0], step[1], cm, replay_start), cm.num_actual_tokens)
+            step = None
         else:
             md = engine_rows(step[2], cm.num_actual_tokens)
         self._poll_violations()

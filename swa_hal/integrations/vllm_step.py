@@ -11,9 +11,15 @@ every SWA builder of the step, that one included, then hands out its group's met
 
 A builder takes its group's metadata from the step build only when its inputs are exactly the ones the
 build used: the same ``query_start_loc``, ``seq_lens`` and host copies, token counts, causality,
-replay bounds and image ranges, and its group's own block table and slot-mapping row (same memory).
-Anything else (a table vLLM mapped to kernel blocks, a slot mapping a PCP rank chunked, a second call
-with other inputs) builds that group on its own, as it does without step builds.
+replay bounds and image ranges, and its group's own block table and slot-mapping row (the same memory
+seen the same way: ``cache.tensor_key``). Anything else (a table vLLM mapped to kernel blocks, a slot
+mapping a PCP rank chunked, a second call with other inputs) builds that group on its own, as it does
+without step builds.
+
+Diagnostics stay with the group: the swa_hal builder vLLM's builder of a group holds (``GroupBuilder``)
+reports the guard violations of the step builds that served its group (``check()``, ``poll_violations``),
+and a step build that refuses its inputs builds nothing: every group of the step then builds alone, so
+an error is raised in the call of the group whose input it is, naming vLLM's KV-cache group.
 
 The step build lives in a ``StepPlan``'s own ``SWAMetadataBuilder`` (one set of fixed buffers per
 group), made once per set of SWA builders: the path a step takes depends only on the builders and the
@@ -42,6 +48,8 @@ from typing import Any
 import torch
 
 from ..builder import SWAMetadataBuilder
+from ..cache import tensor_key
+from ..errors import BatchShapeError, BatchValidationError
 from ..metadata import SWAMetadata
 from . import vllm as plugin
 from .engine import batch_from_common_metadata, step_image_spans
@@ -51,6 +59,8 @@ MODEL_STATE_MODULE = "vllm.v1.worker.gpu.model_states.default"
 DRAFTER_MODULE = "vllm.v1.worker.gpu.spec_decode.speculator"
 # The parameters a step build reads from a ``build_attn_metadata`` call (all keywords in the drafter's).
 BUILD_PARAMS = ("attn_groups", "block_tables", "slot_mappings", "ubatch_idx")
+# Those of them a call must pass (vLLM's function has no default for them).
+STEP_KEYWORDS = frozenset(BUILD_PARAMS[:3])
 # The parameters of the prepare_attn the hook wraps, in order (vLLM 0.33's DefaultModelState).
 PREPARE_ATTN_PARAMS = (
     "self",
@@ -68,6 +78,45 @@ PREPARE_ATTN_PARAMS = (
 
 # Kept slot-mapping row views per plan (one per token count seen; past this many, made anew).
 ROW_VIEWS = 1024
+
+
+# -- the builder vLLM's builder holds ------------------------------------------------------------
+
+
+class GroupBuilder(SWAMetadataBuilder):
+    """The swa_hal builder of one vLLM SWA builder (``builder.swa_hal``, the one an engine checks): its
+    group's own builds, and the step builds that serve its group (``steps``, each plan's builder), whose
+    violation records it reads as its own. An engine asked this builder for the group's rows, whichever
+    builder ran the build, so ``check()`` and ``poll_violations`` answer for all of them."""
+
+    steps: tuple[SWAMetadataBuilder, ...] = ()
+
+    def serve(self, step_builder: SWAMetadataBuilder) -> None:
+        """``step_builder`` builds this group's rows in steps from now on."""
+        if not any(b is step_builder for b in self.steps):
+            self.steps = (*self.steps, step_builder)
+
+    def check(self) -> None:
+        """``SWAMetadataBuilder.check`` over this builder's record, then each step builder's: the first
+        violation found is raised (a step build's record is the step's, so the first check of any of its
+        groups' builders raises it); records not read yet keep theirs for the next check."""
+        super().check()
+        for step_builder in self.steps:
+            step_builder.check()
+
+    def poll_violations(self) -> None:
+        """``SWAMetadataBuilder.poll_violations`` over this builder's record and each step builder's, without
+        a sync: every builder of a step polls the step's record, so a violation a step build recorded
+        surfaces at the next build of any of them, a step build or not."""
+        super().poll_violations()
+        for step_builder in self.steps:
+            step_builder.poll_violations()
+
+
+def kv_group_error(exc: BatchValidationError, kv_group: int) -> BatchValidationError:
+    """``exc``, raised by a group's own build after its step build refused the step's inputs, naming the
+    group as vLLM numbers it (its place in ``block_tables`` and ``slot_mappings``)."""
+    return type(exc)(exc.field, f"KV-cache group {kv_group}: {exc.constraint}", exc.index)
 
 
 # -- the plan: which builders a step build serves ------------------------------------------------
@@ -107,7 +156,7 @@ class StepPlan:
         tables = tuple(block_tables[i] for i in ids)
         if self.slot_rows is not None:
             return tables, slot_mappings[self.slot_rows]
-        key = (slot_mappings.data_ptr(), slot_mappings.shape, slot_mappings.stride())
+        key = tensor_key(slot_mappings)
         rows = self._rows.get(key)
         if rows is None:
             if len(self._rows) >= ROW_VIEWS:
@@ -183,6 +232,9 @@ def _make_plan(found: list[tuple[int, Any, Any]]) -> StepPlan:
             tile_schedulers=hal.tile_schedulers,
         )
         builder.violations.logger = plugin.log
+        # Every builder of the step polls the step's record (``GroupBuilder.poll_violations``): on a GPU it
+        # is looked at as often per step as a group's own record, at every ``every``-th step.
+        builder.violations.every *= len(members)
     return StepPlan(members, kv_ids, builder)
 
 
@@ -215,6 +267,7 @@ class Plans:
             if plan.builder is not None:
                 for b, g in plan.members.values():
                     b.swa_hal_step = (plan, g)
+                    b.swa_hal.serve(plan.builder)
             return plan
 
     def clear(self) -> None:
@@ -234,7 +287,11 @@ class Step:
 
     Every builder of the step asks once, so what each ask checks is kept small: where the slot-mapping
     rows lie is read once per step, and the shared inputs are compared by identity first (vLLM hands
-    every group the same objects), by their addresses and values only when an object differs."""
+    every group the same objects), by their identity keys and values only when an object differs.
+
+    A step build that refuses its inputs (a ``BatchValidationError``) builds nothing: every group of the
+    step then builds alone (``metadata`` answers None for its rows), so each error is raised by the call
+    of the group whose input it is, as without step builds, naming the group (``kv_group_error``)."""
 
     __slots__ = ("plan", "block_tables", "slot_mappings", "built", "shared", "_rows")
 
@@ -244,49 +301,51 @@ class Step:
         self.slot_mappings = slot_mappings
         self.built: list[SWAMetadata] | None = None
         self.shared: tuple[Any, ...] | None = None  # the building call's ``_shared``
-        # Group i's slot-mapping row: its address is rows[0] + i * rows[1]; rows[2] entries of rows[3].
-        self._rows = (
-            slot_mappings.data_ptr(),
-            slot_mappings.stride(0) * slot_mappings.element_size(),
-            slot_mappings.shape[1],
-            slot_mappings.dtype,
-        )
+        # Group i's slot-mapping row is the [G, T] buffer's row i: its ``tensor_key`` is the buffer's, with
+        # the address rows[0] + i * rows[1] and the shape and strides of a row.
+        ptr, shape, strides, dtype, device = tensor_key(slot_mappings)
+        self._rows = (ptr, strides[0] * slot_mappings.element_size(), shape[1:], strides[1:], dtype, device)
 
-    def metadata(self, builder: Any, cm: Any, replay_start: torch.Tensor | None) -> tuple[int, SWAMetadata] | None:
+    def metadata(
+        self, builder: Any, cm: Any, replay_start: torch.Tensor | None
+    ) -> tuple[int, SWAMetadata | None] | None:
         """(step group, its metadata) for ``builder``'s build of ``cm`` (building every group on the first
-        call), or None: not one of this step's groups, or not its inputs (the builder builds alone). The
-        inputs are ``cm``'s block table (the step's own object for the group), its slot-mapping row (the
-        group's row of the step's [G, T] buffer) and the shared ones (``_same_shared``)."""
+        call), or None: not one of this step's groups, or not its inputs (the builder builds alone); the
+        metadata is None where the step build refused the step's inputs (the group builds alone, its
+        errors named by its KV-cache group). The inputs are ``cm``'s block table (the step's own object
+        for the group), its slot-mapping row (the group's row of the step's [G, T] buffer, by
+        ``tensor_key``) and the shared ones (``_same_shared``)."""
         plan = self.plan
         member = plan.members.get(id(builder))
         if member is None:
             return None
         g = member[1]
         i = plan.kv_ids[g]
-        mine = cm.slot_mapping
-        first, step, tokens, dtype = self._rows
+        first, step, shape, strides, dtype, device = self._rows
         if not (
             member[0] is builder
             and cm.block_table_tensor is self.block_tables[i]
-            and mine.data_ptr() == first + i * step
-            and mine.shape[0] == tokens
-            and mine.dtype == dtype
+            and tensor_key(cm.slot_mapping) == (first + i * step, shape, strides, dtype, device)
         ):
             return None
         built = self.built
-        if built is None:
-            hal = plan.builder
-            assert hal is not None
-            tables, slots = plan.inputs(self.block_tables, self.slot_mappings)
-            batch = batch_from_common_metadata(cm, replay_start=replay_start, image_spans=step_image_spans(hal, cm))
-            built = self.built = hal.build_groups(batch, tables, slots)
+        if self.shared is None:
             self.shared = _shared(cm, replay_start)
             plan.handed = [None] * len(plan.kv_ids)
             plan.updated = set()
-            hal.poll_violations()
+            hal = plan.builder
+            assert hal is not None
+            tables, slots = plan.inputs(self.block_tables, self.slot_mappings)
+            try:
+                batch = batch_from_common_metadata(cm, replay_start=replay_start, image_spans=step_image_spans(hal, cm))
+                built = self.built = hal.build_groups(batch, tables, slots)
+            except BatchValidationError:
+                # Which group's input broke the rule, the step build's error does not say in vLLM's terms
+                # (a place among the step's groups); each group's own build does, in its own call.
+                return g, None
         elif not _same_shared(cm, replay_start, self.shared):
             return None
-        return g, built[g]
+        return g, None if built is None else built[g]
 
 
 def _shared(cm: Any, replay_start: torch.Tensor | None) -> tuple[Any, ...]:
@@ -305,20 +364,27 @@ def _shared(cm: Any, replay_start: torch.Tensor | None) -> tuple[Any, ...]:
 
 
 def _shared_key(shared: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``_shared`` as a build reads it: host objects by identity, device views by address and shape (a
-    view of the same memory is the same input)."""
+    """``_shared`` as a build reads it: host objects by identity, device views by ``tensor_key`` (another
+    view of the same memory seen the same way is the same input; one with other strides, another dtype
+    or on another device reads other values, or is refused)."""
     qsl_cpu, seq_cpu, ranges, causal, seq, qsl, tokens, max_query_len, replay = shared
     return (
         qsl_cpu,
         seq_cpu,
         ranges,
         causal,
-        (seq.data_ptr(), seq.shape),
-        (qsl.data_ptr(), qsl.shape),
+        _device_key(seq),
+        _device_key(qsl),
         tokens,
         max_query_len,
-        None if replay is None else (replay.data_ptr(), replay.shape),
+        None if replay is None else _device_key(replay),
     )
+
+
+def _device_key(t: Any) -> tuple[Any, ...]:
+    """``tensor_key`` of a tensor; anything else (which a build refuses) by identity (both objects are
+    alive while their keys are compared, so equal ids are the same object)."""
+    return tensor_key(t) if isinstance(t, torch.Tensor) else ("not a tensor", id(t))
 
 
 def _same_shared(cm: Any, replay_start: torch.Tensor | None, built: tuple[Any, ...] | None) -> bool:
@@ -365,13 +431,38 @@ class opened:
 
 def open_step(block_tables: Any, slot_mappings: Any, attn_groups: Any, ubatch_idx: int) -> opened:
     """The step of a ``prepare_attn`` call with these inputs (a step that builds nothing for a plan
-    without a step build, or for inputs not in vLLM's layout)."""
+    without a step build, or for inputs not in vLLM's layout). Raises ``BatchShapeError`` where the
+    call's tables or slot-mapping rows lack a KV-cache group its attention groups build."""
     if not isinstance(slot_mappings, torch.Tensor) or slot_mappings.dim() != 2:
         return opened(None)
     plan = plans.get(attn_groups, ubatch_idx)
-    if plan.builder is None or len(block_tables) != slot_mappings.shape[0]:
+    if plan.builder is None:
+        return opened(None)
+    try:
+        num_tables = len(block_tables)
+    except TypeError:  # not vLLM's tuple of tables: each group builds alone
+        return opened(None)
+    num_rows = slot_mappings.shape[0]
+    last = plan.kv_ids[-1]
+    if last >= num_tables or last >= num_rows:
+        _refuse_layout(plan.kv_ids, num_tables, num_rows)
+    if num_tables != num_rows:
         return opened(None)
     return opened(Step(plan, block_tables, slot_mappings))
+
+
+def _refuse_layout(kv_ids: tuple[int, ...], num_tables: int, num_rows: int) -> None:
+    """Raise the error naming the first KV-cache group of the plan the call's inputs have no entry for."""
+    for name, have, what in (("block_tables", num_tables, "tables"), ("slot_mappings", num_rows, "rows")):
+        missing = [i for i in kv_ids if i >= have]
+        if missing:
+            i = missing[0]
+            raise BatchShapeError(
+                name,
+                f"{name} has {have} {what}, so no {name}[{i}]; the step's attention groups build KV-cache "
+                f"group {i} (SWA groups {list(kv_ids)}): one entry per KV-cache group, each group's at its index",
+                i,
+            )
 
 
 # -- the builders' side -----------------------------------------------------------------------
@@ -379,8 +470,9 @@ def open_step(block_tables: Any, slot_mappings: Any, attn_groups: Any, ubatch_id
 
 def group_metadata(
     builder: Any, cm: Any, replay_start: torch.Tensor | None
-) -> tuple[StepPlan, int, SWAMetadata] | None:
-    """(plan, step group, metadata) when the current step build serves ``builder``'s build of ``cm``."""
+) -> tuple[StepPlan, int, SWAMetadata | None] | None:
+    """(plan, step group, metadata) when the current step build serves ``builder``'s build of ``cm``;
+    metadata None: the step build refused the step's inputs, the group builds alone (``build_alone``)."""
     step = current()
     if step is None:
         return None
@@ -388,6 +480,15 @@ def group_metadata(
     if found is None:
         return None
     return step.plan, found[0], found[1]
+
+
+def build_alone(builder: Any, plan: StepPlan, g: int, cm: Any, replay_start: torch.Tensor | None) -> SWAMetadata:
+    """Step group ``g``'s build of ``cm`` in its own builder, after its step build refused the step's
+    inputs: an error it raises names the group's KV-cache group."""
+    try:
+        return builder.swa_hal.build(builder.swa_hal_batch(cm, replay_start))
+    except BatchValidationError as exc:
+        raise kv_group_error(exc, plan.kv_ids[g]) from exc
 
 
 def update_draft(builder: Any, vllm_metadata: Any) -> bool:
@@ -481,7 +582,9 @@ def _install_drafter(patched: list[tuple[Any, str, Any]]) -> None:
         return
 
     def build_attn_metadata(*args: Any, **kwargs: Any) -> Any:
-        if args:  # the drafter passes keywords only; anything else builds as vLLM does
+        # The drafter passes keywords only; anything else (positional arguments, a step input left out)
+        # builds as vLLM does, which also answers a call it cannot take.
+        if args or not STEP_KEYWORDS <= kwargs.keys():
             return original(*args, **kwargs)
         step = open_step(
             kwargs["block_tables"], kwargs["slot_mappings"], kwargs["attn_groups"], kwargs.get("ubatch_idx", 0)

@@ -95,6 +95,8 @@ class RowsArgs:
     group_rows: int
     decode_guess_len: int
     prefill_guess_len: int
+    max_query_len: int
+    decode_query_max: int
     num_spans: int
 
     def programs(self) -> int:

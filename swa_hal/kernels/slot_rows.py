@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .rules import CACHE_SLOT, POOL, POSITION, RING_SLOT, TOKEN_SLOT
 from .slot_rows_launch import SLOT_ROWS_ENGINE, SLOT_ROWS_INTS
 from .swa_metadata import _flag, _record
 
@@ -93,7 +94,7 @@ def _ring_rows(
     if GUARD:
         kind = tl.zeros_like(row_lens)
         value = tl.zeros_like(row_lens)
-        kind, value = _flag(kind, value, (row_lens > 0) & ~pool_ok, 12, _int32(pool))  # RING_SLOT
+        kind, value = _flag(kind, value, (row_lens > 0) & ~pool_ok, RING_SLOT, _int32(pool))
         row_lens = tl.where(kind > 0, 0, row_lens)
         _record(violation_ptr, kind, rows, value, rows)
     live = cols[None, :] < row_lens[:, None]
@@ -218,9 +219,9 @@ def slot_rows_kernel(
             # differ, but it reads past the table whenever it reads the table (its position is saturated in
             # the value, as the record's is).
             live_row = (row_lens > 0) | (row_ok & far_live)
-            kind, value = _flag(kind, value, live_row & ~pool_ok, 8, _int32(pool))  # POOL
+            kind, value = _flag(kind, value, live_row & ~pool_ok, POOL, _int32(pool))
             past = ((ctx > 0) & (top >= rt_width)) | (row_ok & far_ctx)
-            kind, value = _flag(kind, value, past, 9, tl.where(far, 2147483647, top))  # POSITION
+            kind, value = _flag(kind, value, past, POSITION, tl.where(far, 2147483647, top))
         live = cols[None, :] < row_lens[:, None]
         from_table = cols[None, :] < ctx[:, None]
         read = live & from_table
@@ -238,7 +239,7 @@ def slot_rows_kernel(
             token = tl.where(own, tl.load(block_slots_ptr + at, mask=own, other=-1).to(tl.int64), token)
         if GUARD:
             bad, what = _first_bad(live & ((token < -1) | (token >= map_len)), token, cols, BLOCK_W)
-            kind, value = _flag(kind, value, bad, 10, _int32(what))  # TOKEN_SLOT
+            kind, value = _flag(kind, value, bad, TOKEN_SLOT, _int32(what))
         has = live & (token >= 0) & (token < map_len)
         token_at = token
         if CLAMP:
@@ -246,7 +247,7 @@ def slot_rows_kernel(
         slot = tl.load(map_ptr + token_at, mask=has, other=-1).to(tl.int64)
         if GUARD:
             bad, what = _first_bad(has & ((slot < -1) | (slot >= SLOT_LIMIT)), slot, cols, BLOCK_W)
-            kind, value = _flag(kind, value, bad, 11, _int32(what))  # CACHE_SLOT
+            kind, value = _flag(kind, value, bad, CACHE_SLOT, _int32(what))
             broken = kind > 0
             row_lens = tl.where(broken, 0, row_lens)
             slot = tl.where(broken[:, None], -1, slot)

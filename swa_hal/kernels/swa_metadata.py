@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from .rows_launch import ROWS_ENGINE, ROWS_INTS
+from .rules import BLOCK, HOST_SPLIT, PADDING_SLOT, PAGES, QUERY_ORDER, REPLAY, ROW_WIDTH, SEQ_SHORT, SPAN
 
 # Triton kernels may only read module globals that are constexpr.
 NO_REQUEST = tl.constexpr(2147483647)
@@ -53,7 +54,6 @@ def _owner_of(
     guess_req,
     guess_tok,
     guess_len,
-    ordered,
     BLOCK_T: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr,
     EAGER_PADDING: tl.constexpr,
@@ -94,9 +94,10 @@ def _owner_of(
         padding = tok >= scheduled
         right = right | padding
     if GUARD:
-        # ``ordered``: _offsets_ordered, from the program's start. Past qsl[R] is past every end only where
-        # the offsets never decrease: the padding shortcut too.
-        right = right & ordered
+        # Past qsl[R] is past every end only where the offsets never decrease: the padding shortcut too.
+        # Checked after this round of loads, not before it: its block-wide sum ends in a barrier, and a load
+        # after a barrier waits for it (the offsets' loads would be a round of their own).
+        right = right & _offsets_ordered(qsl_ptr, num_reqs, search_chunks, SEARCH_BLOCK, CLAMP)
     if tl.min(right.to(tl.int32), axis=0) == 1:
         owner = guess
         begin = lo
@@ -243,6 +244,18 @@ def _flag(kind, value, cond, code: tl.constexpr, what):
 
 
 @triton.jit
+def _split_broken(req, begin, end, query, num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max):
+    """Rule 14: the request's device offsets disagree with the split the host made from its copies
+    (docs/semantics.md #guarded-builds): longer than max_query_len, ending past the batch's tokens, a
+    decode longer than max_decode_query_len or ending past the decode tokens, a prefill starting before
+    them. Compared, never subtracted."""
+    decode = req < num_decodes
+    broken = (query > max_query_len) | (end > num_tokens)
+    broken |= decode & ((query > decode_query_max) | (end > num_decode_tokens))
+    return broken | (~decode & (begin < num_decode_tokens))
+
+
+@triton.jit
 def _record(violation_ptr, kind, req, value, rows):
     """Record a broken row unless a violation is recorded already: each broken row counts itself with
     an atomic add, and the one that finds the count at 0 writes its kind, request and value. No
@@ -274,7 +287,7 @@ def _page_block(
     guard's checks of the page (rule 5) and of the block id (rule 6)."""
     if GUARD:
         in_table = (pk >= 0) & (pk < max_pages)
-        kind, value = _flag(kind, value, need & ~in_table, 5, pk)  # PAGES
+        kind, value = _flag(kind, value, need & ~in_table, PAGES, pk)
         need = need & in_table
     if CLAMP:
         pk = tl.minimum(tl.maximum(pk, 0), max_pages - 1)
@@ -282,7 +295,7 @@ def _page_block(
     if GUARD:
         # Every block id handed out lies in [0, BLOCK_LIMIT): inside the KV cache, and its slots
         # inside int32 (block * BLOCK_SIZE cannot overflow).
-        kind, value = _flag(kind, value, need & ((bk < 0) | (bk >= BLOCK_LIMIT)), 6, bk)  # BLOCK
+        kind, value = _flag(kind, value, need & ((bk < 0) | (bk >= BLOCK_LIMIT)), BLOCK, bk)
     return bk, kind, value
 
 
@@ -315,6 +328,10 @@ def _window_rows(
     guess_req,
     guess_len,
     num_spans,
+    num_decodes,
+    num_decode_tokens,
+    max_query_len,
+    decode_query_max,
     WINDOW: tl.constexpr,
     WIDTH: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -340,10 +357,6 @@ def _window_rows(
         tok_at = tl.minimum(tok, num_tokens - 1)
         rows_at = tl.minimum(rows, n_rows - 1)
 
-    ordered = 1
-    if GUARD:
-        # First: its loads and sum then overlap the slot's and the guess's round.
-        ordered = _offsets_ordered(qsl_ptr, num_reqs, search_chunks, SEARCH_BLOCK, CLAMP)
     # Issued before the owner check: a load after a block-wide reduction waits for it.
     slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
     req, begin, end, seq, bound = _owner_of(
@@ -357,7 +370,6 @@ def _window_rows(
         guess_req,
         token_offset,
         guess_len,
-        ordered,
         BLOCK_T,
         SEARCH_BLOCK,
         EAGER_PADDING,
@@ -376,11 +388,26 @@ def _window_rows(
     query = end - begin
     prefix = seq - query
     if GUARD:
-        kind, value = _flag(kind, value, checked & (end < begin), 1, query)  # QUERY_ORDER
+        # A row past the scheduled tokens (padding) has no request: a slot there is the engine's mistake,
+        # and request 0's window would be handed out for it (its value: the row's token).
+        kind, value = _flag(kind, value, checked & (tok >= tl.load(qsl_ptr + num_reqs)), PADDING_SLOT, tok)
+        kind, value = _flag(kind, value, checked & (end < begin), QUERY_ORDER, query)
         # S_r < q_r compared, not S_r - q_r < 0: the difference leaves int32 at the edges (S_r near
         # INT32_MIN) and wraps to a prefix >= 0. A query below 0 with end >= begin wrapped (begin near
         # INT32_MIN): it is past int32, longer than any S_r.
-        kind, value = _flag(kind, value, checked & ((seq < query) | (query < 0)), 2, seq)  # SEQ_SHORT
+        kind, value = _flag(kind, value, checked & ((seq < query) | (query < 0)), SEQ_SHORT, seq)
+        # The split was made on the host from the host copies; the rows follow the device offsets. A
+        # request whose device offsets the split does not admit breaks rule 14 (its value: the query).
+        kind, value = _flag(
+            kind,
+            value,
+            checked
+            & _split_broken(
+                req, begin, end, query, num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max
+            ),
+            HOST_SPLIT,
+            query,
+        )
     if NONCAUSAL:
         # DSpark rows ignore the replay bound (docs/semantics.md #dspark-rows).
         start = tl.maximum(prefix - WINDOW, 0)
@@ -432,11 +459,11 @@ def _window_rows(
         # Never negative: a replay bound past p leaves an empty row.
         lens = tl.maximum(last + 1 - start, 0)
         if GUARD:
-            kind, value = _flag(kind, value, checked & ((bound < 0) | (bound > prefix)), 3, bound)  # REPLAY
+            kind, value = _flag(kind, value, checked & ((bound < 0) | (bound > prefix)), REPLAY, bound)
             if IMAGES or CLEAR_IMAGES:
-                kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), 4, bad_span)  # SPAN
+                kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
     if GUARD and NONCAUSAL:
-        kind, value = _flag(kind, value, checked & (lens > WIDTH), 7, lens)  # ROW_WIDTH
+        kind, value = _flag(kind, value, checked & (lens > WIDTH), ROW_WIDTH, lens)
     # Never longer than the row: what is handed out stays inside it whatever the input. A causal row that
     # needs more (an image longer than M + W where M > W) keeps its first WIDTH positions, as the
     # reference does (docs/semantics.md #vision-spans).
@@ -520,7 +547,7 @@ def _window_rows(
             read = read & page_ok
             first_off = tl.min(tl.where(off_table, cols[None, :], BLOCK_W), axis=1)
             page_at = tl.sum(tl.where(cols[None, :] == first_off[:, None], page, 0), axis=1)
-            kind, value = _flag(kind, value, first_off < BLOCK_W, 5, page_at)  # PAGES
+            kind, value = _flag(kind, value, first_off < BLOCK_W, PAGES, page_at)
         if CLAMP:
             page = tl.minimum(tl.maximum(page, 0), max_pages - 1)
         block = tl.load(row_table[:, None] + page, mask=read, other=0)
@@ -528,7 +555,7 @@ def _window_rows(
             bad_block = read & ((block < 0) | (block >= BLOCK_LIMIT))
             first_bad = tl.min(tl.where(bad_block, cols[None, :], BLOCK_W), axis=1)
             block_at = tl.sum(tl.where(cols[None, :] == first_bad[:, None], block, 0), axis=1)
-            kind, value = _flag(kind, value, first_bad < BLOCK_W, 6, block_at)  # BLOCK
+            kind, value = _flag(kind, value, first_bad < BLOCK_W, BLOCK, block_at)
         base = start[:, None] + (block - page) * BLOCK_SIZE
     if GUARD:
         # A broken row is handed out empty: zeroing its lens empties it entry by entry for free.
@@ -593,6 +620,8 @@ def swa_metadata_kernel(
     group_rows,
     decode_guess_len,
     prefill_guess_len,
+    max_query_len,
+    decode_query_max,
     num_spans,
     # compile-time shape of the work
     WINDOW: tl.constexpr,
@@ -670,6 +699,10 @@ def swa_metadata_kernel(
                 guess_req=0,
                 guess_len=decode_guess_len,
                 num_spans=num_spans,
+                num_decodes=num_decodes,
+                num_decode_tokens=num_decode_tokens,
+                max_query_len=max_query_len,
+                decode_query_max=decode_query_max,
                 WINDOW=WINDOW,
                 WIDTH=DECODE_WIDTH,
                 BLOCK_SIZE=BLOCK_SIZE,
@@ -715,6 +748,10 @@ def swa_metadata_kernel(
                 guess_req=num_decodes,
                 guess_len=prefill_guess_len,
                 num_spans=num_spans,
+                num_decodes=num_decodes,
+                num_decode_tokens=num_decode_tokens,
+                max_query_len=max_query_len,
+                decode_query_max=decode_query_max,
                 WINDOW=WINDOW,
                 WIDTH=PREFILL_WIDTH,
                 BLOCK_SIZE=BLOCK_SIZE,
@@ -757,6 +794,9 @@ def swa_metadata_kernel(
             # (docs/semantics.md #guarded-builds). Compared, not subtracted (the row programs' rules 1 and
             # 2): a query that wrapped is past int32.
             broken = (end < begin) | (seq < query) | (query < 0)  # QUERY_ORDER, SEQ_SHORT
+            broken |= _split_broken(
+                req, begin, end, query, num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max
+            )  # HOST_SPLIT
             broken |= (bound < 0) | (bound > seq - query)  # REPLAY
             if MAX_IMAGE > 0:
                 bad_span = _image_visibility(

@@ -40,6 +40,9 @@ GUARDED_CONFIG = SWAConfig(
     max_image_tokens=3,
     num_kv_groups=3,
 )
+# The same geometry with DSpark drafting: its steps may be non-causal, and their prefills read replay bounds
+# that their decode rows ignore (docs/semantics.md #dspark-rows).
+GUARDED_DSPARK_CONFIG = dataclasses.replace(GUARDED_CONFIG, speculative_method="dspark", num_speculative_tokens=3)
 # The SWAMetadata fields that are not outputs of the build (host objects, names).
 _NOT_COMPARED = {"tile_sched", "backend", "extras"}
 
@@ -97,7 +100,9 @@ def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, typ
 def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> AttentionBatch:
     """A structurally plausible batch (it passes the host preflight of ``config``) with malformed values:
     decreasing offsets, short sequences, out-of-range block ids, bad replay bounds and image spans (a CSR
-    that decreases or points past its spans), requests without query tokens, tokens without slots."""
+    that decreases or points past its spans), requests without query tokens, tokens without slots, padding
+    rows with slots, a max_query_len below the longest query and device offsets that differ from their
+    host copy (the split is made from the host copy)."""
     num_reqs = rng.randint(1, min(5, config.max_num_seqs))
     queries = [rng.randint(0, 7) for _ in range(num_reqs)]
     qsl = [0]
@@ -119,7 +124,15 @@ def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> A
         span_ptr[0] = 0
     starts = [rng.randint(-1, 45) for _ in range(n_spans)]
     ends = [rng.randint(-1, 45) for _ in range(n_spans)]
-    return make_batch(qsl, seqs, table, slots, rng.randint(0, 8), num_tokens, replay, (span_ptr, starts, ends))
+    host_qsl = None
+    if rng.random() < 0.3:  # the host copy the split is made from disagrees with the device offsets
+        host_qsl = list(qsl)
+        i = rng.randint(0, num_reqs)
+        host_qsl[i] = max(0, min(num_tokens, host_qsl[i] + rng.choice((-2, -1, 1, 2))))
+    spans = (span_ptr, starts, ends)
+    causal = not (config.is_dspark and rng.random() < 0.7)  # a DSpark step: non-causal decode rows
+    batch = make_batch(qsl, seqs, table, slots, rng.randint(0, 8), num_tokens, replay, spans, host_qsl=host_qsl)
+    return batch if causal else dataclasses.replace(batch, causal=False)
 
 
 def make_batch(
@@ -131,9 +144,11 @@ def make_batch(
     num_tokens: int,
     replay: list[int] | None = None,
     image_spans: tuple[list[int], list[int], list[int]] | None = None,
+    *,
+    host_qsl: list[int] | None = None,
 ) -> AttentionBatch:
     """A batch of exactly these values (no validation): ``image_spans`` is ``(indptr, starts, ends)``,
-    dropped when it has no span."""
+    dropped when it has no span; ``host_qsl`` is query_start_loc's host copy where it differs."""
 
     def t32(v: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(v, dtype=torch.int32)
@@ -145,7 +160,7 @@ def make_batch(
     return AttentionBatch(
         seq_lens=t32(seqs),
         query_start_loc=qsl_t,
-        query_start_loc_cpu=qsl_t.clone(),
+        query_start_loc_cpu=qsl_t.clone() if host_qsl is None else t32(host_qsl),
         seq_lens_cpu=t32(seqs),
         block_table=t32(table) if table and table[0] else torch.zeros((len(seqs), 0), dtype=torch.int32),
         slot_mapping=torch.tensor(slots, dtype=torch.int64),
@@ -272,7 +287,7 @@ def build_case(
     of ``builder`` and of the reference ``ref``: what differs (empty: nothing), each naming the case.
     ``strict(extra=...)``: a context the backend's calls run in (``interpreter.address_strict``), given the
     tensors a kernel reaches through a table of addresses; the ``*_case`` functions all take it."""
-    batch = malformed_batch(rng)
+    batch = malformed_batch(rng, ref.config)
     want, want_error = attempt(ref.build, batch, validate=False)
     moved = batch.to(device)
     with strict():
@@ -456,6 +471,11 @@ class GuardedOutputTests(BackendFixtures):
         self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
     ) -> None:
         self._run(build_case, GUARDED_CONFIG, f"guarded-build-{name}", make_builder, target)
+
+    def test_guarded_dspark_builds_equal_the_reference(
+        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
+    ) -> None:
+        self._run(build_case, GUARDED_DSPARK_CONFIG, f"guarded-dspark-{name}", make_builder, target)
 
     def test_guarded_group_builds_equal_the_reference(
         self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target

@@ -1,5 +1,6 @@
 """vLLM's own scheduler drives swa_hal's SWA builders (``vllm_traffic``): its real ``Scheduler`` and
-``KVCacheManager`` with prefix caching, chunked prefill, preemption and MTP drafts, each step's metadata
+``KVCacheManager`` with prefix caching, chunked prefill, preemption, MTP and DSpark drafts, V4.1's bounded
+replay and several SWA KV-cache groups per step, each step's metadata
 built by vLLM's own SWA builder and by swa_hal's (torch backend every step, the cuda Triton backend in the
 interpreter every few steps), field by field equal; the traffic is checked to contain what it is for.
 
@@ -14,6 +15,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+import contextlib
+
 import pytest
 
 pytest.importorskip("vllm")
@@ -22,7 +25,7 @@ import vllm_harness as H  # noqa: E402
 import vllm_traffic as T  # noqa: E402
 
 SEED = 20261203
-# 1,100 scheduler steps per vLLM release in all (the native builds' Triton kernels run in the interpreter:
+# 1,100 scheduler steps per vLLM release here (the native builds' Triton kernels run in the interpreter:
 # about a tenth of a second a step, a fourth with images).
 STEPS = 400
 VISION_STEPS = 300
@@ -78,3 +81,64 @@ def test_vision_traffic_from_vllms_scheduler_builds_as_vllm(tmp_path):
     assert c["prefix_cache_hits_inside_image"] >= 1 and c["steps_with_span_into_chunk"] >= 1, dict(c)
     assert c["image_rows_visible_steps"] >= 10, dict(c)
     H.COUNTS["traffic:prefix_cache_hits_inside_image"] += c["prefix_cache_hits_inside_image"]
+
+
+# The hybrid runs: 150 and 100 steps per vLLM release, with the interpreter's overflow checks off (vLLM's
+# kernels are the expected values, not under test; swa_hal's keep their checks in the backend tests).
+HYBRID_STEPS = 150
+DSPARK_STEPS = 100
+
+
+@contextlib.contextmanager
+def no_overflow_checks():
+    from triton.runtime import interpreter
+
+    before = interpreter.interpreter_builder.options.sanitize_overflow
+    T.interpreter_checks(False)
+    try:
+        yield
+    finally:
+        T.interpreter_checks(before)
+
+
+def check_groups(engine: T.Engine, steps: int) -> None:
+    """Every step had the SWA groups, and swa_hal built them all in one step build."""
+    c = engine.counts
+    assert not engine.diffs, f"{len(engine.diffs)} steps differ:\n" + "\n".join(engine.diffs[:5])
+    assert c["steps"] == steps and c["builds:torch"] == steps and c["builds:cuda"] >= steps // 8, dict(c)
+    assert c["multi_group_steps"] == steps, dict(c)
+    assert c["step_builds:torch"] == steps and c["step_builds:cuda"] == c["builds:cuda"], dict(c)
+    assert c["prefix_cache_hits"] >= 3 and c["chunked_prefill_chunks"] >= 20 and c["mixed_steps"] >= 20, dict(c)
+    for key in ("steps", "multi_group_steps", "prefix_cache_hits", "draft_steps"):
+        H.COUNTS[f"traffic:{key}"] += c[key]
+
+
+def test_v41_bounded_replay_traffic_with_two_swa_groups_builds_as_vllm(tmp_path):
+    """V4.1 with bounded replay (W=8, 4-token blocks, MTP with two drafts): a prefix-cacheable group beside
+    two SWA groups, as vLLM's V4.1 model lays out its caches, so vLLM's scheduler rewinds each prefix hit by
+    a window and hands the request its replay_start; V4.1's model state hands the prefills' bounds to
+    the builders (and pads the replayed slots of the cacheable group). Both SWA groups, each with its own
+    block table, are compared on every build and draft-step update."""
+    traffic = T.Traffic(variant="v41_w8b4", spec_tokens=2, swa_groups=2, cacheable_group=True, num_blocks=96)
+    with no_overflow_checks():
+        engine = T.run(traffic, HYBRID_STEPS, SEED, tmp=tmp_path)
+    c = engine.counts
+    check_groups(engine, HYBRID_STEPS)
+    # Prefills with a replay bound: their first chunk's windows clamped at it, and later chunks after it.
+    assert c["replay_steps"] >= 10 and c["replay_clamped_prefills"] >= 5 and c["replay_later_chunks"] >= 3, dict(c)
+    assert c["preemptions"] >= 1 and c["resumed_after_preemption"] >= 1, dict(c)
+    assert c["draft_updates:torch"] >= HYBRID_STEPS // 4 and c["draft_updates:cuda"] > 0, dict(c)
+    H.COUNTS["traffic:replay_steps"] += c["replay_steps"]
+
+
+def test_dspark_traffic_with_two_swa_groups_builds_as_vllm(tmp_path):
+    """DSpark with three drafts (W=5, 4-token blocks) from a real ``SpeculativeConfig`` (method
+    ``dspark``), two SWA groups beside a prefix-cacheable one: the target's verification steps. DSpark
+    drafts in one forward: there is no draft step to update between."""
+    traffic = T.Traffic(variant="v4_dspark3_w5b4", swa_groups=2, cacheable_group=True, num_blocks=160)
+    with no_overflow_checks():
+        engine = T.run(traffic, DSPARK_STEPS, SEED, tmp=tmp_path)
+    c = engine.counts
+    check_groups(engine, DSPARK_STEPS)
+    assert c["draft_steps"] >= DSPARK_STEPS // 2 and c["accepted_drafts"] > 0 and c["rejected_drafts"] > 0, dict(c)
+    assert c["draft_tokens"] >= 3 * c["draft_steps"] and c["replay_steps"] == 0, dict(c)

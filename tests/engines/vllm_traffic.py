@@ -8,6 +8,9 @@ makes them (its request order, block tables, slot mappings, positions, ``query_s
 by swa_hal's builder for it (the torch backend every step, a Triton backend in the interpreter every
 ``triton_every`` steps), and every field is compared (``vllm_harness.compare``); on MTP steps the drafter's
 draft-step updates follow (``update_draft_decode_metadata`` after advancing the batch as the drafter does).
+DSpark drafts come from a real ``SpeculativeConfig`` too. A hybrid layout puts a prefix-cacheable group
+beside several SWA groups (each with its own block table; swa_hal builds them in one step build, every one
+compared); with V4.1 its SWA groups declare bounded replay, so the scheduler hands out ``replay_start``.
 
 A long run: ``python tests/engines/vllm_traffic.py --steps 50000 --seed 1`` (in a vLLM test environment; add
 ``--variant v4_vision_w6b4 --images 3 --num-blocks 48 --num-prefixes 1`` for images) prints the steps, what the
@@ -47,7 +50,8 @@ from swa_hal.integrations import vllm as integ  # noqa: E402
 
 CPU = torch.device("cpu")
 TRITON_PLATFORM = "vendor=cuda,capability=9.0"
-LAYER = "model.layers.0.attn.swa_cache"
+LAYER = "model.layers.0.attn.swa_cache"  # the first SWA group's layer (group j's: model.layers.{j}.attn.swa_cache)
+CACHEABLE_LAYER = "model.layers.0.attn.compressed_cache"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +71,15 @@ class Traffic:
     triton_every: int = 8  # the Triton backend builds every n-th step (the interpreter is slow)
     images: int = 0  # images in each shared prefix (a vision variant): hits may end inside one
     encoder_budget: int = 64  # the encoder's token budget and cache (the CPU platform's vision stub has none)
+    # SWA KV-cache groups of the one SWA spec: vLLM's hybrid allocator splits a model's many SWA layers into
+    # groups of equal size, each with its own block table; swa_hal builds a step's groups in one launch.
+    swa_groups: int = 1
+    # A prefix-cacheable group beside the SWA groups (the compressed cache of a hybrid model, group 0). With
+    # V4.1 it makes the SWA groups bounded-replay ones, as vLLM's V4.1 attention declares them
+    # (cache_config.swa_bounded_replay, on by default): the scheduler then rewinds a prefix hit by one
+    # window and hands the request its replay_start.
+    cacheable_group: bool = False
+    spec_tokens: int | None = None  # MTP drafts in place of the variant's own (None: the variant's)
 
 
 class Engine:
@@ -83,13 +96,15 @@ class Engine:
         self.traffic = traffic
         self.rng = random.Random(seed)
         v = dataclasses.replace(H.VARIANTS[traffic.variant], max_num_seqs=traffic.max_num_seqs)
+        if traffic.spec_tokens is not None:
+            v = dataclasses.replace(v, spec_tokens=traffic.spec_tokens)
         self.variant = v
         vc = H.make_vllm_config(dataclasses.replace(v, spec_tokens=0), tmp)
         if v.spec_tokens:
-            assert not v.dspark, "DSpark drafts are not driven here"
-            # A real MTP config: the draft model is the target's own MTP layers (read from its config only).
+            # A real config: MTP's draft model is the target's own MTP layers, DeepSeek-V4 DSpark's the target
+            # checkpoint with DSpark's draft architecture (both read from the config file only).
             spec = SpeculativeConfig(
-                method="mtp",
+                method="dspark" if v.dspark else "mtp",
                 num_speculative_tokens=v.spec_tokens,
                 target_model_config=vc.model_config,
                 target_parallel_config=vc.parallel_config,
@@ -108,11 +123,20 @@ class Engine:
         vc.scheduler_config.disable_chunked_mm_input = bool(traffic.images)
         self.vc = vc
         self.kv_spec = H.make_kv_spec(v)
+        self.bounded_replay = traffic.cacheable_group and v.version == "deepseek_v41"
+        if self.bounded_replay:
+            self.kv_spec = dataclasses.replace(self.kv_spec, bounded_replay=True)
+        n = traffic.swa_groups
+        self.swa_layers = [f"model.layers.{j}.attn.swa_cache" for j in range(n)]
+        groups = [KVCacheGroupSpec([name], self.kv_spec) for name in self.swa_layers]
+        if traffic.cacheable_group:
+            from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+            # Its blocks and hashes are what the scheduler reads of it; no builder here builds it.
+            full = FullAttentionSpec(block_size=v.block_size, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
+            groups.insert(0, KVCacheGroupSpec([CACHEABLE_LAYER], full))
         kv_config = KVCacheConfig(
-            num_blocks=traffic.num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec([LAYER], self.kv_spec)],
-            hash_block_size=v.block_size,
+            num_blocks=traffic.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, hash_block_size=v.block_size
         )
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)
@@ -129,7 +153,8 @@ class Engine:
         self.decode_query_len = 1 + v.spec_tokens
         self.cfg = H.swa_config_for(v, vc)
         self.width = -(-v.max_model_len // v.block_size)  # the block table's columns (max_model_len's blocks)
-        self.layout = H.StepLayout(1, (0,))
+        first = int(traffic.cacheable_group)
+        self.layout = H.StepLayout(len(groups), tuple(range(first, first + n)))
         self.prefixes = [
             [self.rng.randint(1, 999) for _ in range(self.rng.randint(*traffic.prefix_len))]
             for _ in range(traffic.num_prefixes)
@@ -163,15 +188,23 @@ class Engine:
         from vllm.v1.attention.backends.mla import sparse_swa
 
         native_cls = sparse_swa.DeepseekSparseSWAMetadataBuilder
+        if self.variant.version == "deepseek_v41":
+            # The builder of V4.1's default (FlashMLA) SWA backend on NVIDIA GPUs.
+            from vllm.models.deepseek_v41.nvidia import flashmla
+
+            native_cls = flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder
         ours_cls = integ.swa_hal_builder_cls(native_cls)
-        self.native = native_cls(self.kv_spec, [LAYER], self.vc, CPU)
-        self.native_groups = H.attention_groups([self.native], self.layout, self.kv_spec)
+        natives = [native_cls(self.kv_spec, [name], self.vc, CPU) for name in self.swa_layers]
+        self.native_groups = H.attention_groups(natives, self.layout, self.kv_spec)
         self.ours = {}
         for b in self.backends:
             kw = {"backend": b, **({"platform": TRITON_PLATFORM} if b != "torch" else {})}
-            ours = ours_cls(self.kv_spec, [LAYER], self.vc, CPU, **kw)
-            self.ours[b] = (ours, H.attention_groups([ours], self.layout, self.kv_spec))
-        self.state = H.model_state(self.variant.version, self.vc)
+            ours = [ours_cls(self.kv_spec, [name], self.vc, CPU, **kw) for name in self.swa_layers]
+            self.ours[b] = (ours, H.attention_groups(ours, self.layout, self.kv_spec))
+        # V4.1's model state with bounded replay: the window it replays and the prefix-cacheable groups whose
+        # replayed slots it pads (its _replay, which vLLM reads from the KV-cache config on first use).
+        replay = dict(window=self.variant.window, cacheable=(0,)) if self.bounded_replay else {}
+        self.state = H.model_state(self.variant.version, self.vc, **replay)
         if self.traffic.images:
             self._vision_state()
 
@@ -264,7 +297,7 @@ class Engine:
         for new in out.scheduled_new_reqs:
             prefill = new.prefill_token_ids if new.prefill_token_ids is not None else new.prompt_token_ids
             self.reqs[new.req_id] = dict(
-                blocks=list(new.block_ids[0]),
+                blocks=[list(b) for b in new.block_ids],
                 prefill_len=len(prefill),
                 computed=new.num_computed_tokens,
                 replay_start=getattr(new, "replay_start", 0),
@@ -285,11 +318,12 @@ class Engine:
             st = self.reqs[rid]
             blocks = cached.new_block_ids[i]
             if rid in resumed:  # 0.33's resumed requests: the block table anew, all their tokens to prefill
-                st["blocks"] = list(blocks[0])
+                st["blocks"] = [list(b) for b in blocks]
                 st["prefill_len"] = len(cached.all_token_ids[rid])
                 self.counts["resumed_after_preemption"] += 1
             elif blocks is not None:
-                st["blocks"].extend(blocks[0])
+                for g, b in enumerate(blocks):
+                    st["blocks"][g].extend(b)
             st["computed"] = cached.num_computed_tokens[i]
 
     def inputs(self, out: Any) -> tuple[AttentionBatch, Any, tuple[torch.Tensor, ...], torch.Tensor, list[str]]:
@@ -307,13 +341,18 @@ class Engine:
         seq = computed + qlens
         qsl = np.zeros(n + 1, dtype=np.int32)
         qsl[1:] = np.cumsum(qlens)
-        table = torch.zeros(n, self.width, dtype=torch.int32)
-        for i, r in enumerate(ids):
-            blocks = self.reqs[r]["blocks"]
-            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
         positions = torch.from_numpy(np.concatenate([np.arange(c, s) for c, s in zip(computed, seq)])).to(torch.int64)
         rows = torch.repeat_interleave(torch.arange(n), torch.from_numpy(qlens).to(torch.int64))
-        slots = (table[rows, positions // bs].to(torch.int64) * bs + positions % bs).view(1, -1).contiguous()
+        tables = []
+        for g in range(self.layout.num_kv_groups):  # each KV-cache group's own block table and slots
+            table = torch.zeros(n, self.width, dtype=torch.int32)
+            for i, r in enumerate(ids):
+                blocks = self.reqs[r]["blocks"][g]
+                table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            tables.append(table)
+        slots = torch.stack([table[rows, positions // bs].to(torch.int64) * bs + positions % bs for table in tables])
+        first = self.layout.swa[0]
+        table = tables[first]
         num_tokens = int(qsl[-1])
         seq_t = torch.from_numpy(seq.copy())
         qsl_t = torch.from_numpy(qsl.copy())
@@ -326,7 +365,7 @@ class Engine:
             query_start_loc_cpu=qsl_t,
             seq_lens_cpu=seq_t,
             block_table=table,
-            slot_mapping=slots[0],
+            slot_mapping=slots[first],
             max_query_len=int(qlens.max()),
             num_tokens=num_tokens,
             causal=True,
@@ -355,7 +394,7 @@ class Engine:
         )
         if self.traffic.images:
             self.encoder_cache.mm_features = {r: self.reqs[r]["mm"] for r in ids}
-        return batch, ib, (table,), slots, ids
+        return batch, ib, tuple(tables), slots, ids
 
     def spans_into_chunk(self, ids: list[str]) -> list[tuple[str, int, tuple[int, int]]]:
         """The requests whose image range (as vLLM's ``prepare_attn`` makes it) starts before their chunk and
@@ -396,6 +435,9 @@ class Engine:
                 c["chunked_prefill_chunks"] += 1  # a prefill that continues in a later step
             if ib.is_prefilling_np[i] and st["computed"] > 0:
                 c["prefills_after_context"] += 1  # a later chunk, a resumed request or one after a cache hit
+        if self.bounded_replay:
+            self._count_replay(ids, ib)
+        c["multi_group_steps"] += len(self.layout.swa) >= 2
         gots = {}
         self.into_chunk = []
         if self.traffic.images:
@@ -408,10 +450,39 @@ class Engine:
             if backend != "torch" and step % self.traffic.triton_every:
                 continue
             gots[backend] = H.prepare_attn(self.state, ib, tables, slots, groups, self.layout, batch.replay_start)
-            self._record(step, backend, "build", ids, H.compare(md, gots[backend][LAYER], batch, **self.chunk_args()))
+            self._record(step, backend, "build", ids, self.compare(want, gots[backend], batch, tables, slots))
             c[f"builds:{backend}"] += 1
-        if spec and self.variant.spec_tokens > 1 and md.num_decode_tokens:
+            if len(self.layout.swa) >= 2:
+                # swa_hal's step path: one build for all of the step's SWA groups (its plan holds them all).
+                plan = self.ours[backend][0][0].swa_hal_step[0]
+                c[f"step_builds:{backend}"] += plan.builder is not None and plan.kv_ids == self.layout.swa
+        # MTP drafts one token a forward (the updates between them); DSpark drafts all in one forward.
+        if spec and self.variant.spec_tokens > 1 and not self.variant.dspark and md.num_decode_tokens:
             self._draft_updates(step, batch, tables, slots, want, gots, ids)
+
+    def compare(self, want: dict[str, Any], got: dict[str, Any], batch: AttentionBatch, tables, slots) -> list[str]:
+        """Every SWA group's metadata, each against its own block table and slot mapping."""
+        diffs = []
+        for name, g in zip(self.swa_layers, self.layout.swa):
+            view = dataclasses.replace(batch, block_table=tables[g], slot_mapping=slots[g])
+            prefix = f"group {g}: " if len(self.swa_layers) > 1 else ""
+            diffs += [prefix + d for d in H.compare(want[name], got[name], view, **self.chunk_args())]
+        return diffs
+
+    def _count_replay(self, ids: list[str], ib: Any) -> None:
+        """Prefills with a replay bound: the first token's window reaching below it (the builders clamp it:
+        the cached window KV below the bound is not rebuilt), and later chunks of a replayed hit."""
+        c, w = self.counts, self.variant.window
+        seen = False
+        for i, r in enumerate(ids):
+            bound, computed = self.reqs[r]["replay_start"], self.reqs[r]["computed"]
+            if not ib.is_prefilling_np[i] or bound <= 0:
+                continue
+            seen = True
+            c["replay_prefills"] += 1
+            c["replay_clamped_prefills"] += computed - (w - 1) < bound
+            c["replay_later_chunks"] += computed > bound
+        c["replay_steps"] += seen
 
     def chunk_args(self) -> dict[str, Any]:
         if self.variant.version == "deepseek_v41":
@@ -424,12 +495,14 @@ class Engine:
         the step reads them), then every group's ``update_draft_decode_metadata``."""
         for k in range(1, self.variant.spec_tokens):
             H.advance_draft_step_groups(batch, tables, slots, self.variant.block_size)
-            for group in self.native_groups[0]:
-                group.update_draft_decode_metadata(want)
+            for g in self.layout.swa:
+                for group in self.native_groups[g]:
+                    group.update_draft_decode_metadata(want)
             for backend, got in gots.items():
-                for group in self.ours[backend][1][0]:
-                    group.update_draft_decode_metadata(got)
-                diffs = H.compare(want[LAYER], got[LAYER], batch, **self.chunk_args())
+                for g in self.layout.swa:
+                    for group in self.ours[backend][1][g]:
+                        group.update_draft_decode_metadata(got)
+                diffs = self.compare(want, got, batch, tables, slots)
                 self._record(step, backend, f"draft step {k}", ids, diffs)
                 self.counts[f"draft_updates:{backend}"] += 1
 
@@ -520,6 +593,14 @@ def run(
     return engine
 
 
+def interpreter_checks(on: bool) -> None:
+    """Triton's interpreter with or without its int32 overflow checks (every later launch)."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    builder.options = dataclasses.replace(builder.options, sanitize_overflow=on)
+
+
 def summary(engine: Engine, seconds: float) -> str:
     c = engine.counts
     lines = [
@@ -541,7 +622,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=0, help="images per shared prefix (a vision variant)")
     p.add_argument("--num-prefixes", type=int, default=Traffic.num_prefixes)
     p.add_argument("--triton-every", type=int, default=Traffic.triton_every, help="0: the torch backend only")
+    p.add_argument("--spec-tokens", type=int, default=None, help="MTP drafts in place of the variant's")
+    p.add_argument("--swa-groups", type=int, default=Traffic.swa_groups, help="SWA KV-cache groups of one spec")
+    p.add_argument(
+        "--cacheable-group",
+        action="store_true",
+        help="a prefix-cacheable group beside the SWA groups (with a V4.1 variant: bounded replay)",
+    )
+    p.add_argument(
+        "--no-overflow-checks",
+        action="store_true",
+        help="Triton's interpreter skips its int32 overflow checks: about twice as fast; vLLM's kernel is the expected "
+        "output, not under test, and swa_hal's kernels keep theirs in the test suite",
+    )
     a = p.parse_args(argv)
+    if a.no_overflow_checks:
+        interpreter_checks(False)
     backends = ("torch", "cuda") if a.triton_every else ("torch",)
     traffic = Traffic(
         variant=a.variant,
@@ -550,6 +646,9 @@ def main(argv: list[str] | None = None) -> int:
         images=a.images,
         num_prefixes=a.num_prefixes,
         triton_every=max(a.triton_every, 1),
+        swa_groups=a.swa_groups,
+        spec_tokens=a.spec_tokens,
+        cacheable_group=a.cacheable_group,
     )
     start = time.monotonic()
     engine = run(traffic, a.steps, a.seed, backends=backends)

@@ -38,7 +38,7 @@ def test_kernel_equals_the_torch_build_on_the_gpu(name, report):
     rng = random.Random(f"request-window-gpu-{name}")
     for k in range(40):
         window = rng.choice((4, 8, 16, 128))
-        rows = random_rows(rng)
+        rows = random_rows(rng, window)
         want = build_request_window(rows, window)
         got = gpu_builder(name, config(window)).build_request_window(rows.to("cuda"))
         assert_equal(got, want, f"{name} call {k}")

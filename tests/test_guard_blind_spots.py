@@ -265,3 +265,26 @@ def test_the_dspark_malformed_batches_agree_on_every_backend():
         for b in builders:
             assert metadata_differences(b.build(batch, validate=False), want) == [], batch
     assert noncausal >= 10
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dspark_decode_with_an_inverted_span_is_emptied_on_every_backend(backend):
+    # Rule 4 holds for every request, decodes included. A DSpark step's (non-causal) decode rows skipped the
+    # span check in the kernels and kept their rows, while the torch build emptied them; both now empty and
+    # record them, and hand out zero visibility for decode rows as causal decodes do.
+    from swa_hal import ImageSpans
+
+    config = GUARDED_DSPARK_CONFIG
+    i32 = torch.int32
+    table = [[18, 5, 10, 15, 11, 22, 14, 10, 20, 21], [18, 13, 8, 12, 17, 0, 23, 20, 11, 6]]
+    batch = AttentionBatch.from_lists([4, 40], [2, 6], table, block_size=4)
+    spans = ImageSpans(torch.tensor([0, 1, 1], dtype=i32), torch.tensor([30], dtype=i32), torch.tensor([18], dtype=i32))
+    batch = with_(batch, causal=False, image_spans=spans)
+    ref, builder = reference_builder(config), make_builder(config, backend)
+    want = ref.build(batch, validate=False)
+    got = builder.build(batch, validate=False)
+    assert metadata_differences(got, want) == []
+    assert got.decode_swa_lens[:2].tolist() == [0, 0]
+    for b in (ref, builder):
+        with pytest.raises(E.BatchRangeError, match=r"image_spans\[0\]"):
+            b.check()

@@ -462,6 +462,27 @@ def _window_rows(
             kind, value = _flag(kind, value, checked & ((bound < 0) | (bound > prefix)), REPLAY, bound)
             if IMAGES or CLEAR_IMAGES:
                 kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
+    if NONCAUSAL and CLEAR_IMAGES:
+        # DSpark decode rows of a vision model see no image either, and rule 4 holds for them as for causal
+        # decodes (docs/semantics.md #guarded-builds): the same zeros and the same span check.
+        zero = tl.zeros([BLOCK_T], dtype=tl.int32)
+        tl.store(left_ptr + tok_at, zero, mask=shared)
+        tl.store(right_ptr + tok_at, zero, mask=shared)
+        if GUARD:
+            bad_span = _image_visibility(
+                seq - end + tok,
+                req,
+                row_ok,
+                seq,
+                span_indptr_ptr,
+                span_starts_ptr,
+                span_ends_ptr,
+                num_spans,
+                BLOCK_T,
+                MAX_IMAGE,
+                GUARD,
+            )[2]
+            kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
     if GUARD and NONCAUSAL:
         kind, value = _flag(kind, value, checked & (lens > WIDTH), ROW_WIDTH, lens)
     # Never longer than the row: what is handed out stays inside it whatever the input. A causal row that

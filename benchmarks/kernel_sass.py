@@ -3,7 +3,7 @@
 print what decides its speed: registers, layout conversions (each a shared-memory round trip with a barrier),
 global loads and stores (vector or scalar) and the SASS instruction mix.
 
-    python3 benchmarks/kernel_sass.py [--no-guard] [--config configs/deepseek_v4_flash.yaml] [--out DIR] [--kernel FILE]
+    python3 benchmarks/kernel_sass.py [--no-guard] [--noncausal] [--config configs/deepseek_v4_flash.yaml] [--out DIR] [--kernel FILE]
 
 ``--out`` also writes the TTGIR, PTX and SASS there; ``--kernel`` compiles another version of
 ``kernels/swa_metadata.py`` (same signature) instead, as ``kernel_sweep.py``'s ``KERNELS=`` times one.
@@ -44,6 +44,7 @@ POINTERS = {name: TRITON_TYPES[dtype] for name, dtype in ROWS_POINTERS.items()}
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", default=str(ROOT / "configs" / "deepseek_v4_flash.yaml"))
+    parser.add_argument("--noncausal", action="store_true", help="the DSpark (non-causal) key; needs a DSpark config")
     parser.add_argument("--no-guard", action="store_true")
     parser.add_argument("--out")
     parser.add_argument("--kernel", help="another version of swa_hal/kernels/swa_metadata.py to compile")
@@ -54,7 +55,7 @@ def main() -> int:
         from kernel_sweep import variant_kernel
 
         kernel_fn = variant_kernel(args.kernel)
-    key = rows_key(SWAConfig.from_yaml(args.config), causal=True, clamp=False, device_type="cuda",
+    key = rows_key(SWAConfig.from_yaml(args.config), causal=not args.noncausal, clamp=False, device_type="cuda",
                        guard=not args.no_guard)
     constexprs = key.constexprs()
     names = kernel_fn.arg_names

@@ -199,8 +199,9 @@ def validate_request_window(rows: RequestWindowRows) -> None:
 
 def build_request_window(rows: RequestWindowRows, window: int) -> RequestWindowLayout:
     """The torch build (no host sync; a fixed number of operations whatever the rows). A run past the
-    history groups (the invariant SGLang reports as ``dsv41.window_groups_fit``) gets no history rows;
-    its query rows are computed by the same rule, as SGLang's Triton op does."""
+    history groups (the invariant SGLang reports as ``dsv41.window_groups_fit``) gets no history rows, and
+    its query rows read only the run's own rows (SGLang's op points them past the history: docs/semantics.md
+    #request-window-layouts)."""
     i64 = torch.int64
     req = rows.req.to(i64)
     pos = rows.pos.to(i64)
@@ -228,6 +229,8 @@ def build_request_window(rows: RequestWindowRows, window: int) -> RequestWindowL
     if floors is not None:
         valid &= seen >= floors[:, None]
     from_first = seen - first_pos[:, None]
+    # A run past the groups has no history rows: it reads its own query rows only (never past the workspace).
+    valid &= (from_first >= 0) | (group[:, None] < groups)
     # Before the run's first position: its history group; from it on: the run's own query rows.
     loc = torch.where(
         from_first < 0, group[:, None] * window + window + from_first, history_rows + first[:, None] + from_first

@@ -145,13 +145,13 @@ def test_each_field_is_its_own_memory(backend, window, padded):
 
 
 def test_runs_past_the_groups_get_no_history():
-    # Three runs, two groups: the third run's rows keep the rule (its history indices point past H = 8,
-    # here into the query rows; tests/test_settings_bounds.py has them past the workspace) and no history
-    # group is its.
+    # Three runs, two groups: the third run's row reads its own query row (H + 2 = 10) and nothing before
+    # it (SGLang's op points those entries at 2 * 4 + 3, 2 * 4 + 2, 2 * 4 + 1: rows that are not its history),
+    # and no history group is its.
     builder = make_builder(config(4), "torch")
     got = builder.build_request_window(RequestWindowRows(t([1, 2, 3]), t([5, 5, 5]), zero_row=0, num_groups=2))
     assert got.runs.tolist() == [3]
-    assert got.indices[2].tolist() == [10, 2 * 4 + 3, 2 * 4 + 2, 2 * 4 + 1]
+    assert got.indices[2].tolist() == [10, -1, -1, -1] and got.lengths.tolist() == [4, 4, 1]
     assert got.history_req.tolist() == [1] * 4 + [2] * 4
 
 

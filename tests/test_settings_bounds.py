@@ -122,14 +122,16 @@ def test_request_window_at_the_bounds_equals_the_torch_build(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_runs_past_the_groups_point_past_the_workspace(backend):
+def test_runs_past_the_groups_never_point_past_the_workspace(backend):
     # Out of contract (docs/semantics.md #request-window-layouts): three single-row runs, one group (H = 4,
-    # size 7). Run 2's history indices are g * W + W + (s - F) = 8 + 3, 8 + 2, ...: past the workspace, not
-    # only into its query rows. A validated build refuses the call, naming the row that starts run 2.
+    # size 7). SGLang's op gives run 2 the history indices g * W + W + (s - F) = 8 + 3, 8 + 2, ...: past the
+    # workspace. swa_hal's runs past the groups read their own query rows only, on every backend. A
+    # validated build refuses the call, naming the row that starts run 2.
     rows = RequestWindowRows(t([1, 2, 3]), t([5, 5, 5]), zero_row=0, num_groups=1)
     got = make_builder(small(window_size=4), backend).build_request_window(rows)
     assert got.size == 7 and got.runs.tolist() == [3]
-    assert got.indices[2].tolist() == [6, 11, 10, 9]
+    assert got.indices[1:].tolist() == [[5, -1, -1, -1], [6, -1, -1, -1]]
+    assert got.lengths.tolist() == [4, 1, 1] and int(got.indices.max()) < got.size
     with pytest.raises(E.BatchCapacityError) as info:
         make_builder(small(window_size=4), backend, validate=True).build_request_window(rows)
     assert (info.value.field, info.value.index) == ("req", 1)

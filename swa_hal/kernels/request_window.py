@@ -126,6 +126,8 @@ def request_window_kernel(
             floor = tl.load(floors_ptr + at).to(tl.int64)
             valid &= seen >= floor[:, None]
         from_first = seen - first_pos[:, None]
+        # A run past the groups has no history rows: it reads its own query rows only (never past the workspace).
+        valid &= (from_first >= 0) | (group[:, None] < groups)
         # Before the run's first position: its history group; from it on: the run's own query rows.
         old = group[:, None].to(tl.int64) * WINDOW + WINDOW + from_first
         new = history_rows + first[:, None].to(tl.int64) + from_first

@@ -66,7 +66,7 @@ class Violation(enum.IntEnum):
     CACHE_SLOT = 11  # a cache slot outside [-1, slot_limit)
     # Ring rows (docs/semantics.md #ring-rows); "request" is the row.
     RING_SLOT = 12  # a row's request slot outside the ring's slots
-    # Builds again (checked first and third): values the host trusted.
+    # Builds again, what the host trusted (13 is checked first at a row, 14 after rule 2).
     PADDING_SLOT = 13  # a row past query_start_loc[R] (padding) holds a slot; the value is the row
     HOST_SPLIT = 14  # a request's device offsets disagree with the host's split (max_query_len, decode part)
 

@@ -221,7 +221,8 @@ class TritonBackend(Backend):
         args.num_groups = groups
         args.decode_guess_len = plan.decode_guess_len
         args.prefill_guess_len = plan.prefill_guess_len
-        # Clamped into int32 (a host int may be any size; beyond int32 it admits every query length).
+        # Into int32: a validated build admits an overstated max_query_len of any size (the default path's
+        # preflight bounds it by the capacity); INT32_LIMIT still admits every query length.
         args.max_query_len = min(plan.max_query_len, INT32_LIMIT)
         args.decode_query_max = min(plan.decode_query_max, INT32_LIMIT)
         return args

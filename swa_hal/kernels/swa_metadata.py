@@ -237,6 +237,49 @@ def _image_visibility(
 
 
 @triton.jit
+def _decode_without_images(
+    left_ptr,
+    right_ptr,
+    tok_at,
+    shared,
+    pos,
+    req,
+    row_ok,
+    seq,
+    span_indptr_ptr,
+    span_starts_ptr,
+    span_ends_ptr,
+    num_spans,
+    BLOCK_T: tl.constexpr,
+    MAX_IMAGE: tl.constexpr,
+    GUARD: tl.constexpr,
+):
+    """Decode rows (causal or DSpark) of a vision model see no image: their visibility is 0. Guarded, the
+    first span of the row's request that breaks rule 4, else NO_SPAN: the rule holds for every request,
+    decodes included (decode rows never use spans, but the request is malformed; docs/semantics.md
+    #guarded-builds)."""
+    zero = tl.zeros([BLOCK_T], dtype=tl.int32)
+    tl.store(left_ptr + tok_at, zero, mask=shared)
+    tl.store(right_ptr + tok_at, zero, mask=shared)
+    bad_span = tl.full([BLOCK_T], NO_SPAN, dtype=tl.int32)
+    if GUARD:
+        bad_span = _image_visibility(
+            pos,
+            req,
+            row_ok,
+            seq,
+            span_indptr_ptr,
+            span_starts_ptr,
+            span_ends_ptr,
+            num_spans,
+            BLOCK_T,
+            MAX_IMAGE,
+            GUARD,
+        )[2]
+    return bad_span
+
+
+@triton.jit
 def _flag(kind, value, cond, code: tl.constexpr, what):
     """Keep the first broken rule of each row: (kind, value) take (code, what) where none is set yet."""
     new = (kind == 0) & cond
@@ -435,26 +478,24 @@ def _window_rows(
             last = pos + right
         else:
             start = tl.maximum(pos - (WINDOW - 1), 0)
-            if CLEAR_IMAGES:  # decode rows of a vision model see no image
-                zero = tl.zeros([BLOCK_T], dtype=tl.int32)
-                tl.store(left_ptr + tok_at, zero, mask=shared)
-                tl.store(right_ptr + tok_at, zero, mask=shared)
-                if GUARD:
-                    # Rule 4 holds for every request, decodes included: a decode whose span breaks it is
-                    # emptied and recorded (decode rows never use spans, but the request is malformed).
-                    bad_span = _image_visibility(
-                        pos,
-                        req,
-                        row_ok,
-                        seq,
-                        span_indptr_ptr,
-                        span_starts_ptr,
-                        span_ends_ptr,
-                        num_spans,
-                        BLOCK_T,
-                        MAX_IMAGE,
-                        GUARD,
-                    )[2]
+            if CLEAR_IMAGES:
+                bad_span = _decode_without_images(
+                    left_ptr,
+                    right_ptr,
+                    tok_at,
+                    shared,
+                    pos,
+                    req,
+                    row_ok,
+                    seq,
+                    span_indptr_ptr,
+                    span_starts_ptr,
+                    span_ends_ptr,
+                    num_spans,
+                    BLOCK_T,
+                    MAX_IMAGE,
+                    GUARD,
+                )
         start = tl.maximum(start, bound)
         # Never negative: a replay bound past p leaves an empty row.
         lens = tl.maximum(last + 1 - start, 0)
@@ -463,25 +504,25 @@ def _window_rows(
             if IMAGES or CLEAR_IMAGES:
                 kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
     if NONCAUSAL and CLEAR_IMAGES:
-        # DSpark decode rows of a vision model see no image either, and rule 4 holds for them as for causal
-        # decodes (docs/semantics.md #guarded-builds): the same zeros and the same span check.
-        zero = tl.zeros([BLOCK_T], dtype=tl.int32)
-        tl.store(left_ptr + tok_at, zero, mask=shared)
-        tl.store(right_ptr + tok_at, zero, mask=shared)
+        # DSpark decode rows are decode rows too.
+        bad_span = _decode_without_images(
+            left_ptr,
+            right_ptr,
+            tok_at,
+            shared,
+            seq - end + tok,
+            req,
+            row_ok,
+            seq,
+            span_indptr_ptr,
+            span_starts_ptr,
+            span_ends_ptr,
+            num_spans,
+            BLOCK_T,
+            MAX_IMAGE,
+            GUARD,
+        )
         if GUARD:
-            bad_span = _image_visibility(
-                seq - end + tok,
-                req,
-                row_ok,
-                seq,
-                span_indptr_ptr,
-                span_starts_ptr,
-                span_ends_ptr,
-                num_spans,
-                BLOCK_T,
-                MAX_IMAGE,
-                GUARD,
-            )[2]
             kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
     if GUARD and NONCAUSAL:
         kind, value = _flag(kind, value, checked & (lens > WIDTH), ROW_WIDTH, lens)

@@ -138,6 +138,15 @@ class GraphTimer:
         return start.elapsed_time(end) * 1e3 / replays
 
 
+def graph_timer_or_none(what: object, fn: Callable[[], object]) -> GraphTimer | None:
+    """``fn`` captured in a ``GraphTimer``; None, reported under ``what``, where an op of it cannot be captured."""
+    try:
+        return GraphTimer(fn)
+    except Exception as exc:  # noqa: BLE001 - an op that cannot be captured is reported, not fatal
+        print(f"{what}: not capturable ({type(exc).__name__})")
+        return None
+
+
 def count_launches(fn: Callable[[], object], device: torch.device) -> int:
     """Kernels, memsets and copies of one ``fn()`` (torch.profiler); on the CPU, top-level aten operations."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
@@ -205,16 +214,10 @@ def vllm_step_inputs(groups: int, reqs: int, device: torch.device) -> SimpleName
 
     def common(table: torch.Tensor, slots: torch.Tensor) -> SimpleNamespace:
         return SimpleNamespace(
-            seq_lens=batch.seq_lens,
-            seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
-            query_start_loc=batch.query_start_loc,
-            query_start_loc_cpu=batch.query_start_loc_cpu,
-            block_table_tensor=table,
-            slot_mapping=slots,
-            max_query_len=batch.max_query_len,
-            num_reqs=reqs,
-            num_actual_tokens=batch.num_tokens,
-            causal=True,
+            seq_lens=batch.seq_lens, seq_lens_cpu_upper_bound=batch.seq_lens_cpu,
+            query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc_cpu,
+            block_table_tensor=table, slot_mapping=slots, max_query_len=batch.max_query_len,
+            num_reqs=reqs, num_actual_tokens=batch.num_tokens, causal=True,
         )
 
     return SimpleNamespace(

@@ -3,8 +3,11 @@
 every guarded entry point of each backend, each compared bit for bit with the torch reference on the CPU.
 
 The cases are the conformance kit's (``swa_hal.testing.guarded``): ``build`` and two draft-step updates of
-its metadata, ``build_groups`` of three malformed groups and a grouped update, and ``build_slot_rows`` at
-windows 8 and 20, paged (``slot_rows``) and over a per-request ring (``ring_rows``). Each case is a seeded
+its metadata, ``build_groups`` of three malformed groups and a grouped update (now and then views of one
+storage, or structures that disagree with the batch), ``build_slot_rows`` at windows 8 and 20, paged
+(``slot_rows``) and over a per-request ring (``ring_rows``), ``build_request_window`` at the same windows
+(``request_window``), and each entry point's settings just inside and outside their bounds (``settings``).
+The classes each entry drew are printed after the run. Each case is a seeded
 malformed input; a case counts as clean when the backend raised what the reference raised
 and otherwise handed out every output field equal to the reference's and recorded a violation exactly when
 the reference did. On top of that every index handed out must lie in ``[-1, cache slots)``.
@@ -41,8 +44,9 @@ FORCED = {
     "xpu": "vendor=xpu",
     "torch": None,
 }
-ENTRIES = ("build", "groups", "slot_rows", "ring_rows")
-WINDOWED = ("slot_rows", "ring_rows")  # one config per window (SLOT_ROW_WINDOWS), which --windows picks from
+ENTRIES = ("build", "groups", "slot_rows", "ring_rows", "request_window", "settings")
+# One config per window (SLOT_ROW_WINDOWS), which --windows picks from.
+WINDOWED = ("slot_rows", "ring_rows", "request_window")
 
 
 def main() -> int:
@@ -78,12 +82,17 @@ def main() -> int:
         "groups": guarded.group_case,
         "slot_rows": guarded.slot_rows_case,
         "ring_rows": guarded.ring_rows_case,
+        "request_window": guarded.request_window_case,
+        "settings": guarded.settings_case,
     }
     configs = {
         "build": [guarded.GUARDED_CONFIG, guarded.GUARDED_DSPARK_CONFIG],
         "groups": [guarded.GUARDED_CONFIG],
         "slot_rows": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
         "ring_rows": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
+        "request_window": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
+        # One config without a cache (a ring of 2^30 rows fits), one with (the ring's reach bound binds).
+        "settings": [guarded.SETTINGS_CONFIG, guarded.guarded_slot_rows_config(8)],
     }
     print(f"torch {torch.__version__} on {device}; {args.cases} cases per backend and entry point; seed {args.seed!r}")
     total = failed = outside = 0
@@ -113,7 +122,8 @@ def main() -> int:
                     n += 1
                     if problems:
                         bad.append(problems[0])
-                outside += _outside(builder, limit)
+                if entry != "settings":  # its builders build no group rows: their buffers were never written
+                    outside += _outside(builder, limit)
             total += n
             failed += len(bad)
             dt = time.perf_counter() - t0
@@ -121,7 +131,9 @@ def main() -> int:
             shown = f" w{','.join(str(c.window_size) for c in chosen)}" if windows else ""
             print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s{shown}{part}")
             for line in bad[: args.show]:
-                print(f"    {line[:400]}")
+                # The case first, then what differed: a long case summary must not hide the difference.
+                print(f"    {line if len(line) <= 1600 else line[:600] + ' ... ' + line[-1000:]}")
+    print("classes drawn: " + ", ".join(f"{name} {count}" for name, count in sorted(guarded.DRAWN.items())))
     print(f"total: {total} malformed inputs, {failed} differ from the reference, {outside} indices outside the cache")
     return 1 if failed or outside else 0
 

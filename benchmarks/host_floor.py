@@ -52,7 +52,7 @@ def sglang_parts(device, hal: dict) -> dict[str, Callable[[], object]]:
     # A copy: later calls refill the backend's record with their own outputs, freed after them; this one
     # keeps writing into ``out`` (kept alive here, with the lens beside it in the same allocation).
     launch, record = backend._slot_rows, dataclasses.replace(backend._slot_record)
-    (key,) = backend._slot_keys.values()
+    (key,) = backend._slot_rows.keys.values()
     grid = launch.programs(key, record)
     n, width = out.shape
 

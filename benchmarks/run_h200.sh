@@ -105,8 +105,10 @@ for step in $STEPS; do
       for b in cuda sm12x rocm xpu torch; do
         fuzz_run $b --entries build > "$OUT/fuzz_$b-build.part" 2>&1 &
         fuzz_run $b --entries groups > "$OUT/fuzz_$b-groups.part" 2>&1 &
+        fuzz_run $b --entries settings > "$OUT/fuzz_$b-settings.part" 2>&1 &
         for w in 8 20; do
           fuzz_run $b --entries slot_rows --windows $w > "$OUT/fuzz_$b-slot-$w.part" 2>&1 &
+          fuzz_run $b --entries request_window --windows $w > "$OUT/fuzz_$b-window-$w.part" 2>&1 &
           for ((k = 0; k < shards; k++)); do
             fuzz_run $b --entries ring_rows --windows $w --shard $k/$shards > "$OUT/fuzz_$b-ring-$w-$k.part" 2>&1 &
           done

@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    GraphTimer,
     compared,
     count_launches,
     e2e_us,
+    graph_timer_or_none,
     host_mean_us,
     host_us,
     run_info,
@@ -193,16 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             if fn is not None:
                 runners[(name, who)] = fn
                 launches[(name, who)] = count_launches(fn, device)
-    graphs: dict[tuple[str, str], GraphTimer | None] = {}
-    for key, fn in runners.items():
-        if device.type != "cuda":
-            graphs[key] = None
-            continue
-        try:
-            graphs[key] = GraphTimer(fn)
-        except Exception as exc:  # an op that cannot be captured is reported, not fatal
-            print(f"{key}: not capturable ({type(exc).__name__})")
-            graphs[key] = None
+    # None: not captured (no CUDA device, or an op that cannot be).
+    graphs = {key: graph_timer_or_none(key, fn) if device.type == "cuda" else None for key, fn in runners.items()}
     measured: dict[tuple[str, str, str], list[float]] = {}
     for rep in range(args.reps):
         for key, fn in runners.items():

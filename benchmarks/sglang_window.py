@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GraphTimer, compared, count_launches, e2e_us, host_us, kernel_us, run_info, warm_gpu  # noqa: E402
+from common import compared, count_launches, e2e_us, graph_timer_or_none, host_us, kernel_us, run_info, warm_gpu  # noqa: E402
 
 from swa_hal import PlatformInfo  # noqa: E402
 from swa_hal.integrations.sglang import SGLangSWAIndices  # noqa: E402
@@ -224,16 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps == 0:
         return 0
     launches = {key: count_launches(fn, device) for key, fn in runners.items()}
-    graphs: dict[tuple[str, str], GraphTimer | None] = {}
+    graphs = dict.fromkeys(runners)  # None: not captured (no CUDA device, or an op that cannot be)
     kernels: dict[tuple[str, str], int] = {}
     if device.type == "cuda":
         for key, fn in runners.items():
             kernels[key] = kernels_of(fn)
-            try:
-                graphs[key] = GraphTimer(fn)
-            except Exception as exc:  # noqa: BLE001 - an op that cannot be captured is reported, not fatal
-                print(f"{key}: not capturable ({type(exc).__name__})")
-                graphs[key] = None
+            graphs[key] = graph_timer_or_none(key, fn)
     measured: dict[tuple[str, str, str], list[float]] = {}
     for rep in range(args.reps):
         for key, fn in runners.items():

@@ -240,16 +240,17 @@ class Backend:
         buffers: MetadataBuffers,
     ) -> None:
         """Fill every KV-cache group's outputs (docs/semantics.md #group-builds): group g reads
-        ``tables[g]`` and ``slots[g]`` and writes ``buffers.group(g)``. Default: one ``compute`` per
-        group; backends that can do all groups in one launch override it."""
+        ``tables[g]`` and ``slots[g]`` and writes ``buffers.group(g)`` (a violation it records names group g:
+        ``in_group_build``). Default: one ``compute`` per group; backends that can do all groups in one
+        launch override it."""
         for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
             group_batch = dataclasses.replace(batch, block_table=table, slot_mapping=slot_mapping)
-            self.compute(plan, group_batch, buffers.group(g))
+            self.compute(plan, group_batch, buffers.in_group_build(g))
 
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
         """The draft-step update of a group build: default, one ``recompute_decode_rows`` per group."""
         for g, metadata in enumerate(metadatas):
-            self.recompute_decode_rows(metadata, buffers.group(g))
+            self.recompute_decode_rows(metadata, buffers.in_group_build(g))
 
     def compute_slot_rows(
         self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int

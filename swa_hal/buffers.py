@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .config import SWAConfig
+from .guard import RECORD_LEN
 
 
 class MetadataBuffers:
@@ -56,14 +57,19 @@ class MetadataBuffers:
         self.span_starts = torch.zeros(cap if images else 1, **i32)
         self.span_ends = torch.zeros(cap if images else 1, **i32)
         self.no_span_indptr = torch.zeros(seqs + 1, **i32)
-        # Guarded builds record their first violation here: count, kind, request, value (swa_hal/guard.py).
-        self.violation = torch.zeros(4, **i32)
+        # Guarded builds record their first violation here: count, kind, request, value, group
+        # (swa_hal/guard.py).
+        self.violation = torch.zeros(RECORD_LEN, **i32)
         # DSpark rows are wider than W; allocated on first use (most configs never need them).
         self._noncausal_indices: torch.Tensor | None = None
         # Group views point at the buffers they view (no reference to itself: a cycle would keep a dropped
         # builder's device memory until the garbage collector runs).
         self._root: MetadataBuffers | None = None
         self._group = 0
+        # What a violation found in these buffers' rows records as its group: g + 1 in a group build's
+        # group g (``in_group_build``), 0 in a plain build.
+        self.record_group = 0
+        self._group_build_views: dict[int, MetadataBuffers] = {}
 
     @property
     def group_noncausal_indices(self) -> torch.Tensor:
@@ -100,4 +106,16 @@ class MetadataBuffers:
         view.prefill_indices = self.group_prefill_indices[g]
         view.prefill_lens = self.group_prefill_lens[g]
         view._group = g
+        return view
+
+    def in_group_build(self, g: int) -> MetadataBuffers:
+        """``group(g)`` as a group build fills it: its violations name the group (``record_group``). Kept:
+        a backend without one-launch group builds asks for it per group per build."""
+        root = self._root or self
+        view = root._group_build_views.get(g)
+        if view is None:
+            view = copy.copy(root.group(g))
+            view._root = root
+            view.record_group = g + 1
+            root._group_build_views[g] = view
         return view

@@ -6,7 +6,6 @@ build never synchronises and can be captured in a CUDA graph (docs/semantics.md 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 from .backend import Backend, BuildPlan
 from .batch import AttentionBatch, ImageSpans, spans_to_csr
 from .buffers import MetadataBuffers
+from .builder_lock import BuilderLock, OnDevice
 from .cache import HostCache, tensor_key
 from .config import SWAConfig
 from .envs import env_flag, env_switch
@@ -26,7 +26,6 @@ from .errors import (
     BatchRangeError,
     BatchShapeError,
     BatchValidationError,
-    ConcurrentBuildError,
     ConfigError,
     SpeculativeModeError,
 )
@@ -57,32 +56,6 @@ def debug_mode() -> bool:
 def guard_default() -> bool:
     """Guarded builds unless ``SWA_HAL_GUARD`` is set to a false word."""
     return env_switch("SWA_HAL_GUARD")
-
-
-class OnDevice:
-    """Make the builder's GPU current while it launches: kernels are loaded and launched on the
-    current device, which may be another GPU (another builder's, or another thread's default).
-    A plain class rather than a generator context manager: it is entered on every build, and a
-    builder serves one build at a time, so one instance per builder is enough."""
-
-    __slots__ = ("index", "_switched")
-
-    def __init__(self, index: int):
-        self.index = index
-        self._switched: Any = None
-
-    def __enter__(self) -> None:
-        # torch's raw query: ``torch.cuda.current_device()`` re-checks CUDA's lazy initialisation first,
-        # which a builder on a GPU has done (its buffers are there), at 3-4 us a call on a GPU host.
-        if self.index >= 0 and torch._C._cuda_getDevice() != self.index:
-            self._switched = torch.cuda.device(self.index)
-            self._switched.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        switched = self._switched
-        if switched is not None:
-            self._switched = None
-            switched.__exit__(*exc)
 
 
 class SWAMetadataBuilder:
@@ -164,10 +137,9 @@ class SWAMetadataBuilder:
         self.tile_schedulers = tile_schedulers
         self._make_schedulers = self.backend.make_tile_schedulers if tile_schedulers else no_schedulers
         self._device_index = -1 if device.type == "cpu" else (device.index or 0)
-        self._on_device = OnDevice(self._device_index)
-        # Non-blocking: a second thread entering a build fails at once instead of waiting or
-        # interleaving its writes into the same fixed buffers.
-        self._busy = threading.Lock()
+        # Every entry point holds it: one call at a time, on the builder's GPU.
+        self._lock = BuilderLock(self._device_index)
+        self._busy = self._lock.lock  # the lock itself: what a test takes to stand in for another thread
         self.decode_threshold = config.decode_threshold
         self._group_buffers = [self.buffers.group(g) for g in range(config.num_kv_groups)]
         self._lens_high_water = [0] * config.num_kv_groups
@@ -188,19 +160,8 @@ class SWAMetadataBuilder:
         next build. One launch on the Triton backends, no host sync. ``validate`` overrides the builder's
         setting for this build (full validation syncs); the O(1) preflight always runs, and a guarded
         build records what it emptied for ``check()``."""
-        if not self._busy.acquire(blocking=False):
-            raise ConcurrentBuildError(self._concurrent_message("build"))
-        try:
-            with self._on_device:
-                return self._build(batch, validate)
-        finally:
-            self._busy.release()
-
-    def _concurrent_message(self, what: str) -> str:
-        return (
-            f"{what}: this SWAMetadataBuilder is already in use by another thread; a builder's fixed "
-            f"buffers serve one build at a time, so give each thread its own builder"
-        )
+        with self._lock("build"):
+            return self._build(batch, validate)
 
     def check(self) -> None:
         """Raise the error of the first violation a guarded build recorded since the last check, as
@@ -208,22 +169,17 @@ class SWAMetadataBuilder:
         Reads a small device buffer: one host sync, when the engine chooses. A violation
         ``poll_violations`` already took off the device counts (it was recorded first). Holds the
         builder's lock (a build running meanwhile could record into the buffer this clears)."""
-        if not self._busy.acquire(blocking=False):
-            raise ConcurrentBuildError(self._concurrent_message("check"))
-        try:
-            with self._on_device:
-                first = self.violations.take()
-                record = self.buffers.violation
-                values = record.tolist()
-                if values[0]:
-                    record.zero_()
-        finally:
-            self._busy.release()
+        with self._lock("check"):
+            first = self.violations.take()
+            record = self.buffers.violation
+            values = record.tolist()
+            if values[0]:
+                record.zero_()
         if first is not None:
             values = first
         if not values[0]:
             return
-        error = violation_error(values, self.config)
+        error = violation_error(values, self.config, self.violations.group_names)
         if error is not None:
             raise error
 
@@ -236,19 +192,9 @@ class SWAMetadataBuilder:
         time than a build: a violation surfaces within about twice that many builds."""
         if not self.guard:
             return
-        busy = self._busy
-        if not busy.acquire(blocking=False):
-            raise ConcurrentBuildError(self._concurrent_message("poll_violations"))
-        try:
-            if not self.violations.due():  # on a GPU, every SWA_HAL_POLL_EVERY-th build looks
-                return
-            if self._device_index < 0:  # runs every build: the CPU needs no device switch
+        with self._lock("poll_violations"):
+            if self.violations.due():  # on a GPU, every SWA_HAL_POLL_EVERY-th build looks
                 self.violations.poll()
-            else:
-                with self._on_device:
-                    self.violations.poll()
-        finally:
-            busy.release()
 
     def _build(self, batch: AttentionBatch, validate: bool | None) -> SWAMetadata:
         self._check(batch, validate)
@@ -270,9 +216,7 @@ class SWAMetadataBuilder:
         Returns one SWAMetadata per group, each a view of that group's fixed buffers
         (``batch.block_table`` and ``batch.slot_mapping`` are not read). Needs
         ``SWAConfig.num_kv_groups >= G``."""
-        if not self._busy.acquire(blocking=False):
-            raise ConcurrentBuildError(self._concurrent_message("build_groups"))
-        try:
+        with self._lock("build_groups"):
             num_reqs = batch.query_start_loc_cpu.shape[0] - 1
             inputs = group_inputs(
                 block_tables,
@@ -293,12 +237,9 @@ class SWAMetadataBuilder:
                         raise type(exc)(exc.field, f"group {g}: {exc.constraint}", exc.index) from exc
             else:
                 self._check(first, False)
-            with self._on_device:
-                plan, query = self._plan(first, len(tables), inputs.rows)
-                self.backend.compute_groups(plan, first, tables, slots, self.buffers)
-                return self._metadatas(first, plan, query, tables, slots)
-        finally:
-            self._busy.release()
+            plan, query = self._plan(first, len(tables), inputs.rows)
+            self.backend.compute_groups(plan, first, tables, slots, self.buffers)
+            return self._metadatas(first, plan, query, tables, slots)
 
     def build_slot_rows(
         self, rows: SlotRows, *, out: torch.Tensor | None = None, lens: torch.Tensor | None = None
@@ -318,14 +259,9 @@ class SWAMetadataBuilder:
             if lens is None:
                 lens = torch.empty(n, dtype=torch.int32, device=self.device)
             check_outputs(out, lens, n, width, self.device)
-        if not self._busy.acquire(blocking=False):
-            raise ConcurrentBuildError(self._concurrent_message("build_slot_rows"))
-        try:
-            with self._on_device:
-                self.backend.compute_slot_rows(rows, out, lens, self.buffers.violation, self._slot_limit)
-            return out, lens
-        finally:
-            self._busy.release()
+        with self._lock("build_slot_rows"):
+            self.backend.compute_slot_rows(rows, out, lens, self.buffers.violation, self._slot_limit)
+        return out, lens
 
     def build_request_window(self, rows: RequestWindowRows, validate: bool | None = None) -> RequestWindowLayout:
         """A request-window layout (docs/semantics.md #request-window-layouts): DeepSeek-V4.1's window
@@ -335,13 +271,8 @@ class SWAMetadataBuilder:
         preflight_request_window(rows, self.config.window_size, self.device)
         if validate if validate is not None else self.validate:
             validate_request_window(rows)
-        if not self._busy.acquire(blocking=False):
-            raise ConcurrentBuildError(self._concurrent_message("build_request_window"))
-        try:
-            with self._on_device:
-                return self.backend.compute_request_window(rows)
-        finally:
-            self._busy.release()
+        with self._lock("build_request_window"):
+            return self.backend.compute_request_window(rows)
 
     def _check(self, batch: AttentionBatch, validate: bool | None) -> None:
         if validate if validate is not None else self.validate:
@@ -535,15 +466,11 @@ class SWAMetadataBuilder:
             )
         n = len(starts)
         # The span buffers are the builder's: a build reading them meanwhile would see half-written spans.
-        if not self._busy.acquire(blocking=False):
-            raise ConcurrentBuildError(self._concurrent_message("image_spans_from_ranges"))
-        try:
+        with self._lock("image_spans_from_ranges"):
             buffers.span_indptr[: num_reqs + 1].copy_(torch.tensor(indptr, dtype=torch.int32), non_blocking=True)
             if n:
                 buffers.span_starts[:n].copy_(torch.tensor(starts, dtype=torch.int32), non_blocking=True)
                 buffers.span_ends[:n].copy_(torch.tensor(ends, dtype=torch.int32), non_blocking=True)
-        finally:
-            self._busy.release()
         return ImageSpans(buffers.span_indptr[: num_reqs + 1], buffers.span_starts[:n], buffers.span_ends[:n])
 
     def _noncausal_width(self, batch: AttentionBatch, num_decodes: int) -> int:
@@ -605,17 +532,12 @@ class SWAMetadataBuilder:
         if not self.backend.supports_draft_decode_metadata_update:
             raise NotImplementedError(f"backend {self.backend_name!r} does not support in-place draft-step updates")
         g = self._group_of(metadata, "metadata")
-        if not self._busy.acquire(blocking=False):
-            raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
-        try:
+        with self._lock("update_draft_decode_metadata"):
             preflight_update(metadata, self._device_index, self.buffers.capacity)
             buffers = self._group_buffers[g]
-            with self._on_device:
-                self.backend.recompute_decode_rows(metadata, buffers)
-                metadata.tile_sched = self._make_schedulers(metadata.num_decode_tokens)
-                metadata.extras = self.backend.extras(metadata, buffers)
-        finally:
-            self._busy.release()
+            self.backend.recompute_decode_rows(metadata, buffers)
+            metadata.tile_sched = self._make_schedulers(metadata.num_decode_tokens)
+            metadata.extras = self.backend.extras(metadata, buffers)
 
     def _group_of(self, metadata: SWAMetadata, name: str) -> int:
         """The KV-cache group whose buffers ``metadata``'s decode rows are: an update writes that group's
@@ -646,18 +568,13 @@ class SWAMetadataBuilder:
                     f"update_draft_decode_metadata: metadata {g} is not group {g} of a build_groups() of this builder"
                 )
         _same_build(metadatas)
-        if not self._busy.acquire(blocking=False):
-            raise ConcurrentBuildError(self._concurrent_message("update_draft_decode_metadata"))
-        try:
+        with self._lock("update_draft_decode_metadata"):
             for md in metadatas:
                 preflight_update(md, self._device_index, self.buffers.capacity)
-            with self._on_device:
-                self.backend.recompute_groups(metadatas, self.buffers)
-                for g, md in enumerate(metadatas):
-                    md.tile_sched = self._make_schedulers(md.num_decode_tokens)
-                    md.extras = self.backend.extras(md, self._group_buffers[g])
-        finally:
-            self._busy.release()
+            self.backend.recompute_groups(metadatas, self.buffers)
+            for g, md in enumerate(metadatas):
+                md.tile_sched = self._make_schedulers(md.num_decode_tokens)
+                md.extras = self.backend.extras(md, self._group_buffers[g])
 
     # -- warmup ----------------------------------------------------------------------------------
 

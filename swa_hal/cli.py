@@ -603,6 +603,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
+def _add_backend_and_platform(p: argparse.ArgumentParser) -> None:
+    """The options of the commands that start a backend: which one, and a synthetic platform to start it on."""
+    p.add_argument("--backend", metavar="NAME", help="request this backend (default: automatic selection)")
+    p.add_argument(
+        "--assume",
+        metavar="PLATFORM",
+        help="synthetic platform (with TRITON_INTERPRET=1 to run Triton backends on the CPU)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="swa-hal",
@@ -643,12 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="build metadata for a scenario, check it against the reference")
     p.add_argument("--config", metavar="FILE", help=scenario_config)
     p.add_argument("--batch", required=True, metavar="SCENARIO", help="a scenario (YAML), e.g. from configs/batches/")
-    p.add_argument("--backend", metavar="NAME", help="request this backend (default: automatic selection)")
-    p.add_argument(
-        "--assume",
-        metavar="PLATFORM",
-        help="synthetic platform (with TRITON_INTERPRET=1 to run Triton backends on the CPU)",
-    )
+    _add_backend_and_platform(p)
     p.add_argument("--device", default="cpu", help="torch device to build on: cpu or cuda[:N] (default: cpu)")
     p.add_argument("--repeat", type=_positive, default=5, metavar="N", help="builds to time (default: 5)")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with reference.py")
@@ -665,12 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("warmup", help="compile every kernel variant a config can launch")
     p.add_argument("--config", required=True, metavar="FILE", help="the model config (YAML)")
-    p.add_argument("--backend", metavar="NAME", help="request this backend (default: automatic selection)")
-    p.add_argument(
-        "--assume",
-        metavar="PLATFORM",
-        help="synthetic platform (with TRITON_INTERPRET=1 to run Triton backends on the CPU)",
-    )
+    _add_backend_and_platform(p)
     p.add_argument("--device", default="cpu", help="torch device to compile for: cpu or cuda[:N] (default: cpu)")
     p.set_defaults(func=cmd_warmup)
 

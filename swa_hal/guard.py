@@ -5,17 +5,20 @@ host preflight cannot see without a sync: query_start_loc non-decreasing, seq_le
 bounds, image spans neither inverted nor negative, every block id a window reads inside ``[0, block_limit)`` and inside the block
 table's width. A row that breaks a rule is handed out empty (lens 0, all -1), so no index points
 outside the KV cache, and the first violation found is recorded in a small device buffer:
-``[count, kind, request, value]``. ``SWAMetadataBuilder.check()`` reads it (one sync, when the engine
+``[count, kind, request, value, group]`` (group: g + 1 where a group build's group g broke the rule, else
+0). ``SWAMetadataBuilder.check()`` reads it (one sync, when the engine
 chooses) and raises the error full validation would have raised.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from .cache import HostCache
 from .config import INT32_LIMIT
 from .errors import (
     BatchCapacityError,
@@ -31,7 +34,9 @@ if TYPE_CHECKING:
     from .batch import ImageSpans
     from .config import SWAConfig
 
-RECORD_LEN = 4  # count, kind, request, value
+RECORD_LEN = 5  # count, kind, request, value, group (g + 1 in a group build, else 0)
+# A candidate of the torch guard's table: the record less its group, which is the build's (one per call).
+CANDIDATE_LEN = 4
 
 
 class SplitFacts(Protocol):
@@ -80,11 +85,25 @@ def block_limit(config: SWAConfig) -> int:
     return min((INT32_LIMIT + 1) // config.block_size, INT32_LIMIT)
 
 
-def violation_error(record: list[int], config: SWAConfig) -> BatchValidationError | None:
-    """The typed error a recorded violation stands for (the type full validation raises), or None."""
-    count, kind, req, value = record
+def violation_error(
+    record: list[int], config: SWAConfig, group_names: Sequence[int] | None = None
+) -> BatchValidationError | None:
+    """The typed error a recorded violation stands for (the type full validation raises), or None. A
+    violation a group build's group g recorded names the group: ``group g``, or ``KV-cache group
+    group_names[g]`` where the builder serves an engine that numbers its groups otherwise."""
+    count, kind, req, value, group = record
     if count == 0:
         return None
+    error = _rule_error(kind, req, value, config)
+    if group == 0:
+        return error
+    g = group - 1
+    name = f"KV-cache group {group_names[g]}" if group_names is not None and g < len(group_names) else f"group {g}"
+    return type(error)(error.field, f"{name}: {error.constraint}", error.index)
+
+
+def _rule_error(kind: int, req: int, value: int, config: SWAConfig) -> BatchValidationError:
+    """The typed error of rule ``kind`` broken by request (or row) ``req`` with ``value``."""
     where = " (found by a guarded build, which handed the offending rows out empty)"
     if kind == Violation.QUERY_ORDER:
         return BatchOrderError(
@@ -171,46 +190,53 @@ def flag_first(
     torch.where(new, what, value, out=value)
 
 
-def record_first(record: torch.Tensor, kind: torch.Tensor, value: torch.Tensor) -> None:
-    """Record the lowest item whose ``kind`` is set (a request, or a row), unless ``record`` already
-    holds a violation; count it either way. Vectorised, no host sync."""
-    n = kind.shape[0]
-    flagged = kind > 0
-    at = torch.where(flagged, torch.arange(n, device=kind.device), n).amin().clamp_max(n - 1)
-    any_flag = flagged.any()
-    count = record[0] + any_flag.to(record.dtype)
-    new = torch.stack(
-        [
-            count,
-            kind[at].to(record.dtype),
-            at.to(record.dtype),
-            value[at].clamp(-INT32_LIMIT - 1, INT32_LIMIT).to(record.dtype),
-        ]
-    )
-    keep = torch.stack([count, record[1], record[2], record[3]])
-    record.copy_(torch.where(any_flag & (record[0] == 0), new, keep))
+def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch.Tensor) -> None:
+    """Record ``candidate`` (count, kind, request, value) where ``found`` (bool [1]) and ``record`` holds no
+    violation yet. A token-slot call is no group build: the group entry stays 0 (a record with count 0
+    is all zeros). No host sync."""
+    head = record[:CANDIDATE_LEN]
+    torch.where(record[:1] < found.to(record.dtype), candidate.to(record.dtype), head, out=head)
 
 
 # -- the torch backend's guard -----------------------------------------------------------------------------
 
 # Rows of a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``), one column per
-# request. Rows 0-7 are the quantities that are negative where a rule is broken, in the order the rules are
-# checked (row 7, always -1, stands for "none"); the rest hold values a violation reports. query_start_loc
+# request. The rows up to NONE are the quantities that are negative where a rule is broken, in the order the
+# rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports. query_start_loc
 # (R + 1 entries) has its own vector.
-QUERY, PREFIX, SPLIT, BOUND, HEADROOM, SPAN_BAD, WIDTH_LEFT, NONE, SEQ, FIRST_SPAN, NEED = range(11)
-RULE_ROWS = 11
+(
+    QUERY,
+    PREFIX,
+    SPLIT_QUERY,
+    SPLIT_END,
+    SPLIT_BEGIN,
+    BOUND,
+    HEADROOM,
+    SPAN_BAD,
+    WIDTH_LEFT,
+    NONE,
+    SEQ,
+    FIRST_SPAN,
+    NEED,
+) = range(13)
+RULE_ROWS = 13
 # Per checked row: the kind it stands for and the row of the value reported.
 ROW_KINDS = (
     Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
     Violation.SEQ_SHORT,  # P_r = S_r - q_r < 0 (reports S_r)
-    Violation.HOST_SPLIT,  # the least of the split's margins < 0 (reports q_r)
+    # Rule 14, the host split's margins (each reports q_r): a decode's query against min(max_decode_query_len,
+    # max_query_len) and its end against the decode tokens; a prefill's query against max_query_len, its end
+    # against num_tokens and its start against the decode tokens (0 for a decode).
+    Violation.HOST_SPLIT,  # query margin < 0
+    Violation.HOST_SPLIT,  # end margin < 0
+    Violation.HOST_SPLIT,  # start margin < 0
     Violation.REPLAY,  # replay_start[r] < 0
     Violation.REPLAY,  # P_r - replay_start[r] < 0 (reports replay_start[r])
     Violation.SPAN,  # -1 where a span of the request is bad (reports the first)
     Violation.ROW_WIDTH,  # width - need < 0 (reports need)
     0,
 )
-VALUE_ROWS = (QUERY, SEQ, QUERY, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
+VALUE_ROWS = (QUERY, SEQ, QUERY, QUERY, QUERY, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
 
 
 class _RequestViews:
@@ -229,7 +255,10 @@ class _RequestViews:
         "seq",
         "query",
         "prefix",
-        "split",
+        "split_margins",
+        "split_begin",
+        "split_cuts",
+        "split_decodes",
         "bound",
         "headroom",
         "span_bad",
@@ -260,7 +289,10 @@ class _RequestViews:
     seq: torch.Tensor
     query: torch.Tensor
     prefix: torch.Tensor
-    split: torch.Tensor
+    split_margins: torch.Tensor
+    split_begin: torch.Tensor
+    split_cuts: HostCache
+    split_decodes: int
     bound: torch.Tensor
     headroom: torch.Tensor
     span_bad: torch.Tensor
@@ -306,7 +338,7 @@ class TorchGuard:
         self.device = device
         # Column 0 stands for "nothing broken": its key is below every unbroken candidate's and its first
         # entry, 0 where every real candidate has 1, keeps the record as it is.
-        self.table = torch.zeros((RECORD_LEN, 1 + max_reqs + max_rows), **i32)
+        self.table = torch.zeros((CANDIDATE_LEN, 1 + max_reqs + max_rows), **i32)
         self.table[0, 1:] = 1
         self.table[2] = NO_KEY
         self.table[2, 0] = NO_KEY - 1
@@ -326,22 +358,26 @@ class TorchGuard:
         self.int32_min = torch.tensor(-INT32_LIMIT - 1, dtype=torch.int64, device=device)
         self.none_row = torch.tensor(NONE, dtype=torch.int64, device=device)
         self.at = torch.zeros(1, dtype=torch.int64, device=device)
+        # The chosen candidate, then the build's group (set per call: every candidate of a call shares it).
         self.chosen = torch.zeros((RECORD_LEN, 1), **i32)
         self.chosen_flag, self.chosen_flat = self.chosen[0], self.chosen[:, 0]
+        self.chosen_candidate, self.chosen_group = self.chosen[:CANDIDATE_LEN], self.chosen[CANDIDATE_LEN]
+        self._group = 0
         self.take = torch.zeros(1, dtype=torch.bool, device=device)
-        self._views: dict[int, _RequestViews] = {}
-        self._row_views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._record_views: dict[int, torch.Tensor] = {}
+        # A request count's views and rules table: always kept (not a cache the switch turns off: a build
+        # reads back, in a later call, the quantities an earlier call wrote there).
+        self._views = HostCache(limit=64, enabled=True)
+        # Views of the candidates' table, kept as the host cache keeps (swa_hal/cache.py).
+        self._row_views = HostCache(limit=64)
+        self._record_views = HostCache(limit=64)
         self._record: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _request_views(self, num_reqs: int) -> _RequestViews:
         v = self._views.get(num_reqs)
         if v is not None:
             return v
-        if len(self._views) >= 64:
-            self._views.clear()
         r = num_reqs
-        v = self._views[r] = _RequestViews()
+        v = self._views.keep(r, _RequestViews())
         rules = torch.zeros((RULE_ROWS, r), dtype=torch.int64, device=self.device)
         rules[NONE] = -1
         # Rows some earlier build filled that this one may not (replay bounds, spans, DSpark widths): they
@@ -349,7 +385,9 @@ class TorchGuard:
         v.filled = set()
         v.qsl = torch.zeros(r + 1, dtype=torch.int64, device=self.device)
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
-        v.seq, v.query, v.prefix, v.split = rules[SEQ], rules[QUERY], rules[PREFIX], rules[SPLIT]
+        v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
+        v.split_margins, v.split_begin = rules[SPLIT_QUERY : SPLIT_END + 1], rules[SPLIT_BEGIN]
+        v.split_cuts, v.split_decodes = HostCache(limit=64), 0
         v.bound, v.headroom = rules[BOUND], rules[HEADROOM]
         v.span_bad, v.first_span = rules[SPAN_BAD], rules[FIRST_SPAN]
         v.need, v.width_left = rules[NEED], rules[WIDTH_LEFT]
@@ -414,15 +452,7 @@ class TorchGuard:
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
         torch.sub(v.end, v.begin, out=v.query)
-        # Rule 14: the least margin of the host's split, negative where the device offsets break it.
-        margin = torch.minimum(split.max_query_len - v.query, split.num_tokens - v.end)
-        decode = v.arange < split.num_decodes
-        part = torch.where(
-            decode,
-            torch.minimum(split.decode_query_max - v.query, split.num_decode_tokens - v.end),
-            v.begin - split.num_decode_tokens,
-        )
-        torch.minimum(margin, part, out=v.split)
+        self._split_margins(v, num_reqs, split)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         if values or not causal:
             # seq_lens in int64 first: the value rule 2 reports (DSpark widths read it too).
@@ -454,6 +484,34 @@ class TorchGuard:
         if not causal:
             torch.minimum(v.seq, v.query + config.window_size, out=v.need)
             torch.sub(v.need, config.noncausal_index_width, out=v.width_left).neg_()
+
+    @staticmethod
+    def _split_margins(v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
+        """Rule 14 into its three rows, in place: the margins of the host's split, negative where the device
+        offsets break it. The query and end margins are written as excesses (``q - cap``) and negated
+        together: a tensor minus a number is one op, a number minus a tensor two."""
+        nd = split.num_decodes
+        cut = v.split_cuts.get(nd)
+        if cut is None:  # slices cost as much as small ops: one set per decode count
+            q, end, begin = v.query, v.end, v.begin
+            over_q, over_end = v.split_margins[0], v.split_margins[1]
+            cut = v.split_cuts.keep(nd, (
+                q[:nd], q[nd:], end[:nd], end[nd:], begin[nd:],
+                over_q[:nd], over_q[nd:], over_end[:nd], over_end[nd:], v.split_begin[nd:],
+            ))  # fmt: skip
+        q_dec, q_pre, end_dec, end_pre, begin_pre, oq_dec, oq_pre, oe_dec, oe_pre, b_pre = cut
+        if nd:
+            # A decode is inside the decode tokens (so inside num_tokens: the host checked ndt <= T).
+            torch.sub(q_dec, min(split.decode_query_max, split.max_query_len), out=oq_dec)
+            torch.sub(end_dec, split.num_decode_tokens, out=oe_dec)
+        if nd < num_reqs:
+            torch.sub(q_pre, split.max_query_len, out=oq_pre)
+            torch.sub(end_pre, split.num_tokens, out=oe_pre)
+            torch.sub(begin_pre, split.num_decode_tokens, out=b_pre)
+        if v.split_decodes != nd:  # a decode has no start margin: 0 where the last build had a prefill
+            v.split_begin[:nd].zero_()
+            v.split_decodes = nd
+        v.split_margins.neg_()
 
     def requests_clean(self, num_reqs: int) -> bool:
         """Whether no request broke a rule, from ``request_quantities``: a host read, so only for a
@@ -491,28 +549,26 @@ class TorchGuard:
         key = (num_reqs, offset, rows)
         views = self._row_views.get(key)
         if views is None:
-            if len(self._row_views) >= 64:
-                self._row_views.clear()
             lo = 1 + num_reqs + offset
-            views = self._row_views[key] = (
-                self.table[1, lo : lo + rows],
-                self.table[3, lo : lo + rows],
-                self.table[2, lo : lo + rows],
+            views = self._row_views.keep(
+                key, (self.table[1, lo : lo + rows], self.table[3, lo : lo + rows], self.table[2, lo : lo + rows])
             )
         return views
 
-    def record(self, record: torch.Tensor, candidates: int) -> None:
+    def record(self, record: torch.Tensor, candidates: int, group: int) -> None:
         """Record the candidate of the lowest key among the first ``candidates`` (the build's requests and
-        rows), unless ``record`` already holds a violation. No host sync."""
+        rows) and the build's ``group`` (``MetadataBuffers.record_group``), unless ``record`` already holds
+        a violation. No host sync."""
         keys = self._record_views.get(candidates)
         if keys is None:
-            if len(self._record_views) >= 64:
-                self._record_views.clear()
-            keys = self._record_views[candidates] = self.table[2, : 1 + candidates]
+            keys = self._record_views.keep(candidates, self.table[2, : 1 + candidates])
         if self._record is None or self._record[0] is not record:
             self._record = (record, record[:1])
         torch.argmin(keys, 0, keepdim=True, out=self.at)
-        torch.index_select(self.table, 1, self.at, out=self.chosen)  # (1, kind, request, value)
+        torch.index_select(self.table, 1, self.at, out=self.chosen_candidate)  # (1, kind, request, value)
+        if group != self._group:  # a plain build's group (0) never changes: no op
+            self.chosen_group.fill_(group)
+            self._group = group
         # Taken when the record is empty (count 0) and a candidate broke a rule (not column 0).
         torch.lt(self._record[1], self.chosen_flag, out=self.take)
         torch.where(self.take, self.chosen_flat, record, out=record)

@@ -70,6 +70,11 @@ def prefill_chunk_plan(
     return chunks
 
 
+def _tile_sched_of(layer_type: str) -> Any:
+    """The property an engine reads ``layer_type``'s planner object through (None: none built)."""
+    return property(lambda self: self.tile_sched.get(layer_type))
+
+
 @dataclasses.dataclass(eq=False, kw_only=True)
 class SWAMetadata:
     # The step's inputs, passed through for the consumers.
@@ -163,13 +168,14 @@ class SWAMetadata:
         """Another KV-cache group's metadata of the same build (docs/semantics.md #group-builds): this
         metadata's fields, with that group's ``views`` of its fixed buffers (``group_views``), its block
         table and slot mapping, and its own planner objects."""
-        fields = self.__dict__.copy()
-        fields.update(views)
-        fields["block_table"] = block_table
-        fields["slot_mapping"] = slot_mapping
-        fields["tile_sched"] = tile_sched
         new = object.__new__(SWAMetadata)
-        new.__dict__ = fields
+        new.__dict__ = {
+            **self.__dict__,
+            **views,
+            "block_table": block_table,
+            "slot_mapping": slot_mapping,
+            "tile_sched": tile_sched,
+        }
         return new
 
     def extra(self, kind: type[T]) -> T | None:
@@ -210,25 +216,11 @@ class SWAMetadata:
     def prefill_max_num_batched_tokens(self) -> int:
         return self.max_num_batched_tokens
 
-    @property
-    def tile_sched_swaonly(self) -> Any:
-        return self.tile_sched.get("swaonly")
-
-    @property
-    def tile_sched_c4a(self) -> Any:
-        return self.tile_sched.get("c4a")
-
-    @property
-    def tile_sched_c128a(self) -> Any:
-        return self.tile_sched.get("c128a")
-
-    @property
-    def tile_sched_c1a(self) -> Any:
-        return self.tile_sched.get("c1a")
-
-    @property
-    def tile_sched_c2a(self) -> Any:
-        return self.tile_sched.get("c2a")
+    tile_sched_swaonly = _tile_sched_of("swaonly")
+    tile_sched_c4a = _tile_sched_of("c4a")
+    tile_sched_c128a = _tile_sched_of("c128a")
+    tile_sched_c1a = _tile_sched_of("c1a")
+    tile_sched_c2a = _tile_sched_of("c2a")
 
 
 # The fields a step brings (``SWAMetadata.for_step``); every other field follows from the build's shape.

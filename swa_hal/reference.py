@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .cache import HostCache
 from .config import SWAConfig
 from .errors import SpeculativeModeError
 from .split import Split, split_decodes_and_prefills
@@ -170,15 +171,13 @@ class _RowSpace:
             tables.aligned - block_size
         )
         self.width = width
-        self._views: dict[int, _RowViews] = {}
+        self._views = HostCache(limit=64)
 
     def views(self, rows: int) -> _RowViews:
         v = self._views.get(rows)
         if v is not None:
             return v
-        if len(self._views) >= 64:
-            self._views.clear()
-        v = self._views[rows] = _RowViews()
+        v = self._views.keep(rows, _RowViews())
         v.tables = self.tables
         v.slots = self.slots[:rows]
         # Every window of ``width`` consecutive slots, as rows (overlapping: a view, no copy).
@@ -210,15 +209,16 @@ class RowWorkspace:
         self.max_rows = max_rows
         # Token rows, and their + 1 (a causal row's position + 1 is its request's term plus t + 1).
         self.arange = torch.arange(max(max_rows, max_width) + 1, dtype=torch.int32, device=device)
-        self._spaces: dict[tuple[int, int], _RowSpace] = {}
-        self._constants: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        # Kept (swa_hal/cache.py): a space per (block size, width), a constant per (value, dtype).
+        self._spaces = HostCache()
+        self._constants = HostCache()
         # ``c[value]``: the int32 constant (``const``), looked up in one step.
         self.c = _Constants(device)
 
     def space(self, block_size: int, width: int) -> _RowSpace:
         space = self._spaces.get((block_size, width))
         if space is None:
-            space = self._spaces[block_size, width] = _RowSpace(self.max_rows, block_size, width, self.device)
+            space = self._spaces.keep((block_size, width), _RowSpace(self.max_rows, block_size, width, self.device))
         return space
 
     def const(self, value: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
@@ -228,20 +228,19 @@ class RowWorkspace:
             return self.c[value]
         t = self._constants.get((value, dtype))
         if t is None:
-            t = self._constants[value, dtype] = torch.tensor(value, dtype=dtype, device=self.device)
+            t = self._constants.keep((value, dtype), torch.tensor(value, dtype=dtype, device=self.device))
         return t
 
 
-class _Constants(dict):
-    """int32 0-dim constants by value, made on first use."""
+class _Constants(HostCache):
+    """int32 0-dim constants by value, made on first use (kept as the host cache keeps: swa_hal/cache.py)."""
 
     def __init__(self, device: torch.device | str):
         super().__init__()
         self.device = device
 
     def __missing__(self, value: int) -> torch.Tensor:
-        t = self[value] = torch.tensor(value, dtype=torch.int32, device=self.device)
-        return t
+        return self.keep(value, torch.tensor(value, dtype=torch.int32, device=self.device))
 
 
 def _arange(n: int, device: torch.device, workspace: RowWorkspace | None) -> torch.Tensor:

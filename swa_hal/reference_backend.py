@@ -13,6 +13,7 @@ import torch
 
 from . import reference
 from .backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
+from .cache import HostCache
 from .guard import TorchGuard, Violation, block_limit
 from .hookspecs import hookimpl
 
@@ -139,7 +140,7 @@ class TorchBackend(Backend):
         self._guard = TorchGuard(seqs, buffers.capacity, self.device)
         self._limit = block_limit(cfg)
         self._probe = reference.RowProbe(self._limit)
-        self._shapes: dict[tuple, _Shape] = {}
+        self._shapes = HostCache(limit=256)  # kept as the host cache keeps (swa_hal/cache.py)
 
     def _shape(self, plan: BuildPlan, buffers: MetadataBuffers) -> _Shape:
         t, ndt, npt, nreq = plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
@@ -158,9 +159,7 @@ class TorchBackend(Backend):
         s = self._shapes.get(key)
         if s is not None:
             return s
-        if len(self._shapes) >= 256:
-            self._shapes.clear()
-        s = self._shapes[key] = _Shape()
+        s = self._shapes.keep(key, _Shape())
         cfg, ws = self.config, self._workspace
         s.t2r, s.valid, s.rows = buffers.token_to_req[:t], buffers.is_valid[:t], ws.arange[:t]
         s.dec_req, s.dec_valid, s.dec_rows1 = s.t2r[:ndt], s.valid[:ndt], ws.arange[1 : ndt + 1]
@@ -353,14 +352,16 @@ class TorchBackend(Backend):
                 # A prefill that broke a rule gets gather length 0 (docs/semantics.md #guarded-builds).
                 s.gather.masked_fill_(broken[s.prefill_reqs], ws.c[0])
         if guard:
-            self._guard.record(buffers.violation, nreq + ndt + npt)
+            self._guard.record(buffers.violation, nreq + ndt + npt, buffers.record_group)
         return True
 
     @staticmethod
     def _padding_slots(batch: AttentionBatch, qsl: torch.Tensor, num_reqs: int, num_tokens: int) -> bool:
         """Rule 13 for the CPU's first, unguarded build: whether a row past query_start_loc[R] has a slot
-        (a host read, free on the CPU)."""
-        return bool((batch.slot_mapping[max(int(qsl[num_reqs]), 0) : num_tokens] >= 0).any())
+        (a host read, free on the CPU). Read through numpy: the same memory, without torch's per-op
+        dispatch (six ops were a sixth of a guarded decode build's)."""
+        scheduled = max(int(qsl.numpy()[num_reqs]), 0)
+        return bool((batch.slot_mapping.numpy()[scheduled:num_tokens] >= 0).any())
 
     @staticmethod
     def _empty_padding(s: _Shape, scheduled: torch.Tensor, ndt: int) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchShapeError
-from .guard import Violation
+from .guard import Violation, record_candidate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +146,7 @@ def build_ring_rows(
         value = pool[first].clamp(-INT32_LIMIT - 1, INT32_LIMIT)
         new = torch.cat([found.to(i64), torch.full_like(first, int(Violation.RING_SLOT)), first, value])
         new = new.to(record.dtype)
-        torch.where(record[:1] < found.to(record.dtype), new, record, out=record)
+        record_candidate(record, found, new)
         row_lens = torch.where(broken, 0, row_lens)
         live &= ~broken[:, None]
     out.copy_(torch.where(live, entry, -1))

@@ -30,7 +30,7 @@ import torch
 
 from .config import INT32_LIMIT, MAX_ROW_WIDTH
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
-from .guard import Violation
+from .guard import Violation, record_candidate
 from .slot_ring import SlotRing, build_ring_rows, preflight_ring
 
 if TYPE_CHECKING:
@@ -307,7 +307,7 @@ def build_slot_rows(
         first = key.argmin(0, keepdim=True)
         found = torch.index_select(broken, 0, first)
         new = torch.cat([found, rule[first] + int(Violation.POOL), first, value[first]]).to(record.dtype)
-        torch.where(record[:1] < found.to(record.dtype), new, record, out=record)
+        record_candidate(record, found, new)
         row_lens = torch.where(broken, 0, row_lens)
         slot = torch.where(broken[:, None], -1, slot)
     out.copy_(slot)

@@ -16,10 +16,10 @@ from .config import INT32_LIMIT
 from .envs import env_flag
 from .errors import BackendUnavailableError
 from .groups import group_rows
-from .kernels.launch import record_fields
-from .kernels.request_window_launch import RequestWindowArgs, RequestWindowKey, request_window_key
-from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsKey, rows_key, rows_keys
-from .kernels.slot_rows_launch import SlotRowsArgs, SlotRowsKey, slot_rows_key
+from .kernels.launch import CompileKey, KeyedLaunch, record_fields
+from .kernels.request_window_launch import RequestWindowArgs
+from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsKey
+from .kernels.slot_rows_launch import SlotRowsArgs
 from .request_window import RequestWindowLayout
 
 if TYPE_CHECKING:
@@ -117,9 +117,10 @@ class TritonBackend(Backend):
             from .kernels.rows_launch import RowsLaunch
             from .kernels.slot_rows_launch import SlotRowsLaunch
 
-            self._rows = RowsLaunch(device)
-            self._slot_rows = SlotRowsLaunch(device)
-            self._request_window = RequestWindowLaunch(device)
+            # Each launch owns its dispatch (which key a call needs) and its warmup keys.
+            self._rows = RowsLaunch(device, config, clamp=self.CLAMP_ADDRESSES)
+            self._slot_rows = SlotRowsLaunch(device, config, clamp=self.CLAMP_ADDRESSES)
+            self._request_window = RequestWindowLaunch(device, config, clamp=self.CLAMP_ADDRESSES)
         except ImportError as exc:
             raise BackendUnavailableError(f"backend {self.name!r} needs triton: {exc}") from exc
         if self._rows.interpreted:
@@ -129,10 +130,7 @@ class TritonBackend(Backend):
             if problem is not None:
                 raise BackendUnavailableError(f"backend {self.name!r}: {problem}")
         self.guard = False
-        self._keys: dict[tuple[bool, bool, bool], RowsKey] = {}
-        self._slot_keys: dict[tuple[Any, ...], SlotRowsKey] = {}
         self._slot_record = SlotRowsArgs(**dict.fromkeys(record_fields(SlotRowsArgs), 0))
-        self._window_keys: dict[tuple[Any, ...], RequestWindowKey] = {}
         self._window_record = RequestWindowArgs(**dict.fromkeys(record_fields(RequestWindowArgs), 0))
         self._buffers: MetadataBuffers | None = None
         self._records: dict[bool, RowsArgs] = {}
@@ -155,18 +153,8 @@ class TritonBackend(Backend):
 
     def kernel_key(self, causal: bool = True, grouped: bool = False) -> RowsKey:
         """The compile key of a build: causal or DSpark rows, guarded or not (``self.guard``), one
-        group or several."""
-        key = self._keys.get((causal, self.guard, grouped))
-        if key is None:
-            key = self._keys[(causal, self.guard, grouped)] = rows_key(
-                self.config,
-                causal=causal,
-                clamp=self.CLAMP_ADDRESSES,
-                device_type=self.device.type,
-                guard=self.guard,
-                grouped=grouped,
-            )
-        return key
+        group or several (the rows launch's dispatch)."""
+        return self._rows.key_for((causal, self.guard, grouped))
 
     # -- builds ----------------------------------------------------------------------------------
 
@@ -236,9 +224,14 @@ class TritonBackend(Backend):
         buffers: MetadataBuffers,
         groups: int = 1,
     ) -> None:
-        key = self.kernel_key(plan.causal, groups > 1)
+        rows = self._rows
+        # The launch's memo first: one lookup per build, its dispatch only on a miss.
+        facts = (plan.causal, self.guard, groups > 1)
+        key = rows.keys.get(facts)
+        if key is None:
+            key = rows.key_for(facts)
         args = self.rows_args(key, plan, inputs, table, slots, buffers, groups)
-        self._rows(key, args.programs(), args)
+        rows(key, args.programs(), args)
 
     def _write_group_table(self, rows: tuple[tuple[int, int, int, int], ...], buffers: MetadataBuffers) -> None:
         """The kernel reads group g's inputs through row g of ``buffers.group_inputs`` (address of the
@@ -291,23 +284,12 @@ class TritonBackend(Backend):
         slot_map = record if rows.slot_map is None else rows.slot_map
         ring, num_pools = (0, rt.shape[0]) if rows.ring is None else (rows.ring.size, rows.ring.slots)
         dtypes = (rows.row_ends.dtype, rows.pools.dtype, floors.dtype, rt.dtype, slot_map.dtype, block_slots.dtype)
-        width = out.shape[1]
-        spec = (width, rows.block, rows.floors is not None, ring, self.guard, limit, dtypes)
-        key = self._slot_keys.get(spec)
+        launch = self._slot_rows
+        facts = (out.shape[1], rows.block, rows.floors is not None, ring, self.guard, limit, dtypes)
+        key = launch.keys.get(facts)
         if key is None:
-            key = self._slot_keys[spec] = slot_rows_key(
-                self.config.window_size,
-                width,
-                rows.block,
-                has_floors=rows.floors is not None,
-                guard=self.guard,
-                slot_limit=limit,
-                clamp=self.CLAMP_ADDRESSES,
-                device_type=self.device.type,
-                dtypes=dtypes,
-                ring=ring,
-            )
-        ptr = self._slot_rows.pointer
+            key = launch.key_for(facts)
+        ptr = launch.pointer
         # One record, every field set here by name (a 14-keyword construction per call costs more).
         args = self._slot_record
         args.out_ptr = ptr(out)
@@ -324,7 +306,7 @@ class TritonBackend(Backend):
         args.rt_width = rt.shape[1]
         args.num_pools = num_pools
         args.map_len = slot_map.shape[0]
-        self._slot_rows(key, self._slot_rows.programs(key, args), args)
+        launch(key, launch.programs(key, args), args)
 
     # -- request-window layouts -------------------------------------------------------------------
 
@@ -335,15 +317,12 @@ class TritonBackend(Backend):
         n, groups, padded = rows.num_rows, rows.groups(), rows.padded()
         # Absent floors read pos instead (never, with the flag off).
         floors = rows.pos if rows.floors is None else rows.floors
-        dtypes = (rows.req.dtype, rows.pos.dtype, floors.dtype)
-        spec = (rows.floors is not None, dtypes)
-        key = self._window_keys.get(spec)
-        if key is None:
-            key = self._window_keys[spec] = request_window_key(
-                window, has_floors=rows.floors is not None, device_type=self.device.type, dtypes=dtypes
-            )
-        out, block = _new_layout(padded, groups * window, window, self.device)
         launch = self._request_window
+        facts = (rows.floors is not None, (rows.req.dtype, rows.pos.dtype, floors.dtype))
+        key = launch.keys.get(facts)
+        if key is None:
+            key = launch.key_for(facts)
+        out, block = _new_layout(padded, groups * window, window, self.device)
         # One record, every field set here by name (as the token-slot rows' record); the outputs are one
         # block, whose fields the kernel finds at their places in it.
         args = self._window_record
@@ -363,19 +342,29 @@ class TritonBackend(Backend):
 
     # -- warmup ----------------------------------------------------------------------------------
 
-    def kernel_keys(self) -> list[RowsKey]:
-        """Every rows variant this builder can launch, guarded or not as the builder is."""
-        return rows_keys(self.config, clamp=self.CLAMP_ADDRESSES, device_type=self.device.type, guard=self.guard)
+    def launches(self) -> tuple[KeyedLaunch[Any], ...]:
+        """Every kernel the engines call through this backend, each with its own dispatch and warmup
+        keys: builds (and group builds, draft-step updates), token-slot rows, request-window layouts."""
+        return (self._rows, self._slot_rows, self._request_window)
+
+    def warmup_plan(self) -> list[tuple[KeyedLaunch[Any], CompileKey]]:
+        """What ``warmup`` compiles, in order: each launch's variants for this config, guarded or not
+        as the builder is."""
+        return [(launch, key) for launch in self.launches() for key in launch.warmup_keys(self.guard)]
+
+    def kernel_keys(self) -> list[CompileKey]:
+        """Every variant this builder can launch (``warmup_plan``'s keys), guarded or not as the builder is."""
+        return [key for _, key in self.warmup_plan()]
 
     def warmup(self, buffers: MetadataBuffers, progress: Callable[[str], None] | None = None) -> int:
-        """Compile every rows variant through Triton's warmup API (nothing is launched, no buffer is
-        touched). Returns the number of variants."""
-        keys = self.kernel_keys()
-        for key in keys:
+        """Compile every variant of ``warmup_plan`` through Triton's warmup API (nothing is launched, no
+        buffer is touched). Returns the number of variants."""
+        plan = self.warmup_plan()
+        for launch, key in plan:
             if progress is not None:
-                progress(f"{self.name}: swa_metadata_kernel {key}")
-            self._rows.compile(key)
-        return len(keys)
+                progress(f"{self.name}: {launch.kernel_name} {key}")
+            launch.compile(key)
+        return len(plan)
 
     def status(self) -> dict[str, str]:
         return {

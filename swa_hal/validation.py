@@ -50,6 +50,22 @@ def _first(mask: torch.Tensor) -> int:
     return int(torch.nonzero(mask)[0, 0])
 
 
+def _offset_counts(name: str, ptr: torch.Tensor) -> torch.Tensor:
+    """The counts between the offsets ``ptr`` (the host tensor named ``name``), which must start at 0 and
+    never decrease."""
+    if int(ptr[0]) != 0:
+        raise BatchOrderError(name, f"{name}[0]={int(ptr[0])}; it must start at 0", 0)
+    counts = ptr[1:] - ptr[:-1]
+    if bool((counts < 0).any()):
+        i = _first(counts < 0)
+        raise BatchOrderError(
+            name,
+            f"{name}[{i + 1}]={int(ptr[i + 1])} is smaller than {name}[{i}]={int(ptr[i])}: it must be non-decreasing",
+            i + 1,
+        )
+    return counts
+
+
 def validate_batch(batch: AttentionBatch, config: SWAConfig, capacity: int | None = None) -> None:
     cap = config.max_num_batched_tokens if capacity is None else capacity
     seq_lens = _tensor("seq_lens", batch.seq_lens, torch.int32, 1)
@@ -110,17 +126,7 @@ def validate_batch(batch: AttentionBatch, config: SWAConfig, capacity: int | Non
             f"query_start_loc_cpu[{i}]={int(starts[i])}",
             i,
         )
-    if int(starts[0]) != 0:
-        raise BatchOrderError("query_start_loc", f"query_start_loc[0]={int(starts[0])}; it must start at 0", 0)
-    query = starts[1:] - starts[:-1]
-    if bool((query < 0).any()):
-        i = _first(query < 0)
-        raise BatchOrderError(
-            "query_start_loc",
-            f"query_start_loc[{i + 1}]={int(starts[i + 1])} is smaller than "
-            f"query_start_loc[{i}]={int(starts[i])}: it must be non-decreasing",
-            i + 1,
-        )
+    query = _offset_counts("query_start_loc", starts)
     scheduled = int(starts[-1])
     if scheduled > num_tokens:
         raise BatchRangeError(
@@ -243,16 +249,7 @@ def _validate_spans(spans, seq, query, device, config) -> None:
             "image_spans.ends", f"image_spans.ends has {ends_t.shape[0]} entries but starts has {starts_t.shape[0]}"
         )
     ptr = indptr[: num_reqs + 1].cpu().to(torch.int64)
-    if int(ptr[0]) != 0:
-        raise BatchOrderError("image_spans.indptr", f"image_spans.indptr[0]={int(ptr[0])}; it must start at 0", 0)
-    counts = ptr[1:] - ptr[:-1]
-    if bool((counts < 0).any()):
-        r = _first(counts < 0)
-        raise BatchOrderError(
-            "image_spans.indptr",
-            f"image_spans.indptr[{r + 1}]={int(ptr[r + 1])} is smaller than image_spans.indptr[{r}]={int(ptr[r])}: it must be non-decreasing",
-            r + 1,
-        )
+    counts = _offset_counts("image_spans.indptr", ptr)
     n = int(ptr[-1])
     if n > starts_t.shape[0]:
         raise BatchShapeError(

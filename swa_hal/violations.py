@@ -1,6 +1,7 @@
 """Guard violations seen without a sync (docs/semantics.md #guarded-builds): ``ViolationWatch``.
 
-A guarded build records its first violation in a small device buffer, ``[count, kind, request, value]``.
+A guarded build records its first violation in a small device buffer, ``[count, kind, request, value,
+group]``.
 ``SWAMetadataBuilder.check()`` reads it with one host sync, which an engine's step loop never makes. The
 watch reads it a build later instead: each ``poll`` (one per build) first looks at the host copy the
 previous poll started, if that copy has landed, then starts the next one. A non-zero record becomes the
@@ -44,18 +45,20 @@ MESSAGE = (
 
 
 def describe(record: list[int], error: BatchValidationError) -> str:
-    """The warning ``poll`` logs for ``record`` (``[count, kind, request, value]``) and its error."""
+    """The warning ``poll`` logs for ``record`` (``[count, kind, request, value, group]``) and its error."""
     return MESSAGE.format(name=type(error).__name__, error=error, field=error.field, request=record[2], value=record[3])
 
 
 class ViolationWatch:
     """Reads a builder's violation record a build late, without a host sync (see the module docstring).
 
-    ``record``: the device buffer guarded builds record into (``MetadataBuffers.violation``, int32 [4]);
+    ``record``: the device buffer guarded builds record into (``MetadataBuffers.violation``, int32 [5]);
     ``config``: the builder's config (the errors' wording); ``logger``: where the warnings go (an engine
     plugin points it at the engine's logger); ``strict``: raise instead of logging (None: read
     ``SWA_HAL_STRICT`` when a violation is found, so a clean step reads no setting); ``every``: on CUDA,
-    look at every ``every``-th ``due`` (None: ``SWA_HAL_POLL_EVERY``, default 16).
+    look at every ``every``-th ``due`` (None: ``SWA_HAL_POLL_EVERY``, default 16). ``group_names``: how
+    the engine numbers the builder's KV-cache groups, which the errors of group builds name (None: by
+    their place in the call); ``check()`` names them the same way.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class ViolationWatch:
         self.config = config
         self.logger = logger if logger is not None else log
         self.strict = strict
+        self.group_names: tuple[int, ...] | None = None
         self.cuda = record.device.type == "cuda"
         if every is None:
             every = env_int("SWA_HAL_POLL_EVERY")
@@ -145,7 +149,7 @@ class ViolationWatch:
             self._view[0] = 0
         if self._first is None:
             self._first = values
-        error = violation_error(values, self.config)
+        error = violation_error(values, self.config, self.group_names)
         if error is None:
             return
         strict = env_flag("SWA_HAL_STRICT") if self.strict is None else self.strict

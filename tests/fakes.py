@@ -38,15 +38,17 @@ def spec(name="acme", priority=300, vendor="acme", **kw):
     )
 
 
-def plugin_module(*specs, name="acme_plugin"):
-    mod = types.ModuleType(name)
+def with_hook(mod, hook):
+    """``mod`` with ``hook`` as a hook implementation, under the hook function's own name."""
+    setattr(mod, hook.__name__, hookimpl(hook))
+    return mod
 
-    @hookimpl
+
+def plugin_module(*specs, name="acme_plugin"):
     def swa_hal_register_backends():
         return list(specs)
 
-    mod.swa_hal_register_backends = swa_hal_register_backends
-    return mod
+    return with_hook(types.ModuleType(name), swa_hal_register_backends)
 
 
 def builtin_entry_points():

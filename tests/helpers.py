@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,3 +54,113 @@ def common_metadata(batch, **overrides):
     )
     fields.update(overrides)
     return SimpleNamespace(**fields)
+
+
+def strictness(backend: str):
+    """The address checks a backend's kernels run under on the CPU: every lane on SM12x (it does not clamp),
+    the active lanes on the other Triton backends, none for the torch build."""
+    from swa_hal.testing import address_strict
+
+    if backend == "sm12x":
+        return address_strict()
+    if backend == "torch":
+        return contextlib.nullcontext()
+    return address_strict(active_only=True)
+
+
+def fuzz_settings(examples: int = 40, *suppressed):
+    """The malformed-input fuzz tests' settings: ``examples`` fixed, derandomized examples
+    (SWA_HAL_FUZZ_EXAMPLES scales them, SWA_HAL_FUZZ_RANDOM draws fresh ones); ``suppressed``: health
+    checks to suppress besides the slow and large data every one of them has."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", str(examples))),
+        deadline=None,
+        derandomize=not os.environ.get("SWA_HAL_FUZZ_RANDOM"),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, *suppressed],
+    )
+
+
+def assert_check_names(field: str, *builders, error=None) -> None:
+    """Each builder's ``check()`` raises ``error`` (default: ``BatchRangeError``), naming ``field``."""
+    import pytest
+
+    from swa_hal.errors import BatchRangeError
+
+    for builder in builders:
+        with pytest.raises(error or BatchRangeError) as checked:
+            builder.check()
+        assert checked.value.field == field, (field, checked.value)
+
+
+def one_slot_rows_launch_replayed(builder: SWAMetadataBuilder, rows, shape: tuple[int, int] = (256, 128)):
+    """On the GPU: assert one ``build_slot_rows`` call of ``builder`` on ``rows`` is one kernel and no host
+    sync; then capture a call into outputs of ``shape``, step ``rows.row_ends`` in place (+37, the next
+    decode step) and replay. Returns the replay's rows and lens, for the caller's model to check."""
+    import torch
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    builder.build_slot_rows(rows)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        builder.build_slot_rows(rows)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    assert len(kernels) == 1, kernels
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as idle:
+        torch.cuda.synchronize()
+
+    def syncs(p):
+        return [e.name for e in p.events() if "Synchronize" in e.name or e.name in ("aten::item", "aten::_local_scalar_dense")]
+
+    assert syncs(prof) == syncs(idle)  # the profiler's and the test's own synchronisation, nothing more
+
+    out = torch.empty(shape, dtype=torch.int32, device="cuda")
+    lens = torch.empty(shape[0], dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        builder.build_slot_rows(rows, out=out, lens=lens)
+    rows.row_ends.add_(37)  # the next decode step, written in place
+    graph.replay()
+    torch.cuda.synchronize()
+    return out, lens
+
+
+def kit_run(tmp_path, *args, files=None, env=None):
+    """pytest with only the conformance kit's plugin, in a folder of its own (none of this checkout's pytest
+    settings apply), after writing ``files`` (name -> source) there; ``env``: the environment (default: this
+    one with TRITON_INTERPRET=1)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    for name, text in (files or {}).items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = dict(os.environ, TRITON_INTERPRET="1") if env is None else dict(env)
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "swa_hal.testing.plugin", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+@contextlib.contextmanager
+def logged_warnings(caplog, name: str):
+    """A callable listing the warnings of the logger ``name``, each once: caplog listens at the root, which
+    an engine's logging configuration may cut off from the engine's loggers, so its handler also listens
+    on ``name``."""
+    import logging
+
+    logger = logging.getLogger(name)
+    logger.addHandler(caplog.handler)
+
+    def warnings():
+        records = {id(r): r for r in caplog.records if r.name == logger.name and r.levelno == logging.WARNING}
+        return [r.getMessage() for r in records.values()]
+
+    try:
+        yield warnings
+    finally:
+        logger.removeHandler(caplog.handler)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -71,7 +72,7 @@ def test_gpu_tiling_in_the_interpreter(backend, monkeypatch):
     key = builder.backend.kernel_key()
     assert (key.BLOCK_T, key.BLOCK_TP) == (4, 16)
     rng = random.Random(backend)
-    strict = address_strict() if backend == "sm12x" else _null()
+    strict = address_strict() if backend == "sm12x" else contextlib.nullcontext()
     with strict:
         for kind in ("mixed", "padded", "prefill"):
             batch = random_batch(config, rng, kind, max_tokens=300)
@@ -93,7 +94,7 @@ def test_padding_rows_fill_whole_programs(backend, queries, monkeypatch):
     rng = random.Random(7)
     batch = synthesize_batch(config, [rng.randint(40, 900) for _ in queries], queries, rng=rng, padding_rows=42)
     assert batch.num_tokens == sum(queries) + 42
-    strict = address_strict() if backend == "sm12x" else _null()
+    strict = address_strict() if backend == "sm12x" else contextlib.nullcontext()
     with strict:
         md = builder.build(batch)
     assert not compare_with_reference(config, batch, md)
@@ -135,18 +136,13 @@ def test_warmup_prepares_every_variant():
     config = CONFORMANCE_CONFIGS["w7b3_dspark"]
     seen = []
     builder = make_builder(config, "sm12x")
-    # causal (draft-step updates launch the same variant) and DSpark
-    assert builder.warmup(seen.append) == 2 and len(seen) == 2
+    # Rows: causal (draft-step updates launch the same variant) and DSpark; token-slot rows as SGLang calls
+    # them: causal without floors and with int32 or int64 floors, DSpark paged and over the draft ring, with
+    # and without valid_from; request-window layouts with and without floors, int32 or int64 inputs.
+    assert builder.warmup(seen.append) == 2 + 7 + 4 and len(seen) == 13
     rocm = make_builder(config, "rocm")
-    assert rocm.warmup() == 2 + 3  # plus indptr and the two ragged widths
+    assert rocm.warmup() == 13 + 3  # plus indptr and the two ragged widths
 
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
@@ -160,7 +156,7 @@ def test_owner_search_over_several_chunks(backend, monkeypatch):
     builder = make_builder(wide, backend)
     assert builder.backend.kernel_key().SEARCH_BLOCK == 16
     rng = random.Random(backend)
-    strict = address_strict() if backend == "sm12x" else _null()
+    strict = address_strict() if backend == "sm12x" else contextlib.nullcontext()
     from swa_hal.scenarios import synthesize_batch
 
     batches = [synthesize_batch(wide, [rng.randint(1, 400) for _ in range(50)], [1] * 30 + [2] * 18 + [0, 0],

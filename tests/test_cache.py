@@ -87,10 +87,27 @@ def test_the_switch_keeps_nothing(monkeypatch):
     batch = random_batch(CONFIG, random.Random(2), "mixed")
     builder.build(batch)
     assert not builder._cache.enabled and len(builder._cache) == 0
+    assert _kept(builder) == {name: 0 for name in _kept(builder)}
     monkeypatch.setenv("SWA_HAL_CACHE", "1")
     builder = make_builder(CONFIG, "torch")
     builder.build(batch)
     assert builder._cache.enabled and len(builder._cache) > 0
+    kept = _kept(builder)
+    assert all(n for name, n in kept.items() if name != "record views"), kept  # a clean build records nothing
+
+
+def _kept(builder) -> dict[str, int]:
+    """The entries the torch backend's caches of views hold (its shapes, row and record views, the row
+    fills' views and constants): every one of them goes through HostCache, so the switch reaches it."""
+    backend = builder.backend
+    space = next(iter(backend._workspace._spaces.values()), None) if backend._workspace._spaces else None
+    return {
+        "shapes": len(backend._shapes),
+        "row views": len(backend._guard._row_views),
+        "record views": len(backend._guard._record_views),
+        "spaces": len(backend._workspace._spaces),
+        "row fill views": 0 if space is None else len(space._views),
+    }
 
 
 def test_one_bound():

@@ -285,10 +285,11 @@ def test_errors_go_to_stderr(capsys):
 def test_warmup_progress_has_a_total_and_a_whole_label(capsys):
     code, out, err = run(capsys, "warmup", "--config", str(CONFIGS / "tiny.yaml"), "--assume",
                          "vendor=cuda,capability=9.0")
-    assert code == 0 and "warmup: 1 kernel variant(s) ready for backend cuda" in out
+    # The rows, three token-slot rows variants and four request-window layouts (tests/test_launch_keys.py).
+    assert code == 0 and "warmup: 8 kernel variant(s) ready for backend cuda" in out
     last = err.replace("\r", "\n").strip().splitlines()[-1]
-    assert "warmup cuda: 100%" in last and "1/1" in last, err
-    assert "swa_metadata_kernel RowsKey(WINDOW=4" in last, err  # the label keeps its start
+    assert "warmup cuda: 100%" in last and "8/8" in last, err
+    assert "request_window_kernel RequestWindowKey(WINDOW=4" in last, err  # the label keeps its start
     code, out, err = run(capsys, "warmup", "--config", str(CONFIGS / "tiny.yaml"))
     assert code == 0 and err == "" and "0 kernel variant(s) ready for backend torch" in out
 

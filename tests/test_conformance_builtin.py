@@ -5,35 +5,18 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
+from helpers import BACKEND_PLATFORMS, kit_run
 
 from swa_hal import PlatformInfo
 from swa_hal.testing import BackendConformance, BackendFixtures, SelectionTests, Target, VectorTests
 
-
-class TestTorchBackend(BackendConformance):
-    backend_name = "torch"
-
-
-class TestCudaBackend(BackendConformance):
-    backend_name = "cuda"
-
-
-class TestSm12xBackend(BackendConformance):
-    backend_name = "sm12x"
-
-
-class TestRocmBackend(BackendConformance):
-    backend_name = "rocm"
-
-
-class TestXpuBackend(BackendConformance):
-    backend_name = "xpu"
+# One conformance class per built-in backend: TestTorchBackend, TestCudaBackend, TestSm12xBackend, ...
+for _name in BACKEND_PLATFORMS:
+    _cls = f"Test{_name.capitalize()}Backend"
+    globals()[_cls] = type(_cls, (BackendConformance,), {"backend_name": _name})
 
 
 class TorchOnAnotherPlatform(BackendFixtures):
@@ -66,26 +49,9 @@ def test_env():
 
 @pytest.mark.parametrize("flag, expected", [((), None), (("--swa-hal-interpret",), "1")])
 def test_the_kit_plugin_sets_the_interpreter_only_when_asked(tmp_path, flag, expected):
-    (tmp_path / "test_probe.py").write_text(textwrap.dedent(PROBE.format(expected=expected)))
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "swa_hal.testing.plugin", *flag, str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
+    proc = kit_run(tmp_path, "-q", *flag, str(tmp_path), files={"test_probe.py": PROBE.format(expected=expected)}, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def _kit_run(tmp_path, *args, files=None):
-    """pytest with the kit's plugin in a folder of its own (no pytest configuration of this repository)."""
-    for name, text in (files or {}).items():
-        (tmp_path / name).write_text(textwrap.dedent(text))
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "swa_hal.testing.plugin", *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
 
 
 BROKEN_BACKEND = """
@@ -125,7 +91,7 @@ class TestBroken(SelectionTests, VectorTests):
 
 
 def test_every_kit_failure_says_what_failed(tmp_path):
-    proc = _kit_run(tmp_path, "-rf", files={"test_broken_kit.py": BROKEN_BACKEND})
+    proc = kit_run(tmp_path, "-q", "-rf", files={"test_broken_kit.py": BROKEN_BACKEND})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "2 failed" in out, out
@@ -151,7 +117,7 @@ def test_other_deprecations_still_show():
 
 
 def test_the_kit_plugin_filters_the_interpreters_deprecation_warnings(tmp_path):
-    proc = _kit_run(tmp_path, files={"test_warnings.py": INTERPRETER_WARNING})
+    proc = kit_run(tmp_path, "-q", files={"test_warnings.py": INTERPRETER_WARNING})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "a deprecation of the vendor's own" in out and "1 warning" in out
@@ -159,10 +125,10 @@ def test_the_kit_plugin_filters_the_interpreters_deprecation_warnings(tmp_path):
 
 
 def test_the_kit_suite_runs_any_installed_backend_by_name(tmp_path):
-    proc = _kit_run(tmp_path, "--pyargs", "swa_hal.testing.suite", "--swa-hal-backend", "torch", "-k",
+    proc = kit_run(tmp_path, "-q", "--pyargs", "swa_hal.testing.suite", "--swa-hal-backend", "torch", "-k",
                     "spec_is_well_formed or factory_resolves")
     assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout + proc.stderr
-    proc = _kit_run(tmp_path, "--pyargs", "swa_hal.testing.suite", "-k", "spec_is_well_formed")
+    proc = kit_run(tmp_path, "-q", "--pyargs", "swa_hal.testing.suite", "-k", "spec_is_well_formed")
     assert proc.returncode == 1 and "pass --swa-hal-backend NAME" in proc.stdout, proc.stdout + proc.stderr
 
 

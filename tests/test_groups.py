@@ -3,6 +3,7 @@ launch on the Triton backends, bit-exact with separate builds."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 
@@ -42,7 +43,7 @@ def test_group_builds_equal_separate_builds(config_name, backend):
         batch = random_batch(config, rng, kind, extra_pages=2, spans=1.0, departures=True)
         groups = 1 + i % config.num_kv_groups
         tables, slots = group_inputs(config, batch, groups, rng)
-        strict = address_strict(extra=tables + slots) if backend == "sm12x" else _null()
+        strict = address_strict(extra=tables + slots) if backend == "sm12x" else contextlib.nullcontext()
         with strict:
             mds = grouped.build_groups(batch, tables, slots)
         assert len(mds) == groups
@@ -64,7 +65,7 @@ def test_group_builds_equal_separate_builds(config_name, backend):
             for _ in range(2):  # draft steps, all groups updated together
                 batch.seq_lens.add_(1)
                 batch.seq_lens_cpu.add_(1)
-                with address_strict(extra=tables + slots) if backend == "sm12x" else _null():
+                with address_strict(extra=tables + slots) if backend == "sm12x" else contextlib.nullcontext():
                     grouped.update_draft_decode_metadata(mds)
                 for g, md in enumerate(mds):
                     group_batch = dataclasses.replace(batch, block_table=tables[g], slot_mapping=slots[g])
@@ -125,7 +126,7 @@ def test_stacked_group_inputs_equal_listed_ones(config_name, backend):
         t3, s2, t_step, s_step = stack(tables, slots)
         padded = [t_step[g] for g in range(groups)]  # the same tables, -1 past each one's own width
         for step in range(2):
-            strict = address_strict(extra=[t3, s2]) if backend == "sm12x" else _null()
+            strict = address_strict(extra=[t3, s2]) if backend == "sm12x" else contextlib.nullcontext()
             with strict:
                 stacked = stacked_builder.build_groups(batch, t_step, s_step)
             listed = listed_builder.build_groups(batch, padded, slots)
@@ -158,12 +159,17 @@ def test_stacked_group_inputs_may_share_one_table():
         assert torch.equal(md.decode_swa_indices, alone.decode_swa_indices)
 
 
-def test_stacked_group_input_errors_name_the_field():
+def _two_decode_groups(seed: int):
+    """A torch builder, a random decode batch (seeded ``seed``), and two groups' listed block tables and slot
+    mappings for it with their stacked forms (seeded ``seed + 1``)."""
     config = CONFIGS["w4b4_mtp"]
-    builder = make_builder(config, "torch")
-    batch = random_batch(config, random.Random(6), "decode")
-    tables, slots = group_inputs(config, batch, 2, random.Random(7))
-    _, _, t, s = stack(tables, slots)
+    batch = random_batch(config, random.Random(seed), "decode")
+    tables, slots = group_inputs(config, batch, 2, random.Random(seed + 1))
+    return make_builder(config, "torch"), batch, tables, stack(tables, slots)
+
+
+def test_stacked_group_input_errors_name_the_field():
+    builder, batch, _, (_, _, t, s) = _two_decode_groups(6)
     with pytest.raises(E.BatchDtypeError, match="block_tables has dtype torch.int64"):
         builder.build_groups(batch, t.long(), s)
     with pytest.raises(E.BatchDtypeError, match="slot_mappings has dtype torch.int32"):
@@ -199,7 +205,7 @@ def test_listed_tables_with_stacked_slot_mappings_equal_listed_inputs(backend):
         every_other = torch.full((2 * groups, s_step.shape[1]), -1, dtype=torch.int64)
         every_other[::2] = s_step
         for step_slots in (s_step, every_other[::2]):
-            strict = address_strict(extra=[s2, every_other, *tables]) if backend == "sm12x" else _null()
+            strict = address_strict(extra=[s2, every_other, *tables]) if backend == "sm12x" else contextlib.nullcontext()
             with strict:
                 mixed = mixed_builder.build_groups(batch, tuple(tables), step_slots)
             listed = listed_builder.build_groups(batch, tables, slots)
@@ -215,11 +221,7 @@ def test_listed_tables_with_stacked_slot_mappings_equal_listed_inputs(backend):
 
 
 def test_listed_tables_with_stacked_slot_mapping_errors_name_the_field():
-    config = CONFIGS["w4b4_mtp"]
-    builder = make_builder(config, "torch")
-    batch = random_batch(config, random.Random(8), "decode")
-    tables, slots = group_inputs(config, batch, 2, random.Random(9))
-    _, _, _, s = stack(tables, slots)
+    builder, batch, tables, (_, _, _, s) = _two_decode_groups(8)
     with pytest.raises(E.BatchDtypeError, match="slot_mappings has dtype torch.int32"):
         builder.build_groups(batch, tables, s.int())
     with pytest.raises(E.BatchShapeError, match="3 slot mappings for 2 block tables"):
@@ -231,10 +233,3 @@ def test_listed_tables_with_stacked_slot_mapping_errors_name_the_field():
     with pytest.raises(E.BatchShapeError, match=r"block_tables\[0\] .* too few rows"):
         builder.build_groups(batch, [tables[0][:0], tables[1]], s)
 
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -288,3 +288,30 @@ def test_a_dspark_decode_with_an_inverted_span_is_emptied_on_every_backend(backe
     for b in (ref, builder):
         with pytest.raises(E.BatchRangeError, match=r"image_spans\[0\]"):
             b.check()
+
+
+GROUPED_CFG = dataclasses.replace(CFG, num_kv_groups=3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("broken", [0, 2])
+def test_a_violation_in_a_group_build_names_its_group(backend, broken):
+    """Only one group's table holds a block id past the cache: check() raises the block rule naming that
+    group, and names the engine's number for it where the builder was told how the engine numbers its
+    groups; a plain build's violation names no group."""
+    batch = AttentionBatch.from_lists([6, 9], [1, 5], TABLE, block_size=4)
+    good = batch.block_table
+    bad = good.clone()
+    bad[1, 1] = CFG.num_kv_blocks + 3
+    tables = [bad if g == broken else good for g in range(3)]
+    builder = make_builder(GROUPED_CFG, backend)
+    builder.build_groups(batch, tables, [batch.slot_mapping] * 3)
+    with pytest.raises(E.BatchRangeError, match=rf"^group {broken}: block_table: request 1's window reads block id 67"):
+        builder.check()
+    builder.violations.group_names = (4, 5, 7)  # the engine's KV-cache groups, as a step plan numbers them
+    builder.build_groups(batch, tables, [batch.slot_mapping] * 3)
+    with pytest.raises(E.BatchRangeError, match=rf"^KV-cache group {(4, 5, 7)[broken]}: block_table: request 1's"):
+        builder.check()
+    builder.build(with_(batch, block_table=bad))
+    with pytest.raises(E.BatchRangeError, match=r"^block_table: request 1's window reads block id 67"):
+        builder.check()

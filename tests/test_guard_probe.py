@@ -5,13 +5,12 @@ is built again under the full guard. The two routes must give the same outputs a
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 
 import pytest
 import torch
-from helpers import make_builder
-from hypothesis import HealthCheck, given, settings
+from helpers import fuzz_settings, make_builder
+from hypothesis import given
 from test_guard import CFG, FUZZ, MALFORMED, base, malformed_batches
 
 from swa_hal import SWAConfig
@@ -143,12 +142,7 @@ def test_draft_updates_take_the_same_route_and_agree():
 BUILDERS: dict[str, tuple] = {}
 
 
-@settings(
-    max_examples=int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40")),
-    deadline=None,
-    derandomize=not os.environ.get("SWA_HAL_FUZZ_RANDOM"),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@fuzz_settings()
 @given(batch=malformed_batches())
 def test_fuzz_both_routes_give_the_same_outputs_and_record(batch):
     probed, full = BUILDERS.get("fuzz") or BUILDERS.setdefault("fuzz", _builders(FUZZ))

@@ -9,14 +9,11 @@ outside this checkout (none of this repository's pytest settings apply).
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
+from helpers import kit_run
 
 # One misbehaving backend per class, each a TritonBackend (the cuda backend's class) that claims cuda_graphs.
 BAD_BACKENDS = """
@@ -106,28 +103,12 @@ class Bad(Registered, HostSyncTests):
     pass
 
 
-class TestItem(Bad):
-    backend_name = "item"
-
-
-class TestTolist(Bad):
-    backend_name = "tolist"
-
-
-class TestCpuCopy(Bad):
-    backend_name = "cpucopy"
-
-
-class TestAlloc(Bad):
-    backend_name = "alloc"
-
-
-class TestDraftAlloc(Bad):
-    backend_name = "draftalloc"
-
-
-class TestHostCopies(Bad):
-    backend_name = "hostcopies"
+# One host-sync class per misbehaving backend (the class the tests below name, its backend).
+for _cls, _name in (
+    ("TestItem", "item"), ("TestTolist", "tolist"), ("TestCpuCopy", "cpucopy"), ("TestAlloc", "alloc"),
+    ("TestDraftAlloc", "draftalloc"), ("TestHostCopies", "hostcopies"),
+):
+    globals()[_cls] = type(_cls, (Bad,), {"backend_name": _name})
 
 
 class TestUnclamped(Registered, AddressRuleTests):
@@ -135,26 +116,9 @@ class TestUnclamped(Registered, AddressRuleTests):
 """
 
 
-def _kit_run(tmp_path, *args, files=None):
-    """pytest with only the kit's plugin, in a folder of its own (no pytest configuration of this checkout)."""
-    for name, text in (files or {}).items():
-        (tmp_path / name).write_text(textwrap.dedent(text))
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "swa_hal.testing.plugin", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a CUDA device")
 def test_the_cuda_graph_test_is_skipped_without_a_cuda_device(tmp_path):
-    proc = _kit_run(
+    proc = kit_run(
         tmp_path,
         "-rs",
         "--swa-hal-interpret",
@@ -174,7 +138,7 @@ def test_the_cuda_graph_test_is_skipped_without_a_cuda_device(tmp_path):
 def bad_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("bad-kit")
     # One address-strict case is enough to show its message: the kit runs it for every config and kind.
-    proc = _kit_run(
+    proc = kit_run(
         tmp_path,
         "-q",
         "--tb=short",

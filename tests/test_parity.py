@@ -4,6 +4,7 @@ every backend, random batches that mix all of it, and the documented safe behavi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 
@@ -18,6 +19,7 @@ from swa_hal.metadata import prefill_chunk_plan
 from swa_hal.reference import build_reference
 from swa_hal.testing import compare_with_reference
 from swa_hal.testing.batches import KINDS, random_batch
+from swa_hal.testing.fixtures import cases
 from swa_hal.testing.interpreter import address_strict
 from swa_hal.validation import validate_batch
 
@@ -193,10 +195,9 @@ PARITY_CONFIGS = {
     "v4_dspark": SWAConfig(window_size=7, block_size=3, max_model_len=300, max_num_batched_tokens=96, max_num_seqs=10,
                            num_speculative_tokens=5, speculative_method="dspark", max_image_tokens=3),
 }
-CASES = [(c, k) for c in PARITY_CONFIGS for k in KINDS if k != "dspark" or PARITY_CONFIGS[c].is_dspark]
 
 
-@pytest.mark.parametrize("config_name, kind", CASES)
+@pytest.mark.parametrize("config_name, kind", cases(PARITY_CONFIGS))
 def test_reference_matches_the_slow_model_with_replay_and_spans(config_name, kind):
     config = PARITY_CONFIGS[config_name]
     rng = random.Random(f"parity-{config_name}-{kind}")
@@ -221,7 +222,7 @@ def test_backends_equal_the_reference_with_replay_spans_and_draft_updates(config
     rng = random.Random(f"{config_name}-{backend}")
     strict = address_strict() if backend == "sm12x" else None
     kinds = [k for k in KINDS if k != "dspark" or config.is_dspark]
-    with strict if strict is not None else _nullcontext():
+    with strict if strict is not None else contextlib.nullcontext():
         for i in range(2 * len(kinds)):
             kind = kinds[i % len(kinds)]
             batch = random_batch(config, rng, kind, replay=0.7, spans=1.0, extra_pages=2, departures=True)
@@ -240,13 +241,6 @@ def test_backends_equal_the_reference_with_replay_spans_and_draft_updates(config
                     assert torch.equal(md.token_to_req_indices[: md.num_decode_tokens],
                                        fresh.token_to_req[: md.num_decode_tokens])
 
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from fakes import FakeEntryPoint, builtin_entry_points, plugin_module, spec
-from swa_hal import BackendSpec, PlatformInfo, PluginError, SWAConfig, SWAMetadataBuilder, hookimpl, select_backend
+from fakes import FakeEntryPoint, builtin_entry_points, plugin_module, spec, with_hook
+from swa_hal import BackendSpec, PlatformInfo, PluginError, SWAConfig, SWAMetadataBuilder, select_backend
 from swa_hal.plugins import PluginRegistry, PluginWarning
 
 ACME = PlatformInfo.from_assume("vendor=acme")
@@ -106,77 +106,58 @@ def test_factory_raising_falls_back_when_auto_and_raises_when_explicit(monkeypat
         SWAMetadataBuilder(cfg, backend="acme", registry=reg, platform=PlatformInfo.from_assume("vendor=cpu"))
 
 
+def swa_hal_register_backendz():
+    """A misspelled hook."""
+    return []
+
+
 def test_unknown_hook_is_reported():
-    mod = plugin_module(spec())
-
-    @hookimpl
-    def swa_hal_register_backendz():
-        return []
-
-    mod.swa_hal_register_backendz = swa_hal_register_backendz
+    mod = with_hook(plugin_module(spec()), swa_hal_register_backendz)
     with pytest.warns(PluginWarning, match="implements unknown hook 'swa_hal_register_backendz'"):
         reg = registry([FakeEntryPoint("acme", mod)])
     assert "acme" in reg.backends  # its valid hook still counts
 
 
 def test_unknown_hook_in_strict_mode_raises():
-    mod = types.ModuleType("typo")
-
-    @hookimpl
-    def swa_hal_register_backendz():
-        return []
-
-    mod.swa_hal_register_backendz = swa_hal_register_backendz
+    mod = with_hook(types.ModuleType("typo"), swa_hal_register_backendz)
     with pytest.raises(PluginError, match="unknown hook"):
         registry([FakeEntryPoint("typo", mod)], env={"SWA_HAL_STRICT": "1"})
 
 
 def test_hook_raising_is_contained():
-    mod = types.ModuleType("raiser")
-
-    @hookimpl
     def swa_hal_register_backends():
         raise KeyError("config missing")
 
-    mod.swa_hal_register_backends = swa_hal_register_backends
+    mod = with_hook(types.ModuleType("raiser"), swa_hal_register_backends)
     with pytest.warns(PluginWarning, match="swa_hal_register_backends raised KeyError"):
         reg = registry([FakeEntryPoint("raiser", mod)])
     assert next(p for p in reg.plugins if p.name == "raiser").status == "failed"
 
 
 def test_hook_with_arguments_the_spec_lacks_is_rejected_by_pluggy():
-    mod = types.ModuleType("wrong_signature")
-
-    @hookimpl
     def swa_hal_register_backends(config):
         return []
 
-    mod.swa_hal_register_backends = swa_hal_register_backends
+    mod = with_hook(types.ModuleType("wrong_signature"), swa_hal_register_backends)
     with pytest.warns(PluginWarning, match=r"plugin 'wrong' .* could not be registered: PluginValidationError"):
         reg = registry([FakeEntryPoint("wrong", mod)])
     assert next(p for p in reg.plugins if p.name == "wrong").status == "failed"
 
 
 def test_keyboard_interrupt_in_a_hook_still_stops_the_host():
-    mod = types.ModuleType("interrupted")
-
-    @hookimpl
     def swa_hal_register_backends():
         raise KeyboardInterrupt
 
-    mod.swa_hal_register_backends = swa_hal_register_backends
+    mod = with_hook(types.ModuleType("interrupted"), swa_hal_register_backends)
     with pytest.raises(KeyboardInterrupt):
         registry([FakeEntryPoint("interrupted", mod)])
 
 
 def test_hook_calling_sys_exit_is_contained():
-    mod = types.ModuleType("exiter")
-
-    @hookimpl
     def swa_hal_register_backends():
         raise SystemExit("vendor SDK called exit()")
 
-    mod.swa_hal_register_backends = swa_hal_register_backends
+    mod = with_hook(types.ModuleType("exiter"), swa_hal_register_backends)
     with pytest.warns(PluginWarning, match=r"plugin 'exiter' \(acme-swa 1.0\): swa_hal_register_backends raised SystemExit"):
         reg = registry([FakeEntryPoint("exiter", mod), FakeEntryPoint("acme", plugin_module(spec()))])
     assert next(p for p in reg.plugins if p.name == "exiter").status == "failed"
@@ -194,14 +175,7 @@ def test_plugins_are_registered_with_pluggy_and_the_block_list_uses_it():
 
 def test_two_plugins_with_unknown_hooks_are_both_reported():
     def typo_module(name):
-        mod = plugin_module(spec(name=name), name=name)
-
-        @hookimpl
-        def swa_hal_register_backendz():
-            return []
-
-        mod.swa_hal_register_backendz = swa_hal_register_backendz
-        return mod
+        return with_hook(plugin_module(spec(name=name), name=name), swa_hal_register_backendz)
 
     with pytest.warns(PluginWarning, match="unknown hook") as record:
         reg = registry([FakeEntryPoint("one", typo_module("one")), FakeEntryPoint("two", typo_module("two"))])

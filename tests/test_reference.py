@@ -12,7 +12,8 @@ from slow_model import model
 from swa_hal import SWAConfig
 from swa_hal.reference import build_reference, ragged_rows
 from swa_hal.scenarios import synthesize_batch
-from swa_hal.testing.batches import KINDS, random_batch
+from swa_hal.testing.batches import random_batch
+from swa_hal.testing.fixtures import cases
 
 CONFIGS = {
     "w4b4_mtp1": SWAConfig(window_size=4, block_size=4, max_model_len=512, max_num_batched_tokens=96,
@@ -39,10 +40,9 @@ def rows(t):
     return t.reshape(t.shape[0], t.shape[-1]).tolist()
 
 
-CASES = [(n, k) for n in CONFIGS for k in KINDS if k != "dspark" or CONFIGS[n].is_dspark]
 
 
-@pytest.mark.parametrize("name, kind", CASES)
+@pytest.mark.parametrize("name, kind", cases(CONFIGS))
 def test_reference_matches_slow_model(name, kind):
     config = CONFIGS[name]
     rng = random.Random(f"{name}-{kind}")

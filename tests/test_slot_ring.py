@@ -7,34 +7,21 @@ section's worked vectors and the guarded-output comparison are the conformance k
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, make_builder
-from hypothesis import HealthCheck, given, note, settings
+from helpers import BACKEND_PLATFORMS, fuzz_settings, make_builder, strictness
+from hypothesis import given, note
 from hypothesis import strategies as st
+from slot_row_models import assert_random_rows_equal_the_slow_model, slow_window
 
-from swa_hal import SlotRing, SlotRows, SWAConfig
+from swa_hal import SlotRing, SlotRows
 from swa_hal.errors import BatchCapacityError, BatchRangeError, BatchShapeError
-from swa_hal.testing import address_strict, random_ring_rows
+from swa_hal.testing import random_ring_rows
+from swa_hal.testing.slot_rows import slot_rows_config as config
 
 BACKENDS = tuple(BACKEND_PLATFORMS)
-
-
-def config(window: int, **kw) -> SWAConfig:
-    return SWAConfig(
-        window_size=window, block_size=64, max_model_len=4096, max_num_batched_tokens=16, max_num_seqs=16, **kw
-    )
-
-
-def strictness(backend: str):
-    if backend == "sm12x":
-        return address_strict()
-    if backend == "torch":
-        return contextlib.nullcontext()
-    return address_strict(active_only=True)
 
 
 def t(values, dtype=torch.int32):
@@ -45,21 +32,10 @@ def slow_ring_rows(ends, pools, size, window, width, floors=None, block=0):
     """The rows written out entry by entry, straight from the definition: the positions of each row's
     window, each at ring row ``slot * size + position % size``."""
     rows, lens = [], []
-    for i, end in enumerate(ends):
-        if block:
-            head = i - i % block
-            prefix, slot = ends[head] - 1, pools[head]
-            if prefix < 0:
-                positions = []
-            else:
-                ctx = min(prefix, window)
-                if floors is not None:
-                    ctx = min(ctx, max(prefix - floors[slot], 0))
-                positions = list(range(prefix - ctx, prefix + block))
-        else:
-            p, slot = end - 1, pools[i]
-            lo = max(p - window + 1, 0, floors[i] if floors is not None else 0)
-            positions = list(range(p, lo - 1, -1))
+    for i in range(len(ends)):
+        slot, positions, head = slow_window(ends, pools, window, i, floors, block)
+        if head is not None:  # the block's own positions, after its context
+            positions += range(ends[head] - 1, ends[head] - 1 + block)
         entries = [slot * size + q % size for q in positions]
         rows.append(entries + [-1] * (width - len(entries)))
         lens.append(len(entries))
@@ -78,19 +54,15 @@ def slow(rows: SlotRows, window: int):
     )
 
 
+def random_ring_call(rng: random.Random, window: int, row_dtype: torch.dtype):
+    """The kit's random ring call and the slow model's rows for it."""
+    rows = random_ring_rows(rng, window, row_dtype)
+    return rows, slow(rows, window)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_ring_rows_equal_the_slow_model(backend):
-    rng = random.Random(f"ring-rows-{backend}")
-    with strictness(backend):
-        for window in (8, 20, 64, 128):
-            builder = make_builder(config(window), backend)
-            for k in range(6):
-                rows = random_ring_rows(rng, window, (torch.int32, torch.int64)[k % 2])
-                want_rows, want_lens = slow(rows, window)
-                out, lens = builder.build_slot_rows(rows)
-                assert lens.tolist() == want_lens, (window, k, rows)
-                assert out.tolist() == want_rows, (window, k, rows)
-            builder.check()  # well-formed inputs: nothing recorded
+    assert_random_rows_equal_the_slow_model(backend, f"ring-rows-{backend}", random_ring_call)
 
 
 # Hand-derived (W = 4, ring 3 slots x 6 rows; row r of slot s is s * 6 + q % 6).
@@ -234,7 +206,6 @@ def test_host_checks_name_the_field():
 # -- fuzzing the default path ------------------------------------------------------------------------------
 
 FUZZ_WINDOW = 6
-EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40"))
 
 
 @st.composite
@@ -263,12 +234,7 @@ def malformed_ring_rows(draw):
 RING_BUILDERS: dict[str, object] = {}
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=not os.environ.get("SWA_HAL_FUZZ_RANDOM"),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@fuzz_settings()
 @given(rows=malformed_ring_rows(), backend=st.sampled_from(BACKENDS))
 def test_fuzz_malformed_ring_rows_on_the_default_path(rows, backend):
     """Guarded (the default): whatever the values, every entry is -1 or a row of the ring, lens stay in

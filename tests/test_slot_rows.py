@@ -6,47 +6,26 @@ rules by name, and the host checks. The worked vectors and guarded garbage are t
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, make_builder
-from hypothesis import HealthCheck, given, note, settings
+from helpers import BACKEND_PLATFORMS, fuzz_settings, make_builder, strictness
+from hypothesis import given, note
 from hypothesis import strategies as st
+from slot_row_models import assert_random_rows_equal_the_slow_model, slow_window
 
-from swa_hal import SWAConfig
 from swa_hal.errors import BatchCapacityError, BatchDtypeError, BatchRangeError, BatchShapeError
 from swa_hal.slot_rows import SlotRows
-from swa_hal.testing import address_strict, random_slot_rows
+from swa_hal.testing import random_slot_rows
+from swa_hal.testing.slot_rows import slot_rows_config as config
 
 BACKENDS = tuple(BACKEND_PLATFORMS)
 
 
-def config(window: int, **kw) -> SWAConfig:
-    return SWAConfig(
-        window_size=window, block_size=64, max_model_len=4096, max_num_batched_tokens=16, max_num_seqs=16, **kw
-    )
-
-
-def strictness(backend: str):
-    if backend == "sm12x":
-        return address_strict()
-    if backend == "torch":
-        return contextlib.nullcontext()
-    return address_strict(active_only=True)
-
-
 def slow_rows(
-    ends: list[int],
-    pools: list[int],
-    req_to_token: list[list[int]],
-    slot_map: list[int],
-    window: int,
-    width: int,
-    floors: list[int] | None = None,
-    block: int = 0,
-    block_slots: list[int] | None = None,
+    ends: list[int], pools: list[int], req_to_token: list[list[int]], slot_map: list[int], window: int, width: int,
+    floors: list[int] | None = None, block: int = 0, block_slots: list[int] | None = None,
 ) -> tuple[list[list[int]], list[int]]:
     """The rows written out entry by entry, straight from the definition."""
 
@@ -54,23 +33,12 @@ def slow_rows(
         return -1 if token == -1 else slot_map[token]
 
     rows, lens = [], []
-    for i, end in enumerate(ends):
-        if block:
-            head = i - i % block
-            prefix, pool = ends[head] - 1, pools[head]
-            if prefix < 0:
-                entries = []
-            else:
-                ctx = min(prefix, window)
-                if floors is not None:
-                    ctx = min(ctx, max(prefix - floors[pool], 0))
-                context = [req_to_token[pool][q] for q in range(prefix - ctx, prefix)]
-                assert block_slots is not None
-                entries = [cache_slot(t) for t in context + block_slots[head : head + block]]
-        else:
-            p = end - 1
-            lo = max(p - window + 1, 0, floors[i] if floors is not None else 0)
-            entries = [cache_slot(req_to_token[pools[i]][q]) for q in range(p, lo - 1, -1)]
+    for i in range(len(ends)):
+        pool, positions, head = slow_window(ends, pools, window, i, floors, block)
+        entries = [cache_slot(req_to_token[pool][q]) for q in positions]
+        if head is not None:  # the block's own slots, after its context
+            assert block_slots is not None
+            entries += [cache_slot(t) for t in block_slots[head : head + block]]
         rows.append(entries + [-1] * (width - len(entries)))
         lens.append(len(entries))
     return rows, lens
@@ -99,16 +67,7 @@ def random_call(rng: random.Random, window: int, dtype_rows: torch.dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_rows_equal_the_slow_model(backend):
-    rng = random.Random(f"slot-rows-{backend}")
-    with strictness(backend):
-        for window in (8, 20, 64, 128):
-            builder = make_builder(config(window), backend)
-            for k in range(6):
-                rows, (want_rows, want_lens) = random_call(rng, window, (torch.int32, torch.int64)[k % 2])
-                out, lens = builder.build_slot_rows(rows)
-                assert lens.tolist() == want_lens, (window, k)
-                assert out.tolist() == want_rows, (window, k)
-            builder.check()  # well-formed inputs: nothing recorded
+    assert_random_rows_equal_the_slow_model(backend, f"slot-rows-{backend}", random_call)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -229,7 +188,6 @@ def test_host_checks_name_the_field():
 
 FUZZ_WINDOW = 6
 FUZZ_BLOCKS = 40  # the cache of the fuzz config: slots [0, 40 * 64)
-EXAMPLES = int(os.environ.get("SWA_HAL_FUZZ_EXAMPLES", "40"))
 
 
 @st.composite
@@ -261,12 +219,7 @@ def malformed_slot_rows(draw):
 SLOT_BUILDERS: dict[str, object] = {}
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=not os.environ.get("SWA_HAL_FUZZ_RANDOM"),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@fuzz_settings()
 @given(rows=malformed_slot_rows(), backend=st.sampled_from(BACKENDS))
 def test_fuzz_malformed_slot_rows_on_the_default_path(rows, backend):
     """Guarded (the default): whatever the values, every entry is -1 or a slot of the cache, lens stay in

@@ -14,7 +14,7 @@ from test_guard import CFG as GUARD_CFG
 
 from swa_hal import AttentionBatch
 from swa_hal import errors as E
-from swa_hal.guard import Violation
+from swa_hal.guard import RECORD_LEN, Violation
 from swa_hal.violations import ViolationWatch, describe
 
 # The guard tests' geometry without image tokens.
@@ -84,7 +84,7 @@ def test_a_violation_is_logged_a_build_later_once_per_kind(backend, caplog):
     # Every violation was taken off the device: clean steps afterwards log nothing more.
     for _ in range(3):
         step(b, clean())
-    assert len(lines(caplog)) == 2 and b.buffers.violation.tolist() == [0, 0, 0, 0]
+    assert len(lines(caplog)) == 2 and b.buffers.violation.tolist() == [0, 0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda"])
@@ -115,7 +115,7 @@ def test_clean_steps_log_nothing_and_never_touch_the_record(caplog, monkeypatch)
     for batch in (clean(), clean(), AttentionBatch.from_lists([3], [1], [[7]], block_size=4)):
         step(b, batch)
     assert [r for r in caplog.records if r.name == LOGGER] == [] and not b.violations.logged
-    assert cleared == [] and record.tolist() == [0, 0, 0, 0]
+    assert cleared == [] and record.tolist() == [0, 0, 0, 0, 0]
     # The stand-in is what a poll would call: a violation does reach it.
     record[0] = 1
     record[1] = int(Violation.SEQ_SHORT)
@@ -130,7 +130,7 @@ def test_check_still_raises_what_a_poll_took_off(caplog):
     step(b, block_past_cache())
     step(b, clean())  # logs the block id and takes it off the device
     assert len(lines(caplog)) == 1 and "block_table" in lines(caplog)[0]
-    assert b.buffers.violation.tolist() == [0, 0, 0, 0]
+    assert b.buffers.violation.tolist() == [0, 0, 0, 0, 0]
     # The first violation since the last check is the block id, though a poll took it off the device.
     with pytest.raises(E.BatchRangeError, match="block_table") as info:
         b.check()
@@ -151,7 +151,7 @@ def test_check_still_raises_what_a_poll_took_off(caplog):
 def test_unguarded_builds_are_not_polled(caplog):
     caplog.set_level(logging.WARNING, logger=LOGGER)
     b = make_builder(CFG, "torch", guard=False)
-    b.buffers.violation.copy_(torch.tensor([1, int(Violation.SEQ_SHORT), 0, 1], dtype=torch.int32))
+    b.buffers.violation.copy_(torch.tensor([1, int(Violation.SEQ_SHORT), 0, 1, 0], dtype=torch.int32))
     for _ in range(3):
         b.poll_violations()
     assert lines(caplog) == [] and b.buffers.violation.tolist()[0] == 1
@@ -160,7 +160,7 @@ def test_unguarded_builds_are_not_polled(caplog):
 def test_describe_names_field_request_and_value():
     from swa_hal.guard import violation_error
 
-    record = [1, int(Violation.BLOCK), 4, 123]
+    record = [1, int(Violation.BLOCK), 4, 123, 0]
     error = violation_error(record, CFG)
     assert error is not None
     line = describe(record, error)
@@ -197,10 +197,10 @@ def cuda_watch(monkeypatch):
     capturing = {"on": False}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    record = torch.zeros(4, dtype=torch.int32)
+    record = torch.zeros(RECORD_LEN, dtype=torch.int32)
     watch = ViolationWatch(record, CFG, logger=logging.getLogger(LOGGER))
     watch.cuda = True
-    watch._host = torch.zeros(4, dtype=torch.int32)
+    watch._host = torch.zeros(RECORD_LEN, dtype=torch.int32)
     watch._view = watch._host.numpy()
     event = FakeEvent()
     watch._event = event
@@ -212,7 +212,7 @@ def test_cuda_path_reads_only_landed_copies_and_never_syncs(cuda_watch, caplog):
     watch, record, event, capturing = cuda_watch
     watch.poll()  # starts the first copy
     assert event.recorded == 1
-    record.copy_(torch.tensor([1, int(Violation.SEQ_SHORT), 2, 0], dtype=torch.int32))
+    record.copy_(torch.tensor([1, int(Violation.SEQ_SHORT), 2, 0, 0], dtype=torch.int32))
     watch.poll()  # the copy it reads was made before the violation: clean; starts the next copy
     assert lines(caplog) == [] and event.recorded == 2
     event.done = False
@@ -222,7 +222,7 @@ def test_cuda_path_reads_only_landed_copies_and_never_syncs(cuda_watch, caplog):
     event.done = True
     watch.poll()
     assert lines(caplog) == [describe([1, 2, 2, 0], watch_error(2, 2, 0))]
-    assert record.tolist() == [0, 0, 0, 0] and event.recorded == 2  # cleared; the next poll copies again
+    assert record.tolist() == [0, 0, 0, 0, 0] and event.recorded == 2  # cleared; the next poll copies again
     watch.poll()
     assert event.recorded == 3
     assert event.synchronized == 0
@@ -231,11 +231,11 @@ def test_cuda_path_reads_only_landed_copies_and_never_syncs(cuda_watch, caplog):
 def test_cuda_path_does_nothing_while_capturing(cuda_watch, caplog):
     caplog.set_level(logging.WARNING, logger=LOGGER)
     watch, record, event, capturing = cuda_watch
-    record.copy_(torch.tensor([1, int(Violation.BLOCK), 0, 99], dtype=torch.int32))
+    record.copy_(torch.tensor([1, int(Violation.BLOCK), 0, 99, 0], dtype=torch.int32))
     capturing["on"] = True
     for _ in range(3):
         watch.poll()
-    assert event.recorded == 0 and record.tolist()[0] == 1 and watch._host.tolist() == [0, 0, 0, 0]
+    assert event.recorded == 0 and record.tolist()[0] == 1 and watch._host.tolist() == [0, 0, 0, 0, 0]
     capturing["on"] = False
     watch.poll()
     watch.poll()
@@ -244,17 +244,17 @@ def test_cuda_path_does_nothing_while_capturing(cuda_watch, caplog):
 
 def test_cuda_path_take_waits_for_the_copy_in_flight(cuda_watch):
     watch, record, event, _ = cuda_watch
-    record.copy_(torch.tensor([1, int(Violation.REPLAY), 3, 25], dtype=torch.int32))
+    record.copy_(torch.tensor([1, int(Violation.REPLAY), 3, 25, 0], dtype=torch.int32))
     watch.poll()
     event.done = False
-    assert watch.take() == [1, int(Violation.REPLAY), 3, 25] and event.synchronized == 1
+    assert watch.take() == [1, int(Violation.REPLAY), 3, 25, 0] and event.synchronized == 1
     assert watch.take() is None
 
 
 def watch_error(kind: int, request: int, value: int):
     from swa_hal.guard import violation_error
 
-    return violation_error([1, kind, request, value], CFG)
+    return violation_error([1, kind, request, value, 0], CFG)
 
 
 def test_a_gpu_watch_looks_at_every_nth_poll(cuda_watch, monkeypatch):
@@ -274,12 +274,12 @@ def test_a_gpu_watch_looks_at_every_nth_poll(cuda_watch, monkeypatch):
 
 
 def test_the_cpu_watch_looks_at_every_poll():
-    watch = ViolationWatch(torch.zeros(4, dtype=torch.int32), CFG, every=16)
+    watch = ViolationWatch(torch.zeros(RECORD_LEN, dtype=torch.int32), CFG, every=16)
     assert all(watch.due() for _ in range(20))
 
 
 def test_poll_every_comes_from_the_environment_and_is_checked(monkeypatch):
-    record = torch.zeros(4, dtype=torch.int32)
+    record = torch.zeros(RECORD_LEN, dtype=torch.int32)
     assert ViolationWatch(record, CFG).every == 16
     monkeypatch.setenv("SWA_HAL_POLL_EVERY", "3")
     assert ViolationWatch(record, CFG).every == 3

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ..builder import SWAMetadataBuilder
+from ..cache import HostCache
 from ..config import INT32_LIMIT, MAX_ROW_WIDTH, SWAConfig
 from ..errors import BatchDeviceError, BatchDtypeError, ConfigError, DeviceError
 from ..platform import PlatformInfo, probe_platform
@@ -397,7 +398,7 @@ def causal_execute(
     return indices
 
 
-_core_signature: dict[Callable[..., Any], inspect.Signature] = {}
+_core_signature = HostCache()  # SGLang's method -> its signature, read once
 
 
 def core_attn_metadata_around(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -406,7 +407,7 @@ def core_attn_metadata_around(original: Callable[..., Any], self: Any, *args: An
     with the indices."""
     sig = _core_signature.get(original)
     if sig is None:
-        sig = _core_signature[original] = inspect.signature(original)
+        sig = _core_signature.keep(original, inspect.signature(original))
     bound = sig.bind(self, *args, **kwargs)
     if (
         bound.arguments.get("dspark_block_size") is not None

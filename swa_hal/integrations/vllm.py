@@ -38,50 +38,34 @@ everything that needs vLLM says so when used.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-import logging
+import importlib
 import os
 import threading
-from collections.abc import Iterator
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _dist_version
 from typing import Any
 
-from ..errors import SWAHalError
-from ..platform import PlatformInfo
 from . import _common
 
-# The vLLM release series this integration is written and tested against (its builders' internals);
-# docs/engines.md #compatibility says how each is tested.
-SUPPORTED_VLLM = ("==0.33.*", "==0.34.*")
-ENV_SWITCH = "SWA_HAL_VLLM"
+# Defined in vllm_common, which the builder and step modules import instead of this one; re-exported so
+# that swa_hal.integrations.vllm stays the one place users find them.
+from .vllm_common import ENV_SWITCH as ENV_SWITCH
+from .vllm_common import SUPPORTED_VLLM as SUPPORTED_VLLM
+from .vllm_common import BuilderOptions as BuilderOptions
+from .vllm_common import VllmNotInstalledError as VllmNotInstalledError
+from .vllm_common import VllmVersionError as VllmVersionError
+from .vllm_common import all_subclasses, installed_version
+from .vllm_common import check_vllm as check_vllm
+from .vllm_common import configure as configure
+from .vllm_common import is_swa_hal_builder as is_swa_hal_builder
+from .vllm_common import log as log
+from .vllm_common import native_builder_cls as native_builder_cls
+from .vllm_common import options as options
+from .vllm_common import vllm_installed as vllm_installed
+from .vllm_common import vllm_version as vllm_version
+
 STEP_SWITCH = "SWA_HAL_VLLM_STEP"
-
-# A child of vLLM's logger, so the line appears in vLLM's own log format.
-log = logging.getLogger("vllm.plugins.swa_hal")
-
-
-class VllmNotInstalledError(SWAHalError, ImportError):
-    """The vLLM integration was used where vLLM is not installed."""
-
-
-class VllmVersionError(_common.EngineVersionError):
-    """The installed vLLM is not a release of the series this integration was built for."""
 
 
 # -- environment --------------------------------------------------------------------------------
-
-
-def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def vllm_version() -> str | None:
-    try:
-        return _dist_version("vllm")
-    except PackageNotFoundError:
-        return None
 
 
 def enabled(env: dict[str, str] | None = None) -> bool:
@@ -96,60 +80,6 @@ def step_builds_enabled(env: dict[str, str] | None = None) -> bool:
     return _common.enabled(STEP_SWITCH, env)
 
 
-def _installed_version() -> str:
-    version = vllm_version()
-    if version is None:  # importable but without distribution metadata (a source tree on sys.path)
-        import vllm
-
-        version = getattr(vllm, "__version__", None) or "unknown"
-    return version
-
-
-def check_vllm(version: str | None = None) -> str:
-    """The installed vLLM's version, or a clear error: not installed, or not a supported release (unless
-    ``SWA_HAL_FORCE_ENGINE=1``). For direct use of the builders; vLLM's start-up goes through ``register``,
-    which never raises on a version (``SWA_HAL_STRICT=1`` aside)."""
-    if version is None:
-        if not vllm_installed():
-            raise VllmNotInstalledError(
-                f"swa_hal.integrations.vllm needs vLLM {_common.supported_text(SUPPORTED_VLLM)}, which is not "
-                "installed: install vLLM itself (swa_hal's [vllm] extra never installs, replaces or downgrades an engine)"
-            )
-        version = _installed_version()
-    return _common.require_version(
-        "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=version
-    )
-
-
-# -- options for the builders vLLM creates ------------------------------------------------------
-
-
-@dataclasses.dataclass
-class BuilderOptions:
-    """Defaults for every swa_hal builder vLLM constructs (vLLM passes only its four arguments).
-    ``backend``: a swa_hal backend name (None: ``SWA_HAL_BACKEND``, else auto-selection);
-    ``platform``: a PlatformInfo replacing the device probe (tests, ``--assume``);
-    ``validate``: full validation on every build (None: ``SWA_HAL_DEBUG``)."""
-
-    backend: str | None = None
-    platform: PlatformInfo | None = None
-    validate: bool | None = None
-
-
-options = BuilderOptions()
-
-
-def configure(
-    backend: str | None = None, platform: PlatformInfo | str | None = None, validate: bool | None = None
-) -> BuilderOptions:
-    """Set the defaults for builders created from now on; returns the previous options."""
-    previous = dataclasses.replace(options)
-    options.backend = backend
-    options.platform = PlatformInfo.from_assume(platform) if isinstance(platform, str) else platform
-    options.validate = validate
-    return previous
-
-
 # -- the builders (swa_hal.integrations.vllm_builder, which imports vLLM) -----------------------
 
 _lock = threading.RLock()
@@ -162,15 +92,6 @@ def sparse_swa_builder_base() -> type:
     from .vllm_builder import SwaHalSparseSWAMetadataBuilder
 
     return SwaHalSparseSWAMetadataBuilder
-
-
-def is_swa_hal_builder(cls: type) -> bool:
-    return isinstance(cls, type) and getattr(cls, "swa_hal_native_cls", None) is not None
-
-
-def native_builder_cls(cls: type) -> type:
-    """The vLLM builder class a swa_hal builder class stands in for (itself for any other class)."""
-    return getattr(cls, "swa_hal_native_cls", None) or cls
 
 
 def swa_hal_builder_cls(native: type) -> type:
@@ -192,17 +113,6 @@ _patched: list[tuple[Any, str, Any]] = []  # (class or module, attribute, origin
 
 def is_registered() -> bool:
     return _registered
-
-
-def _all_subclasses(cls: type) -> Iterator[type]:
-    seen: set[type] = set()
-    stack: list[type] = list(cls.__subclasses__())
-    while stack:
-        sub = stack.pop()
-        if sub not in seen:
-            seen.add(sub)
-            yield sub
-            stack.extend(sub.__subclasses__())
 
 
 def _patch_backend(backend: type) -> None:
@@ -248,7 +158,7 @@ def register() -> bool:
             return True
         # Never stops vLLM from starting: another release gets one warning and vLLM's own builders.
         version = _common.gate_version(
-            log, "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=_installed_version()
+            log, "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=installed_version()
         )
         if version is None:
             return False
@@ -259,7 +169,7 @@ def register() -> bool:
         from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
 
         backend = DeepseekSparseSWABackend
-        for cls in (backend, *_all_subclasses(backend)):
+        for cls in (backend, *all_subclasses(backend)):
             _patch_backend(cls)
         # Platform modules imported later (ROCm, FlashInfer, ...) define their subclasses then.
         original = backend.__dict__.get("__init_subclass__")

@@ -45,11 +45,11 @@ from ..config import LAYER_TYPES, SPECULATIVE_METHODS, SWAConfig
 from ..errors import ConfigError
 from ..metadata import SWAMetadata
 from ..platform import PlatformInfo
-from . import vllm as plugin
 from . import vllm_step
 from .engine import batch_from_common_metadata, step_image_spans
+from .vllm_common import ENV_SWITCH, all_subclasses, check_vllm, is_swa_hal_builder, log, options
 
-plugin.check_vllm()
+check_vllm()
 
 # -- the field map ------------------------------------------------------------------------------
 
@@ -232,11 +232,10 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             raise ConfigError(
                 "prefill_context_parallel_size",
                 f"{pcp}: prefill context parallelism is supported by swa_hal's vLLM plugin for "
-                f"DeepSeek-V4.1 at sizes {sizes} only; set {plugin.ENV_SWITCH}=0 to run vLLM's own builders",
+                f"DeepSeek-V4.1 at sizes {sizes} only; set {ENV_SWITCH}=0 to run vLLM's own builders",
             )
         if isinstance(platform, str):
             platform = PlatformInfo.from_assume(platform)
-        options = plugin.options
         self.swa_config = swa_config_from_vllm(self)
         # A GroupBuilder: what a step build that serves this group records, its check() and poll read too.
         self.swa_hal = vllm_step.GroupBuilder(
@@ -250,7 +249,7 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         )
         # Guard violations surface in vLLM's log (or raise, SWA_HAL_STRICT=1) a build late, without a
         # sync: nothing in vLLM calls check().
-        self.swa_hal.violations.logger = plugin.log
+        self.swa_hal.violations.logger = log
         self._poll_violations = self.swa_hal.poll_violations
         # (plan, step group) once a step build serves this builder (swa_hal.integrations.vllm_step).
         self.swa_hal_step: tuple[Any, int] | None = None
@@ -428,7 +427,7 @@ def swa_hal_builder_cls(native: type) -> type:
     """The swa_hal builder for vLLM's builder class ``native`` (cached; any class that is not a
     DeepSeek-V4 SWA builder comes back unchanged): ``native`` over ``SwaHalSparseSWAMetadataBuilder``,
     with a unique name this module resolves (``__getattr__``), so pickle finds it in any process."""
-    if getattr(native, "swa_hal_native_cls", None) is not None:
+    if is_swa_hal_builder(native):
         return native
     with _lock:
         cls = _wrapped.get(native)
@@ -457,7 +456,7 @@ def swa_hal_builder_cls(native: type) -> type:
 def __getattr__(name: str) -> Any:
     # A platform's builder is made on first use; pickle (in another process) asks for it by name.
     if name.startswith("SwaHal_"):
-        for native in plugin._all_subclasses(DeepseekSparseSWAMetadataBuilder):
+        for native in all_subclasses(DeepseekSparseSWAMetadataBuilder):
             cls = swa_hal_builder_cls(native)
             if cls.__qualname__ == name:
                 return cls

@@ -48,11 +48,11 @@ from typing import Any
 import torch
 
 from ..builder import SWAMetadataBuilder
-from ..cache import tensor_key
+from ..cache import HostCache, tensor_key
 from ..errors import BatchShapeError, BatchValidationError
 from ..metadata import SWAMetadata
-from . import vllm as plugin
 from .engine import batch_from_common_metadata, step_image_spans
+from .vllm_common import is_swa_hal_builder, log
 
 MODEL_STATE_MODULE = "vllm.v1.worker.gpu.model_states.default"
 # vLLM's drafters build their draft steps' metadata through this module's ``build_attn_metadata``.
@@ -144,7 +144,7 @@ class StepPlan:
         self.updated: set[int] = set()
         # SWA groups not evenly spaced: their slot-mapping rows, per view of vLLM's buffer (a step's
         # [:, :T]), made once per token count rather than every step.
-        self._rows: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+        self._rows = HostCache(limit=ROW_VIEWS)
 
     def inputs(self, block_tables: Any, slot_mappings: torch.Tensor) -> tuple[Any, Any]:
         """The step build's tables and slot mappings, in vLLM's layout: the tuple of tables as it is when
@@ -159,9 +159,7 @@ class StepPlan:
         key = tensor_key(slot_mappings)
         rows = self._rows.get(key)
         if rows is None:
-            if len(self._rows) >= ROW_VIEWS:
-                self._rows.clear()
-            rows = self._rows[key] = [slot_mappings[i] for i in ids]
+            rows = self._rows.keep(key, [slot_mappings[i] for i in ids])
         return tables, rows
 
     def hand_out(self, g: int, vllm_metadata: Any, metadata: SWAMetadata) -> None:
@@ -190,14 +188,13 @@ class StepPlan:
 
 
 def _swa_builders(attn_groups: Any, ubatch_idx: int) -> list[tuple[int, Any, Any]]:
-    """(KV-cache group, attention group, builder) of every swa_hal SWA builder, in vLLM's build order."""
-    from .vllm_builder import SwaHalSparseSWAMetadataBuilder
-
+    """(KV-cache group, attention group, builder) of every swa_hal SWA builder, in vLLM's build order.
+    Told by their class's marker, not by the builder class: vllm_builder imports this module."""
     found = []
     for i, groups in enumerate(attn_groups):
         for group in groups:
             builders = getattr(group, "metadata_builders", ())
-            if len(builders) > ubatch_idx and isinstance(builders[ubatch_idx], SwaHalSparseSWAMetadataBuilder):
+            if len(builders) > ubatch_idx and is_swa_hal_builder(type(builders[ubatch_idx])):
                 found.append((i, group, builders[ubatch_idx]))
     return found
 
@@ -231,7 +228,9 @@ def _make_plan(found: list[tuple[int, Any, Any]]) -> StepPlan:
             guard=hal.guard,
             tile_schedulers=hal.tile_schedulers,
         )
-        builder.violations.logger = plugin.log
+        builder.violations.logger = log
+        # A violation the step recorded names vLLM's KV-cache group, not its place in the step's groups.
+        builder.violations.group_names = kv_ids
         # Every builder of the step polls the step's record (``GroupBuilder.poll_violations``): on a GPU it
         # is looked at as often per step as a group's own record, at every ``every``-th step.
         builder.violations.every *= len(members)
@@ -521,12 +520,12 @@ def install(patched: list[tuple[Any, str, Any]]) -> bool:
         cls = module.DefaultModelState
         original = cls.__dict__["prepare_attn"]
     except Exception as exc:  # noqa: BLE001 - vLLM calls the plugin unguarded
-        plugin.log.debug("swa_hal: no step hook (%s does not import: %r)", MODEL_STATE_MODULE, exc)
+        log.debug("swa_hal: no step hook (%s does not import: %r)", MODEL_STATE_MODULE, exc)
         return False
     if getattr(original, "__swa_hal__", False):
         return True
     if tuple(inspect.signature(original).parameters) != PREPARE_ATTN_PARAMS:
-        plugin.log.debug("swa_hal: no step hook (%s.prepare_attn's parameters differ)", MODEL_STATE_MODULE)
+        log.debug("swa_hal: no step hook (%s.prepare_attn's parameters differ)", MODEL_STATE_MODULE)
         return False
 
     def prepare_attn(
@@ -573,12 +572,12 @@ def _install_drafter(patched: list[tuple[Any, str, Any]]) -> None:
         module: Any = importlib.import_module(DRAFTER_MODULE)
         original = module.build_attn_metadata
     except Exception as exc:  # noqa: BLE001 - vLLM calls the plugin unguarded
-        plugin.log.debug("swa_hal: no drafter step builds (%s does not import: %r)", DRAFTER_MODULE, exc)
+        log.debug("swa_hal: no drafter step builds (%s does not import: %r)", DRAFTER_MODULE, exc)
         return
     if getattr(original, "__swa_hal__", False):
         return
     if not set(BUILD_PARAMS) <= set(inspect.signature(original).parameters):
-        plugin.log.debug("swa_hal: no drafter step builds (%s.build_attn_metadata's parameters differ)", DRAFTER_MODULE)
+        log.debug("swa_hal: no drafter step builds (%s.build_attn_metadata's parameters differ)", DRAFTER_MODULE)
         return
 
     def build_attn_metadata(*args: Any, **kwargs: Any) -> Any:

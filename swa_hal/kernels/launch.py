@@ -3,8 +3,10 @@
 Each kernel has one launch object beside it (``rows_launch.py``, ``slot_rows_launch.py``,
 ``ragged_launch.py``) that owns its launch contract:
 
-* its compile key (a frozen dataclass of the kernel's constexprs, in signature order) and the keys a
-  config needs, so ``warmup()`` can compile every variant a builder will ever launch;
+* its compile key (a frozen dataclass of the kernel's constexprs, in signature order), its dispatch
+  (``KeyedLaunch.key_for``: which key a call needs, from the call's facts, memoised in ``keys``) and the
+  keys a config can need (``warmup_keys``), so ``warmup()`` can compile every variant a builder will ever
+  launch;
 * its argument record: a slotted dataclass of the kernel's other parameters, in signature order (a
   test holds both against the kernel's signature), with each pointer field's dtype (``POINTERS``)
   and the pointer fields that are engine tensors (``ENGINE``: an address read at every launch, never
@@ -32,12 +34,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Hashable
-from typing import Any, ClassVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import torch
 
 from .. import envs
+from ..cache import HostCache
+
+if TYPE_CHECKING:
+    from ..config import SWAConfig
 
 NUM_WARPS = 4
 # The C launch functions we call directly, by the layout of their arguments (a test holds each against
@@ -187,6 +193,9 @@ def _direct_launch(kernel: Any) -> tuple[Any, tuple[Any, ...], bool] | None:
     return launcher.launch, head, True
 
 
+_INT64_MOCK = 2**32 + 1
+
+
 class TritonLaunch:
     """One Triton kernel's launch contract (see the module docstring). Subclasses set ``KERNEL`` (the
     ``module:attribute`` of the ``@triton.jit`` function, imported when the object is made), ``Args``
@@ -197,6 +206,9 @@ class TritonLaunch:
     Args: ClassVar[Any]
     POINTERS: ClassVar[dict[str, torch.dtype]]
     ENGINE: ClassVar[tuple[str, ...]]
+    # Integer fields compiled as int64 (the others are int32): a compiled launch packs each argument as its
+    # compiled type, and a value past it is refused by the launcher (OverflowError), never widened.
+    INT64: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, device: torch.device):
         import importlib
@@ -234,7 +246,8 @@ class TritonLaunch:
         if self.interpreted or key in self._compiled:
             return
         dtypes = {**self.POINTERS, **key.pointer_dtypes()}
-        mock = [dtypes.get(name, 1) for name in self._fields]
+        # An int's mock value picks its compiled type: 1 is int32, a value past int32 int64.
+        mock = [dtypes.get(name, _INT64_MOCK if name in self.INT64 else 1) for name in self._fields]
         constexprs = key.constexprs()
         kernel = self.fn.warmup(*mock, grid=(1,), num_warps=num_warps(), **constexprs)
         if hasattr(kernel, "result"):
@@ -273,3 +286,46 @@ class TritonLaunch:
         else:
             # A profiler's launch hooks are installed: the compiled kernel's own runner calls them.
             self.kernels[key][(grid, 1, 1)](*self._values(args), *constexprs, stream=stream)
+
+
+KeyT = TypeVar("KeyT", bound=CompileKey)
+
+
+class KeyedLaunch(TritonLaunch, Generic[KeyT]):
+    """A launch that owns its dispatch too: which compile key a call needs (``dispatch``, from the call's
+    facts: a tuple of what the call brings that the key depends on) and every key a config can need
+    (``warmup_facts``). Made for one builder's config and address clamping; the guard is one of a call's
+    facts, since the builder may switch it between calls.
+
+    ``keys`` memoises the dispatch. A launch site on the host path reads it first (one dict lookup) and
+    calls ``key_for`` only on a miss: a method call per build would be a Python frame more than the
+    lookup. ``warmup_keys`` goes through ``key_for``, so a warmed variant is the very key a call finds."""
+
+    def __init__(self, device: torch.device, config: SWAConfig, *, clamp: bool = False):
+        super().__init__(device)
+        self.config = config
+        self.clamp = clamp
+        self.device_type = device.type
+        self.keys: HostCache = HostCache(limit=256)  # kept as the host cache keeps (swa_hal/cache.py)
+
+    def dispatch(self, facts: Any) -> KeyT:
+        """The compile key of a call with these facts (uncached: see ``key_for``)."""
+        raise NotImplementedError
+
+    def warmup_facts(self, guard: bool) -> Sequence[Hashable]:
+        """The facts of every call an engine with this config can make, guarded or not as ``guard``."""
+        raise NotImplementedError
+
+    def key_for(self, facts: Hashable) -> KeyT:
+        key = self.keys.get(facts)
+        if key is None:
+            key = self.keys.keep(facts, self.dispatch(facts))
+        return key
+
+    def warmup_keys(self, guard: bool) -> list[KeyT]:
+        """Every variant this config can launch, each once, in the order of ``warmup_facts``."""
+        return list(dict.fromkeys(self.key_for(facts) for facts in self.warmup_facts(guard)))
+
+    @property
+    def kernel_name(self) -> str:
+        return self.KERNEL.partition(":")[2]

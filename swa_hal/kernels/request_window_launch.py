@@ -1,5 +1,6 @@
 """The launch contract of ``request_window_kernel`` (``request_window.py``; docs/semantics.md
-#request-window-layouts): its compile key, argument record and launch object. Importable without Triton.
+#request-window-layouts): its compile key, the calls a config can make, its argument record and launch
+object, which owns the dispatch. Importable without Triton.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .launch import CompileKey, TritonLaunch, cdiv, record_fields
+from .launch import CompileKey, KeyedLaunch, cdiv, record_fields
 from .tiles import next_pow2, tile
 
 # Rows of the run scans' chunks: a program walks the rows before it (and a ring's worth after) this many
@@ -86,13 +87,36 @@ def request_window_key(
     )
 
 
-class RequestWindowLaunch(TritonLaunch):
-    """``request_window_kernel``: one launch per ``build_request_window``."""
+# A call's facts: (has_floors, dtypes), ``request_window_key``'s arguments besides the window and the
+# device type.
+RequestWindowFacts = tuple[bool, tuple[torch.dtype, ...]]
+
+
+def request_window_facts() -> list[RequestWindowFacts]:
+    """The request-window calls an engine makes (SGLang's ``window_layout``): with and without floors,
+    the inputs all int32 or all int64 (absent floors read ``pos`` in their place). Any config: the
+    layout's key depends on the window alone, and SGLang's adapter builds with a config of its window."""
+    return [(floors, (dtype,) * 3) for dtype in (torch.int32, torch.int64) for floors in (False, True)]
+
+
+class RequestWindowLaunch(KeyedLaunch[RequestWindowKey]):
+    """``request_window_kernel``: one launch per ``build_request_window``. A call's facts are
+    ``RequestWindowFacts``."""
 
     KERNEL = "swa_hal.kernels.request_window:request_window_kernel"
     Args = RequestWindowArgs
     POINTERS = REQUEST_WINDOW_POINTERS
+    INT64 = ("zero_row",)  # any int64 ring row (docs/semantics.md #request-window-layouts)
     ENGINE = REQUEST_WINDOW_ENGINE
+
+    def dispatch(self, facts: RequestWindowFacts) -> RequestWindowKey:
+        has_floors, dtypes = facts
+        return request_window_key(
+            self.config.window_size, has_floors=has_floors, device_type=self.device_type, dtypes=dtypes
+        )
+
+    def warmup_facts(self, guard: bool) -> list[RequestWindowFacts]:
+        return request_window_facts()  # the kernel has no guarded variant
 
     @staticmethod
     def query_programs(key: RequestWindowKey, padded: int) -> int:

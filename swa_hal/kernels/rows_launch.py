@@ -1,6 +1,6 @@
-"""The launch contract of ``swa_metadata_kernel`` (``swa_metadata.py``): its compile key, the keys a
-config needs, its argument record, and the launch object (docs/semantics.md #per-token-helpers,
-#causal-rows, #dspark-rows, #prefill-metadata, #group-builds). Importable without Triton.
+"""The launch contract of ``swa_metadata_kernel`` (``swa_metadata.py``): its compile key, the builds a
+config can launch, its argument record, and the launch object, which owns the dispatch (docs/semantics.md
+#per-token-helpers, #causal-rows, #dspark-rows, #prefill-metadata, #group-builds). Importable without Triton.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..guard import block_limit
-from .launch import CompileKey, TritonLaunch, cdiv, record_fields
+from .launch import CompileKey, KeyedLaunch, cdiv, record_fields
 from .tiles import next_pow2, tile
 
 if TYPE_CHECKING:
@@ -170,21 +170,43 @@ def rows_key(
     )
 
 
-def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str, guard: bool = False) -> list[RowsKey]:
-    """Every variant a builder with this config can launch: the causal build (draft-step updates
-    launch it too, with decode programs only), the DSpark build when DSpark is configured, and both
-    again as group builds when the config has more than one KV-cache group."""
+# A build's facts: (causal, guard, grouped).
+RowsFacts = tuple[bool, bool, bool]
+
+
+def rows_facts(config: SWAConfig, guard: bool) -> list[RowsFacts]:
+    """Every build a builder with this config can launch: the causal build (draft-step updates launch it
+    too, with decode programs only), the DSpark build when DSpark is configured, and both again as group
+    builds when the config has more than one KV-cache group."""
     return [
-        rows_key(config, causal=causal, clamp=clamp, device_type=device_type, guard=guard, grouped=grouped)
+        (causal, guard, grouped)
         for grouped in ((False, True) if config.num_kv_groups > 1 else (False,))
         for causal in ((True, False) if config.is_dspark else (True,))
     ]
 
 
-class RowsLaunch(TritonLaunch):
-    """``swa_metadata_kernel``: one launch per build, group build or draft-step update."""
+def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str, guard: bool = False) -> list[RowsKey]:
+    """The keys of ``rows_facts``, without Triton (``RowsLaunch.warmup_keys`` is the launch's own)."""
+    return [
+        rows_key(config, causal=causal, clamp=clamp, device_type=device_type, guard=guard, grouped=grouped)
+        for causal, guard, grouped in rows_facts(config, guard)
+    ]
+
+
+class RowsLaunch(KeyedLaunch[RowsKey]):
+    """``swa_metadata_kernel``: one launch per build, group build or draft-step update. A call's facts
+    are ``RowsFacts``."""
 
     KERNEL = "swa_hal.kernels.swa_metadata:swa_metadata_kernel"
     Args = RowsArgs
     POINTERS = ROWS_POINTERS
     ENGINE = ROWS_ENGINE
+
+    def dispatch(self, facts: RowsFacts) -> RowsKey:
+        causal, guard, grouped = facts
+        return rows_key(
+            self.config, causal=causal, clamp=self.clamp, device_type=self.device_type, guard=guard, grouped=grouped
+        )
+
+    def warmup_facts(self, guard: bool) -> list[RowsFacts]:
+        return rows_facts(self.config, guard)

@@ -96,7 +96,7 @@ def _ring_rows(
         value = tl.zeros_like(row_lens)
         kind, value = _flag(kind, value, (row_lens > 0) & ~pool_ok, RING_SLOT, _int32(pool))
         row_lens = tl.where(kind > 0, 0, row_lens)
-        _record(violation_ptr, kind, rows, value, rows)
+        _record(violation_ptr, kind, rows, value, rows, 0)  # no group build
     live = cols[None, :] < row_lens[:, None]
     return tl.where(live, entry, -1).to(tl.int32), row_lens
 
@@ -251,7 +251,7 @@ def slot_rows_kernel(
             broken = kind > 0
             row_lens = tl.where(broken, 0, row_lens)
             slot = tl.where(broken[:, None], -1, slot)
-            _record(violation_ptr, kind, rows, value, rows)
+            _record(violation_ptr, kind, rows, value, rows, 0)  # no group build
         idx = tl.where(live, slot, -1).to(tl.int32)
     cols_at = cols
     if CLAMP:

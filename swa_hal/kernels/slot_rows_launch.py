@@ -1,16 +1,22 @@
 """The launch contract of ``slot_rows_kernel`` (``slot_rows.py``; docs/semantics.md #token-slot-rows):
-its compile key, argument record and launch object. Importable without Triton.
+its compile key, the calls a config can make, its argument record and launch object, which owns the
+dispatch. Importable without Triton.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .launch import CompileKey, TritonLaunch, cdiv, record_fields
+from ..config import dspark_index_width
+from ..slot_rows import slot_limit
+from .launch import CompileKey, KeyedLaunch, cdiv, record_fields
 from .tiles import tile
+
+if TYPE_CHECKING:
+    from ..config import SWAConfig
 
 
 @dataclasses.dataclass(frozen=True, eq=True)
@@ -100,13 +106,75 @@ def slot_rows_key(
     )
 
 
-class SlotRowsLaunch(TritonLaunch):
-    """``slot_rows_kernel``: one launch per ``build_slot_rows``."""
+# A call's facts: (width, block, has_floors, ring, guard, slot_limit, dtypes), ``slot_rows_key``'s
+# arguments besides the window, the clamping and the device type (the config's and the backend's).
+SlotRowsFacts = tuple[int, int, bool, int, bool, int, tuple[torch.dtype, ...]]
+_I32, _I64 = torch.int32, torch.int64
+# Absent inputs read the violation record (int32) in their place (``TritonBackend.compute_slot_rows``).
+_ABSENT = _I32
+
+
+def slot_rows_facts(config: SWAConfig, guard: bool) -> list[SlotRowsFacts]:
+    """The token-slot calls an engine with this config makes (SGLang's, ``integrations/sglang.py``),
+    inputs in SGLang's dtypes: ends int32, pool rows int64, ``req_to_token`` int32, ``full_to_swa`` int64.
+
+    * causal rows (``BuildCausalSwaPageIndices``), ``align(W, 64)`` wide, with no floors or with
+      ``swa_replay_start`` as int32 or int64 (the replay paths compute it from either);
+    * with DSpark, blocks of the draft's ``num_speculative_tokens`` (SGLang's ``speculative_num_draft_tokens
+      - 1``), ``align(W + N, 64)`` wide, with or without ``valid_from`` (int64): over the paged pool (the
+      block's own slots, ``out_loc``, int64) and over the draft's per-request ring, whose size is SGLang's
+      ``get_draft_swa_ring_size``: ``W + N`` rounded up to whole pages.
+
+    Rows of another alignment (``page_index_aligned_size``) or ring are compiled at their first call."""
+    limit, window = slot_limit(config), config.window_size
+    facts: list[SlotRowsFacts] = [
+        (
+            dspark_index_width(window, 0),
+            0,
+            floors is not None,
+            0,
+            guard,
+            limit,
+            (_I32, _I64, floors or _ABSENT, _I32, _I64, _ABSENT),
+        )
+        for floors in (None, _I32, _I64)
+    ]
+    if config.is_dspark:
+        block = config.num_speculative_tokens
+        width = dspark_index_width(window, block)
+        ring = cdiv(window + block, config.block_size) * config.block_size
+        for floors in (None, _I64):
+            has, floor = floors is not None, floors or _ABSENT
+            facts.append((width, block, has, 0, guard, limit, (_I32, _I64, floor, _I32, _I64, _I64)))
+            facts.append((width, block, has, ring, guard, limit, (_I32, _I64, floor, _ABSENT, _ABSENT, _ABSENT)))
+    return facts
+
+
+class SlotRowsLaunch(KeyedLaunch[SlotRowsKey]):
+    """``slot_rows_kernel``: one launch per ``build_slot_rows``. A call's facts are ``SlotRowsFacts``."""
 
     KERNEL = "swa_hal.kernels.slot_rows:slot_rows_kernel"
     Args = SlotRowsArgs
     POINTERS = SLOT_ROWS_POINTERS
     ENGINE = SLOT_ROWS_ENGINE
+
+    def dispatch(self, facts: SlotRowsFacts) -> SlotRowsKey:
+        width, block, has_floors, ring, guard, limit, dtypes = facts
+        return slot_rows_key(
+            self.config.window_size,
+            width,
+            block,
+            has_floors=has_floors,
+            guard=guard,
+            slot_limit=limit,
+            clamp=self.clamp,
+            device_type=self.device_type,
+            dtypes=dtypes,
+            ring=ring,
+        )
+
+    def warmup_facts(self, guard: bool) -> list[SlotRowsFacts]:
+        return slot_rows_facts(self.config, guard)
 
     @staticmethod
     def programs(key: SlotRowsKey, args: SlotRowsArgs) -> int:

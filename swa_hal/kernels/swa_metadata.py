@@ -299,9 +299,10 @@ def _split_broken(req, begin, end, query, num_tokens, num_decodes, num_decode_to
 
 
 @triton.jit
-def _record(violation_ptr, kind, req, value, rows):
+def _record(violation_ptr, kind, req, value, rows, group):
     """Record a broken row unless a violation is recorded already: each broken row counts itself with
-    an atomic add, and the one that finds the count at 0 writes its kind, request and value. No
+    an atomic add, and the one that finds the count at 0 writes its kind, request, value and ``group``
+    (g + 1 in a group build's group g, else 0: guard.RECORD_LEN). No
     block-wide reduction: a block without a broken row pays one compare, its atomics masked off (a
     reduction kept four values live past the stores; docs/performance.md)."""
     broken = kind > 0
@@ -311,6 +312,7 @@ def _record(violation_ptr, kind, req, value, rows):
     tl.store(at + 1, kind, mask=first)
     tl.store(at + 2, req, mask=first)
     tl.store(at + 3, value, mask=first)
+    tl.store(at + 4, group, mask=first)
 
 
 @triton.jit
@@ -367,7 +369,7 @@ def _window_rows(
     row0,
     n_rows,
     token_offset,
-    first_group,
+    record_group,
     guess_req,
     guess_len,
     num_spans,
@@ -420,8 +422,9 @@ def _window_rows(
         CLAMP,
     )
     valid = slot >= 0
-    # Per-request outputs are shared by every KV-cache group: the first group writes them.
-    shared = row_ok & first_group
+    # Per-request outputs are shared by every KV-cache group: the first group (record_group 0 in a plain
+    # build, 1 in a group build) writes them.
+    shared = row_ok & (record_group <= 1)
     tl.store(token_to_req_ptr + tok_at, req, mask=shared)
     tl.store(is_valid_ptr + tok_at, valid, mask=row_ok)
 
@@ -455,6 +458,11 @@ def _window_rows(
         # DSpark rows ignore the replay bound (docs/semantics.md #dspark-rows).
         start = tl.maximum(prefix - WINDOW, 0)
         lens = seq - start
+        if GUARD:
+            # A prefill's bound still holds (rule 3): a decode row a broken query_start_loc gave to a
+            # prefill is emptied with that prefill's rows, as the reference empties every row of it.
+            broken_bound = (req >= num_decodes) & ((bound < 0) | (bound > prefix))
+            kind, value = _flag(kind, value, checked & broken_bound, REPLAY, bound)
     else:
         pos = seq - end + tok  # P_r + (t - qsl[r])
         last = pos
@@ -635,7 +643,7 @@ def _window_rows(
     tl.store(out_lens_ptr + rows_at, lens, mask=row_ok)
     if GUARD:
         # After the stores: its block-wide reduction would otherwise hold them back.
-        _record(violation_ptr, kind, req, value, rows)
+        _record(violation_ptr, kind, req, value, rows, record_group)
 
 
 # Runtime ints never specialise (value 1, multiples of 16) and engine tensors are never assumed aligned:
@@ -730,7 +738,12 @@ def swa_metadata_kernel(
         dec_idx = decode_idx_ptr + rows_at * DECODE_WIDTH
         dec_lens = decode_lens_ptr + rows_at
         valid_out = is_valid_ptr + rows_at
-        first_group = g == 0
+        # What a violation of these rows records as its group (guard.RECORD_LEN): g + 1 in a group build;
+        # a plain build has one group, g = 0.
+        if GROUPED:
+            record_group = g + 1
+        else:
+            record_group = g
         # Decode and prefill rows: the same function, by keyword (the two calls differ in nine arguments).
         if local < dec_progs:
             _window_rows(
@@ -757,7 +770,7 @@ def swa_metadata_kernel(
                 row0=local * BLOCK_T,
                 n_rows=num_decode_tokens,
                 token_offset=0,
-                first_group=first_group,
+                record_group=record_group,
                 guess_req=0,
                 guess_len=decode_guess_len,
                 num_spans=num_spans,
@@ -806,7 +819,7 @@ def swa_metadata_kernel(
                 row0=(local - dec_progs) * BLOCK_TP,
                 n_rows=num_prefill_tokens,
                 token_offset=num_decode_tokens,
-                first_group=first_group,
+                record_group=record_group,
                 guess_req=num_decodes,
                 guess_len=prefill_guess_len,
                 num_spans=num_spans,

@@ -4,14 +4,11 @@ the Triton interpreter's address-strict mode. Collected for backends that claim 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 import pytest
 
-from ..batch import AttentionBatch
-from ..builder import SWAMetadataBuilder
 from ..compare import compare_with_reference
-from .fixtures import BackendFixtures, Target, requires
+from .fixtures import BackendFixtures, MakeBatch, MakeBuilder, Target, requires
 from .interpreter import AddressViolation, address_strict
 
 # What to change when a backend breaks the rule it claims.
@@ -29,13 +26,7 @@ class AddressRuleTests(BackendFixtures):
 
     @requires("clamps_addresses")
     def test_address_strict(
-        self,
-        name: str,
-        target: Target,
-        make_builder: Callable[..., SWAMetadataBuilder],
-        make_batch: Callable[..., AttentionBatch],
-        config_name: str,
-        kind: str,
+        self, name: str, target: Target, make_builder: MakeBuilder, make_batch: MakeBatch, config_name: str, kind: str
     ) -> None:
         if target.device.type != "cpu":
             pytest.skip("address-strict runs under the Triton interpreter on the CPU")

@@ -63,83 +63,47 @@ PLATFORM_GRID = (
     "vendor=tpu",
 )
 
+
+def swa_config(
+    window_size: int, block_size: int, max_model_len: int, max_num_batched_tokens: int, max_num_seqs: int, **kw: Any
+) -> SWAConfig:
+    """A config from its geometry and capacity, positionally (a table of configs reads as one row each), and
+    any other field by keyword."""
+    return SWAConfig(
+        window_size=window_size,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        **kw,
+    )
+
+
+# The config fields of one MTP draft token.
+MTP1 = dict(num_speculative_tokens=1, speculative_method="mtp")
+
+# Each row: window, block, max_model_len, max_num_batched_tokens, max_num_seqs, then the other fields.
 CONFORMANCE_CONFIGS: dict[str, SWAConfig] = {
     # The worked-vector geometry (docs/semantics.md) with one MTP draft token.
-    "w4b4_mtp": SWAConfig(
-        window_size=4,
-        block_size=4,
-        compress_ratios=(0, 4, 128),
-        max_model_len=512,
-        max_num_batched_tokens=96,
-        max_num_seqs=12,
-        num_speculative_tokens=1,
-        speculative_method="mtp",
-    ),
+    "w4b4_mtp": swa_config(4, 4, 512, 96, 12, compress_ratios=(0, 4, 128), **MTP1),
     # A window that is not a power of two, one-token pages.
-    "w5b1": SWAConfig(window_size=5, block_size=1, max_model_len=160, max_num_batched_tokens=64, max_num_seqs=9),
+    "w5b1": swa_config(5, 1, 160, 64, 9),
     # The smallest window.
-    "w1b16": SWAConfig(window_size=1, block_size=16, max_model_len=256, max_num_batched_tokens=48, max_num_seqs=6),
+    "w1b16": swa_config(1, 16, 256, 48, 6),
     # Parallel drafting: decode queries up to 1 + 2 * 2 tokens.
-    "w12b8_parallel": SWAConfig(
-        window_size=12,
-        block_size=8,
-        max_model_len=512,
-        max_num_batched_tokens=128,
-        max_num_seqs=16,
-        num_speculative_tokens=2,
-        parallel_drafting=True,
-        speculative_method="mtp",
+    "w12b8_parallel": swa_config(
+        12, 8, 512, 128, 16, num_speculative_tokens=2, parallel_drafting=True, speculative_method="mtp"
     ),
     # DeepSeek-V4 rows (W=128, B=64) at a small capacity.
-    "v4": SWAConfig(
-        window_size=128,
-        block_size=64,
-        compress_ratios=(0, 0, 4, 128),
-        max_model_len=65536,
-        max_num_batched_tokens=512,
-        max_num_seqs=24,
-    ),
+    "v4": swa_config(128, 64, 65536, 512, 24, compress_ratios=(0, 0, 4, 128)),
     # DSpark: non-causal draft rows (W=7 + 5 drafts -> 64 wide).
-    "w7b3_dspark": SWAConfig(
-        window_size=7,
-        block_size=3,
-        max_model_len=300,
-        max_num_batched_tokens=96,
-        max_num_seqs=10,
-        num_speculative_tokens=5,
-        speculative_method="dspark",
-    ),
+    "w7b3_dspark": swa_config(7, 3, 300, 96, 10, num_speculative_tokens=5, speculative_method="dspark"),
     # The vision variant: image spans widen prefill rows to W + M = 6 + 5 (docs/semantics.md #vision-spans).
-    "w6b4_vision": SWAConfig(
-        window_size=6,
-        block_size=4,
-        max_image_tokens=5,
-        max_model_len=256,
-        max_num_batched_tokens=96,
-        max_num_seqs=10,
-        num_speculative_tokens=1,
-        speculative_method="mtp",
-    ),
+    "w6b4_vision": swa_config(6, 4, 256, 96, 10, max_image_tokens=5, **MTP1),
     # DeepSeek-V4.1 layer types (compress ratios 0, 1, 2: swaonly, c1a, c2a).
-    "v41": SWAConfig(
-        window_size=128,
-        block_size=64,
-        model_version="deepseek_v41",
-        compress_ratios=(0, 1, 2),
-        max_model_len=65536,
-        max_num_batched_tokens=256,
-        max_num_seqs=16,
-    ),
+    "v41": swa_config(128, 64, 65536, 256, 16, model_version="deepseek_v41", compress_ratios=(0, 1, 2)),
     # DSpark at DeepSeek-V4 size: 128 + 7 drafts -> 192 wide.
-    "v4_dspark": SWAConfig(
-        window_size=128,
-        block_size=64,
-        max_model_len=65536,
-        max_num_batched_tokens=256,
-        max_num_seqs=16,
-        num_speculative_tokens=7,
-        speculative_method="dspark",
-    ),
+    "v4_dspark": swa_config(128, 64, 65536, 256, 16, num_speculative_tokens=7, speculative_method="dspark"),
 }
 
 
@@ -162,6 +126,11 @@ def expect_equal(got: Any, want: Any, what: str) -> None:
 def requires(claim: str) -> pytest.MarkDecorator:
     """Collect the test only for backends that make ``claim`` (deselected otherwise)."""
     return pytest.mark.swa_hal_requires(claim)
+
+
+# The types of the ``make_builder`` and ``make_batch`` fixtures.
+MakeBuilder = Callable[..., SWAMetadataBuilder]
+MakeBatch = Callable[..., AttentionBatch]
 
 
 class Target(NamedTuple):

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable
 
 import torch
 
 from ..batch import AttentionBatch
-from ..builder import SWAMetadataBuilder
 from ..compare import compare_with_reference
 from ..config import SWAConfig
 from ..scenarios import synthesize_batch
-from .fixtures import BackendFixtures
+from .fixtures import BackendFixtures, MakeBatch, MakeBuilder
 
 GROUPS = 3
 
@@ -59,12 +57,7 @@ class GroupBuildTests(BackendFixtures):
     """Every config of ``configs`` with every batch kind it allows, as a step of three KV-cache groups."""
 
     def test_group_builds_match_each_groups_reference(
-        self,
-        name: str,
-        make_builder: Callable[..., SWAMetadataBuilder],
-        make_batch: Callable[..., AttentionBatch],
-        config_name: str,
-        kind: str,
+        self, name: str, make_builder: MakeBuilder, make_batch: MakeBatch, config_name: str, kind: str
     ) -> None:
         config = dataclasses.replace(self.configs[config_name], num_kv_groups=GROUPS)
         listed_builder, stacked_builder = make_builder(config), make_builder(config)

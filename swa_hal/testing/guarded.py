@@ -1,12 +1,14 @@
 """Conformance topic: guarded output (docs/semantics.md #guarded-builds). A guarded build of a malformed
 batch hands out exactly what the torch reference hands out, bit for bit (rows, lens, gather lengths,
 per-token helpers, visibility arrays), and records a violation exactly when the reference does. Checked
-for ``build``, ``build_groups``, single and grouped draft updates and ``build_slot_rows`` (paged and ring
-rows), on a handful of fixed malformed inputs drawn from a seeded RNG, against a torch builder of the same
-config."""
+for ``build``, ``build_groups`` (views of one storage and disagreeing structures included), single and
+grouped draft updates, ``build_slot_rows`` (paged and ring rows), ``build_request_window`` and each entry
+point's settings at their bounds, on a handful of fixed malformed inputs drawn from a seeded RNG, against
+a torch builder of the same config."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import random
@@ -18,13 +20,15 @@ import torch
 
 from ..batch import AttentionBatch, ImageSpans
 from ..builder import SWAMetadataBuilder
-from ..config import SWAConfig
-from ..errors import BatchValidationError
+from ..config import MAX_ROW_WIDTH, SWAConfig
+from ..errors import BatchValidationError, SWAHalError
 from ..metadata import SWAMetadata
 from ..platform import PlatformInfo
+from ..request_window import RequestWindowRows, preflight_request_window
 from ..slot_ring import SlotRing
-from ..slot_rows import SlotRows, slot_limit
+from ..slot_rows import SlotRows, preflight_slot_rows, slot_limit
 from .fixtures import BackendFixtures, Target
+from .request_windows import WINDOW_KINDS, window_case
 from .slot_rows import random_ring_rows, random_slot_rows, slot_rows_config
 
 # A small geometry whose malformed batches reach every rule of docs/semantics.md #guarded-builds.
@@ -239,6 +243,12 @@ def _extremes(t: torch.Tensor) -> tuple[int, ...]:
     return (-(2**31), 2**31 - 1)
 
 
+def _fits(t: torch.Tensor, value: int) -> int:
+    """``value`` held inside ``t``'s dtype (a shifted edge value would not fit it)."""
+    info = torch.iinfo(t.dtype)
+    return min(max(value, info.min), info.max)
+
+
 def malformed_ring_rows(rng: random.Random, window: int) -> SlotRows:
     """A random ring-rows call (``random_ring_rows``) with some values broken: request slots outside the
     ring (rule 12), row ends and floors anywhere, at the edges of their dtype and past int32 (ring positions
@@ -320,17 +330,28 @@ def group_case(
     strict: Callable[..., AbstractContextManager[Any]] = unchecked,
 ) -> list[str]:
     """One malformed batch with ``num_kv_groups`` malformed groups (``malformed_groups``) through
-    ``build_groups`` and one grouped draft-step update: what differs from the reference."""
+    ``build_groups`` and one grouped draft-step update: what differs from the reference. Now and then
+    (``SHARED_VIEWS``) the groups' inputs are views of one storage (``shared_group_case``), or
+    (``MISMATCHED``) structures that disagree with the batch or the config (``mismatched_groups``): refused
+    with the reference's typed error naming the same field, or built alike."""
     groups = ref.config.num_kv_groups
     batch = malformed_batch(rng)
     tables, slots = malformed_groups(rng, batch, groups)
+    draw = rng.random()
+    if draw < SHARED_VIEWS:
+        return shared_group_case(builder, ref, rng, batch, tables, slots, device, k, strict)
+    what = "listed"
+    if draw < SHARED_VIEWS + MISMATCHED:
+        what = rng.choice(MISMATCHES)
+        tables, slots = mismatched_groups(rng, what, batch, tables, slots)
+    DRAWN[f"groups {what}"] += 1
     moved = batch.to(device)
-    dev_tables, dev_slots = [t.to(device) for t in tables], [s.to(device) for s in slots]
-    want, want_error = attempt(ref.build_groups, batch, tables, slots, validate=False)
+    dev_tables, dev_slots = [_to(t, device) for t in tables], [_to(s, device) for s in slots]
+    want, want_error = attempt_named(ref.build_groups, batch, tables, slots, validate=False)
     with strict(extra=dev_tables + dev_slots):
-        got, error = attempt(builder.build_groups, moved, dev_tables, dev_slots, validate=False)
-    where = f"malformed group batch {k} ({batch_summary(batch)})"
-    if error != want_error:
+        got, error = attempt_named(builder.build_groups, moved, dev_tables, dev_slots, validate=False)
+    where = f"malformed group batch {k} [{what}] ({batch_summary(batch)})"
+    if error != want_error or (want_error is not None and not issubclass(want_error[0], SWAHalError)):
         return [f"{where}: the backend raised {error}, the reference {want_error}"]
     if want is None:
         return []
@@ -342,6 +363,176 @@ def group_case(
     if got_update != want_update:
         return [f"{where}, draft step: the backend raised {got_update}, the reference {want_update}"]
     return _compared_groups(f"{where} after a draft step", got, want, builder, ref)
+
+
+# How often a group case draws views of one storage, and structures that disagree (the rest: the
+# listed malformed groups, which keep most of the budget).
+SHARED_VIEWS, MISMATCHED = 0.15, 0.15
+# What ``mismatched_groups`` draws.
+MISMATCHES = (
+    "fewer tables",
+    "more slot mappings",
+    "too many groups",
+    "short table",
+    "short slots",
+    "table dtype",
+    "slots dtype",
+    "table device",
+    "narrow rows",
+)
+# The draws of the cases since the last ``DRAWN.clear()``, by class: the fuzz prints them and the tests
+# count them, so a class cannot silently stop being drawn.
+DRAWN: collections.Counter[str] = collections.Counter()
+
+
+def attempt_named(
+    fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> tuple[Any, tuple[type[BaseException], str | None] | None]:
+    """``fn(*args, **kwargs)``'s result, or the type and field of whatever it raised: an untyped error (not
+    an ``SWAHalError``) is answered too, with no field, so a case reports it rather than stopping the run."""
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as exc:  # noqa: BLE001 - an untyped error is a finding to report, not a crash
+        return None, (type(exc), getattr(exc, "field", None))
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # A meta tensor stands for "another device" wherever the builder runs: it stays one.
+    return t if t.is_meta else t.to(device)
+
+
+def mismatched_groups(
+    rng: random.Random, what: str, batch: AttentionBatch, tables: list[torch.Tensor], slots: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Group inputs that disagree with the batch or the config, as a buggy engine might hand them in
+    (``what``, one of ``MISMATCHES``): a table or slot mapping missing or extra, more groups than
+    ``num_kv_groups``, a table with fewer rows than requests, a slot mapping shorter than the tokens, a table
+    or slot mapping of another dtype or on another device (meta), table rows narrower than the requests'
+    pages (a width-1 view of the same rows: rule 5, recorded, no error)."""
+    tables, slots = list(tables), list(slots)
+    g = rng.randrange(len(tables))
+    if what == "fewer tables":
+        tables.pop(g)
+    elif what == "more slot mappings":
+        slots.append(slots[g].clone())
+    elif what == "too many groups":
+        tables.append(tables[g].clone())
+        slots.append(slots[g].clone())
+    elif what == "short table":
+        tables[g] = tables[g][: max(0, tables[g].shape[0] - rng.randint(1, 2))]
+    elif what == "short slots":
+        slots[g] = slots[g][: max(0, batch.num_tokens - rng.randint(1, 2))]
+    elif what == "table dtype":
+        tables[g] = tables[g].to(rng.choice((torch.int64, torch.int16, torch.float32)))
+    elif what == "slots dtype":
+        slots[g] = slots[g].to(rng.choice((torch.int32, torch.float64)))
+    elif what == "table device":
+        tables[g] = tables[g].to("meta")
+    else:
+        tables[g] = tables[g][:, :1]
+    return tables, slots
+
+
+# Layouts of the groups' block tables over one int32 storage (``shared_layout``): stacked [G, R, P];
+# stacked with every group at the same address (group stride 0); listed views at the same address with
+# other row strides and widths; one tensor reused by every group; a row-prefix slice at the same address
+# as the full table (equal shapes, another row stride); transposed (no unit inner stride: refused).
+TABLE_LAYOUTS = ("stacked", "stacked aliased", "listed strides", "listed reused", "prefix slice", "transposed")
+# Layouts of the slot mappings over one int64 storage: stacked [G, T]; stacked with group stride 0; one
+# tensor reused by every group; listed views at the same address; every other entry (refused).
+SLOT_LAYOUTS = ("stacked", "stacked aliased", "listed reused", "listed views", "strided")
+
+Layout = Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any]]
+
+
+def shared_layout(rng: random.Random, groups: int, num_reqs: int, num_tokens: int) -> tuple[str, Layout]:
+    """A drawn pair of table and slot-mapping layouts (``TABLE_LAYOUTS``, ``SLOT_LAYOUTS``) as a function of
+    the two storages (so the same views can be made on any device), and its name."""
+    tab, slo = rng.choice(TABLE_LAYOUTS), rng.choice(SLOT_LAYOUTS)
+    r, widths = max(num_reqs, 1), [rng.randint(1, 6) for _ in range(groups)]
+    strides = [w + rng.randint(0, 3) for w in widths]
+    p = widths[0]
+
+    def tables(store: torch.Tensor) -> Any:
+        if tab == "stacked":
+            return store[: groups * r * p].view(groups, r, p)
+        if tab == "stacked aliased":
+            return store.as_strided((groups, r, p), (0, p, 1))
+        if tab == "listed strides":
+            return [store.as_strided((r, w), (s, 1)) for w, s in zip(widths, strides)]
+        if tab == "listed reused":
+            return [store[: r * p].view(r, p)] * groups
+        if tab == "prefix slice":
+            return [store[: r * strides[g]].view(r, strides[g])[:, :p] for g in range(groups)]
+        return [store[: r * p].view(p, r).t()] * groups
+
+    def slot_mappings(store: torch.Tensor) -> Any:
+        if slo == "stacked":
+            return store[: groups * num_tokens].view(groups, num_tokens)
+        if slo == "stacked aliased":
+            return store.as_strided((groups, num_tokens), (0, 1))
+        if slo == "listed reused":
+            return [store[:num_tokens]] * groups
+        if slo == "listed views":
+            return [store.as_strided((num_tokens,), (1,)) for _ in range(groups)]
+        return [store.as_strided((num_tokens,), (2,))] * groups
+
+    return f"tables {tab}, slots {slo}", lambda t, s: (tables(t), slot_mappings(s))
+
+
+def shared_group_case(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rng: random.Random,
+    batch: AttentionBatch,
+    tables: list[torch.Tensor],
+    slots: list[torch.Tensor],
+    device: torch.device,
+    k: int,
+    strict: Callable[..., AbstractContextManager[Any]],
+) -> list[str]:
+    """Group inputs that are views of one storage (``shared_layout``): two ``build_groups`` calls over the
+    same two storages with two drawn layouts, so a view at an address the builder has seen, with another
+    stride or shape, follows one that was kept. Each call is compared with the reference, and the
+    reference with a fresh reference builder given contiguous copies (no view, no address seen before): a
+    view must get its own rows, or the reference's typed refusal."""
+    groups = ref.config.num_kv_groups
+    num_reqs = batch.query_start_loc_cpu.shape[0] - 1
+    need = groups * max(num_reqs, 1) * 9 + 64
+    values = torch.cat([t.reshape(-1) for t in tables]).tolist() or [0]
+    table_store = torch.tensor([values[i % len(values)] for i in range(need)], dtype=torch.int32)
+    own = torch.cat(slots).tolist()
+    slot_store = torch.tensor([own[i % len(own)] for i in range(2 * groups * batch.num_tokens + 2)])
+    dev_stores = (table_store.to(device), slot_store.to(device))
+    moved = batch.to(device)
+    for call in range(2):
+        name, layout = shared_layout(rng, groups, num_reqs, batch.num_tokens)
+        for part in name.split(", "):
+            DRAWN[f"groups shared {part}"] += 1
+        views, dev_views = layout(table_store, slot_store), layout(*dev_stores)
+        where = f"shared-storage group batch {k}, call {call + 1} ({name}; {batch_summary(batch)})"
+        want, want_error = attempt_named(ref.build_groups, batch, *views, validate=False)
+        with strict(extra=list(dev_stores)):
+            got, error = attempt_named(builder.build_groups, moved, *dev_views, validate=False)
+        if error != want_error or (want_error is not None and not issubclass(want_error[0], SWAHalError)):
+            return [f"{where}: the backend raised {error}, the reference {want_error}"]
+        if want is None:
+            continue
+        fresh = reference_builder(ref.config)
+        copies = [[v.contiguous().clone() for v in (x if isinstance(x, list) else x.unbind(0))] for x in views]
+        fresh_want = fresh.build_groups(batch, copies[0], copies[1], validate=False)
+        problems = [
+            f"{where}: the reference differs from a fresh reference of contiguous copies, group {g}: {p}"
+            for g, (a, b) in enumerate(zip(want, fresh_want))
+            for p in metadata_differences(a, b)
+        ]
+        want_recorded = recorded(ref)
+        if want_recorded != recorded(fresh):
+            problems.append(f"{where}: only one of the reference and a fresh reference recorded a violation")
+        problems += _compared_groups(where, got, want, builder, ref, want_recorded)
+        if problems:
+            return problems
+    return []
 
 
 def slot_rows_case(
@@ -376,6 +567,259 @@ def ring_rows_case(
     return _slot_call_differences(builder, ref, rows, device, where, strict)
 
 
+def request_window_case(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rng: random.Random,
+    device: torch.device,
+    k: int,
+    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
+) -> list[str]:
+    """One malformed request-window call (``malformed_request_window``) of the builders' window, unvalidated:
+    every layout field (and ``runs``) equal to the reference's, or the reference's typed error."""
+    rows = malformed_request_window(rng, ref.config.window_size)
+    DRAWN["request_window"] += 1
+    where = f"malformed request-window call {k} (window {ref.config.window_size}, {rows})"
+    return _request_window_differences(builder, ref, rows, device, where, strict)
+
+
+def malformed_request_window(rng: random.Random, window: int) -> RequestWindowRows:
+    """A random V4.1 step (``window_case``, any kind, now and then more runs than groups) with some values
+    broken: positions that do not ascend within a run, negative positions and request slots, floors past
+    the positions, at the edges of their dtype, ``padded_rows`` below the rows."""
+    case = window_case(rng, rng.choice(WINDOW_KINDS), window=window, overfull=rng.random() < 0.2)
+    req, pos = case.req.clone(), case.pos.clone()
+    floor = None if case.floor is None else case.floor.clone()
+    n = pos.shape[0]
+    for _ in range(rng.randint(1, 3)):
+        what = rng.randrange(4)
+        i = rng.randrange(n)
+        if what == 0:
+            pos[i] = rng.choice((-1, -window, _fits(pos, int(pos[i]) - rng.randint(1, 5)), *_extremes(pos)))
+        elif what == 1:
+            req[i] = rng.choice((-1, 12 + rng.randint(0, 3), *_extremes(req)))
+        elif what == 2 and floor is not None:
+            floor[i] = rng.choice((-3, _fits(floor, int(pos[i]) + rng.randint(1, 9)), *_extremes(floor)))
+        else:
+            pos[i], pos[(i + 1) % n] = pos[(i + 1) % n].clone(), pos[i].clone()
+    padded = rng.randint(0, n) if rng.random() < 0.1 else case.padded_rows
+    return dataclasses.replace(case, req=req, pos=pos, floor=floor, padded_rows=padded).rows()
+
+
+def _request_window_differences(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rows: RequestWindowRows,
+    device: torch.device,
+    where: str,
+    strict: Callable[..., AbstractContextManager[Any]],
+) -> list[str]:
+    want, want_error = attempt_named(ref.build_request_window, rows, validate=False)
+    with strict():
+        got, error = attempt_named(builder.build_request_window, rows.to(device), validate=False)
+    if error != want_error or (want_error is not None and not issubclass(want_error[0], SWAHalError)):
+        return [f"{where}: the backend raised {error}, the reference {want_error}"]
+    if want is None:
+        return []
+    problems = []
+    for name in (*want.FIELDS, "runs"):
+        a, b = getattr(got, name), getattr(want, name)
+        if isinstance(b, torch.Tensor):
+            a = a.cpu()
+            same = a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        else:
+            same = a == b
+        if not same:
+            problems.append(f"{where}: {name} differ: backend {_brief(a)}, reference {_brief(b)}")
+    return problems
+
+
+def _brief(v: Any) -> str:
+    return _show(v)[:300] if isinstance(v, torch.Tensor) else repr(v)
+
+
+# The settings case's geometry: no cache given (slot_limit 2^31, so a ring of 2^30 rows fits) and a short
+# window (rows stay cheap at every bound).
+SETTINGS_CONFIG = SWAConfig(
+    window_size=4, block_size=64, max_model_len=4096, max_num_batched_tokens=16, max_num_seqs=16
+)
+# Outputs past this many entries are not allocated: an in-bound setting that would need more is checked
+# by the entry point's lazy part only (the config's construction, the call's O(1) preflight).
+CHEAP_ENTRIES = 1 << 16
+# The bounds' shared values: the widest row a kernel holds, int32 and int64.
+_ROW, _I32, _I64 = MAX_ROW_WIDTH, 2**31 - 1, 2**63 - 1
+# Each entry point's settings: (entry, setting) -> the field its error names.
+SETTINGS = {
+    ("config", "window_size"): "window_size",
+    ("config", "max_image_tokens"): "max_image_tokens",
+    ("config", "max_num_batched_tokens"): "max_num_batched_tokens",
+    ("request_window", "zero_row"): "zero_row",
+    ("request_window", "capacity"): "capacity",
+    ("request_window", "num_groups"): "num_groups",
+    ("request_window", "padded_rows"): "padded_rows",
+    ("ring", "size"): "ring",
+    ("ring", "slots"): "ring",
+    ("slot_rows", "block"): "block",
+    ("slot_rows", "width"): "width",
+}
+# The config a setting is varied from: a row of 128 (so the token bound is 2^31 / 128 = 2^24) and one token
+# for the row widths (so the product bound stays out of the way).
+_CONFIG_BASE = dict(block_size=64, max_model_len=4096, max_num_seqs=16, window_size=128, max_num_batched_tokens=1)
+
+
+def settings_case(
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    rng: random.Random,
+    device: torch.device,
+    k: int,
+    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
+) -> list[str]:
+    """One setting of one entry point (``SETTINGS``: the config's row widths and token rows, the
+    request-window scalars, the ring's size and slots, the token-slot rows' block and width) at a value
+    drawn just inside or just outside its documented bound (``setting_bounds``), or at 2^31 - 1, 2^31,
+    2^63 - 1, a negative value, a bool or a float. Outside: the reference raises a typed error naming the
+    setting, and the backend the same type naming the same field. Inside: both accept it, and a call is
+    built and compared with the reference where its outputs are cheap (``CHEAP_ENTRIES``); where they are
+    not (a window of 2^20, a workspace of 2^31 rows), only the lazy part is checked (the config's
+    construction, the O(1) preflight), no buffer is allocated. The builders' config is ``SETTINGS_CONFIG``
+    (or any config without a cache)."""
+    entry, setting = rng.choice(sorted(SETTINGS))
+    field = SETTINGS[entry, setting]
+    window = ref.config.window_size
+    base = _settings_base(rng, entry, setting, window, ref.config)
+    lo, hi = setting_bounds(entry, setting, window, base, ref.config)
+    # Half the draws inside (a bound, or a value near the low one), half outside (past a bound, or a value
+    # of int32 / int64 edge, sign or type that lies outside).
+    extremes = [
+        v for v in (lo - 1, hi + 1, _I32, _I32 + 1, _I64, -1, True, 8.0) if not lo <= v <= hi or type(v) is not int
+    ]
+    inside_values = (lo, hi, rng.randint(lo, min(hi, lo + 12)))
+    value = rng.choice(inside_values) if rng.random() < 0.5 else rng.choice(extremes)
+    inside = type(value) is int and lo <= value <= hi
+    DRAWN[f"settings {entry}.{setting} {'inside' if inside else 'outside'}"] += 1
+    where = f"setting {entry}.{setting}={value!r} (bounds [{lo}, {hi}]), case {k}"
+    if entry == "config":
+        made, made_error = attempt_named(SWAConfig, **{**_CONFIG_BASE, setting: value})
+        return _settled(where, inside, field, made_error) or _config_build(builder, rng, device, k, setting, value)
+    call = _with_setting(entry, setting, value, base)
+    want_error = attempt_named(_preflight, entry, call, ref)[1]
+    problems = _settled(where, inside, field, want_error)
+    if problems or (inside and not _cheap(entry, call, window)):
+        return problems  # the reference's lazy answer decided; nothing cheap to build
+    if entry == "request_window":
+        return _request_window_differences(builder, ref, call, device, where, strict)
+    return _slot_call_differences(builder, ref, call, device, where, strict, named=True)
+
+
+def setting_bounds(entry: str, setting: str, window: int, base: Any, config: SWAConfig) -> tuple[int, int]:
+    """The documented bounds of a setting, the other settings of ``base`` fixed (docs/semantics.md
+    #request-window-layouts, #ring-rows, #token-slot-rows; the config's in ``SWAConfig``): row widths at
+    most 2^20, token rows x widest row at most 2^31, ``zero_row`` an int64, a ring of ``[window + block,
+    2^30]`` rows whose slots reach no further than the cache, a request-window workspace inside int32."""
+    if entry == "config":
+        return {"window_size": (1, _ROW), "max_image_tokens": (0, _ROW - 128), "max_num_batched_tokens": (1, 2**24)}[
+            setting
+        ]
+    if entry == "request_window":
+        if setting == "zero_row":
+            return 0, _I64
+        if setting == "capacity":
+            return window, _I32
+        if setting == "num_groups":
+            return 1, (_I32 - base.padded()) // window
+        return 0, _I32 - base.groups() * window
+    reach = min(slot_limit(config), _I32 + 1)
+    if entry == "ring":
+        if setting == "size":
+            return window + base.block, min(2**30, reach // base.ring.slots)
+        return 1, reach // base.ring.size
+    if setting == "block":
+        return 0, _ROW - window
+    return window + base.block, _ROW
+
+
+def _settings_base(rng: random.Random, entry: str, setting: str, window: int, config: SWAConfig) -> Any:
+    # The call a setting is varied in: a malformed one of the entry point (so an in-bound value builds a
+    # malformed call); token-slot rows' block is varied over no rows (any block divides them).
+    if entry == "request_window":
+        return malformed_request_window(rng, window)
+    if entry == "ring":
+        # A ring long enough for its rows (malformed_ring_rows now and then draws a short one), so the
+        # setting varied is the only one out of bounds.
+        rows = malformed_ring_rows(rng, window)
+        assert rows.ring is not None, "malformed_ring_rows gives ring rows"
+        # DSpark floors are per ring slot: where the slots vary they are dropped (more slots than floors is
+        # refused by the floors' shape, another setting's bound).
+        floors = None if setting == "slots" and rows.block else rows.floors
+        ring = SlotRing(max(rows.ring.size, window + rows.block), rows.ring.slots)
+        return dataclasses.replace(rows, ring=ring, floors=floors)
+    # Slot values inside int32 whatever the config's cache (a limit of 2^31 would not fit an int32 map).
+    rows = malformed_slot_rows(rng, window, min(slot_limit(config), 1 << 20))
+    if setting == "block":
+        assert rows.req_to_token is not None, "malformed_slot_rows gives paged rows"
+        empty = rows.row_ends[:0]
+        rows = dataclasses.replace(
+            rows, row_ends=empty, pools=rows.pools[:0], floors=None, block_slots=empty, width=None
+        )
+    return rows
+
+
+def _with_setting(entry: str, setting: str, value: Any, base: Any) -> Any:
+    if entry == "ring":
+        ring = base.ring
+        size, slots = (value, ring.slots) if setting == "size" else (ring.size, value)
+        return dataclasses.replace(base, ring=SlotRing(size, slots))
+    return dataclasses.replace(base, **{setting: value})
+
+
+def _preflight(entry: str, call: Any, ref: SWAMetadataBuilder) -> None:
+    """The entry point's O(1) host checks alone (what every backend runs before allocating anything)."""
+    if entry == "request_window":
+        preflight_request_window(call, ref.config.window_size, ref.device)
+    else:
+        preflight_slot_rows(call, ref.config.window_size, ref.device, slot_limit(ref.config))
+
+
+def _cheap(entry: str, call: Any, window: int) -> bool:
+    if entry == "request_window":
+        return call.groups() * window + call.padded() <= CHEAP_ENTRIES
+    return call.num_rows * call.row_width(window) <= CHEAP_ENTRIES
+
+
+def _settled(where: str, inside: bool, field: str, error: tuple[type[BaseException], str | None] | None) -> list[str]:
+    """Whether the reference's answer is the documented one: accepted inside the bounds, outside a typed
+    error naming the setting."""
+    if inside and error is not None:
+        return [f"{where}: inside the bounds, the reference raised {error}"]
+    if not inside and (
+        error is None or not issubclass(error[0], SWAHalError) or error[1] not in _NAMES.get(field, {field})
+    ):
+        return [f"{where}: outside the bounds, the reference raised {error}, not a typed error naming {field}"]
+    return []
+
+
+# The request window's workspace (groups x W + padded rows inside int32) bounds two settings at once: its
+# error names the padding where the groups and the live rows fit on their own, else the groups, and gives
+# both values (docs/semantics.md #request-window-layouts).
+_NAMES = dict.fromkeys(("num_groups", "padded_rows"), {"num_groups", "padded_rows"})
+
+
+def _config_build(
+    builder: SWAMetadataBuilder, rng: random.Random, device: torch.device, k: int, setting: str, value: Any
+) -> list[str]:
+    """An in-bound config value that keeps the guarded geometry cheap, through one malformed build on the
+    backend and the reference (each of that config); nothing otherwise (the config is lazy, its buffers
+    are the builders')."""
+    if type(value) is not int or not 1 <= value <= 64 or setting == "max_num_batched_tokens":
+        return []
+    config, error = attempt_named(dataclasses.replace, GUARDED_CONFIG, **{setting: value})
+    if error is not None:
+        return []
+    ours = SWAMetadataBuilder(config, device=device, backend=builder.backend_name, platform=builder.platform)
+    return build_case(ours, reference_builder(config), rng, device, k)
+
+
 def _slot_call_differences(
     builder: SWAMetadataBuilder,
     ref: SWAMetadataBuilder,
@@ -383,10 +827,14 @@ def _slot_call_differences(
     device: torch.device,
     where: str,
     strict: Callable[..., AbstractContextManager[Any]],
+    named: bool = False,
 ) -> list[str]:
-    want, want_error = attempt(ref.build_slot_rows, rows)
+    """``named``: errors compared by type and field, untyped ones answered (the settings case); else by the
+    type of a validation error."""
+    tried = attempt_named if named else attempt
+    want, want_error = tried(ref.build_slot_rows, rows)
     with strict():
-        got, error = attempt(builder.build_slot_rows, rows.to(device))
+        got, error = tried(builder.build_slot_rows, rows.to(device))
     if error != want_error:
         return [f"{where}: the backend raised {error}, the reference {want_error}"]
     if want is None:
@@ -433,68 +881,69 @@ def _compared(
 
 
 def _compared_groups(
-    where: str, got: list[SWAMetadata], want: list[SWAMetadata], builder: SWAMetadataBuilder, ref: SWAMetadataBuilder
+    where: str,
+    got: list[SWAMetadata],
+    want: list[SWAMetadata],
+    builder: SWAMetadataBuilder,
+    ref: SWAMetadataBuilder,
+    want_recorded: bool | None = None,
 ) -> list[str]:
+    """What differs between the two builds' groups, and whether only one recorded a violation
+    (``want_recorded``: the reference's answer where it was already read)."""
     problems = [
         f"{where}, group {g}: {p}" for g, (a, b) in enumerate(zip(got, want)) for p in metadata_differences(a, b)
     ]
-    if recorded(builder) != recorded(ref):
+    if recorded(builder) != (recorded(ref) if want_recorded is None else want_recorded):
         problems.append(f"{where}: only one of the two recorded a violation")
     return problems
 
 
 # The token-slot rows windows the cases cover (a row shorter and one longer than a page of 16).
 SLOT_ROW_WINDOWS = (8, 20)
+SLOT_ROW_CONFIGS = tuple(guarded_slot_rows_config(window) for window in SLOT_ROW_WINDOWS)
+
+
+def _guarded_test(case: Callable[..., list[str]], seed: str, *configs: SWAConfig) -> Callable[..., None]:
+    """A test of ``GuardedOutputTests``: for each of ``configs``, its ``guarded_cases`` malformed inputs
+    through ``case``, the backend's builder against a torch builder, drawn from ``seed`` formatted with the
+    backend's ``name`` and the config's ``window``."""
+
+    def test(
+        self: GuardedOutputTests, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
+    ) -> None:
+        for config in configs:
+            builder, ref = make_builder(config), reference_builder(config)
+            rng = random.Random(seed.format(name=name, window=config.window_size))
+            for k in range(self.guarded_cases):
+                problems = case(builder, ref, rng, target.device, k)
+                assert not problems, "; ".join(problems)
+
+    return test
 
 
 class GuardedOutputTests(BackendFixtures):
     """Seeded malformed inputs through every guarded entry point, compared with a torch builder."""
 
-    # Malformed inputs per test (each runs every entry point it covers).
+    # Malformed inputs per test and config (each runs every entry point it covers).
     guarded_cases: ClassVar[int] = 6
 
-    def _run(
-        self,
-        case: Callable[..., list[str]],
-        config: SWAConfig,
-        seed: str,
-        make_builder: Callable[..., SWAMetadataBuilder],
-        target: Target,
-    ) -> None:
-        builder, ref = make_builder(config), reference_builder(config)
-        rng = random.Random(seed)
-        for k in range(self.guarded_cases):
-            problems = case(builder, ref, rng, target.device, k)
-            assert not problems, "; ".join(problems)
-
-    def test_guarded_builds_equal_the_reference(
-        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
-    ) -> None:
-        self._run(build_case, GUARDED_CONFIG, f"guarded-build-{name}", make_builder, target)
-
-    def test_guarded_dspark_builds_equal_the_reference(
-        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
-    ) -> None:
-        self._run(build_case, GUARDED_DSPARK_CONFIG, f"guarded-dspark-{name}", make_builder, target)
-
-    def test_guarded_group_builds_equal_the_reference(
-        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
-    ) -> None:
-        self._run(group_case, GUARDED_CONFIG, f"guarded-groups-{name}", make_builder, target)
-
-    def test_guarded_slot_rows_equal_the_reference(
-        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
-    ) -> None:
-        for window in SLOT_ROW_WINDOWS:
-            config = guarded_slot_rows_config(window)
-            self._run(slot_rows_case, config, f"guarded-slot-rows-{name}-{window}", make_builder, target)
-
-    def test_guarded_ring_rows_equal_the_reference(
-        self, name: str, make_builder: Callable[..., SWAMetadataBuilder], target: Target
-    ) -> None:
-        for window in SLOT_ROW_WINDOWS:
-            config = guarded_slot_rows_config(window)
-            self._run(ring_rows_case, config, f"guarded-ring-rows-{name}-{window}", make_builder, target)
+    test_guarded_builds_equal_the_reference = _guarded_test(build_case, "guarded-build-{name}", GUARDED_CONFIG)
+    test_guarded_dspark_builds_equal_the_reference = _guarded_test(
+        build_case, "guarded-dspark-{name}", GUARDED_DSPARK_CONFIG
+    )
+    test_guarded_group_builds_equal_the_reference = _guarded_test(group_case, "guarded-groups-{name}", GUARDED_CONFIG)
+    test_guarded_slot_rows_equal_the_reference = _guarded_test(
+        slot_rows_case, "guarded-slot-rows-{name}-{window}", *SLOT_ROW_CONFIGS
+    )
+    test_guarded_ring_rows_equal_the_reference = _guarded_test(
+        ring_rows_case, "guarded-ring-rows-{name}-{window}", *SLOT_ROW_CONFIGS
+    )
+    test_guarded_request_windows_equal_the_reference = _guarded_test(
+        request_window_case, "guarded-request-window-{name}-{window}", *SLOT_ROW_CONFIGS
+    )
+    test_guarded_settings_at_their_bounds_equal_the_reference = _guarded_test(
+        settings_case, "guarded-settings-{name}-{window}", SETTINGS_CONFIG, SLOT_ROW_CONFIGS[0]
+    )
 
 
 def batch_summary(batch: AttentionBatch) -> str:

@@ -4,15 +4,13 @@ an invalid batch raises a validation error."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 import pytest
 
 from ..batch import AttentionBatch
-from ..builder import SWAMetadataBuilder
 from ..compare import compare_with_reference
 from ..errors import BatchValidationError
-from .fixtures import CONFORMANCE_CONFIGS, BackendFixtures
+from .fixtures import CONFORMANCE_CONFIGS, BackendFixtures, MakeBatch, MakeBuilder
 
 
 class RandomBatchTests(BackendFixtures):
@@ -20,12 +18,7 @@ class RandomBatchTests(BackendFixtures):
     by ``BackendFixtures.pytest_generate_tests``), ``batches_per_case`` batches each."""
 
     def test_random_batches_match_reference(
-        self,
-        name: str,
-        make_builder: Callable[..., SWAMetadataBuilder],
-        make_batch: Callable[..., AttentionBatch],
-        config_name: str,
-        kind: str,
+        self, name: str, make_builder: MakeBuilder, make_batch: MakeBatch, config_name: str, kind: str
     ) -> None:
         config = self.configs[config_name]
         builder = make_builder(config)
@@ -45,7 +38,7 @@ class RandomBatchTests(BackendFixtures):
             assert addresses is None or now == addresses, "output buffers moved between builds"
             addresses = now
 
-    def test_invalid_batch_raises_a_validation_error(self, make_builder: Callable[..., SWAMetadataBuilder]) -> None:
+    def test_invalid_batch_raises_a_validation_error(self, make_builder: MakeBuilder) -> None:
         builder = make_builder(CONFORMANCE_CONFIGS["w4b4_mtp"])
         batch = AttentionBatch.from_lists([3], [2], [[0]], block_size=4).to(builder.device)
         batch.seq_lens.fill_(1)  # shorter than its 2 query tokens

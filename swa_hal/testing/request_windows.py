@@ -30,6 +30,10 @@ WINDOW_KINDS = (
 )
 
 
+# The arguments SGLang's ``window_layout`` takes by keyword, after the rows' requests and positions.
+LAYOUT_KEYWORDS = ("zero_row", "window", "capacity", "floor", "num_groups", "padded_rows")
+
+
 @dataclasses.dataclass
 class WindowCase:
     """The arguments of one ``window_layout`` call."""
@@ -46,25 +50,12 @@ class WindowCase:
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of SGLang's ``window_layout`` (the window included)."""
-        return dict(
-            zero_row=self.zero_row,
-            window=self.window,
-            capacity=self.capacity,
-            floor=self.floor,
-            num_groups=self.num_groups,
-            padded_rows=self.padded_rows,
-        )
+        return {name: getattr(self, name) for name in LAYOUT_KEYWORDS}
 
     def rows(self) -> RequestWindowRows:
-        """The same call as swa_hal's inputs (the window is the builder's)."""
+        """The same call as swa_hal's inputs (the window is the builder's), in ``RequestWindowRows``'s field order."""
         return RequestWindowRows(
-            self.req,
-            self.pos,
-            self.zero_row,
-            capacity=self.capacity,
-            floors=self.floor,
-            num_groups=self.num_groups,
-            padded_rows=self.padded_rows,
+            self.req, self.pos, self.zero_row, self.capacity, self.floor, self.num_groups, self.padded_rows
         )
 
     def to(self, device: str | torch.device) -> WindowCase:

@@ -7,23 +7,14 @@ from collections.abc import Callable
 
 from ..batch import AttentionBatch
 from ..builder import SWAMetadataBuilder
-from ..config import SWAConfig
-from .fixtures import BackendFixtures, expect_equal
+from .fixtures import MTP1, BackendFixtures, expect_equal, swa_config
 
 
 class VectorTests(BackendFixtures):
     """The worked vectors (W=4, B=4): causal decode and prefill rows, and a DSpark row."""
 
     def test_spec_vectors(self, make_builder: Callable[..., SWAMetadataBuilder]) -> None:
-        config = SWAConfig(
-            window_size=4,
-            block_size=4,
-            max_model_len=64,
-            max_num_batched_tokens=32,
-            max_num_seqs=4,
-            num_speculative_tokens=1,
-            speculative_method="mtp",
-        )
+        config = swa_config(4, 4, 64, 32, 4, **MTP1)
         builder = make_builder(config)
         batch = AttentionBatch.from_lists([6, 3], [2, 3], [[7, 3], [5]], block_size=4).to(builder.device)
         md = builder.build(batch)

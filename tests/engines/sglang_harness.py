@@ -379,15 +379,10 @@ class RingCase:
         return self.valid_from.shape[0]
 
     def op_kwargs(self) -> dict[str, Any]:
-        return dict(
-            seq_lens_casual=self.seq_lens_casual,
-            req_pool_indices_repeated=self.req_pool_indices_repeated,
-            valid_from=self.valid_from,
-            ring_size=self.ring_size,
-            block_size=self.block_size,
-            swa_window=self.window,
-            page_index_aligned_size=ALIGN,
-        )
+        """The keyword arguments of ``BuildDsparkSwaRingIndices``: these fields under their own names, the window
+        and SGLang's alignment."""
+        named = ("seq_lens_casual", "req_pool_indices_repeated", "valid_from", "ring_size", "block_size")
+        return {**{f: getattr(self, f) for f in named}, "swa_window": self.window, "page_index_aligned_size": ALIGN}
 
     def pool(self) -> SimpleNamespace:
         """The attributes of SGLang's ring pool (DeepSeekV4TokenToKVPool) the backend reads."""
@@ -528,18 +523,11 @@ def sglang_ring_stream(case: RingStreamCase) -> tuple[torch.Tensor, torch.Tensor
     total = int(indptr[-1])
     streams = [torch.full((total,), -7, dtype=torch.int32) for _ in range(3)]
     write_v4_paged_decode_indices(
-        state_slot_per_seq=case.state_slot,
-        batch_id_per_token=case.batch_id,
-        positions=case.positions,
-        swa_indptr=indptr,
-        csa_indptr=indptr,
-        hca_indptr=indptr,
-        swa_indices=streams[0],
-        csa_indices=streams[1],
-        hca_indices=streams[2],
-        T=n.shape[0],
-        win=case.window,
-        ring_stride=case.ring_size,
+        state_slot_per_seq=case.state_slot, batch_id_per_token=case.batch_id, positions=case.positions,
+        # The three streams (SWA, CSA, HCA) share the offsets; only the SWA one is compared.
+        swa_indptr=indptr, csa_indptr=indptr, hca_indptr=indptr,
+        swa_indices=streams[0], csa_indices=streams[1], hca_indices=streams[2],
+        T=n.shape[0], win=case.window, ring_stride=case.ring_size,
     )
     return streams[0], indptr
 

@@ -38,7 +38,7 @@ pytest.importorskip("sglang")
 
 import sglang.srt.plugins as sgl_plugins  # noqa: E402
 import sglang_harness as H  # noqa: E402
-from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS  # noqa: E402
+from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, logged_warnings  # noqa: E402
 from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import BuildCausalSwaPageIndices  # noqa: E402
 from sglang.kernels.ops.speculative.dspark.dspark_attn_metadata import BuildDsparkSwaRingIndices  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
@@ -151,6 +151,12 @@ def isolated_registry():
 def _use_backend(backend: str) -> None:
     plat = None if backend == "torch" else PlatformInfo.from_assume(BACKEND_PLATFORMS[backend])
     integ.configure(backend=backend, platform=plat)
+
+
+def _cases_on(backend, what):
+    """Route SGLang's hooks to ``backend``; the random source of its ``what`` cases."""
+    _use_backend(backend)
+    return random.Random(f"sglang-{what}-{backend}")
 
 
 def _window(rng: random.Random) -> int:
@@ -306,8 +312,7 @@ def _check_causal(case, got, want) -> int:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_causal_rows_and_lens_equal_sglangs(loaded, backend):
-    _use_backend(backend)
-    rng = random.Random(f"sglang-causal-{backend}")
+    rng = _cases_on(backend, "causal")
     n = CAUSAL_BATCHES
     for i in range(n):
         kind = H.CAUSAL_KINDS[i % len(H.CAUSAL_KINDS)]
@@ -317,27 +322,33 @@ def test_causal_rows_and_lens_equal_sglangs(loaded, backend):
     assert integ.adapter_for(torch.device("cpu")).backend_name == backend
 
 
+def _refuse(*args, **kwargs):
+    raise AssertionError("the paged pool must not fall back to SGLang's own DSpark ops")
+
+
+def _dspark_through_swa_hal(case):
+    """``case``'s DSpark rows and lens through the hook around SGLang's paged-pool op (its own op refused)."""
+    return integ.dspark_indices_around(
+        _refuse, H.backend_stand_in(case), seq_lens_casual=case.seq_lens_casual,
+        req_pool_indices_repeated=case.req_pool_indices_repeated, out_loc=case.out_loc, block_size=case.block_size,
+    )
+
+
+def _check_dspark(case, got, want):
+    """swa_hal's DSpark rows and lens equal SGLang's bit for bit."""
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, msg=lambda m: f"{case.kind}: {m}")
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0, msg=lambda m: f"{case.kind} lens: {m}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dspark_rows_and_lens_equal_sglangs(loaded, backend):
-    _use_backend(backend)
-    rng = random.Random(f"sglang-dspark-{backend}")
+    rng = _cases_on(backend, "dspark")
     n = DSPARK_BATCHES
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the paged pool must not fall back to SGLang's own DSpark ops")
-
     for i in range(n):
         case = H.dspark_case(rng, with_valid_from=bool(i % 2), window=_window(rng))
-        want_idx, want_lens = H.sglang_dspark(case)
-        got_idx, got_lens = (
-            integ.dspark_indices_around(
-                refuse,
-                H.backend_stand_in(case),
-                seq_lens_casual=case.seq_lens_casual,
-                req_pool_indices_repeated=case.req_pool_indices_repeated,
-                out_loc=case.out_loc,
-                block_size=case.block_size,
-            )
+        want = H.sglang_dspark(case)
+        got = (
+            _dspark_through_swa_hal(case)
             if case.window == H.SWA_WINDOW
             else integ.adapter_for(torch.device("cpu"), case.window).dspark(
                 req_to_token=case.pool.req_to_token,
@@ -349,8 +360,7 @@ def test_dspark_rows_and_lens_equal_sglangs(loaded, backend):
                 valid_from=case.valid_from,
             )
         )
-        torch.testing.assert_close(got_idx, want_idx, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k}: {m}")
-        torch.testing.assert_close(got_lens, want_lens, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k} lens: {m}")
+        _check_dspark(case, got, want)
         H.COUNTS[f"{backend}:{case.kind}"] += 1
 
 
@@ -456,8 +466,7 @@ def test_ring_rows_and_lens_equal_sglangs(loaded, backend):
     """SGLang's own ``BuildDsparkSwaRingIndices.execute`` (hooked by its registry) against its torch path,
     on random ring steps of every kind; each draft block also reads its own tokens exactly where SGLang
     writes them (``_dspark_swa_ring_out_cache_loc``)."""
-    _use_backend(backend)
-    rng = random.Random(f"sglang-ring-{backend}")
+    rng = _cases_on(backend, "ring")
     for i in range(RING_STEPS):
         kind = H.RING_KINDS[i % len(H.RING_KINDS)]
         case = H.ring_case(rng, kind, window=_window(rng))
@@ -477,8 +486,7 @@ def test_causal_ring_rows_equal_sglangs_unified_kv_stream(loaded, backend):
     window oldest first into a ragged stream: read back to front, every row equals its stretch of the
     stream; a CUDA graph's padding token (batch id -1) is an empty row. Not hooked (the op fills SGLang's
     combined SWA, CSA and HCA streams in place), so through the builder."""
-    _use_backend(backend)
-    rng = random.Random(f"sglang-ring-stream-{backend}")
+    rng = _cases_on(backend, "ring-stream")
     for i in range(RING_STREAM_STEPS[backend]):
         kind = H.RING_STREAM_KINDS[i % len(H.RING_STREAM_KINDS)]
         case = H.ring_stream_case(rng, kind, window=_window(rng))
@@ -670,8 +678,7 @@ def _window_through_swa_hal(case):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_window_layout_equals_sglangs_torch_path(loaded, backend):
-    _use_backend(backend)
-    rng = random.Random(f"sglang-window-{backend}")
+    rng = _cases_on(backend, "window")
     for i in range(WINDOW_STEPS[backend]):
         kind = H.WINDOW_KINDS[i % len(H.WINDOW_KINDS)]
         case = H.window_case(rng, kind, window=_window_window(rng))
@@ -834,19 +841,9 @@ CACHE_SLOT_LINE = (
 
 @pytest.fixture
 def swa_hal_warnings(caplog):
-    """The plugin's warnings, each once: caplog listens at the root, which SGLang's logging configuration
-    may cut off from SGLang's loggers, so its handler also listens on the plugin's logger."""
-    logger = logging.getLogger(integ.log.name)
-    logger.addHandler(caplog.handler)
-
-    def warnings():
-        records = {id(r): r for r in caplog.records if r.name == logger.name and r.levelno == logging.WARNING}
-        return [r.getMessage() for r in records.values()]
-
-    try:
+    """The plugin's warnings, each once (SGLang's logging may cut its loggers off from caplog's root)."""
+    with logged_warnings(caplog, integ.log.name) as warnings:
         yield warnings
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 def _steps():
@@ -954,24 +951,11 @@ def test_sglang_xpu_rows_equal_sglangs_cuda_path(sglang_on_xpu):
         assert not (got.swa_page_indices == WRAP_SENTINEL).any(), kind
         H.COUNTS[f"xpu-platform:{kind}"] += 1
     assert integ.adapter_for(torch.device("cpu")).backend_name == "xpu"
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the paged pool must not fall back to SGLang's own DSpark ops")
-
     for i in range(4):
         case = H.dspark_case(rng, with_valid_from=bool(i % 2))
         case.pool.full_to_swa[-1] = WRAP_SENTINEL
-        want_idx, want_lens = H.sglang_dspark(case, path="triton")
-        got_idx, got_lens = integ.dspark_indices_around(
-            refuse,
-            H.backend_stand_in(case),
-            seq_lens_casual=case.seq_lens_casual,
-            req_pool_indices_repeated=case.req_pool_indices_repeated,
-            out_loc=case.out_loc,
-            block_size=case.block_size,
-        )
-        torch.testing.assert_close(got_idx, want_idx, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k}: {m}")
-        torch.testing.assert_close(got_lens, want_lens, rtol=0, atol=0, msg=lambda m, k=case.kind: f"{k} lens: {m}")
+        want = H.sglang_dspark(case, path="triton")
+        _check_dspark(case, _dspark_through_swa_hal(case), want)
         H.COUNTS[f"xpu-platform:{case.kind}"] += 1
     assert integ.adapter_for(torch.device("cpu"), H.SWA_WINDOW).builder.backend_name == "xpu"
 

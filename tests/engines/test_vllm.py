@@ -31,6 +31,7 @@ import pytest
 import torch
 import vllm.plugins
 import vllm_harness as H
+from helpers import logged_warnings
 from vllm.models.deepseek_v4.cpu.cpu_mla import DeepseekV4CPUSparseSWAMetadataBuilder
 from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as v4_flashinfer
 from vllm.models.deepseek_v4.nvidia import flashmla as v4_flashmla
@@ -45,6 +46,7 @@ from vllm.v1.attention.ops.flashmla import FlashMLASchedMeta
 from swa_hal import AttentionBatch
 from swa_hal.errors import BatchRangeError, ConfigError, SpeculativeModeError
 from swa_hal.integrations import vllm as integ
+from swa_hal.integrations import vllm_common
 from swa_hal.reference import build_reference
 from swa_hal.schedulers import no_schedulers
 
@@ -431,7 +433,7 @@ def installed_vllm(monkeypatch, found):
     from swa_hal.integrations import _common
 
     integ.unregister()
-    monkeypatch.setattr(integ, "vllm_version", lambda: found)
+    monkeypatch.setattr(vllm_common, "vllm_version", lambda: found)
     monkeypatch.setattr(_common, "_warned", set())
     try:
         with Keep() as records:
@@ -615,7 +617,7 @@ def test_pcp_v41_builders_hold_twice_the_requests(plugin_log, vllm_configs, rocm
 
 
 def test_without_vllm_the_module_says_so(plugin_log, monkeypatch):
-    monkeypatch.setattr(integ, "vllm_installed", lambda: False)
+    monkeypatch.setattr(vllm_common, "vllm_installed", lambda: False)
     with pytest.raises(
         integ.VllmNotInstalledError, match=r"needs vLLM 0\.33\.x, 0\.34\.x, which is not installed: install vLLM"
     ):
@@ -881,20 +883,10 @@ DRAFT_VARIANTS = ["v4_w8b4", "v4_mtp2_w6b8", "v4_dspark3_w5b4", "v41_mtp1_w7b16"
 
 
 def advance_draft_step(batch: AttentionBatch, block_size: int) -> None:
-    """What vLLM's drafter does between draft steps, in place: one more position per real request
-    and the slots of the moved tokens (padding tokens keep slot -1)."""
-    qsl = batch.query_start_loc_cpu.tolist()
-    for r in range(len(qsl) - 1):
-        q = qsl[r + 1] - qsl[r]
-        if q == 0:
-            continue
-        batch.seq_lens[r] += 1
-        seq = int(batch.seq_lens[r])
-        for i in range(q):
-            t = qsl[r] + i
-            if batch.slot_mapping[t] >= 0:
-                pos = seq - q + i
-                batch.slot_mapping[t] = int(batch.block_table[r, pos // block_size]) * block_size + pos % block_size
+    """A draft step (``H.moved_tokens``): the slots of the moved tokens (padding tokens keep slot -1)."""
+    for r, t, pos in H.moved_tokens(batch):
+        if batch.slot_mapping[t] >= 0:
+            batch.slot_mapping[t] = int(batch.block_table[r, pos // block_size]) * block_size + pos % block_size
 
 
 @pytest.mark.parametrize("backend", ["torch", *sorted(TRITON_BACKENDS)])
@@ -1381,19 +1373,9 @@ def _steps(block_size):
 
 @pytest.fixture
 def swa_hal_warnings(caplog):
-    """The plugin's warnings, each once: caplog listens at the root, which vLLM's logging configuration
-    may cut off from vLLM's loggers, so its handler also listens on the plugin's logger."""
-    logger = logging.getLogger("vllm.plugins.swa_hal")
-    logger.addHandler(caplog.handler)
-
-    def warnings():
-        records = {id(r): r for r in caplog.records if r.name == logger.name and r.levelno == logging.WARNING}
-        return [r.getMessage() for r in records.values()]
-
-    try:
+    """The plugin's warnings, each once (vLLM's logging may cut its loggers off from caplog's root)."""
+    with logged_warnings(caplog, "vllm.plugins.swa_hal") as warnings:
         yield warnings
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda"])

@@ -73,12 +73,13 @@ def group_call(rig, j, tables, slots, **changes):
 def test_check_of_a_group_builder_raises_what_its_step_build_recorded(rig):
     """The engine checks the swa_hal builder it holds for a group (``builder.swa_hal.check()``): the
     violation the step build recorded for KV-cache group 3 is raised there, once, as its own build's
-    would be; the record is then clear for every builder of the step."""
+    would be, naming vLLM's KV-cache group 3 (the step's third SWA group); the record is then clear for
+    every builder of the step."""
     batch, tables, slots, ib, state = rig.step
     prepare(rig, tables=bad_block_ids(tables, 3))
     plan = rig.ours[0].swa_hal_step[0]
     assert plan.builder is not None
-    with pytest.raises(BatchRangeError, match="block id -3") as info:
+    with pytest.raises(BatchRangeError, match=r"^KV-cache group 3: block_table: .*block id -3") as info:
         rig.ours[0].swa_hal.check()
     assert info.value.field == "block_table" and info.value.index == 0
     for ours in rig.ours:  # raised once: nothing left for another check
@@ -88,7 +89,7 @@ def test_check_of_a_group_builder_raises_what_its_step_build_recorded(rig):
     ours = rig.ours[2]
     bad = bad_block_ids(tables, 3)
     group_call(rig, 2, bad, slots)
-    with pytest.raises(BatchRangeError, match="block id -3"):
+    with pytest.raises(BatchRangeError, match=r"^block_table: .*block id -3"):  # its own build: no group
         ours.swa_hal.check()
 
 
@@ -111,7 +112,7 @@ def test_poll_of_a_group_builder_surfaces_a_step_violation(rig, monkeypatch):
     bad = bad_block_ids(tables, 3)
     with vllm_step.open_step(bad, slots, rig.our_groups, 0):
         group_call(rig, 0, bad, slots)  # the step build, which records; its poll sees the record
-    with pytest.raises(BatchRangeError, match="block id -3") as info:
+    with pytest.raises(BatchRangeError, match=r"^KV-cache group 3: .*block id -3") as info:
         group_call(rig, 1, tables, slots)  # outside any step: builds alone, then polls
     assert info.value.field == "block_table" and info.value.index == 0
     for j in range(len(LAYOUT.swa)):  # raised once

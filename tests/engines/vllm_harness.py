@@ -11,6 +11,7 @@ import dataclasses
 import json
 import random
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -757,9 +758,9 @@ def prepare_attn(
     )
 
 
-def advance_draft_step_groups(batch: AttentionBatch, tables: Any, slots: torch.Tensor, block_size: int) -> None:
-    """What vLLM's drafter does between draft steps, in place, for every group: one more position per real
-    request, and each group's slots of the moved tokens through its own table (no slot stays none)."""
+def moved_tokens(batch: AttentionBatch) -> Iterator[tuple[int, int, int]]:
+    """What vLLM's drafter does between draft steps, in place: one more position per real request, whose
+    tokens it then yields as (request, token, new position) for the caller to move their slots."""
     qsl = batch.query_start_loc_cpu.tolist()
     for r in range(len(qsl) - 1):
         q = qsl[r + 1] - qsl[r]
@@ -768,7 +769,13 @@ def advance_draft_step_groups(batch: AttentionBatch, tables: Any, slots: torch.T
         batch.seq_lens[r] += 1
         seq = int(batch.seq_lens[r])
         for i in range(q):
-            t, pos = qsl[r] + i, seq - q + i
-            for g in range(slots.shape[0]):
-                if slots[g, t] >= 0:
-                    slots[g, t] = int(tables[g][r, pos // block_size]) * block_size + pos % block_size
+            yield r, qsl[r] + i, seq - q + i
+
+
+def advance_draft_step_groups(batch: AttentionBatch, tables: Any, slots: torch.Tensor, block_size: int) -> None:
+    """A draft step (``moved_tokens``) for every group: each group's slots of the moved tokens through its
+    own table (no slot stays none)."""
+    for r, t, pos in moved_tokens(batch):
+        for g in range(slots.shape[0]):
+            if slots[g, t] >= 0:
+                slots[g, t] = int(tables[g][r, pos // block_size]) * block_size + pos % block_size

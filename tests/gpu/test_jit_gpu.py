@@ -47,7 +47,7 @@ def test_no_compilation_after_warmup(name, assume, report):
             assert not compare_with_reference(config, batch, md) or not md.causal
             shapes += 1
     # Triton's own launch path (not the compiled launch) with odd sizes must hit the cache too.
-    for key in builder.backend.kernel_keys():
+    for key in builder.backend._rows.warmup_keys(builder.backend.guard):  # the rows kernel's variants
         for tokens in (1, 3, 17, 1000):
             swa_metadata_kernel[(4,)](*_dummy_args(tokens, key), num_warps=4, **key.constexprs())
     torch.cuda.synchronize()
@@ -67,14 +67,14 @@ def _dummy_args(tokens, key):
         decode_idx_ptr=torch.empty((tokens, 1, key.DECODE_WIDTH), **i32), decode_lens_ptr=lens,
         prefill_idx_ptr=torch.empty((tokens, 1, key.PREFILL_WIDTH), **i32), prefill_lens_ptr=lens,
         token_to_req_ptr=torch.zeros(tokens, **i32), is_valid_ptr=torch.zeros(tokens, dtype=torch.bool, device="cuda"),
-        gather_lens_ptr=lens, left_ptr=lens, right_ptr=lens, violation_ptr=torch.zeros(4, **i32),
+        gather_lens_ptr=lens, left_ptr=lens, right_ptr=lens, violation_ptr=torch.zeros(5, **i32),
         qsl_ptr=torch.tensor([0, tokens], **i32), seq_lens_ptr=torch.tensor([tokens], **i32), block_table_ptr=table,
         slot_mapping_ptr=slots, replay_ptr=torch.zeros(1, **i32), span_indptr_ptr=torch.zeros(2, **i32),
         span_starts_ptr=lens, span_ends_ptr=lens, group_inputs_ptr=groups,
         bt_stride=table.stride(0), max_pages=table.shape[1], num_reqs=1, num_tokens=tokens, num_decodes=1,
         num_prefills=0, num_decode_tokens=tokens, num_prefill_tokens=0, decode_clear_end=tokens, dec_progs=1,
         pre_progs=0, clear_progs=0, search_chunks=1, num_groups=1, group_rows=tokens, decode_guess_len=1,
-        prefill_guess_len=1, num_spans=0,
+        prefill_guess_len=1, num_spans=0, max_query_len=tokens, decode_query_max=tokens,
     )
     return [getattr(args, name) for name in record_fields(RowsArgs)]
 

@@ -5,6 +5,7 @@ before theirs, so its cost grows with the rows)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -43,6 +44,18 @@ def test_kernel_equals_the_torch_build_on_the_gpu(name, report):
         got = gpu_builder(name, config(window)).build_request_window(rows.to("cuda"))
         assert_equal(got, want, f"{name} call {k}")
     report(f"{name}: 40 random request-window calls equal the torch build")
+
+
+@pytest.mark.parametrize("name", list(GPU_FORCED))
+def test_zero_rows_past_int32_reach_the_compiled_kernel(name, report):
+    """zero_row is any int64 ring row: the compiled launch takes it as an int64 argument (an int32 argument
+    made the launcher refuse any zero_row past int32 with an untyped OverflowError)."""
+    rng = random.Random(f"request-window-zero-row-{name}")
+    builder = gpu_builder(name, config(8))
+    for zero_row in (2**31 - 1, 2**31, 2**40 + 3, 2**63 - 1):
+        rows = dataclasses.replace(random_rows(rng, 8), zero_row=zero_row)
+        assert_equal(builder.build_request_window(rows.to("cuda")), build_request_window(rows, 8), f"{zero_row}")
+    report(f"{name}: zero_row up to 2^63 - 1 equals the torch build")
 
 
 @pytest.mark.parametrize("name", list(GPU_FORCED))

@@ -17,7 +17,7 @@ from swa_hal.testing.guarded import malformed_ring_rows, recorded, reference_bui
 
 pytestmark = pytest.mark.gpu
 
-from helpers import GPU_FORCED, gpu_builder  # noqa: E402
+from helpers import GPU_FORCED, gpu_builder, one_slot_rows_launch_replayed  # noqa: E402
 from test_slot_ring import slow_ring_rows  # noqa: E402
 
 WINDOWS = (8, 20, 128)
@@ -85,33 +85,9 @@ def _decode_rows(n: int = 256, window: int = 128) -> SlotRows:
 
 @pytest.mark.parametrize("name", sorted(GPU_FORCED))
 def test_one_launch_no_sync_and_graph_replay(name, report):
-    from torch.profiler import DeviceType, ProfilerActivity, profile
-
     builder = gpu_builder(name, config(128))
     rows = _decode_rows()
-    builder.build_slot_rows(rows)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        builder.build_slot_rows(rows)
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
-    assert len(kernels) == 1, kernels
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as idle:
-        torch.cuda.synchronize()
-
-    def syncs(p):
-        return [e.name for e in p.events() if "Synchronize" in e.name or e.name in ("aten::item", "aten::_local_scalar_dense")]
-
-    assert syncs(prof) == syncs(idle)  # the profiler's and the test's own synchronisation, nothing more
-
-    out = torch.empty((256, 128), dtype=torch.int32, device="cuda")
-    lens = torch.empty(256, dtype=torch.int32, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        builder.build_slot_rows(rows, out=out, lens=lens)
-    rows.row_ends.add_(37)  # the next decode step, written in place
-    graph.replay()
-    torch.cuda.synchronize()
+    out, lens = one_slot_rows_launch_replayed(builder, rows)
     want_rows, want_lens = slow_ring_rows(rows.row_ends.cpu().tolist(), rows.pools.cpu().tolist(), 136, 128, 128)
     assert lens.tolist() == want_lens and out.tolist() == want_rows
     report(f"{name}: 1 kernel per ring call, no sync; a captured decode call replays bit-exact after an in-place step")

@@ -16,7 +16,7 @@ from swa_hal.slot_rows import SlotRows
 
 pytestmark = pytest.mark.gpu
 
-from helpers import GPU_FORCED, gpu_builder  # noqa: E402
+from helpers import GPU_FORCED, gpu_builder, one_slot_rows_launch_replayed  # noqa: E402
 from test_slot_rows import random_call, slow_rows  # noqa: E402
 
 WINDOWS = (20, 64, 128)
@@ -64,33 +64,9 @@ def _decode_rows(n: int = 256, window: int = 128) -> SlotRows:
 
 @pytest.mark.parametrize("name", sorted(GPU_FORCED))
 def test_one_launch_no_sync_and_graph_replay(name, report):
-    from torch.profiler import DeviceType, ProfilerActivity, profile
-
     builder = gpu_builder(name, config(128))
     rows = _decode_rows()
-    builder.build_slot_rows(rows)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        builder.build_slot_rows(rows)
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
-    assert len(kernels) == 1, kernels
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as idle:
-        torch.cuda.synchronize()
-
-    def syncs(p):
-        return [e.name for e in p.events() if "Synchronize" in e.name or e.name in ("aten::item", "aten::_local_scalar_dense")]
-
-    assert syncs(prof) == syncs(idle)  # the profiler's and the test's own synchronisation, nothing more
-
-    out = torch.empty((256, 128), dtype=torch.int32, device="cuda")
-    lens = torch.empty(256, dtype=torch.int32, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        builder.build_slot_rows(rows, out=out, lens=lens)
-    rows.row_ends.add_(37)  # the next decode step, written in place
-    graph.replay()
-    torch.cuda.synchronize()
+    out, lens = one_slot_rows_launch_replayed(builder, rows)
     cpu = [t.cpu().tolist() if isinstance(t, torch.Tensor) else t for t in (rows.row_ends, rows.pools)]
     want_rows, want_lens = slow_rows(
         cpu[0], cpu[1], rows.req_to_token.cpu().tolist(), rows.slot_map.cpu().tolist(), 128, 128
@@ -117,14 +93,12 @@ def test_equal_to_sglangs_own_triton_ops(report):
             rows = dataclasses.replace(rows, floors=rows.floors.clamp_min(0))
         rows = rows.to("cuda")
         out, lens = builder.build_slot_rows(rows)
+        # What both of SGLang's page-index ops take: the request pool's token slots and the window's layout.
+        pages = dict(req_to_token=rows.req_to_token, full_to_swa_mapping=rows.slot_map, swa_window=128,
+                     page_index_aligned_size=64)
         if rows.block == 0:
             want = ops.BuildCausalSwaPageIndices.triton(
-                req_to_token=rows.req_to_token,
-                full_to_swa_mapping=rows.slot_map,
-                req_pool_indices_repeated=rows.pools.long(),
-                seq_lens_casual=rows.row_ends,
-                swa_window=128,
-                page_index_aligned_size=64,
+                **pages, req_pool_indices_repeated=rows.pools.long(), seq_lens_casual=rows.row_ends,
                 swa_replay_start=rows.floors,
             )
             assert torch.equal(out, want)
@@ -138,16 +112,9 @@ def test_equal_to_sglangs_own_triton_ops(report):
                 valid_from=rows.floors,
             )
             want, want_lens = dspark.BuildDsparkSwaPageIndices.triton(
-                req_to_token=rows.req_to_token,
-                full_to_swa_mapping=rows.slot_map,
-                req_pool_indices_per_request=gather.req_pool_indices_per_request,
-                offsets=gather.offsets,
-                invalid=gather.invalid,
-                out_loc=rows.block_slots,
-                context_lens=gather.context_lens,
+                **pages, req_pool_indices_per_request=gather.req_pool_indices_per_request, offsets=gather.offsets,
+                invalid=gather.invalid, out_loc=rows.block_slots, context_lens=gather.context_lens,
                 block_size=rows.block,
-                swa_window=128,
-                page_index_aligned_size=64,
             )
             assert torch.equal(out, want) and torch.equal(lens, want_lens)
             calls["dspark"] += 1

@@ -1,0 +1,61 @@
+"""The guarded-output fuzz's draws (swa_hal.testing.guarded, docs/semantics.md #guarded-builds): each class
+the cases draw is drawn at all from a fixed seed, so none can silently vanish from the long run or the
+kit's guarded topic. The torch builder stands in for the backend (the draws do not depend on it); the
+topic itself runs every backend (tests/test_conformance_builtin.py)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from swa_hal.testing import guarded as G
+
+CPU = torch.device("cpu")
+
+
+def drawn(case: Callable[..., list[str]], config, seed: str, cases: int) -> dict[str, int]:
+    """The classes ``cases`` seeded calls of ``case`` drew, each compared with the reference (clean)."""
+    G.DRAWN.clear()
+    builder, ref = G.reference_builder(config), G.reference_builder(config)
+    rng = random.Random(seed)
+    for k in range(cases):
+        problems = case(builder, ref, rng, CPU, k)
+        assert not problems, problems
+    return dict(G.DRAWN)
+
+
+@pytest.fixture(scope="module")
+def group_draws() -> dict[str, int]:
+    return drawn(G.group_case, G.GUARDED_CONFIG, "draws-groups", 160)
+
+
+@pytest.mark.parametrize("layout", [f"tables {t}" for t in G.TABLE_LAYOUTS] + [f"slots {s}" for s in G.SLOT_LAYOUTS])
+def test_group_cases_draw_every_shared_storage_layout(group_draws, layout):
+    assert group_draws.get(f"groups shared {layout}", 0) >= 1, (layout, group_draws)
+
+
+@pytest.mark.parametrize("what", G.MISMATCHES)
+def test_group_cases_draw_every_disagreeing_structure(group_draws, what):
+    assert group_draws.get(f"groups {what}", 0) >= 1, (what, group_draws)
+
+
+def test_group_cases_keep_most_of_their_budget_on_the_listed_groups(group_draws):
+    assert group_draws["groups listed"] >= 80, group_draws
+
+
+@pytest.mark.parametrize(
+    "config", [G.SETTINGS_CONFIG, G.guarded_slot_rows_config(8)], ids=lambda c: f"w{c.window_size}"
+)
+def test_settings_cases_draw_every_setting_inside_and_outside(config):
+    draws = drawn(G.settings_case, config, f"draws-settings-{config.window_size}", 200)
+    for entry, setting in G.SETTINGS:
+        for side in ("inside", "outside"):
+            assert draws.get(f"settings {entry}.{setting} {side}", 0) >= 1, (entry, setting, side, draws)
+
+
+def test_request_window_cases_are_drawn_and_equal_the_reference():
+    draws = drawn(G.request_window_case, G.guarded_slot_rows_config(8), "draws-request-window", 30)
+    assert draws.get("request_window", 0) == 30, draws

@@ -42,6 +42,13 @@ def test_group_cases_draw_every_disagreeing_structure(group_draws, what):
     assert group_draws.get(f"groups {what}", 0) >= 1, (what, group_draws)
 
 
+@pytest.mark.parametrize("empty", G.EMPTY_POOLS)
+def test_token_slot_cases_draw_every_empty_pool(empty):
+    """An empty pool is refused by shape on every backend alike (docs/semantics.md #token-slot-rows)."""
+    draws = drawn(G.slot_rows_case, G.guarded_slot_rows_config(8), "draws-empty-pools", 200)
+    assert draws.get(f"slot_rows {empty}", 0) >= 1, (empty, draws)
+
+
 def test_group_cases_keep_most_of_their_budget_on_the_listed_groups(group_draws):
     assert group_draws["groups listed"] >= 80, group_draws
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import BACKEND_PLATFORMS, make_builder
-from slow_model import model
+from swa_hal.testing.plain_model import model
 from swa_hal import AttentionBatch, ImageSpans, SWAConfig
 from swa_hal import errors as E
 from swa_hal.metadata import prefill_chunk_plan

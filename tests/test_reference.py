@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from slow_model import model
+from swa_hal.testing.plain_model import model
 from swa_hal import SWAConfig
 from swa_hal.reference import build_reference, ragged_rows
 from swa_hal.scenarios import synthesize_batch

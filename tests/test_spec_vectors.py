@@ -177,7 +177,7 @@ def _span_batch(name):
 @pytest.mark.parametrize("backend", ["reference", "slow model", *BACKEND_PLATFORMS])
 @pytest.mark.parametrize("name", list(SPAN_VECTORS))
 def test_span_vectors(name, backend):
-    from slow_model import model
+    from swa_hal.testing.plain_model import model
     from swa_hal.validation import validate_batch
 
     config, batch = _span_batch(name)

@@ -4,9 +4,11 @@
 - ``BackendFixtures`` (``swa_hal.testing.fixtures``): the kit's overridable fixtures, and one mixin per
   topic: ``SelectionTests``, ``VectorTests``, ``RandomBatchTests``, ``DraftUpdateTests``,
   ``AddressRuleTests``, ``GraphTests``, ``HostSyncTests``, ``GroupBuildTests``, ``SlotRowTests``,
-  ``GuardedOutputTests`` (modules ``selection``, ``vectors``, ``random_batches``, ``draft_updates``,
-  ``address_rules``, ``graphs``, ``host_sync``, ``groups``, ``slot_rows``, ``guarded``), so a backend takes
-  the topics that apply.
+  ``GuardedOutputTests``, ``PlainModelTests`` (modules ``selection``, ``vectors``, ``random_batches``,
+  ``draft_updates``, ``address_rules``, ``graphs``, ``host_sync``, ``groups``, ``slot_rows``, ``guarded``,
+  ``plain_model``), so a backend takes the topics that apply.
+- ``plain_differences`` (``swa_hal.testing.plain_model``): a build against the plain loop model, the oracle
+  apart from every fast path.
 - ``swa_hal.testing.plugin``: the opt-in pytest plugin (options and fixtures).
 - ``swa_hal.testing.suite``: the whole kit for the backend named by ``--swa-hal-backend``, with no test file
   (``pytest -p swa_hal.testing.plugin --pyargs swa_hal.testing.suite --swa-hal-backend NAME``).
@@ -31,6 +33,8 @@ _EXPORTS = {
     "SelectionTests": "selection",
     "VectorTests": "vectors",
     "RandomBatchTests": "random_batches",
+    "PlainModelTests": "plain_model",
+    "plain_differences": "plain_model",
     "DraftUpdateTests": "draft_updates",
     "AddressRuleTests": "address_rules",
     "GraphTests": "graphs",

@@ -27,6 +27,7 @@ from .graphs import GraphTests
 from .groups import GroupBuildTests
 from .guarded import GuardedOutputTests
 from .host_sync import HostSyncTests
+from .plain_model import PlainModelTests
 from .random_batches import RandomBatchTests
 from .selection import SelectionTests
 from .slot_rows import SlotRowTests
@@ -43,6 +44,7 @@ __all__ = [
     "GroupBuildTests",
     "GuardedOutputTests",
     "HostSyncTests",
+    "PlainModelTests",
     "RandomBatchTests",
     "SelectionTests",
     "SlotRowTests",
@@ -56,6 +58,7 @@ class BackendConformance(
     SelectionTests,
     VectorTests,
     RandomBatchTests,
+    PlainModelTests,
     GroupBuildTests,
     DraftUpdateTests,
     AddressRuleTests,

@@ -208,12 +208,28 @@ def draft_step(rng: random.Random, batch: AttentionBatch, md: SWAMetadata) -> No
         batch.seq_lens_cpu[:n] += delta
 
 
-def malformed_slot_rows(rng: random.Random, window: int, limit: int) -> SlotRows:
+# The empty pools a token-slot call may be handed (``malformed_slot_rows``).
+EMPTY_POOLS = ("req_to_token without rows", "req_to_token without columns", "slot_map empty")
+
+
+def malformed_slot_rows(rng: random.Random, window: int, limit: int, empty_pools: bool = True) -> SlotRows:
     """A random token-slot rows call (``random_slot_rows``) with some values broken: pool indices past
     ``req_to_token``, rows reading past its width, token slots past ``slot_map``, cache slots past
-    ``limit``."""
+    ``limit``; now and then an empty pool (``req_to_token`` without rows or columns, an empty ``slot_map``),
+    which every backend refuses by shape as the reference does (not where ``empty_pools`` is False)."""
     rows = random_slot_rows(rng, window, rng.choice((torch.int32, torch.int64)))
     assert rows.req_to_token is not None and rows.slot_map is not None, "random_slot_rows gives paged rows"
+    if empty_pools and rng.random() < 0.05:
+        empty = rng.choice(EMPTY_POOLS)
+        DRAWN[f"slot_rows {empty}"] += 1
+        rt, slot_map = rows.req_to_token, rows.slot_map
+        if empty == "req_to_token without rows":
+            rt = rt[:0]
+        elif empty == "req_to_token without columns":
+            rt = rt[:, :0]
+        else:
+            slot_map = slot_map[:0]
+        return dataclasses.replace(rows, req_to_token=rt.clone(), slot_map=slot_map.clone())
     pools, rt = rows.pools.clone(), rows.req_to_token.clone()
     ends, slot_map = rows.row_ends.clone(), rows.slot_map.clone()
     block_slots = None if rows.block_slots is None else rows.block_slots.clone()
@@ -755,7 +771,7 @@ def _settings_base(rng: random.Random, entry: str, setting: str, window: int, co
         ring = SlotRing(max(rows.ring.size, window + rows.block), rows.ring.slots)
         return dataclasses.replace(rows, ring=ring, floors=floors)
     # Slot values inside int32 whatever the config's cache (a limit of 2^31 would not fit an int32 map).
-    rows = malformed_slot_rows(rng, window, min(slot_limit(config), 1 << 20))
+    rows = malformed_slot_rows(rng, window, min(slot_limit(config), 1 << 20), empty_pools=False)
     if setting == "block":
         assert rows.req_to_token is not None, "malformed_slot_rows gives paged rows"
         empty = rows.row_ends[:0]

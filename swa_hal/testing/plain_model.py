@@ -1,13 +1,25 @@
-"""An obviously-correct model of docs/semantics.md #split, #per-token-helpers, #causal-rows,
-#bounded-replay, #vision-spans, #dspark-rows and #prefill-metadata: one Python loop per token and per
-window entry.
+"""The plain model, and the conformance topic that holds a backend to it: an obviously-correct model of
+docs/semantics.md #split, #per-token-helpers, #causal-rows, #bounded-replay, #vision-spans, #dspark-rows and
+#prefill-metadata, one Python loop per token and per window entry, for valid batches.
 
-Slow on purpose: it exists to check reference.py, which is vectorized and fast.
+Slow on purpose, and apart from the fast paths: ``swa_hal.reference`` (the vectorised reference every other
+topic compares with) is checked against it in this repository's tests, and ``PlainModelTests`` compares a
+backend's own builds with it directly, so a backend is judged by a model that shares no code with the
+torch backend's tuned path.
 """
 
 from __future__ import annotations
 
 import math
+import random
+from typing import TYPE_CHECKING, Any
+
+from .fixtures import BackendFixtures, MakeBatch, MakeBuilder
+
+if TYPE_CHECKING:
+    from ..batch import AttentionBatch
+    from ..config import SWAConfig
+    from ..metadata import SWAMetadata
 
 
 def split(query_lens, max_query_len, num_tokens, threshold):
@@ -85,7 +97,7 @@ def dspark_width(window, drafts):
     return math.ceil((window + drafts) / 64) * 64
 
 
-def model(config, batch):
+def model(config: SWAConfig, batch: AttentionBatch) -> dict[str, Any]:
     """Every output of a build, as Python lists."""
     seq_lens = batch.seq_lens.cpu().tolist()
     qsl = batch.query_start_loc_cpu.tolist()
@@ -102,7 +114,7 @@ def model(config, batch):
     if batch.image_spans is not None:
         ptr = batch.image_spans.indptr.cpu().tolist()
         starts, ends = batch.image_spans.starts.cpu().tolist(), batch.image_spans.ends.cpu().tolist()
-        spans = {r: list(zip(starts[ptr[r]:ptr[r + 1]], ends[ptr[r]:ptr[r + 1]])) for r in range(len(seq_lens))}
+        spans = {r: list(zip(starts[ptr[r] : ptr[r + 1]], ends[ptr[r] : ptr[r + 1]])) for r in range(len(seq_lens))}
     m = config.max_image_tokens
     images = m > 0 and any(spans.values()) and npt > 0
     if batch.causal:
@@ -111,10 +123,10 @@ def model(config, batch):
         width = dspark_width(w, config.num_speculative_tokens)
         dec = [noncausal_row(qsl, seq_lens, table, valid, t, w, b, width) for t in range(ndt)]
     vis = [visibility(qsl, seq_lens, spans, t, m) if images else (0, 0) for t in range(ndt, t_count)]
-    pre = [causal_row(qsl, seq_lens, table, valid, t, w, b, replay, w + m, *lr)
-           for t, lr in zip(range(ndt, t_count), vis)]
-    gather = [query_lens[r] + min(max(seq_lens[r] - query_lens[r] - replay[r], 0), w - 1)
-              for r in range(nd, nd + npf)]
+    pre = [
+        causal_row(qsl, seq_lens, table, valid, t, w, b, replay, w + m, *lr) for t, lr in zip(range(ndt, t_count), vis)
+    ]
+    gather = [query_lens[r] + min(max(seq_lens[r] - query_lens[r] - replay[r], 0), w - 1) for r in range(nd, nd + npf)]
     return {
         "split": (nd, npf, ndt, npt),
         "token_to_req": t2r,
@@ -127,3 +139,51 @@ def model(config, batch):
         "left_visible": [0] * ndt + [lv for lv, _ in vis] if images else None,
         "right_visible": [0] * ndt + [rv for _, rv in vis] if images else None,
     }
+
+
+def plain_differences(config: SWAConfig, batch: AttentionBatch, md: SWAMetadata) -> list[str]:
+    """Every output of ``md`` that differs from the plain model's for ``batch`` (empty: equal). The visibility
+    arrays are compared at the prefill rows, where they are meaningful."""
+    want = model(config, batch)
+    split = (md.num_decodes, md.num_prefills, md.num_decode_tokens, md.num_prefill_tokens)
+    if split != want["split"]:
+        return [f"split: got {split}, plain model {want['split']}"]
+    ndt, t = md.num_decode_tokens, batch.num_tokens
+    got: dict[str, Any] = {
+        "token_to_req": md.token_to_req_indices[:t].tolist(),
+        "is_valid": md.is_valid_token[:t].tolist(),
+        "decode_indices": _rows(md.decode_swa_indices, ndt),
+        "decode_lens": md.decode_swa_lens[:ndt].tolist(),
+        "prefill_indices": _rows(md.prefill_swa_indices, md.num_prefill_tokens),
+        "prefill_lens": [] if md.prefill_swa_lens is None else md.prefill_swa_lens.tolist(),
+        "gather_lens": [] if md.prefill_gather_lens is None else md.prefill_gather_lens.tolist(),
+    }
+    for key, value in (("left_visible", md.prefill_left_visible), ("right_visible", md.prefill_right_visible)):
+        expected = want[key]
+        seen = None if value is None else value[ndt:t].tolist()
+        if expected is None:  # no image reaches a prefill row: nothing visible beyond the window
+            got[key] = None if seen is None or not any(seen) else [0] * ndt + seen
+        else:
+            want[key] = expected[ndt:]
+            got[key] = seen
+    return [f"{key}: got {got[key]}, plain model {want[key]}" for key in got if got[key] != want[key]]
+
+
+def _rows(t: Any, n: int) -> list[list[int]]:
+    return [] if t is None or n == 0 else t[:n].reshape(n, t.shape[-1]).tolist()
+
+
+class PlainModelTests(BackendFixtures):
+    """Every config of ``configs`` with every batch kind it allows: a few random valid batches (replay bounds
+    and image spans on most of them) built by the backend equal the plain model, output by output."""
+
+    def test_random_batches_match_the_plain_model(
+        self, name: str, make_builder: MakeBuilder, make_batch: MakeBatch, config_name: str, kind: str
+    ) -> None:
+        config = self.configs[config_name]
+        builder = make_builder(config)
+        rng = random.Random(f"plain-{name}-{config_name}-{kind}")
+        for i in range(2):
+            batch = make_batch(config, rng, kind, replay=0.8, spans=1.0)
+            problems = plain_differences(config, batch, builder.build(batch))
+            assert not problems, f"{kind} batch {i} ({batch.num_tokens} tokens): " + "; ".join(problems)

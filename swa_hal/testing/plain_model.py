@@ -88,7 +88,7 @@ def noncausal_row(qsl, seq_lens, table, valid, t, window, block_size, width):
     prefix = seq_lens[r] - (qsl[r + 1] - qsl[r])
     start = max(prefix - window, 0)
     n = seq_lens[r] - start
-    assert n <= width
+    assert n <= width, f"DSpark row {t} needs {n} entries, wider than its {width} (a valid batch never does)"
     row = [slot(table[r], block_size, start + j) for j in range(n)]
     return row + [-1] * (width - n), n
 

@@ -114,7 +114,7 @@ class MetadataBuffers:
         root = self._root or self
         view = root._group_build_views.get(g)
         if view is None:
-            view = copy.copy(root.group(g))
+            view = root.group(g) if g else copy.copy(root)  # group 0's buffers are the root's own
             view._root = root
             view.record_group = g + 1
             root._group_build_views[g] = view

@@ -139,7 +139,6 @@ class SWAMetadataBuilder:
         self._device_index = -1 if device.type == "cpu" else (device.index or 0)
         # Every entry point holds it: one call at a time, on the builder's GPU.
         self._lock = BuilderLock(self._device_index)
-        self._busy = self._lock.lock  # the lock itself: what a test takes to stand in for another thread
         self.decode_threshold = config.decode_threshold
         self._group_buffers = [self.buffers.group(g) for g in range(config.num_kv_groups)]
         self._lens_high_water = [0] * config.num_kv_groups

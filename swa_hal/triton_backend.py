@@ -224,14 +224,9 @@ class TritonBackend(Backend):
         buffers: MetadataBuffers,
         groups: int = 1,
     ) -> None:
-        rows = self._rows
-        # The launch's memo first: one lookup per build, its dispatch only on a miss.
-        facts = (plan.causal, self.guard, groups > 1)
-        key = rows.keys.get(facts)
-        if key is None:
-            key = rows.key_for(facts)
+        key = self._rows.key_for((plan.causal, self.guard, groups > 1))
         args = self.rows_args(key, plan, inputs, table, slots, buffers, groups)
-        rows(key, args.programs(), args)
+        self._rows(key, args.programs(), args)
 
     def _write_group_table(self, rows: tuple[tuple[int, int, int, int], ...], buffers: MetadataBuffers) -> None:
         """The kernel reads group g's inputs through row g of ``buffers.group_inputs`` (address of the
@@ -285,10 +280,7 @@ class TritonBackend(Backend):
         ring, num_pools = (0, rt.shape[0]) if rows.ring is None else (rows.ring.size, rows.ring.slots)
         dtypes = (rows.row_ends.dtype, rows.pools.dtype, floors.dtype, rt.dtype, slot_map.dtype, block_slots.dtype)
         launch = self._slot_rows
-        facts = (out.shape[1], rows.block, rows.floors is not None, ring, self.guard, limit, dtypes)
-        key = launch.keys.get(facts)
-        if key is None:
-            key = launch.key_for(facts)
+        key = launch.key_for((out.shape[1], rows.block, rows.floors is not None, ring, self.guard, limit, dtypes))
         ptr = launch.pointer
         # One record, every field set here by name (a 14-keyword construction per call costs more).
         args = self._slot_record
@@ -318,10 +310,7 @@ class TritonBackend(Backend):
         # Absent floors read pos instead (never, with the flag off).
         floors = rows.pos if rows.floors is None else rows.floors
         launch = self._request_window
-        facts = (rows.floors is not None, (rows.req.dtype, rows.pos.dtype, floors.dtype))
-        key = launch.keys.get(facts)
-        if key is None:
-            key = launch.key_for(facts)
+        key = launch.key_for((rows.floors is not None, (rows.req.dtype, rows.pos.dtype, floors.dtype)))
         out, block = _new_layout(padded, groups * window, window, self.device)
         # One record, every field set here by name (as the token-slot rows' record); the outputs are one
         # block, whose fields the kernel finds at their places in it.

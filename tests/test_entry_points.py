@@ -86,14 +86,14 @@ def test_validated_group_builds_name_the_group(backend):
 
 def test_check_and_image_spans_hold_the_builder_lock():
     builder = make_builder(CONFIG, "torch")
-    assert builder._busy.acquire(blocking=False)  # another thread is inside a build
+    assert builder._lock.lock.acquire(blocking=False)  # another thread is inside a build
     try:
         with pytest.raises(E.ConcurrentBuildError, match="check"):
             builder.check()
         with pytest.raises(E.ConcurrentBuildError, match="image_spans_from_ranges"):
             builder.image_spans_from_ranges({0: [(0, 1)]}, 1)
     finally:
-        builder._busy.release()
+        builder._lock.lock.release()
     builder.check()  # free again: nothing recorded, nothing raised
     spans = builder.image_spans_from_ranges({0: [(0, 1)]}, 1)
     assert spans.starts.tolist() == [0]

@@ -323,13 +323,13 @@ def test_more_prefills_than_token_rows_stay_inside_the_gather_buffer():
 def test_one_builder_entered_from_two_threads_raises():
     builder = make_builder(CFG, "torch")
     errors: list[BaseException] = []
-    builder._busy.acquire()  # a build is running on another thread
+    builder._lock.lock.acquire()  # a build is running on another thread
     try:
         thread = threading.Thread(target=lambda: _catch(errors, lambda: builder.build(base())))
         thread.start()
         thread.join()
     finally:
-        builder._busy.release()
+        builder._lock.lock.release()
     assert len(errors) == 1 and isinstance(errors[0], E.ConcurrentBuildError)
     assert "one build at a time" in str(errors[0])
     assert builder.build(base()).decode_swa_lens.tolist() == [4]  # usable again afterwards

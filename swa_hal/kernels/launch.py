@@ -297,9 +297,8 @@ class KeyedLaunch(TritonLaunch, Generic[KeyT]):
     (``warmup_facts``). Made for one builder's config and address clamping; the guard is one of a call's
     facts, since the builder may switch it between calls.
 
-    ``keys`` memoises the dispatch. A launch site on the host path reads it first (one dict lookup) and
-    calls ``key_for`` only on a miss: a method call per build would be a Python frame more than the
-    lookup. ``warmup_keys`` goes through ``key_for``, so a warmed variant is the very key a call finds."""
+    ``keys`` memoises the dispatch (``key_for``: one lookup, the dispatch only on a miss). ``warmup_keys``
+    goes through ``key_for``, so a warmed variant is the very key a call finds."""
 
     def __init__(self, device: torch.device, config: SWAConfig, *, clamp: bool = False):
         super().__init__(device)

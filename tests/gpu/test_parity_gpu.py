@@ -193,10 +193,10 @@ def test_one_builder_per_thread(report):
     assert all(p == [] for r in results.values() for p in r) and len(results) == 4
     shared = builder_for("cuda", config)
     batch = random_batch(config, random.Random(1), "decode", device="cuda")
-    shared._busy.acquire()
+    shared._lock.lock.acquire()
     try:
         with pytest.raises(E.ConcurrentBuildError):
             shared.build(batch)
     finally:
-        shared._busy.release()
+        shared._lock.lock.release()
     report("4 threads, one builder each: 40 builds bit-exact; a shared builder entered twice raised")

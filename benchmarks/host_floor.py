@@ -11,6 +11,9 @@ is left for everything else (checks, plan, launch record, metadata objects, lock
   (``SGLangSWAIndices.causal``), SGLang 0.5.23's own ops (where ``sglang`` imports), the slot-rows
   launch alone (the backend's launch object, with the call's record as the last call left it), and the
   outputs' allocation alone (``new_slot_rows_outputs``). Target: SGLang's ops / 2.
+* A plain decode-256 build (``SWAMetadataBuilder.build``, one group, the plugin's options), against its launch
+  alone, the facts of its inputs (the four device tensors and the host copy of query_start_loc) and one
+  metadata object; the adapter's call above is compared with it too (the same rows, another entry point).
 * The vLLM step of 8 SWA groups x decode-256 (``benchmarks/vllm_step.py``): the plugin step (the step
   build and its hand-out to the 8 groups' builders), the 8 per-group builds, the grouped rows launch
   alone, the five facts of each of the 8 block tables any check reads (dtype, device, shape, strides,
@@ -99,7 +102,31 @@ def vllm_parts(device, hal: dict) -> dict[str, Callable[[], object]]:
         for t, s in rows:
             md.for_group({}, block_table=t, slot_mapping=s, tile_sched=make(256))
 
+    # A plain decode-256 build (one group, the step's batch), against its own floor: its launch, the facts of its
+    # inputs any check reads (the four device tensors and the host copy of query_start_loc), one metadata object.
+    plain_config = dataclasses.replace(inputs.config, num_kv_groups=1)
+    plain_builder = SWAMetadataBuilder(plain_config, device=device, **hal)
+    batch = inputs.batch
+    plain_md = plain_builder.build(batch)
+    plain_backend = plain_builder.backend
+    plain_key, plain_record = plain_backend.kernel_key(True, False), dataclasses.replace(plain_backend._records[True])
+    plain_grid = plain_record.programs()
+    batch_tensors = (batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping, batch.query_start_loc_cpu)
+
+    def batch_facts() -> None:
+        for t in batch_tensors:
+            t.dtype, t.get_device(), t.shape, t.stride(), t.data_ptr()  # noqa: B018 - the reads timed
+
+    plain_make = plain_builder._make_schedulers
+
+    def plain_metadata_object() -> None:
+        plain_md.for_group({}, block_table=batch.block_table, slot_mapping=batch.slot_mapping, tile_sched=plain_make(256))
+
     return {
+        "plain: build": lambda: plain_builder.build(batch),
+        "plain: launch alone": lambda: plain_backend._rows(plain_key, plain_grid, plain_record),
+        "plain: inputs' facts": batch_facts,
+        "plain: 1 metadata object": plain_metadata_object,
         "vllm: plugin step": plugin_step,
         "vllm: 8 group builds": per_group,
         "vllm: launch alone": lambda: backend._rows(key, grid, record),
@@ -156,7 +183,17 @@ def main(argv: list[str] | None = None) -> int:
              "sglang: adapter call")  # fmt: skip
     else:
         print("  SGLang's ops do not import here: no target")
+    def ratio(whole: str, over: tuple[str, ...], what: str) -> None:
+        """Per repetition: ``whole`` over the sum of the parts ``over``."""
+        r = [times[whole][k] / sum(times[p][k] for p in over) for k in range(args.reps)]
+        print(f"  {whole} / {what}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})")
+
+    print("Ratios, per repetition (targets: plugin step <= 2x its floor, plain build <= 2x its floor, adapter call <= 1.2x")
+    print("a plain build of the same rows):")
     floor = ("vllm: launch alone", "vllm: 8 tables' facts", "vllm: 8 metadata objects")
+    ratio("vllm: plugin step", floor, "its floor")
+    ratio("plain: build", ("plain: launch alone", "plain: inputs' facts", "plain: 1 metadata object"), "its floor")
+    ratio("sglang: adapter call", ("plain: build",), "plain: build")
     print("vLLM step of 8 groups, target 25 us:")
     left([25.0] * args.reps, floor, "vllm: plugin step")
     print("vLLM step of 8 groups, target the 8 group builds / 5:")

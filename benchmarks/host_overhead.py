@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from swa_hal import SWAConfig, SWAMetadataBuilder  # noqa: E402
-from swa_hal.preflight import preflight_batch  # noqa: E402
 from swa_hal.scenarios import Scenario  # noqa: E402
 
 
@@ -77,14 +76,14 @@ def main() -> int:
     # The same pieces for the mixed step (64 decodes + 4 x 2048 prefill).
     mixed = Scenario.from_yaml(ROOT / "configs" / "batches" / "mixed.yaml").make_batch(config, dev)
     out["mixed: build without the launch"] = med(lambda: builder.build(mixed))
-    out["mixed: preflight_batch"] = med(lambda: preflight_batch(mixed, config, 16384, 0))
-    out["mixed: _plan (split)"] = med(lambda: builder._plan(mixed, 1))
-    plan, query = builder._plan(mixed, 1)
+    out["mixed: StepInputs.preflight"] = med(lambda: mixed.inputs.preflight(config, 16384, 0))
+    out["mixed: _plan (split)"] = med(lambda: _plan(builder, mixed, whole=True))
+    plan, query = _plan(builder, mixed, whole=True)
     out["mixed: _metadatas"] = med(
-        lambda: builder._metadatas(mixed, plan, query, (mixed.block_table,), (mixed.slot_mapping,)))
+        lambda: builder._metadatas(mixed.inputs, plan, query, (mixed.block_table,), (mixed.slot_mapping,)))
     type(launcher).__call__ = real_call
     out["mixed: backend.compute (the launch)"] = med(lambda: builder.backend.compute(plan, mixed, builder.buffers))
-    plan_d, _ = builder._plan(batch, 1)
+    plan_d = _plan(builder, batch)
     out["decode: backend.compute (the launch)"] = med(lambda: builder.backend.compute(plan_d, batch, builder.buffers))
     # The mixed step's launch alone, with its own arguments and other grid sizes: does the host pay for
     # the grid? (Extra programs past the work find nothing to do; fewer leave rows unwritten, harmless here.)
@@ -103,7 +102,7 @@ def main() -> int:
     from swa_hal.split import split_decodes_and_prefills
 
     qsl_cpu = batch.query_start_loc_cpu
-    out["preflight_batch"] = med(lambda: preflight_batch(batch, config, 16384, 0))
+    out["StepInputs.preflight"] = med(lambda: batch.inputs.preflight(config, 16384, 0))
     out["split (decode-only)"] = med(lambda: split_decodes_and_prefills(qsl_cpu.numpy(), 1, 256, 1))
     out["tensor.data_ptr()"] = med(lambda: x.data_ptr())
     out["tensor.get_device()"] = med(lambda: x.get_device())
@@ -125,8 +124,10 @@ def main() -> int:
     return 0
 
 
-def _plan(builder, batch):
-    return builder._plan(batch, 1)[0]
+def _plan(builder, batch, whole=False):
+    """The builder's plan of a single build of ``batch`` (``whole``: with the split's query lengths)."""
+    found = builder._plan(batch.inputs, batch.inputs.num_reqs, 1)
+    return found if whole else found[0]
 
 
 if __name__ == "__main__":

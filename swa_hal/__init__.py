@@ -27,6 +27,7 @@ from .request_window import RequestWindowLayout, RequestWindowRows
 from .selection import Selection, select_backend
 from .slot_ring import SlotRing
 from .slot_rows import SlotRows
+from .step_inputs import StepInputs
 
 try:
     __version__ = _version("swa-hal")
@@ -57,6 +58,7 @@ __all__ = [
     "Selection",
     "SlotRing",
     "SlotRows",
+    "StepInputs",
     "hookimpl",
     "hookspec",
     "probe_platform",

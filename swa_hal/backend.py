@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .config import INT32_LIMIT, LAYER_TYPES
+from .step_inputs import StepInputs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import torch
 
-    from .batch import AttentionBatch, ImageSpans
+    from .batch import AttentionBatch
     from .buffers import MetadataBuffers
     from .config import SWAConfig
     from .metadata import SWAMetadata
@@ -121,9 +122,12 @@ class BuildPlan(NamedTuple):
     """The host-side facts of one build: the split (docs/semantics.md #split) and where each output goes.
 
     Everything here comes from host values (the CPU copy of query_start_loc, max_query_len, sizes),
-    so computing it never synchronises with the device. (A NamedTuple: it is made on every build.)
+    so computing it never synchronises with the device. (A NamedTuple: it is made on every build; made
+    by keyword.)
     """
 
+    # The step's per-request inputs (for a draft-step update, its decode requests'): what the rows read.
+    inputs: StepInputs
     num_reqs: int
     num_tokens: int
     num_decodes: int
@@ -136,9 +140,8 @@ class BuildPlan(NamedTuple):
     decode_lens_clear_end: int
     # The bound each request's window starts at (#bounded-replay): the batch's, or the zeros buffer.
     replay_start: torch.Tensor
-    # Whether this build works out image visibility (#vision-spans), and the span CSR it reads.
+    # Whether this build works out image visibility (#vision-spans) from ``inputs.image_spans``.
     images: bool = False
-    spans: ImageSpans | None = None
     # The query length every request of the decode / prefill part is likely to have (the kernel's
     # cheap owner guess, checked before use; docs/semantics.md #per-token-helpers): host values only.
     decode_guess_len: int = 1
@@ -155,10 +158,12 @@ class BuildPlan(NamedTuple):
 def update_plan(metadata: SWAMetadata) -> BuildPlan:
     """The plan of a draft-step update (docs/semantics.md #draft-updates): the decode part of the build
     that made ``metadata``, recomputed from its (advanced) seq_lens and replay bounds. Its requests are the
-    decodes alone: a decode token's owner counts the decodes' ends only (the same owner as the build's
-    wherever the offsets never decrease), and only they are checked."""
-    ndt = metadata.num_decode_tokens
+    decodes alone (``StepInputs.of_update``): a decode token's owner counts the decodes' ends only (the same
+    owner as the build's wherever the offsets never decrease), and only they are checked."""
+    ndt, mdql = metadata.num_decode_tokens, metadata.max_decode_query_len
+    inputs = update_inputs(metadata)
     return BuildPlan(
+        inputs=inputs,
         num_reqs=metadata.num_decodes,
         num_tokens=ndt,
         num_decodes=metadata.num_decodes,
@@ -169,10 +174,31 @@ def update_plan(metadata: SWAMetadata) -> BuildPlan:
         decode_width=metadata.decode_swa_width,
         decode_lens_clear_end=ndt,
         replay_start=metadata.replay_start,
-        decode_guess_len=metadata.max_decode_query_len,
-        max_query_len=metadata.max_decode_query_len,
-        decode_query_max=metadata.max_decode_query_len,
+        decode_guess_len=mdql,
+        max_query_len=mdql,
+        decode_query_max=mdql,
     )
+
+
+def update_inputs(metadata: SWAMetadata) -> StepInputs:
+    """The inputs of a draft-step update of ``metadata`` (docs/semantics.md #draft-updates): the decode
+    requests of its build (views of the metadata's tensors), at their advanced ``seq_lens``, with the
+    build's replay bounds and without the prefills' image spans. Every other input is the build's own
+    (``metadata.inputs``; metadata an engine made from its own has none, and reads its fields)."""
+    nd = metadata.num_decodes
+    decodes: dict[str, Any] = dict(
+        seq_lens=metadata.seq_lens[:nd],
+        query_start_loc=metadata.query_start_loc[: nd + 1],
+        query_start_loc_cpu=metadata.query_start_loc_cpu[: nd + 1],
+        seq_lens_cpu=None,
+        max_query_len=min(metadata.max_decode_query_len, INT32_LIMIT),
+        num_tokens=metadata.num_decode_tokens,
+        causal=metadata.causal,
+        replay_start=metadata.replay_start,
+        image_spans=None,
+    )
+    built = metadata.inputs
+    return StepInputs(**decodes) if built is None else built.replace(**decodes)
 
 
 # The name of the spec whose factory is running (``starting``): ``Backend.__init__`` takes it as the
@@ -244,8 +270,7 @@ class Backend:
         ``in_group_build``). Default: one ``compute`` per group; backends that can do all groups in one
         launch override it."""
         for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
-            group_batch = dataclasses.replace(batch, block_table=table, slot_mapping=slot_mapping)
-            self.compute(plan, group_batch, buffers.in_group_build(g))
+            self.compute(plan, batch.with_group(table, slot_mapping), buffers.in_group_build(g))
 
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
         """The draft-step update of a group build: default, one ``recompute_decode_rows`` per group."""

@@ -1,195 +1,90 @@
-"""AttentionBatch: the per-step inputs of docs/semantics.md #inputs."""
+"""AttentionBatch: a step's inputs for one KV-cache group (docs/semantics.md #inputs).
+
+``ImageSpans`` and the image-range helpers live in ``spans.py`` and are importable from here too."""
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import BatchCapacityError, BatchDtypeError, BatchRangeError, BatchShapeError
-
-
-@dataclasses.dataclass(eq=False)
-class ImageSpans:
-    """Per-request image spans of the vision variant, in CSR form (docs/semantics.md #vision-spans).
-
-    ``indptr`` int32 [R+1]: request r's spans are ``starts[indptr[r]:indptr[r+1]]`` and the same
-    slice of ``ends``; ``starts`` / ``ends`` int32 [n] are inclusive token positions. All on the
-    batch's device, so they can live in fixed buffers (``SWAMetadataBuilder.image_spans_from_ranges``).
-    """
-
-    indptr: torch.Tensor
-    starts: torch.Tensor
-    ends: torch.Tensor
-
-    @classmethod
-    def from_ranges(
-        cls,
-        ranges: Mapping[int, Sequence[tuple[int, int]]],
-        num_reqs: int,
-        *,
-        device: str | torch.device = "cpu",
-    ) -> ImageSpans:
-        """From ``{request: [(start, end), ...]}`` (the shape engines keep them in), in listed order."""
-        indptr, starts, ends = spans_to_csr(ranges, num_reqs)
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.int32).to(device)  # noqa: E731
-        return cls(as_tensor(indptr), as_tensor(starts), as_tensor(ends))
-
-    def to(self, device: str | torch.device) -> ImageSpans:
-        return ImageSpans(self.indptr.to(device), self.starts.to(device), self.ends.to(device))
-
-
-def check_image_ranges(
-    ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int, field: str = "image_spans"
-) -> dict[int, list[tuple[int, int]]]:
-    """``{request: [(start, end), ...]}`` checked, as ints: a mapping; each request an int in
-    ``[0, num_reqs)``; each range a pair of integers with ``0 <= start <= end``. Each error names
-    ``field``, the request and the range (``image_spans[1][0]=(7, 5) is inverted: start 7 > end 5``)."""
-    if not isinstance(ranges, Mapping):
-        raise BatchShapeError(
-            field, f"{field} must be a mapping {{request: [(start, end), ...]}}, got {type(ranges).__name__}"
-        )
-    out: dict[int, list[tuple[int, int]]] = {}
-    for req, spans in ranges.items():
-        if isinstance(req, bool) or not isinstance(req, numbers.Integral) or not 0 <= req < num_reqs:
-            raise BatchRangeError(field, f"{field} names request {req!r}; the batch has {num_reqs}")
-        req = int(req)
-        if not _listlike(spans):
-            raise BatchShapeError(field, f"{field}[{req}]={spans!r} is not a list of (start, end) pairs", req)
-        out[req] = [_image_range(field, req, k, span) for k, span in enumerate(spans)]
-    return out
-
-
-def _listlike(value: object) -> bool:
-    """A list, a tuple or an array (NumPy's too): something with a length and items, but no text or mapping."""
-    return not isinstance(value, (str, bytes, Mapping)) and hasattr(value, "__len__") and hasattr(value, "__getitem__")
-
-
-def _image_range(field: str, req: int, k: int, span: Any) -> tuple[int, int]:
-    name = f"{field}[{req}][{k}]"
-    if not _listlike(span) or len(span) != 2:
-        raise BatchShapeError(field, f"{name}={span!r} is not a (start, end) pair", req)
-    start, end = _integral(name, span[0]), _integral(name, span[1])
-    if start < 0:
-        raise BatchRangeError(field, f"{name}=({start}, {end}) starts at a negative position", req)
-    if start > end:
-        raise BatchRangeError(field, f"{name}=({start}, {end}) is inverted: start {start} > end {end}", req)
-    return start, end
-
-
-def spans_to_csr(
-    ranges: Mapping[int, Sequence[tuple[int, int]]], num_reqs: int
-) -> tuple[list[int], list[int], list[int]]:
-    """``{request: [(start, end), ...]}`` as CSR lists (indptr, starts, ends), checked by ``check_image_ranges``."""
-    checked = check_image_ranges(ranges, num_reqs)
-    indptr, starts, ends = [0], [], []
-    for r in range(num_reqs):
-        for start, end in checked.get(r, ()):
-            starts.append(start)
-            ends.append(end)
-        indptr.append(len(starts))
-    return indptr, starts, ends
-
-
-def ranges_in_step(
-    ranges: Mapping[int, Sequence[tuple[int, int]]],
-    query_start_loc_cpu: torch.Tensor,
-    seq_lens_cpu: torch.Tensor,
-    num_reqs: int,
-    field: str = "mm_req_doc_ranges",
-) -> dict[int, list[tuple[int, int]]]:
-    """The image ranges that overlap each request's new tokens this step, whole. Engines list every image
-    of a request (prefilled by earlier chunks, or still to come); only those over this step's tokens can
-    reach the rows (docs/semantics.md #vision-spans). An image that overlaps them is kept as the engine
-    gave it, also where it began before the new tokens (a prefix-cache hit, or an earlier chunk, that ended
-    inside it) or goes on past them (a chunk that ends inside it): its earlier positions widen the rows,
-    and the rows stop at the request's last position. Host values only (a host seq_lens upper bound is
-    exact for prefill rows; decode rows lie past every image). The ranges are checked first
-    (``check_image_ranges``; errors name ``field``, the engine's attribute)."""
-    checked = check_image_ranges(ranges, num_reqs, field)
-    qsl = query_start_loc_cpu.tolist()
-    seqs = seq_lens_cpu.tolist()
-    out: dict[int, list[tuple[int, int]]] = {}
-    for r, spans in checked.items():
-        if not spans:
-            continue
-        first, last = seqs[r] - (qsl[r + 1] - qsl[r]), seqs[r] - 1
-        kept = [(a, e) for a, e in spans if e >= first and a <= last]
-        if kept:
-            out[r] = kept
-    return out
-
-
-def _integral(field: str, value: object) -> int:
-    """An integer given as an int or an integral number (3 or 3.0), never silently rounded (6.9)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise BatchDtypeError(field, f"{field}={value!r} is not an integer")
-    as_int = int(value)  # type: ignore[call-overload]  # numbers.Real: int, float, numpy scalars
-    if as_int != value:
-        raise BatchDtypeError(field, f"{field}={value!r} is not an integer")
-    return as_int
+from .errors import BatchCapacityError, BatchRangeError, BatchShapeError
+from .spans import ImageSpans, _integral, check_image_ranges, ranges_in_step, spans_to_csr
+from .step_inputs import FIELDS as INPUT_FIELDS
+from .step_inputs import StepInputs
 
 
 def _integral_list(field: str, values: Sequence[object]) -> list[int]:
     return [_integral(f"{field}[{i}]", v) for i, v in enumerate(values)]
 
 
-@dataclasses.dataclass(eq=False)
-class AttentionBatch:
-    """One scheduler step, decodes first (docs/semantics.md #inputs).
+__all__ = ["AttentionBatch", "ImageSpans", "check_image_ranges", "ranges_in_step", "spans_to_csr"]
 
-    Device tensors: ``seq_lens`` int32 [R], ``query_start_loc`` int32 [R+1], ``block_table`` int32
-    [R', max_pages] (R' >= R), ``slot_mapping`` int64 [T] (-1 marks a padding token).
-    Host copies: ``query_start_loc_cpu`` int32 [R+1], ``seq_lens_cpu`` int32 [R] (exact for prefill
-    rows, an upper bound for decode rows).
-    ``num_tokens`` is T, which may exceed ``query_start_loc[R]`` by padding rows (CUDA graphs).
-    Optional: ``replay_start`` int32 [R] (device), each request's lower bound on the window
-    (docs/semantics.md #bounded-replay; None: no bound), and ``image_spans`` (vision variant).
-    Validation lives in ``swa_hal.validation.validate_batch``.
+
+@dataclasses.dataclass(eq=False, init=False)
+class AttentionBatch:
+    """One scheduler step, decodes first (docs/semantics.md #inputs): the step's per-request ``inputs``
+    (``StepInputs``: seq_lens, query_start_loc and their host copies, max_query_len, num_tokens, causal,
+    replay_start, image_spans) and one KV-cache group's ``block_table`` int32 [R', max_pages] (R' >= R)
+    and ``slot_mapping`` int64 [T] (-1 marks a padding token).
+
+    Made from the inputs (``AttentionBatch(inputs=..., block_table=..., slot_mapping=...)``) or from their
+    fields by keyword (``AttentionBatch(seq_lens=..., query_start_loc=..., ..., block_table=...,
+    slot_mapping=...)``); fields given beside ``inputs`` replace those of it, so ``dataclasses.replace(batch,
+    seq_lens=...)`` gives a batch with new inputs. The inputs' fields read through the batch
+    (``batch.seq_lens``); they are never set on it. Validation lives in ``swa_hal.validation.validate_batch``.
     """
 
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-    query_start_loc_cpu: torch.Tensor
-    seq_lens_cpu: torch.Tensor | None
+    inputs: StepInputs
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
-    max_query_len: int
-    num_tokens: int
-    causal: bool = True
-    replay_start: torch.Tensor | None = None
-    image_spans: ImageSpans | None = None
+
+    def __init__(
+        self,
+        *,
+        block_table: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        inputs: StepInputs | None = None,
+        **fields: Any,
+    ):
+        if inputs is None:
+            inputs = StepInputs(**fields)
+        elif fields:
+            inputs = inputs.replace(**fields)
+        self.inputs = inputs
+        self.block_table = block_table
+        self.slot_mapping = slot_mapping
+
+    if TYPE_CHECKING:  # the inputs' fields read through the batch (set below, one property each)
+
+        def __getattr__(self, name: str) -> Any: ...
 
     @property
     def num_reqs(self) -> int:
-        return self.seq_lens.shape[0]
+        return self.inputs.seq_lens.shape[0]
 
     @property
     def device(self) -> torch.device:
-        return self.seq_lens.device
+        return self.inputs.seq_lens.device
+
+    def replace(self, **changes: Any) -> AttentionBatch:
+        """This batch with ``changes``: any of the inputs' fields, ``block_table``, ``slot_mapping``
+        (``dataclasses.replace`` does the same)."""
+        return dataclasses.replace(self, **changes)
 
     def with_group(self, block_table: torch.Tensor, slot_mapping: torch.Tensor) -> AttentionBatch:
         """This step with one KV-cache group's block table and slot mapping (docs/semantics.md
-        #group-builds): a shallow copy, without re-running the constructor (once per group build)."""
-        new = object.__new__(AttentionBatch)
-        new.__dict__.update(self.__dict__)
-        new.block_table = block_table
-        new.slot_mapping = slot_mapping
-        return new
+        #group-builds): the same ``inputs`` object (once per group build)."""
+        return AttentionBatch(inputs=self.inputs, block_table=block_table, slot_mapping=slot_mapping)
 
     def to(self, device: str | torch.device) -> AttentionBatch:
         """The same batch with its device tensors on ``device`` (host copies stay on the CPU)."""
-        return dataclasses.replace(
-            self,
-            seq_lens=self.seq_lens.to(device),
-            query_start_loc=self.query_start_loc.to(device),
+        return AttentionBatch(
+            inputs=self.inputs.to(device),
             block_table=self.block_table.to(device),
             slot_mapping=self.slot_mapping.to(device),
-            replay_start=None if self.replay_start is None else self.replay_start.to(device),
-            image_spans=None if self.image_spans is None else self.image_spans.to(device),
         )
 
     @classmethod
@@ -301,3 +196,25 @@ class AttentionBatch:
             replay_start=replay,
             image_spans=spans,
         )
+
+
+# The step's inputs read through a batch (``batch.seq_lens`` is ``batch.inputs.seq_lens``); read-only: a
+# batch with other inputs is a new batch (``dataclasses.replace``). Setting the same object back is
+# allowed, so an in-place update reads as one (``batch.seq_lens += 1``).
+def _input_field(name: str) -> property:
+    def read(batch: AttentionBatch) -> Any:
+        return getattr(batch.inputs, name)
+
+    def write(batch: AttentionBatch, value: Any) -> None:
+        if value is not getattr(batch.inputs, name):
+            raise AttributeError(
+                f"{name} is one of the step's inputs (batch.inputs, which never changes): make a batch with "
+                f"another {name} with dataclasses.replace(batch, {name}=...)"
+            )
+
+    return property(read, write, doc=f"``inputs.{name}``")
+
+
+for _name in INPUT_FIELDS:
+    setattr(AttentionBatch, _name, _input_field(_name))
+del _name

@@ -22,6 +22,7 @@ from .envs import env_flag, env_switch
 from .errors import (
     BatchCapacityError,
     BatchDeviceError,
+    BatchDtypeError,
     BatchOrderError,
     BatchRangeError,
     BatchShapeError,
@@ -29,12 +30,11 @@ from .errors import (
     ConfigError,
     SpeculativeModeError,
 )
-from .groups import GroupRow, group_inputs
 from .guard import violation_error
 from .metadata import SWAMetadata, group_views, shape_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
-from .preflight import preflight_batch, preflight_update
+from .preflight import GroupRow, check_group, group_inputs, preflight_tensor
 from .request_window import (
     RequestWindowLayout,
     RequestWindowRows,
@@ -45,8 +45,12 @@ from .schedulers import no_schedulers
 from .selection import select_backend
 from .slot_rows import SlotRows, check_outputs, new_slot_rows_outputs, preflight_slot_rows, slot_limit
 from .split import split_decodes_and_prefills
+from .step_inputs import StepInputs
 from .validation import validate_batch
 from .violations import ViolationWatch
+
+# A single build's table and slot mapping, as its errors name them.
+SINGLE = ("block_table", "slot_mapping")
 
 
 def debug_mode() -> bool:
@@ -160,7 +164,7 @@ class SWAMetadataBuilder:
         setting for this build (full validation syncs); the O(1) preflight always runs, and a guarded
         build records what it emptied for ``check()``."""
         with self._lock("build"):
-            return self._build(batch, validate)
+            return self._build(batch, validate)[0]
 
     def check(self) -> None:
         """Raise the error of the first violation a guarded build recorded since the last check, as
@@ -195,12 +199,6 @@ class SWAMetadataBuilder:
             if self.violations.due():  # on a GPU, every SWA_HAL_POLL_EVERY-th build looks
                 self.violations.poll()
 
-    def _build(self, batch: AttentionBatch, validate: bool | None) -> SWAMetadata:
-        self._check(batch, validate)
-        plan, query = self._plan(batch, 1)
-        self.backend.compute(plan, batch, self.buffers)
-        return self._metadatas(batch, plan, query, (batch.block_table,), (batch.slot_mapping,))[0]
-
     def build_groups(
         self,
         batch: AttentionBatch,
@@ -209,36 +207,66 @@ class SWAMetadataBuilder:
         validate: bool | None = None,
     ) -> list[SWAMetadata]:
         """One build per SWA KV-cache group of a step (docs/semantics.md #group-builds), in one launch
-        on the Triton backends: the groups share ``batch``'s seq_lens, query_start_loc, replay bounds
-        and image spans; group g has its own ``block_tables[g]`` and ``slot_mappings[g]``, given as
-        lists of tensors or stacked (int32 [G, R', P] and int64 [G, T]; the cheaper form on the host).
+        on the Triton backends: the groups share ``batch.inputs`` (seq_lens, query_start_loc, replay
+        bounds, image spans, ...); group g has its own ``block_tables[g]`` and ``slot_mappings[g]``, given
+        as lists of tensors or stacked (int32 [G, R', P] and int64 [G, T]; the cheaper form on the host).
         Returns one SWAMetadata per group, each a view of that group's fixed buffers
         (``batch.block_table`` and ``batch.slot_mapping`` are not read). Needs
         ``SWAConfig.num_kv_groups >= G``."""
         with self._lock("build_groups"):
-            num_reqs = batch.query_start_loc_cpu.shape[0] - 1
-            inputs = group_inputs(
+            return self._build(batch, validate, block_tables, slot_mappings)
+
+    def _build(
+        self,
+        batch: AttentionBatch,
+        validate: bool | None,
+        block_tables: Sequence[torch.Tensor] | torch.Tensor | None = None,
+        slot_mappings: Sequence[torch.Tensor] | torch.Tensor | None = None,
+    ) -> list[SWAMetadata]:
+        """A build of every group of a step; a single build (``block_tables`` None: the batch's own table
+        and slot mapping) is a group build of one. The step's inputs are checked once, then each group's:
+        the O(1) preflight, or full validation (it syncs) of each group's batch, naming the group."""
+        inputs = batch.inputs
+        full = validate if validate is not None else self.validate
+        num_reqs = inputs.num_reqs if full else inputs.preflight(self.config, self.buffers.capacity, self._device_index)
+        rows: tuple[GroupRow, ...] = ()
+        if block_tables is None:  # a single build: the batch's own table and slot mapping, a group of one
+            if full:
+                self._validate(batch)
+            table, slot_mapping = batch.block_table, batch.slot_mapping
+            check_group(table, slot_mapping, num_reqs, inputs.num_tokens, self._device_index, names=SINGLE)
+            tables: Sequence[torch.Tensor] = (table,)
+            slots: Sequence[torch.Tensor] = (slot_mapping,)
+        else:
+            found = group_inputs(
                 block_tables,
-                slot_mappings,
+                slot_mappings,  # type: ignore[arg-type]
                 num_reqs,
-                batch.num_tokens,
+                inputs.num_tokens,
                 self._device_index,
                 self.config.num_kv_groups,
                 self._cache,
             )
-            tables, slots = inputs.tables, inputs.slots
-            first = batch.with_group(tables[0], slots[0])
-            if validate if validate is not None else self.validate:
+            tables, slots, rows = found
+            if full:
                 for g, (t, s) in enumerate(zip(tables, slots)):
                     try:
-                        self._check(batch.with_group(t, s), True)
+                        self._validate(batch.with_group(t, s))
                     except BatchValidationError as exc:  # name the group whose inputs broke the rule
                         raise type(exc)(exc.field, f"group {g}: {exc.constraint}", exc.index) from exc
-            else:
-                self._check(first, False)
-            plan, query = self._plan(first, len(tables), inputs.rows)
-            self.backend.compute_groups(plan, first, tables, slots, self.buffers)
-            return self._metadatas(first, plan, query, tables, slots)
+        plan, query = self._plan(inputs, num_reqs, len(tables), rows)
+        if block_tables is None:
+            self.backend.compute(plan, batch, self.buffers)
+        else:
+            self.backend.compute_groups(plan, batch.with_group(tables[0], slots[0]), tables, slots, self.buffers)
+        return self._metadatas(inputs, plan, query, tables, slots)
+
+    def _validate(self, batch: AttentionBatch) -> None:
+        """Full validation of one group's batch (it syncs)."""
+        validate_batch(batch, self.config, self.buffers.capacity)
+        seq_lens = batch.inputs.seq_lens
+        if seq_lens.device != self.device:
+            raise BatchDeviceError("seq_lens", f"seq_lens is on {seq_lens.device}; the builder is on {self.device}")
 
     def build_slot_rows(
         self, rows: SlotRows, *, out: torch.Tensor | None = None, lens: torch.Tensor | None = None
@@ -273,29 +301,19 @@ class SWAMetadataBuilder:
         with self._lock("build_request_window"):
             return self.backend.compute_request_window(rows)
 
-    def _check(self, batch: AttentionBatch, validate: bool | None) -> None:
-        if validate if validate is not None else self.validate:
-            validate_batch(batch, self.config, self.buffers.capacity)
-            if batch.seq_lens.device != self.device:
-                raise BatchDeviceError(
-                    "seq_lens", f"seq_lens is on {batch.seq_lens.device}; the builder is on {self.device}"
-                )
-        else:
-            preflight_batch(batch, self.config, self.buffers.capacity, self._device_index)
-
-    def _plan(self, batch: AttentionBatch, groups: int, group_rows: tuple[GroupRow, ...] = ()) -> tuple[BuildPlan, Any]:
+    def _plan(
+        self, inputs: StepInputs, num_reqs: int, groups: int, group_rows: tuple[GroupRow, ...] = ()
+    ) -> tuple[BuildPlan, Any]:
         """The host side of a build: the split (docs/semantics.md #split) from host values only."""
-        num_tokens = batch.num_tokens
-        qsl_cpu = batch.query_start_loc_cpu
-        num_reqs = qsl_cpu.shape[0] - 1
-        mql = batch.max_query_len
+        num_tokens = inputs.num_tokens
+        mql = inputs.max_query_len
         threshold = self.decode_threshold
         nd, npf, ndt, npt = num_reqs, 0, num_tokens, 0
         query = None
         # The kernel guesses each token's request from a common query length (and checks it).
         dec_guess, pre_guess = mql, 1
         if mql > threshold:
-            qsl = self._host_array(qsl_cpu)
+            qsl = self._host_array(inputs.query_start_loc_cpu)
             query = qsl[1:] - qsl[:-1]
             nd, npf, ndt, npt = split_decodes_and_prefills(qsl, mql, num_tokens, threshold, query)
             if qsl[0] != 0 or not 0 <= ndt <= num_tokens:
@@ -303,8 +321,8 @@ class SWAMetadataBuilder:
                 # decode part ends outside the batch, would give a negative or oversized part.
                 refuse_host_split(qsl, ndt, num_tokens)
             dec_guess, pre_guess = int(query[0]), (int(query[nd]) if nd < num_reqs else 1)
-        causal = batch.causal
-        width = self.config.window_size if causal else self._noncausal_width(batch, nd)
+        causal = inputs.causal
+        width = self.config.window_size if causal else self._noncausal_width(inputs, nd)
         # Decode lens rows ever written, per group; a build zeroes [num_decode_tokens, that) (#fixed-buffers).
         high = self._lens_high_water
         if groups == 1:
@@ -316,31 +334,31 @@ class SWAMetadataBuilder:
             for g in range(groups):
                 if ndt > high[g]:
                     high[g] = ndt
-        replay = batch.replay_start
+        replay = inputs.replay_start
         if replay is None:
             replay = self._cache.get(("replay", num_reqs))
             if replay is None:
                 replay = self._cache.keep(("replay", num_reqs), self.buffers.no_replay_start[:num_reqs])
-        spans = batch.image_spans
+        spans = inputs.image_spans
         images = spans is not None and npt > 0 and self.config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         plan = BuildPlan(
-            num_reqs,
-            num_tokens,
-            nd,
-            npf,
-            ndt,
-            npt,
-            causal,
-            width,
-            clear_end,
-            replay,
-            images,
-            spans,
-            dec_guess,
-            pre_guess,
-            mql,
-            min(mql, threshold),
-            group_rows,
+            inputs=inputs,
+            num_reqs=num_reqs,
+            num_tokens=num_tokens,
+            num_decodes=nd,
+            num_prefills=npf,
+            num_decode_tokens=ndt,
+            num_prefill_tokens=npt,
+            causal=causal,
+            decode_width=width,
+            decode_lens_clear_end=clear_end,
+            replay_start=replay,
+            images=images,
+            decode_guess_len=dec_guess,
+            prefill_guess_len=pre_guess,
+            max_query_len=mql,
+            decode_query_max=min(mql, threshold),
+            group_rows=group_rows,
         )
         return plan, query
 
@@ -352,7 +370,7 @@ class SWAMetadataBuilder:
 
     def _metadatas(
         self,
-        batch: AttentionBatch,
+        inputs: StepInputs,
         plan: BuildPlan,
         query: Any,
         tables: Sequence[torch.Tensor],
@@ -362,13 +380,13 @@ class SWAMetadataBuilder:
         of its fixed buffers, sizes, static facts; made once per build shape), the step's tensors and
         group g's block table and slot mapping, fresh planner objects and the backend's extras."""
         nd, npf = plan.num_decodes, plan.num_prefills
-        max_decode_query_len = min(batch.max_query_len, self.decode_threshold)
+        max_decode_query_len = plan.decode_query_max
         prefill_seq_lens = prefill_seq_lens_cpu = prefill_query_lens_cpu = None
         if npf:
-            seq_cpu = batch.seq_lens_cpu
+            seq_cpu = inputs.seq_lens_cpu
             if seq_cpu is None:
-                seq_cpu = batch.seq_lens.cpu()
-            prefill_seq_lens, prefill_seq_lens_cpu = self._tails(batch.seq_lens, seq_cpu, nd)
+                seq_cpu = inputs.seq_lens.cpu()
+            prefill_seq_lens, prefill_seq_lens_cpu = self._tails(inputs.seq_lens, seq_cpu, nd)
             prefill_query_lens_cpu = torch.from_numpy(query[nd:])
         groups = len(tables)
         key = (
@@ -392,9 +410,7 @@ class SWAMetadataBuilder:
         make_schedulers, ndt = self._make_schedulers, plan.num_decode_tokens
         md = SWAMetadata.for_step(
             shape,
-            seq_lens=batch.seq_lens,
-            query_start_loc=batch.query_start_loc,
-            query_start_loc_cpu=batch.query_start_loc_cpu,
+            inputs=inputs,
             replay_start=plan.replay_start,
             block_table=tables[0],
             slot_mapping=slots[0],
@@ -472,7 +488,7 @@ class SWAMetadataBuilder:
                 buffers.span_ends[:n].copy_(torch.tensor(ends, dtype=torch.int32), non_blocking=True)
         return ImageSpans(buffers.span_indptr[: num_reqs + 1], buffers.span_starts[:n], buffers.span_ends[:n])
 
-    def _noncausal_width(self, batch: AttentionBatch, num_decodes: int) -> int:
+    def _noncausal_width(self, inputs: StepInputs, num_decodes: int) -> int:
         """DSpark rows (docs/semantics.md #dspark-rows): only legal with DSpark, and never truncated."""
         cfg = self.config
         if not cfg.is_dspark:
@@ -481,13 +497,13 @@ class SWAMetadataBuilder:
                 f"causal=False is only legal with DSpark drafting; speculative_method={cfg.speculative_method!r}",
             )
         width = cfg.noncausal_index_width
-        if batch.max_query_len + cfg.window_size > width and num_decodes:
+        if inputs.max_query_len + cfg.window_size > width and num_decodes:
             # A row holds min(S_r, q_r + W) entries; check the decode requests exactly.
-            qsl_cpu = batch.query_start_loc_cpu.numpy()
+            qsl_cpu = inputs.query_start_loc_cpu.numpy()
             query = np.diff(qsl_cpu[: num_decodes + 1]).astype(np.int64)
             need = query + cfg.window_size
-            if batch.seq_lens_cpu is not None:
-                need = np.minimum(need, batch.seq_lens_cpu[:num_decodes].numpy())
+            if inputs.seq_lens_cpu is not None:
+                need = np.minimum(need, inputs.seq_lens_cpu[:num_decodes].numpy())
             over = np.flatnonzero(need > width)
             if over.size:
                 r = int(over[0])
@@ -584,27 +600,67 @@ class SWAMetadataBuilder:
             return self.backend.warmup(self.buffers, progress)
 
 
+def preflight_update(metadata: SWAMetadata, device_index: int, capacity: int) -> None:
+    """The preflight of a draft-step update: the tensors it reads in place are still what the build
+    checked (an engine may have swapped one for another view), and the sizes it launches with are the
+    build's (an engine that rebuilt the metadata may claim more decode tokens than its rows hold)."""
+    ndt, nd = metadata.num_decode_tokens, metadata.num_decodes
+    for name, value in (("num_decode_tokens", ndt), ("num_decodes", nd)):
+        if value.__class__ is not int:
+            raise BatchDtypeError(name, f"{name} must be an int, got {value!r}")
+    if metadata.causal.__class__ is not bool:
+        raise BatchDtypeError("causal", f"causal must be a bool, got {metadata.causal!r}")
+    if not 0 <= ndt <= capacity:
+        raise BatchCapacityError(
+            "num_decode_tokens", f"num_decode_tokens={ndt} is outside [0, {capacity}] (the builder's capacity)"
+        )
+    rows, lens = metadata.decode_swa_indices, metadata.decode_swa_lens
+    if rows.shape[0] != ndt or lens.shape[0] != ndt:
+        raise BatchShapeError(
+            "num_decode_tokens",
+            f"num_decode_tokens={ndt}, but the metadata's decode rows hold {rows.shape[0]} rows and lens "
+            f"{lens.shape[0]}: an update rewrites the rows its build made",
+        )
+    num_reqs = metadata.query_start_loc.shape[0] - 1
+    if not 0 <= nd <= num_reqs:
+        raise BatchShapeError("num_decodes", f"num_decodes={nd} is outside [0, {num_reqs}] (the requests)")
+    preflight_tensor("seq_lens", metadata.seq_lens, torch.int32, device_index)
+    preflight_tensor("query_start_loc", metadata.query_start_loc, torch.int32, device_index)
+    preflight_tensor("block_table", metadata.block_table, torch.int32, device_index, 2)
+    preflight_tensor("slot_mapping", metadata.slot_mapping, torch.int64, device_index)
+    preflight_tensor("replay_start", metadata.replay_start, torch.int32, device_index)
+    if metadata.seq_lens.shape[0] < num_reqs or metadata.block_table.shape[0] < num_reqs:
+        raise BatchShapeError("seq_lens", f"seq_lens / block_table have fewer rows than the {num_reqs} requests")
+    if metadata.slot_mapping.shape[0] < metadata.num_decode_tokens:
+        raise BatchShapeError(
+            "slot_mapping",
+            f"slot_mapping has {metadata.slot_mapping.shape[0]} entries for {metadata.num_decode_tokens} decode tokens",
+        )
+    if metadata.replay_start.shape[0] < num_reqs:
+        raise BatchShapeError(
+            "replay_start", f"replay_start has {metadata.replay_start.shape[0]} entries for {num_reqs} requests"
+        )
+
+
 def _same_build(metadatas: Sequence[SWAMetadata]) -> None:
-    """A grouped update launches every group with group 0's sizes and reads every group's step tensors
-    as group 0's: the metadata must come from one build_groups() (the same split, the same step
-    tensors), or a group would be read and written past what its build made."""
+    """A grouped update launches every group with group 0's sizes and reads every group's step inputs
+    as group 0's: the metadata must come from one build_groups() (one ``inputs`` object, the same split),
+    or a group would be read and written past what its build made."""
     first = metadatas[0]
     for g, md in enumerate(metadatas[1:], 1):
+        if first.inputs is None or md.inputs is not first.inputs:
+            raise BatchShapeError(
+                "inputs",
+                f"update_draft_decode_metadata: metadata {g}'s step inputs are not group 0's: a grouped update "
+                f"takes the metadata of one build_groups() (its groups share the step's inputs)",
+                g,
+            )
         for field in ("num_decode_tokens", "num_decodes", "causal", "max_decode_query_len"):
             if getattr(md, field) != getattr(first, field):
                 raise BatchShapeError(
                     field,
                     f"update_draft_decode_metadata: metadata {g} has {field}={getattr(md, field)!r}, "
                     f"group 0 {getattr(first, field)!r}: a grouped update takes the metadata of one build_groups()",
-                    g,
-                )
-        for field in ("seq_lens", "query_start_loc", "replay_start"):
-            a, b = getattr(md, field), getattr(first, field)
-            if a.data_ptr() != b.data_ptr() or a.shape != b.shape:
-                raise BatchShapeError(
-                    field,
-                    f"update_draft_decode_metadata: metadata {g}'s {field} is not group 0's: a grouped update "
-                    f"takes the metadata of one build_groups() (the groups share the step's tensors)",
                     g,
                 )
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .step_inputs import StepInputs
 
 T = TypeVar("T")
 
@@ -120,15 +123,17 @@ class SWAMetadata:
     backend: str
     # Backend-declared typed extras (see ``extra``).
     extras: tuple[Any, ...] = ()
+    # The step's per-request inputs the build read (``StepInputs``; seq_lens, query_start_loc and its host
+    # copy above are its tensors): one object for every group of a build. None for metadata made from an
+    # engine's own (an update then reads the fields above).
+    inputs: StepInputs | None = None
 
     @classmethod
     def for_step(
         cls,
         shape: dict[str, Any],
         *,
-        seq_lens: torch.Tensor,
-        query_start_loc: torch.Tensor,
-        query_start_loc_cpu: torch.Tensor,
+        inputs: StepInputs,
         replay_start: torch.Tensor,
         block_table: torch.Tensor,
         slot_mapping: torch.Tensor,
@@ -138,13 +143,15 @@ class SWAMetadata:
         prefill_query_lens_cpu: torch.Tensor | None = None,
     ) -> SWAMetadata:
         """The metadata of one step: ``shape`` (``shape_fields``, made once per build shape) holds every
-        field that follows from the shape, the step brings the rest. The builder's constructor, once per
-        step: it skips the keyword constructor's per-field work, which ``shape_fields`` has done (and
-        checked) once."""
+        field that follows from the shape, the step brings the rest (its ``inputs``, the replay bounds the
+        build read, group 0's table and slot mapping, planner objects, the prefills' lengths). The builder's
+        constructor, once per step: it skips the keyword constructor's per-field work, which
+        ``shape_fields`` has done (and checked) once."""
         fields = shape.copy()  # one block copy; the step's fields overwrite placeholders (no resize)
-        fields["seq_lens"] = seq_lens
-        fields["query_start_loc"] = query_start_loc
-        fields["query_start_loc_cpu"] = query_start_loc_cpu
+        fields["inputs"] = inputs
+        fields["seq_lens"] = inputs.seq_lens
+        fields["query_start_loc"] = inputs.query_start_loc
+        fields["query_start_loc_cpu"] = inputs.query_start_loc_cpu
         fields["replay_start"] = replay_start
         fields["block_table"] = block_table
         fields["slot_mapping"] = slot_mapping
@@ -226,6 +233,7 @@ class SWAMetadata:
 # The fields a step brings (``SWAMetadata.for_step``); every other field follows from the build's shape.
 STEP_FIELDS = frozenset(
     (
+        "inputs",
         "seq_lens",
         "query_start_loc",
         "query_start_loc_cpu",

@@ -1,15 +1,28 @@
-"""Preflight: the O(1) host checks every build, update and token-slot build runs before its launch.
+"""Preflight: the O(1) host checks every build, update and token-slot build runs before its launch, and
+the group table a group build's checked inputs make.
 
 They read host facts only (dtypes, devices, dimensions, strides, sizes, capacity), never a device
 value, so they cost a few attribute reads and never synchronise. They keep every kernel launch inside
 its inputs and outputs; the rules that need the data are checked by full validation
 (``validation.py``, on request) or by the build itself when it is guarded (``guard.py``,
-docs/semantics.md #guarded-builds).
+docs/semantics.md #guarded-builds). The step's per-request inputs check themselves
+(``StepInputs.preflight``); the checks here are those of each KV-cache group's inputs (a draft update's are the builder's, with
+the same helpers).
+
+Group inputs (docs/semantics.md #group-builds): each KV-cache group's block table and slot mapping,
+handed in as two lists of tensors, stacked in one tensor each, or as a list of block tables with the slot
+mappings stacked (the layout vLLM's model runner keeps: one table per group, of its own width, and one
+[G, T] slot-mapping buffer), checked and described as the rows of the kernel's group table. A single
+build's table and slot mapping are a group of one. The stacked form is the cheap one: its host checks
+look at two tensors whatever the number of groups, and its per-group views and table rows are made once
+per buffer and kept in the builder's cache (swa_hal/cache.py; an engine keeps its group tables in
+persistent buffers, so a step finds them).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -17,13 +30,11 @@ from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
 
 if TYPE_CHECKING:
-    from .batch import AttentionBatch
-    from .config import SWAConfig
-    from .metadata import SWAMetadata
+    from .cache import HostCache
 
 
 def _refuse(name: str, t: object, want: torch.dtype, device_index: int, ndim: int) -> None:
-    """Name the first broken rule of a preflight-checked input (the slow path of ``preflight_batch``)."""
+    """Name the first broken rule of a preflight-checked input (the slow path of the fast checks)."""
     if not isinstance(t, torch.Tensor):
         raise BatchDtypeError(name, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != want:
@@ -78,153 +89,233 @@ def refuse_table_reach(field: str, num_reqs: int, row_stride: int, width: int) -
         )
 
 
-def preflight_batch(batch: AttentionBatch, config: SWAConfig, capacity: int, device_index: int) -> None:
-    """Host-only, O(1) checks that keep every kernel launch inside its inputs and outputs; cheap
-    enough for every build (docs/semantics.md #guarded-builds). Reads no device value.
+# -- group inputs ------------------------------------------------------------------------------------
 
-    ``device_index`` is the builder's ``tensor.get_device()`` value (-1 for the CPU): kernels are
-    launched with raw addresses, so a tensor on another device must be refused here.
-    """
-    seq_lens, qsl, table, slots = batch.seq_lens, batch.query_start_loc, batch.block_table, batch.slot_mapping
-    # The common case in one expression over attributes read once (this runs on every build);
-    # on any failure the per-tensor checks below name the broken rule.
-    i32 = torch.int32
+# Address of group g's block table, address of its slot mapping, the table's row stride and width
+# (in elements): one row of the group table the kernel reads.
+GroupRow = tuple[int, int, int, int]
+
+
+class GroupInputs(NamedTuple):
+    tables: Sequence[torch.Tensor]
+    slots: Sequence[torch.Tensor]
+    rows: tuple[GroupRow, ...]
+
+
+def group_inputs(
+    block_tables: Sequence[torch.Tensor] | torch.Tensor,
+    slot_mappings: Sequence[torch.Tensor] | torch.Tensor,
+    num_reqs: int,
+    num_tokens: int,
+    device_index: int,
+    max_groups: int,
+    cache: HostCache,
+) -> GroupInputs:
+    """Check a group build's per-group inputs (the step's are ``StepInputs.preflight``'s) and describe
+    them. ``block_tables``: a list of int32 [R', P_g] tensors, or one int32 [G, R', P] tensor;
+    ``slot_mappings``: a list of int64 [T] tensors, or one int64 [G, T] tensor (with listed tables too).
+    Host facts only. (A single build's table and slot mapping: ``check_group``.)"""
+    if isinstance(slot_mappings, torch.Tensor) and not isinstance(block_tables, torch.Tensor):
+        found = _mixed(block_tables, slot_mappings, num_reqs, num_tokens, device_index, cache)
+    elif isinstance(block_tables, torch.Tensor) or isinstance(slot_mappings, torch.Tensor):
+        found = _stacked(block_tables, slot_mappings, num_reqs, num_tokens, device_index, cache)
+    else:
+        _count(len(block_tables), len(slot_mappings))
+        found = _listed(block_tables, slot_mappings, num_reqs, num_tokens, device_index)
+    if len(found.rows) > max_groups:
+        raise BatchCapacityError(
+            "block_tables",
+            f"{len(found.rows)} groups; the config's num_kv_groups is {max_groups} "
+            f"(the builder keeps that many sets of buffers)",
+        )
+    return found
+
+
+def _count(tables: int, slots: int) -> None:
+    if tables != slots or tables < 1:
+        raise BatchShapeError(
+            "slot_mappings",
+            f"{slots} slot mappings for {tables} block tables; "
+            f"a group build needs one of each per group, at least one group",
+        )
+
+
+def check_group(
+    table: Any,
+    slot_mapping: Any,
+    num_reqs: int,
+    num_tokens: int,
+    device_index: int,
+    g: int = 0,
+    names: tuple[str, str] | None = None,
+) -> tuple[int, int]:
+    """Check one group's block table and slot mapping (a single build's, named ``names``, or listed group
+    ``g``'s, named ``block_tables[g]`` and ``slot_mappings[g]``); returns the table's row stride and width.
+    Every rule (shapes included) is one expression, so a good group costs one branch."""
     try:
-        qs, ss, ts, ls = qsl.shape, seq_lens.shape, table.shape, slots.shape
+        ts, tst, ss = table.shape, table.stride(), slot_mapping.shape
         ok = (
-            seq_lens.dtype is i32
-            and qsl.dtype is i32
-            and table.dtype is i32
-            and slots.dtype is torch.int64
-            and seq_lens.get_device() == device_index
-            and qsl.get_device() == device_index
+            table.dtype is torch.int32
+            and slot_mapping.dtype is torch.int64
             and table.get_device() == device_index
-            and slots.get_device() == device_index
-            and (device_index >= 0 or not (seq_lens.is_meta or qsl.is_meta or table.is_meta or slots.is_meta))  # META
-            and len(qs) == 1
-            and len(ss) == 1
+            and slot_mapping.get_device() == device_index
+            and (device_index >= 0 or not (table.is_meta or slot_mapping.is_meta))  # META
             and len(ts) == 2
-            and len(ls) == 1
-            and qsl.is_contiguous()  # 1-D: unit stride, or at most one element
-            and seq_lens.is_contiguous()
-            and slots.is_contiguous()
-            # stride()[1], not stride(1): torch parses an argument at a cost of two attribute reads
-            and ((tst := table.stride())[1] == 1 or ts[1] <= 1)
-            and (qs[0] - 2) * tst[0] + ts[1] <= INT32_LIMIT  # the table's reach (refuse_table_reach)
+            and len(ss) == 1
+            and ts[0] >= num_reqs
+            and ss[0] == num_tokens
+            and (ts[1] == 1 or (ts[1] > 1 and tst[1] == 1))
+            and slot_mapping.is_contiguous()  # 1-D: unit stride, or at most one element
+            and (num_reqs - 1) * tst[0] + ts[1] <= INT32_LIMIT  # refuse_table_reach
         )
     except AttributeError:
         ok = False
     if not ok:
-        preflight_tensor("seq_lens", seq_lens, i32, device_index)
-        preflight_tensor("query_start_loc", qsl, i32, device_index)
-        preflight_tensor("block_table", table, i32, device_index, 2)
-        preflight_tensor("slot_mapping", slots, torch.int64, device_index)
-        qs, ss, ts, ls, tst = qsl.shape, seq_lens.shape, table.shape, slots.shape, table.stride()
-    num_tokens = batch.num_tokens
-    if num_tokens.__class__ is not int:
-        raise BatchDtypeError("num_tokens", f"num_tokens must be an int, got {num_tokens!r}")
-    if num_tokens > capacity:
-        raise BatchCapacityError(
-            "num_tokens", f"num_tokens={num_tokens} exceeds the builder's capacity (max_num_batched_tokens={capacity})"
-        )
-    if num_tokens < 1:
-        raise BatchShapeError("num_tokens", f"num_tokens={num_tokens}: the batch is empty")
-    mql = batch.max_query_len
-    if mql.__class__ is not int or mql < 0 or mql > capacity:
-        raise BatchDtypeError("max_query_len", f"max_query_len must be an int in [0, {capacity}], got {mql!r}")
-    if batch.causal.__class__ is not bool:
-        raise BatchDtypeError("causal", f"causal must be a bool, got {batch.causal!r}")
-    qsl_cpu = batch.query_start_loc_cpu
-    seq_cpu = batch.seq_lens_cpu
-    # The plan reads the host copies as numpy arrays: one on another device (a meta tensor, a GPU copy)
-    # would fail there with an untyped error, so it is refused by name first.
-    try:
-        host_ok = qsl_cpu.is_cpu and (seq_cpu is None or seq_cpu.is_cpu)
-    except AttributeError:
-        host_ok = False
-    if not host_ok:
-        refuse_host_copy("query_start_loc_cpu", qsl_cpu)
-        if seq_cpu is not None:
-            refuse_host_copy("seq_lens_cpu", seq_cpu)
-    num_reqs = qsl_cpu.shape[0] - 1
-    if num_reqs < 1:
-        raise BatchShapeError("query_start_loc_cpu", "query_start_loc_cpu has no request: the batch is empty")
-    if num_reqs > config.max_num_seqs:
-        raise BatchCapacityError("seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}")
-    if qs[0] != num_reqs + 1:
-        raise BatchShapeError(
-            "query_start_loc", f"query_start_loc has {qs[0]} entries; query_start_loc_cpu has {num_reqs + 1}"
-        )
-    if ss[0] < num_reqs:
-        raise BatchShapeError("seq_lens", f"seq_lens has {ss[0]} entries for {num_reqs} requests")
-    if ts[0] < num_reqs or ts[1] < 1:
-        raise BatchShapeError(
-            "block_table",
-            f"block_table {tuple(ts)} has too few rows or no page column for {num_reqs} requests",
-        )
-    if not ok:  # the fast check covered the table's reach
-        refuse_table_reach("block_table", num_reqs, tst[0], ts[1])
-    if ls[0] != num_tokens:
-        raise BatchShapeError("slot_mapping", f"slot_mapping has {ls[0]} entries; num_tokens is {num_tokens}")
-    replay = batch.replay_start
-    if replay is not None:
-        preflight_tensor("replay_start", replay, torch.int32, device_index)
-        if replay.shape[0] < num_reqs:
-            raise BatchShapeError("replay_start", f"replay_start has {replay.shape[0]} entries for {num_reqs} requests")
-    spans = batch.image_spans
-    if spans is not None:
-        preflight_tensor("image_spans.indptr", spans.indptr, torch.int32, device_index)
-        preflight_tensor("image_spans.starts", spans.starts, torch.int32, device_index)
-        preflight_tensor("image_spans.ends", spans.ends, torch.int32, device_index)
-        if spans.indptr.shape[0] < num_reqs + 1:
-            raise BatchShapeError(
-                "image_spans.indptr",
-                f"image_spans.indptr has {spans.indptr.shape[0]} entries; expected num_reqs + 1 = {num_reqs + 1}",
-            )
-        if spans.ends.shape[0] != spans.starts.shape[0]:
-            raise BatchShapeError(
-                "image_spans.ends",
-                f"image_spans.ends has {spans.ends.shape[0]} entries but starts has {spans.starts.shape[0]}",
-            )
+        table_name, slots_name = names or (f"block_tables[{g}]", f"slot_mappings[{g}]")
+        _refuse_listed(g, table_name, slots_name, table, slot_mapping, num_reqs, num_tokens, device_index)
+    return tst[0], ts[1]
 
 
-def preflight_update(metadata: SWAMetadata, device_index: int, capacity: int) -> None:
-    """The preflight of a draft-step update: the tensors it reads in place are still what the build
-    checked (an engine may have swapped one for another view), and the sizes it launches with are the
-    build's (an engine that rebuilt the metadata may claim more decode tokens than its rows hold)."""
-    ndt, nd = metadata.num_decode_tokens, metadata.num_decodes
-    for name, value in (("num_decode_tokens", ndt), ("num_decodes", nd)):
-        if value.__class__ is not int:
-            raise BatchDtypeError(name, f"{name} must be an int, got {value!r}")
-    if metadata.causal.__class__ is not bool:
-        raise BatchDtypeError("causal", f"causal must be a bool, got {metadata.causal!r}")
-    if not 0 <= ndt <= capacity:
-        raise BatchCapacityError(
-            "num_decode_tokens", f"num_decode_tokens={ndt} is outside [0, {capacity}] (the builder's capacity)"
-        )
-    rows, lens = metadata.decode_swa_indices, metadata.decode_swa_lens
-    if rows.shape[0] != ndt or lens.shape[0] != ndt:
+def _listed(
+    tables: Sequence[Any], slots: Sequence[Any], num_reqs: int, num_tokens: int, device_index: int
+) -> GroupInputs:
+    rows: list[GroupRow] = []
+    for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
+        stride, width = check_group(table, slot_mapping, num_reqs, num_tokens, device_index, g)
+        rows.append((table.data_ptr(), slot_mapping.data_ptr(), stride, width))
+    return GroupInputs(tables, slots, tuple(rows))
+
+
+def _mixed(
+    tables: Sequence[Any], slots: torch.Tensor, num_reqs: int, num_tokens: int, device_index: int, cache: HostCache
+) -> GroupInputs:
+    """Listed block tables, stacked slot mappings: the tables checked as listed ones, the slot mappings as
+    one stacked tensor, whose per-group views and addresses are kept (``_unbound``)."""
+    i64 = torch.int64
+    ss, sst = slots.shape, slots.stride()
+    ok = (
+        slots.dtype is i64
+        and slots.get_device() == device_index
+        and (device_index >= 0 or not slots.is_meta)  # META
+        and len(ss) == 2
+        and (ss[1] <= 1 or sst[1] == 1)
+    )
+    if not ok:  # name the broken rule
+        preflight_tensor("slot_mappings", slots, i64, device_index, 2)
+    _count(len(tables), ss[0])
+    if ss[1] != num_tokens:
         raise BatchShapeError(
-            "num_decode_tokens",
-            f"num_decode_tokens={ndt}, but the metadata's decode rows hold {rows.shape[0]} rows and lens "
-            f"{lens.shape[0]}: an update rewrites the rows its build made",
+            "slot_mappings", f"slot_mappings has {ss[1]} entries per group; num_tokens is {num_tokens}"
         )
-    num_reqs = metadata.query_start_loc.shape[0] - 1
-    if not 0 <= nd <= num_reqs:
-        raise BatchShapeError("num_decodes", f"num_decodes={nd} is outside [0, {num_reqs}] (the requests)")
-    preflight_tensor("seq_lens", metadata.seq_lens, torch.int32, device_index)
-    preflight_tensor("query_start_loc", metadata.query_start_loc, torch.int32, device_index)
-    preflight_tensor("block_table", metadata.block_table, torch.int32, device_index, 2)
-    preflight_tensor("slot_mapping", metadata.slot_mapping, torch.int64, device_index)
-    preflight_tensor("replay_start", metadata.replay_start, torch.int32, device_index)
-    if metadata.seq_lens.shape[0] < num_reqs or metadata.block_table.shape[0] < num_reqs:
-        raise BatchShapeError("seq_lens", f"seq_lens / block_table have fewer rows than the {num_reqs} requests")
-    if metadata.slot_mapping.shape[0] < metadata.num_decode_tokens:
+    slot_views, slot_addresses = _unbound(cache, (slots.data_ptr(), ss, sst), slots)
+    i32 = torch.int32
+    rows: list[GroupRow] = []
+    for g, table in enumerate(tables):
+        try:
+            ts, tst = table.shape, table.stride()
+            ok = (
+                table.dtype is i32
+                and table.get_device() == device_index
+                and (device_index >= 0 or not table.is_meta)  # META
+                and len(ts) == 2
+                and ts[0] >= num_reqs
+                and (ts[1] == 1 or (ts[1] > 1 and tst[1] == 1))
+                and (num_reqs - 1) * tst[0] + ts[1] <= INT32_LIMIT  # refuse_table_reach
+            )
+        except AttributeError:
+            ok = False
+        if not ok:
+            preflight_tensor(f"block_tables[{g}]", table, i32, device_index, 2)
+            _shapes(f"block_tables[{g}]", table.shape, "slot_mappings", num_tokens, num_reqs, num_tokens)
+            refuse_table_reach(f"block_tables[{g}]", num_reqs, table.stride()[0], table.shape[1])
+            raise AssertionError(f"group {g}: block table refused by the fast check but by no rule")  # pragma: no cover
+        rows.append((table.data_ptr(), slot_addresses[g], tst[0], ts[1]))
+    return GroupInputs(tables, slot_views, tuple(rows))
+
+
+def _refuse_listed(
+    g: int,
+    table_name: str,
+    slots_name: str,
+    table: Any,
+    slot_mapping: Any,
+    num_reqs: int,
+    num_tokens: int,
+    device_index: int,
+) -> None:
+    """Raise the error naming the first rule group g's listed inputs break (named ``table_name`` and
+    ``slots_name``)."""
+    preflight_tensor(table_name, table, torch.int32, device_index, 2)
+    preflight_tensor(slots_name, slot_mapping, torch.int64, device_index)
+    _shapes(table_name, table.shape, slots_name, slot_mapping.shape[0], num_reqs, num_tokens)
+    refuse_table_reach(table_name, num_reqs, table.stride()[0], table.shape[1])
+    raise AssertionError(f"group {g}: inputs refused by the fast check but by no rule")  # pragma: no cover
+
+
+def _stacked(
+    tables: Any, slots: Any, num_reqs: int, num_tokens: int, device_index: int, cache: HostCache
+) -> GroupInputs:
+    if not isinstance(tables, torch.Tensor) or not isinstance(slots, torch.Tensor):
         raise BatchShapeError(
-            "slot_mapping",
-            f"slot_mapping has {metadata.slot_mapping.shape[0]} entries for {metadata.num_decode_tokens} decode tokens",
+            "slot_mappings",
+            "stacked group inputs: block_tables [G, R, P] and slot_mappings [G, T] must both be tensors",
         )
-    if metadata.replay_start.shape[0] < num_reqs:
+    i32, i64 = torch.int32, torch.int64
+    ts, tst, ss, sst = tables.shape, tables.stride(), slots.shape, slots.stride()
+    ok = (
+        tables.dtype is i32
+        and slots.dtype is i64
+        and tables.get_device() == device_index
+        and slots.get_device() == device_index
+        and (device_index >= 0 or not (tables.is_meta or slots.is_meta))  # META
+        and len(ts) == 3
+        and len(ss) == 2
+        and (ts[2] <= 1 or tst[2] == 1)
+        and (ss[1] <= 1 or sst[1] == 1)
+    )
+    if not ok:  # name the broken rule
+        preflight_tensor("block_tables", tables, i32, device_index, 3)
+        preflight_tensor("slot_mappings", slots, i64, device_index, 2)
+    _count(ts[0], ss[0])
+    _shapes("block_tables", ts, "slot_mappings", ss[1], num_reqs, num_tokens)
+    refuse_table_reach("block_tables", num_reqs, tst[1], ts[2])
+    # An engine hands in a slice of its buffers per step ([:, :num_reqs], [:, :num_tokens]): tables and
+    # slot mappings are kept apart (their lengths vary independently), each pair's rows once more.
+    # Identity keys (swa_hal/cache.py) from the shapes and strides read above; the checks fixed the
+    # dtypes and the device.
+    tkey, skey = (tables.data_ptr(), ts, tst), (slots.data_ptr(), ss, sst)
+    found = cache.get(("group pair", tkey, skey))
+    if found is None:
+        table_views, table_addresses = _unbound(cache, tkey, tables)
+        slot_views, slot_addresses = _unbound(cache, skey, slots)
+        rows = tuple((t, s, tst[1], ts[2]) for t, s in zip(table_addresses, slot_addresses))
+        found = cache.keep(("group pair", tkey, skey), GroupInputs(table_views, slot_views, rows))
+    return found
+
+
+def _unbound(cache: HostCache, key: Any, stacked: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+    """Each group's view of ``stacked`` and its address (kept: the views hold the memory alive)."""
+    found = cache.get(("group views", key))
+    if found is None:
+        step = stacked.stride()[0] * stacked.element_size()
+        address = stacked.data_ptr()
+        found = cache.keep(
+            ("group views", key), (stacked.unbind(0), tuple(address + g * step for g in range(stacked.shape[0])))
+        )
+    return found
+
+
+def group_rows(tables: Sequence[torch.Tensor], slots: Sequence[torch.Tensor]) -> tuple[GroupRow, ...]:
+    """The group table's rows for these (already checked) tensors."""
+    return tuple((t.data_ptr(), s.data_ptr(), t.stride()[0], t.shape[1]) for t, s in zip(tables, slots))
+
+
+def _shapes(table_name: str, ts: Sequence[int], slots_name: str, n_slots: int, num_reqs: int, num_tokens: int) -> None:
+    """A group's table has a row per request and a page column; its slot mapping an entry per token.
+    (``ts``: the table's shape, the stacked one's [G, R', P] or a listed one's [R', P].)"""
+    if ts[-2] < num_reqs or ts[-1] < 1:
         raise BatchShapeError(
-            "replay_start", f"replay_start has {metadata.replay_start.shape[0]} entries for {num_reqs} requests"
+            table_name, f"{table_name} {tuple(ts)} has too few rows or no page column for {num_reqs} requests"
         )
+    if n_slots != num_tokens:
+        raise BatchShapeError(slots_name, f"{slots_name} has {n_slots} entries; num_tokens is {num_tokens}")

@@ -13,12 +13,12 @@ import torch
 
 from . import reference
 from .backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
+from .batch import AttentionBatch
 from .cache import HostCache
 from .guard import TorchGuard, Violation, block_limit
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from .batch import AttentionBatch
     from .buffers import MetadataBuffers
     from .metadata import SWAMetadata
     from .request_window import RequestWindowLayout, RequestWindowRows
@@ -233,7 +233,7 @@ class TorchBackend(Backend):
         checked_replay = None if batch.replay_start is None else replay
         guard = self.guard and probe is None
         if probe is not None:
-            spans = plan.spans if plan.images else None
+            spans = plan.inputs.image_spans if plan.images else None
             self._guard.request_quantities(
                 cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan, values=False
             )
@@ -256,7 +256,7 @@ class TorchBackend(Backend):
             self._request_terms(False, s, qsl, ends, seq, replay)
         broken = None
         if guard:
-            spans = plan.spans if plan.images else None
+            spans = plan.inputs.image_spans if plan.images else None
             broken = self._guard.request_checks(
                 cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan
             )
@@ -311,7 +311,7 @@ class TorchBackend(Backend):
                     qsl,
                     batch.seq_lens,
                     s.t2r,
-                    plan.spans,  # type: ignore[arg-type]  # plan.images: spans are given
+                    plan.inputs.image_spans,  # type: ignore[arg-type]  # plan.images: spans are given
                     token_offset=ndt,
                     num_rows=npt,
                     max_image_tokens=cfg.max_image_tokens,
@@ -385,9 +385,13 @@ class TorchBackend(Backend):
         # An update rebuilds the decode requests only, so only they are checked: a prefill's violation
         # belongs to the build that handed its rows out (the kernels' decode programs see no prefill).
         plan = update_plan(metadata)
-        batch = _UpdateInputs(metadata)
+        batch = AttentionBatch(
+            inputs=plan.inputs,
+            block_table=metadata.block_table,
+            slot_mapping=metadata.slot_mapping[: metadata.num_decode_tokens],
+        )
         with one_thread():
-            self._compute(plan, batch, buffers)  # type: ignore[arg-type]
+            self._compute(plan, batch, buffers)
 
     def compute_slot_rows(
         self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int
@@ -401,21 +405,6 @@ class TorchBackend(Backend):
 
     def status(self) -> dict[str, str]:
         return {"kernel": "PyTorch reference (vectorized, any device)"}
-
-
-class _UpdateInputs:
-    """The inputs of a draft-step update (docs/semantics.md #draft-updates), read from its metadata as
-    ``compute`` reads a batch's."""
-
-    __slots__ = ("query_start_loc", "seq_lens", "block_table", "slot_mapping", "replay_start")
-
-    def __init__(self, metadata: SWAMetadata):
-        ndt, nd = metadata.num_decode_tokens, metadata.num_decodes
-        self.replay_start = metadata.replay_start
-        self.query_start_loc = metadata.query_start_loc[: nd + 1]
-        self.seq_lens = metadata.seq_lens[:nd]
-        self.block_table = metadata.block_table
-        self.slot_mapping = metadata.slot_mapping[:ndt]
 
 
 TORCH_SPEC = BackendSpec(

@@ -15,11 +15,11 @@ from .backend import Backend, BuildPlan, update_plan
 from .config import INT32_LIMIT
 from .envs import env_flag
 from .errors import BackendUnavailableError
-from .groups import group_rows
 from .kernels.launch import CompileKey, KeyedLaunch, record_fields
 from .kernels.request_window_launch import RequestWindowArgs
 from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsKey
 from .kernels.slot_rows_launch import SlotRowsArgs
+from .preflight import group_rows
 from .request_window import RequestWindowLayout
 
 if TYPE_CHECKING:
@@ -162,23 +162,23 @@ class TritonBackend(Backend):
         self,
         key: RowsKey,
         plan: BuildPlan,
-        inputs: AttentionBatch | SWAMetadata,
         table: torch.Tensor,
         slots: torch.Tensor,
         buffers: MetadataBuffers,
         groups: int,
     ) -> RowsArgs:
-        """The one mapping of a build onto the rows kernel's arguments: the plan's sizes, the step's
-        tensors (``inputs``: the batch, or for a draft-step update the metadata), group 0's block table
-        and slot mapping (a group build reads the others through the group table) into the record of
+        """The one mapping of a build onto the rows kernel's arguments: the plan's sizes and step inputs
+        (``plan.inputs``: the step's, or for a draft-step update its decode requests'), group 0's block
+        table and slot mapping (a group build reads the others through the group table) into the record of
         this row kind, whose builder-owned fields were set once. Every other field is set here."""
+        inputs = plan.inputs
         ptr = self._rows.pointer
         args = self._records.get(plan.causal) if buffers is self._buffers else None
         no_spans = self._no_spans
         if args is None:  # buffers this backend was not given (a caller's own): a record of their own
             args = rows_record(buffers, plan.causal, ptr)
             no_spans = (ptr(buffers.no_span_indptr), ptr(buffers.span_starts), ptr(buffers.span_ends))
-        spans: ImageSpans | None = plan.spans if plan.images else None
+        spans: ImageSpans | None = inputs.image_spans if plan.images else None
         if spans is None:
             args.span_indptr_ptr, args.span_starts_ptr, args.span_ends_ptr = no_spans
             args.num_spans = 0
@@ -218,14 +218,13 @@ class TritonBackend(Backend):
     def _launch(
         self,
         plan: BuildPlan,
-        inputs: AttentionBatch | SWAMetadata,
         table: torch.Tensor,
         slots: torch.Tensor,
         buffers: MetadataBuffers,
         groups: int = 1,
     ) -> None:
         key = self._rows.key_for((plan.causal, self.guard, groups > 1))
-        args = self.rows_args(key, plan, inputs, table, slots, buffers, groups)
+        args = self.rows_args(key, plan, table, slots, buffers, groups)
         self._rows(key, args.programs(), args)
 
     def _write_group_table(self, rows: tuple[tuple[int, int, int, int], ...], buffers: MetadataBuffers) -> None:
@@ -237,7 +236,7 @@ class TritonBackend(Backend):
             self._group_table = rows
 
     def compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
-        self._launch(plan, batch, batch.block_table, batch.slot_mapping, buffers)
+        self._launch(plan, batch.block_table, batch.slot_mapping, buffers)
 
     def compute_groups(
         self,
@@ -249,18 +248,18 @@ class TritonBackend(Backend):
     ) -> None:
         """Every group in one launch (docs/semantics.md #group-builds)."""
         self._write_group_table(plan.group_rows or group_rows(tables, slots), buffers)
-        self._launch(plan, batch, tables[0], slots[0], buffers, len(tables))
+        self._launch(plan, tables[0], slots[0], buffers, len(tables))
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         # The build kernel with its decode programs only: token_to_req, is_valid and the rows.
-        self._launch(update_plan(metadata), metadata, metadata.block_table, metadata.slot_mapping, buffers)
+        self._launch(update_plan(metadata), metadata.block_table, metadata.slot_mapping, buffers)
 
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
         first = metadatas[0]
         self._write_group_table(
             group_rows([m.block_table for m in metadatas], [m.slot_mapping for m in metadatas]), buffers
         )
-        self._launch(update_plan(first), first, first.block_table, first.slot_mapping, buffers, len(metadatas))
+        self._launch(update_plan(first), first.block_table, first.slot_mapping, buffers, len(metadatas))
 
     # -- token-slot rows ---------------------------------------------------------------------------
 

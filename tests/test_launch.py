@@ -82,14 +82,14 @@ def test_a_build_sets_every_per_build_field_of_the_record():
     config = CONFORMANCE_CONFIGS["v4"]
     builder = make_builder(config, "cuda")
     batch = random_batch(config, random.Random(5), "mixed")
-    plan, _ = builder._plan(batch, 1)
+    plan, _ = builder._plan(batch.inputs, batch.inputs.num_reqs, 1)
     backend = builder.backend
     record = backend._records[True]
     poison = object()
     for name in record_fields(rows_launch.RowsArgs):
         if name not in OWNED_ROWS_FIELDS and name != "group_rows":
             setattr(record, name, poison)
-    args = backend.rows_args(backend.kernel_key(), plan, batch, batch.block_table, batch.slot_mapping,
+    args = backend.rows_args(backend.kernel_key(), plan, batch.block_table, batch.slot_mapping,
                              builder.buffers, 1)
     assert args is record
     assert [n for n in record_fields(rows_launch.RowsArgs) if getattr(args, n) is poison] == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import numbers
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,10 +20,12 @@ import torch
 
 from ..batch import AttentionBatch, ImageSpans, check_image_ranges, ranges_in_step
 from ..builder import SWAMetadataBuilder
+from ..cache import tensor_key
 from ..config import SWAConfig
 from ..errors import BatchDeviceError, BatchDtypeError, BatchShapeError
 from ..metadata import SWAMetadata
 from ..platform import PlatformInfo
+from ..step_inputs import StepInputs
 
 # The engines' attribute of image ranges, ``{request: [(start, end), ...]}``, named in its errors.
 RANGES = "mm_req_doc_ranges"
@@ -74,6 +77,76 @@ def _flag(name: str, value: Any) -> bool:
     raise BatchDtypeError(name, f"{name} must be a bool, got {value!r}")
 
 
+def step_sources(cm: Any, replay_start: torch.Tensor | None) -> tuple[Any, ...]:
+    """The engine's objects a step's inputs are made from, as ``inputs_from_common_metadata`` reads them:
+    ``seq_lens``, ``query_start_loc``, ``query_start_loc_cpu``, the host copy of seq_lens
+    (``seq_lens_cpu_upper_bound`` or ``seq_lens_cpu``), ``num_reqs``, ``max_query_len``,
+    ``num_actual_tokens``, ``causal``, the image ranges (``mm_req_doc_ranges``) and ``replay_start``. Two
+    groups of a step whose sources are the same objects (``same_sources``) have the same inputs: the one
+    list of what a step shares (a new input read from the engine is read here)."""
+    return (
+        cm.seq_lens,
+        cm.query_start_loc,
+        cm.query_start_loc_cpu,
+        _seq_lens_cpu(cm),
+        getattr(cm, "num_reqs", None),
+        cm.max_query_len,
+        getattr(cm, "num_actual_tokens", None),
+        getattr(cm, "causal", True),
+        getattr(cm, RANGES, None),
+        replay_start,
+    )
+
+
+def same_sources(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two ``step_sources`` give the same inputs: the same objects (how engines hand them to every
+    group), or else, item by item, tensors that are the same memory seen the same way (``tensor_key``)
+    and other values that are equal (never a tensor comparison)."""
+    if all(map(operator.is_, a, b)):
+        return True
+    return all(
+        x is y
+        or (tensor_key(x) == tensor_key(y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else False)
+        or (not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y)
+        for x, y in zip(a, b)
+    )
+
+
+def inputs_from_common_metadata(
+    cm: Any,
+    *,
+    replay_start: torch.Tensor | None = None,
+    image_spans: ImageSpans | None = None,
+    sources: tuple[Any, ...] | None = None,
+) -> StepInputs:
+    """The step's inputs from an engine's per-step common metadata (``sources``: its ``step_sources``, when
+    the caller has them), sharing the engine's tensors (nothing is copied or synchronised); the rules of
+    ``batch_from_common_metadata``. ``image_spans`` are the spans ``step_image_spans`` made from the
+    image ranges."""
+    seq_lens, qsl, qsl_cpu, seq_cpu, num_reqs, max_query_len, actual, causal, _, replay = (
+        step_sources(cm, replay_start) if sources is None else sources
+    )
+    num_tokens = cm.slot_mapping.shape[0]
+    if actual is not None:
+        actual = _integer("num_actual_tokens", actual)
+        if actual > num_tokens:
+            raise BatchShapeError(
+                "num_actual_tokens", f"num_actual_tokens={actual} exceeds the slot_mapping's {num_tokens} rows"
+            )
+    num_reqs = int(num_reqs) if num_reqs is not None else qsl_cpu.shape[0] - 1
+    return StepInputs(
+        seq_lens=_first(seq_lens, num_reqs),
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl_cpu,
+        seq_lens_cpu=None if seq_cpu is None else _first(seq_cpu, num_reqs),
+        max_query_len=_integer("max_query_len", max_query_len),
+        num_tokens=num_tokens,
+        causal=_flag("causal", causal),
+        replay_start=replay,
+        image_spans=image_spans,
+    )
+
+
 def batch_from_common_metadata(
     cm: Any, *, replay_start: torch.Tensor | None = None, image_spans: ImageSpans | None = None
 ) -> AttentionBatch:
@@ -101,30 +174,8 @@ def batch_from_common_metadata(
     fixed buffers; an engine whose metadata covers only its first ``num_actual_tokens`` rows (vLLM's)
     takes the first rows of the outputs.
     """
-    slot_mapping = cm.slot_mapping
-    num_tokens = slot_mapping.shape[0]
-    actual = getattr(cm, "num_actual_tokens", None)
-    if actual is not None:
-        actual = _integer("num_actual_tokens", actual)
-    if actual is not None and actual > num_tokens:
-        raise BatchShapeError(
-            "num_actual_tokens", f"num_actual_tokens={actual} exceeds the slot_mapping's {num_tokens} rows"
-        )
-    num_reqs = _num_reqs(cm)
-    seq_cpu = _seq_lens_cpu(cm)
-    return AttentionBatch(
-        seq_lens=_first(cm.seq_lens, num_reqs),
-        query_start_loc=cm.query_start_loc,
-        query_start_loc_cpu=cm.query_start_loc_cpu,
-        seq_lens_cpu=None if seq_cpu is None else _first(seq_cpu, num_reqs),
-        block_table=cm.block_table_tensor,
-        slot_mapping=slot_mapping,
-        max_query_len=_integer("max_query_len", cm.max_query_len),
-        num_tokens=num_tokens,
-        causal=_flag("causal", getattr(cm, "causal", True)),
-        replay_start=replay_start,
-        image_spans=image_spans,
-    )
+    inputs = inputs_from_common_metadata(cm, replay_start=replay_start, image_spans=image_spans)
+    return AttentionBatch(inputs=inputs, block_table=cm.block_table_tensor, slot_mapping=cm.slot_mapping)
 
 
 def step_image_spans(builder: SWAMetadataBuilder, cm: Any) -> ImageSpans | None:

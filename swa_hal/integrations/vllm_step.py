@@ -10,9 +10,10 @@ its own ``CommonAttentionMetadata`` (the step's shared tensors) and the step's t
 every SWA builder of the step, that one included, then hands out its group's metadata from that build.
 
 A builder takes its group's metadata from the step build only when its inputs are exactly the ones the
-build used: the same ``query_start_loc``, ``seq_lens`` and host copies, token counts, causality,
-replay bounds and image ranges, and its group's own block table and slot-mapping row (the same memory
-seen the same way: ``cache.tensor_key``). Anything else (a table vLLM mapped to kernel blocks, a slot
+build used: the step's inputs made from the same engine objects (``engine.step_sources``, the one list of
+what a step's groups share: query offsets, sequence lengths and their host copies, token counts,
+causality, image ranges, replay bounds), and its group's own block table and slot-mapping row (the same
+memory seen the same way: ``cache.tensor_key``). Anything else (a table vLLM mapped to kernel blocks, a slot
 mapping a PCP rank chunked, a second call with other inputs) builds that group on its own, as it does
 without step builds.
 
@@ -40,18 +41,18 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import operator
 import threading
 from collections import OrderedDict
 from typing import Any
 
 import torch
 
+from ..batch import AttentionBatch
 from ..builder import SWAMetadataBuilder
 from ..cache import HostCache, tensor_key
 from ..errors import BatchShapeError, BatchValidationError
 from ..metadata import SWAMetadata
-from .engine import batch_from_common_metadata, step_image_spans
+from .engine import inputs_from_common_metadata, same_sources, step_image_spans, step_sources
 from .vllm_common import is_swa_hal_builder, log
 
 MODEL_STATE_MODULE = "vllm.v1.worker.gpu.model_states.default"
@@ -292,14 +293,14 @@ class Step:
     step then builds alone (``metadata`` answers None for its rows), so each error is raised by the call
     of the group whose input it is, as without step builds, naming the group (``kv_group_error``)."""
 
-    __slots__ = ("plan", "block_tables", "slot_mappings", "built", "shared", "_rows")
+    __slots__ = ("plan", "block_tables", "slot_mappings", "built", "sources", "_rows")
 
     def __init__(self, plan: StepPlan, block_tables: Any, slot_mappings: Any):
         self.plan = plan
         self.block_tables = block_tables
         self.slot_mappings = slot_mappings
         self.built: list[SWAMetadata] | None = None
-        self.shared: tuple[Any, ...] | None = None  # the building call's ``_shared``
+        self.sources: tuple[Any, ...] | None = None  # the building call's ``engine.step_sources``
         # Group i's slot-mapping row is the [G, T] buffer's row i: its ``tensor_key`` is the buffer's, with
         # the address rows[0] + i * rows[1] and the shape and strides of a row.
         ptr, shape, strides, dtype, device = tensor_key(slot_mappings)
@@ -313,7 +314,7 @@ class Step:
         metadata is None where the step build refused the step's inputs (the group builds alone, its
         errors named by its KV-cache group). The inputs are ``cm``'s block table (the step's own object
         for the group), its slot-mapping row (the group's row of the step's [G, T] buffer, by
-        ``tensor_key``) and the shared ones (``_same_shared``)."""
+        ``tensor_key``) and the step's inputs (their ``engine.step_sources``, by ``engine.same_sources``)."""
         plan = self.plan
         member = plan.members.get(id(builder))
         if member is None:
@@ -328,76 +329,26 @@ class Step:
         ):
             return None
         built = self.built
-        if self.shared is None:
-            self.shared = _shared(cm, replay_start)
+        sources = step_sources(cm, replay_start)
+        if self.sources is None:
+            self.sources = sources
             plan.handed = [None] * len(plan.kv_ids)
             plan.updated = set()
             hal = plan.builder
             assert hal is not None
             tables, slots = plan.inputs(self.block_tables, self.slot_mappings)
             try:
-                batch = batch_from_common_metadata(cm, replay_start=replay_start, image_spans=step_image_spans(hal, cm))
+                spans = step_image_spans(hal, cm)
+                inputs = inputs_from_common_metadata(cm, image_spans=spans, sources=sources)
+                batch = AttentionBatch(inputs=inputs, block_table=cm.block_table_tensor, slot_mapping=cm.slot_mapping)
                 built = self.built = hal.build_groups(batch, tables, slots)
             except BatchValidationError:
                 # Which group's input broke the rule, the step build's error does not say in vLLM's terms
                 # (a place among the step's groups); each group's own build does, in its own call.
                 return g, None
-        elif not _same_shared(cm, replay_start, self.shared):
+        elif not same_sources(sources, self.sources):
             return None
         return g, None if built is None else built[g]
-
-
-def _shared(cm: Any, replay_start: torch.Tensor | None) -> tuple[Any, ...]:
-    """What every group of a step shares, as a build reads it, as the objects themselves."""
-    return (
-        cm.query_start_loc_cpu,
-        cm.seq_lens_cpu_upper_bound,
-        getattr(cm, "mm_req_doc_ranges", None),
-        cm.causal,
-        cm.seq_lens,
-        cm.query_start_loc,
-        cm.num_actual_tokens,
-        cm.max_query_len,
-        replay_start,
-    )
-
-
-def _shared_key(shared: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``_shared`` as a build reads it: host objects by identity, device views by ``tensor_key`` (another
-    view of the same memory seen the same way is the same input; one with other strides, another dtype
-    or on another device reads other values, or is refused)."""
-    qsl_cpu, seq_cpu, ranges, causal, seq, qsl, tokens, max_query_len, replay = shared
-    return (
-        qsl_cpu,
-        seq_cpu,
-        ranges,
-        causal,
-        _device_key(seq),
-        _device_key(qsl),
-        tokens,
-        max_query_len,
-        None if replay is None else _device_key(replay),
-    )
-
-
-def _device_key(t: Any) -> tuple[Any, ...]:
-    """``tensor_key`` of a tensor; anything else (which a build refuses) by identity (both objects are
-    alive while their keys are compared, so equal ids are the same object)."""
-    return tensor_key(t) if isinstance(t, torch.Tensor) else ("not a tensor", id(t))
-
-
-def _same_shared(cm: Any, replay_start: torch.Tensor | None, built: tuple[Any, ...] | None) -> bool:
-    """Whether ``cm`` and ``replay_start`` bring the shared inputs the step build read (``built``, its
-    ``_shared``): the same objects (how vLLM hands them out), or keys equal with objects (tensors among
-    them) by identity and values by equality, never a tensor comparison."""
-    if built is None:
-        return False
-    shared = _shared(cm, replay_start)
-    if all(map(operator.is_, shared, built)):
-        return True
-    return all(
-        x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(_shared_key(shared), _shared_key(built))
-    )
 
 
 _active = threading.local()  # microbatches build their metadata from threads of their own

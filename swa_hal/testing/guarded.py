@@ -47,8 +47,9 @@ GUARDED_CONFIG = SWAConfig(
 # The same geometry with DSpark drafting: its steps may be non-causal, and their prefills read replay bounds
 # that their decode rows ignore (docs/semantics.md #dspark-rows).
 GUARDED_DSPARK_CONFIG = dataclasses.replace(GUARDED_CONFIG, speculative_method="dspark", num_speculative_tokens=3)
-# The SWAMetadata fields that are not outputs of the build (host objects, names).
-_NOT_COMPARED = {"tile_sched", "backend", "extras"}
+# The SWAMetadata fields that are not outputs of the build (host objects, names; the step inputs, whose
+# tensors are compared as the metadata's seq_lens, query_start_loc and its host copy).
+_NOT_COMPARED = {"tile_sched", "backend", "extras", "inputs"}
 
 
 def reference_builder(config: SWAConfig, **kw: Any) -> SWAMetadataBuilder:
@@ -136,7 +137,7 @@ def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> A
     spans = (span_ptr, starts, ends)
     causal = not (config.is_dspark and rng.random() < 0.7)  # a DSpark step: non-causal decode rows
     batch = make_batch(qsl, seqs, table, slots, rng.randint(0, 8), num_tokens, replay, spans, host_qsl=host_qsl)
-    return batch if causal else dataclasses.replace(batch, causal=False)
+    return batch if causal else batch.replace(causal=False)
 
 
 def make_batch(

@@ -98,6 +98,10 @@ def _tensors(obj: Any, skip: Callable[[str], bool] = lambda name: False, depth: 
         for key, value in obj.items():
             if not skip(str(key)):
                 yield from _tensors(value, skip, depth - 1)
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a NamedTuple (the step's inputs): by name
+        for key, value in zip(obj._fields, obj):
+            if not skip(key):
+                yield from _tensors(value, skip, depth - 1)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             yield from _tensors(value, skip, depth - 1)
@@ -235,7 +239,7 @@ def separate_host_copies(batch: AttentionBatch) -> AttentionBatch:
         return value.clone() if _storage(value) in device else value
 
     seq_lens_cpu = None if batch.seq_lens_cpu is None else own(batch.seq_lens_cpu)
-    return dataclasses.replace(batch, query_start_loc_cpu=own(batch.query_start_loc_cpu), seq_lens_cpu=seq_lens_cpu)
+    return batch.replace(query_start_loc_cpu=own(batch.query_start_loc_cpu), seq_lens_cpu=seq_lens_cpu)
 
 
 class HostSyncTests(BackendFixtures):

@@ -3,6 +3,7 @@ bytes as Triton's own launch path."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -40,7 +41,7 @@ def test_no_compilation_after_warmup(name, assume, report):
             if rng.random() < 0.5:  # engine tensors as offset views: no alignment specialisation either
                 wide = torch.zeros(batch.seq_lens.shape[0] + 1, dtype=torch.int32, device="cuda")
                 wide[1:] = batch.seq_lens
-                batch.seq_lens = wide[1:]
+                batch = dataclasses.replace(batch, seq_lens=wide[1:])
             md = builder.build(batch)
             if md.causal and md.num_decode_tokens:
                 builder.update_draft_decode_metadata(md)
@@ -93,9 +94,9 @@ def test_compiled_launch_equals_triton_launch_path(report):
     for t in (builder.buffers.decode_indices, builder.buffers.prefill_indices):
         t.fill_(-5)
     backend = builder.backend
-    plan, _ = builder._plan(batch, 1)
+    plan, _ = builder._plan(batch.inputs, batch.inputs.num_reqs, 1)
     key = backend.kernel_key(plan.causal)
-    args = backend.rows_args(key, plan, batch, batch.block_table, batch.slot_mapping, builder.buffers, 1)
+    args = backend.rows_args(key, plan, batch.block_table, batch.slot_mapping, builder.buffers, 1)
     tensors = rows_record(builder.buffers, plan.causal, lambda t: t)
     for name in record_fields(RowsArgs):
         if name not in OWNED_ROWS_FIELDS and name != "group_rows":

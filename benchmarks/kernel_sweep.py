@@ -4,7 +4,9 @@ under several warps per program and tile sizes: one process per setting, since b
 kernel compiles. ``WARPS=4,8 TILES=4096,8192 python3 benchmarks/kernel_sweep.py``.
 
 ``KERNELS=path/a.py,path/b.py`` also times other versions of ``kernels/swa_metadata.py`` (same
-signature) against the current one, each in its own process: A/B comparisons in one run."""
+signature) against the current one, each in its own process: A/B comparisons in one run. ``SWEEP_CONFIG=path.yaml``
+times another model config (default ``configs/deepseek_v4_flash.yaml``; a vision config compiles the image paths).
+``REPS=2`` repeats the whole sweep, the kernels alternated."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def one() -> None:
         current.swa_metadata_kernel = variant_kernel(source)
 
     dev = torch.device("cuda")
-    config = SWAConfig.from_yaml(ROOT / "configs" / "deepseek_v4_flash.yaml")
+    config = SWAConfig.from_yaml(os.environ.get("SWEEP_CONFIG") or ROOT / "configs" / "deepseek_v4_flash.yaml")
     rng = random.Random(0)
     shapes = {
         "decode 256": ([rng.randint(1, 32768) for _ in range(256)], [1] * 256),

@@ -486,33 +486,16 @@ def _window_rows(
             last = pos + right
         else:
             start = tl.maximum(pos - (WINDOW - 1), 0)
-            if CLEAR_IMAGES:
-                bad_span = _decode_without_images(
-                    left_ptr,
-                    right_ptr,
-                    tok_at,
-                    shared,
-                    pos,
-                    req,
-                    row_ok,
-                    seq,
-                    span_indptr_ptr,
-                    span_starts_ptr,
-                    span_ends_ptr,
-                    num_spans,
-                    BLOCK_T,
-                    MAX_IMAGE,
-                    GUARD,
-                )
         start = tl.maximum(start, bound)
         # Never negative: a replay bound past p leaves an empty row.
         lens = tl.maximum(last + 1 - start, 0)
         if GUARD:
             kind, value = _flag(kind, value, checked & ((bound < 0) | (bound > prefix)), REPLAY, bound)
-            if IMAGES or CLEAR_IMAGES:
+            if IMAGES:
                 kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
-    if NONCAUSAL and CLEAR_IMAGES:
-        # DSpark decode rows are decode rows too.
+    if CLEAR_IMAGES:
+        # Decode rows (the decode programs', which never work out images), causal or DSpark, see no image:
+        # their visibility is cleared and their spans checked.
         bad_span = _decode_without_images(
             left_ptr,
             right_ptr,

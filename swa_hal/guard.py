@@ -28,7 +28,7 @@ from .errors import (
     BatchValidationError,
     SpeculativeModeError,
 )
-from .reference import NO_KEY
+from .torch_rows import NO_KEY
 
 if TYPE_CHECKING:
     from .batch import ImageSpans
@@ -327,7 +327,7 @@ class TorchGuard:
     (int32 [4, 1 + R + T]) holds its ``(1, kind, key, value)``, requests from column 1, then the decode
     rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4 and 7, one pass over
     ``rules``: the first negative quantity of a request is its first broken rule), the row fill
-    (``reference.RowGuard``) the rows' (rules 5 and 6). A candidate's key is its request where it broke
+    (``torch_rows.RowGuard``) the rows' (rules 5 and 6). A candidate's key is its request where it broke
     a rule, else ``NO_KEY``; ``record`` keeps the candidate of the lowest key, the first among equal
     keys: the lowest request that broke a rule, with its request-level rule if it broke one, else its
     first broken row.
@@ -426,7 +426,7 @@ class TorchGuard:
         ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
         against ``split``): fills the requests' candidates. Returns the
         bool mask [num_reqs] of the requests that broke a rule (the caller empties their rows:
-        ``reference.empty_requests``)."""
+        ``torch_rows.empty_requests``)."""
         self.request_quantities(
             config, query_start_loc, seq_lens, replay_start, spans, num_reqs, causal=causal, split=split
         )
@@ -545,7 +545,7 @@ class TorchGuard:
         torch.where(v.seen > 0, v.key, self.no_key, out=v.key)
 
     def row_candidates(self, num_reqs: int, offset: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The (kind, value, key) columns of token rows [offset, offset + rows) for ``reference.RowGuard``."""
+        """The (kind, value, key) columns of token rows [offset, offset + rows) for ``torch_rows.RowGuard``."""
         key = (num_reqs, offset, rows)
         views = self._row_views.get(key)
         if views is None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import reference
+from . import reference, torch_rows
 from .backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
 from .batch import AttentionBatch
 from .cache import HostCache
@@ -114,8 +114,8 @@ class _Shape:
     dec_right: torch.Tensor
     terms: dict[bool, torch.Tensor]
     term_rows: dict[bool, tuple[torch.Tensor, ...]]
-    dec_guard: reference.RowGuard | None
-    pre_guard: reference.RowGuard | None
+    dec_guard: torch_rows.RowGuard | None
+    pre_guard: torch_rows.RowGuard | None
     num_prefills: int
     prefill_reqs: slice
 
@@ -131,15 +131,15 @@ class TorchBackend(Backend):
     def allocate(self, buffers: MetadataBuffers) -> None:
         cfg = self.config
         width = max(cfg.prefill_index_width, cfg.noncausal_index_width)
-        self._workspace = reference.RowWorkspace(buffers.capacity, width, self.device)
+        self._workspace = torch_rows.RowWorkspace(buffers.capacity, width, self.device)
         seqs = cfg.max_num_seqs
-        # The per-request terms the rows gather (reference.request_terms): causal and DSpark rows.
+        # The per-request terms the rows gather (torch_rows.request_terms): causal and DSpark rows.
         self._terms = {}
         for causal in (True, False):
-            self._terms[causal] = torch.zeros((reference.TERMS, seqs), dtype=torch.int32, device=self.device)
+            self._terms[causal] = torch.zeros((torch_rows.TERMS, seqs), dtype=torch.int32, device=self.device)
         self._guard = TorchGuard(seqs, buffers.capacity, self.device)
         self._limit = block_limit(cfg)
-        self._probe = reference.RowProbe(self._limit)
+        self._probe = torch_rows.RowProbe(self._limit)
         self._shapes = HostCache(limit=256)  # kept as the host cache keeps (swa_hal/cache.py)
 
     def _shape(self, plan: BuildPlan, buffers: MetadataBuffers) -> _Shape:
@@ -178,8 +178,8 @@ class TorchBackend(Backend):
         s.term_rows = {causal: terms.unbind(0) for causal, terms in s.terms.items()}
         if self.guard:
             g = self._guard
-            s.dec_guard = reference.RowGuard(self._limit, *g.row_candidates(nreq, 0, ndt)) if ndt else None
-            s.pre_guard = reference.RowGuard(self._limit, *g.row_candidates(nreq, ndt, npt)) if npt else None
+            s.dec_guard = torch_rows.RowGuard(self._limit, *g.row_candidates(nreq, 0, ndt)) if ndt else None
+            s.pre_guard = torch_rows.RowGuard(self._limit, *g.row_candidates(nreq, ndt, npt)) if npt else None
         else:
             s.dec_guard = s.pre_guard = None
         s.num_prefills = plan.num_prefills
@@ -191,7 +191,7 @@ class TorchBackend(Backend):
     ) -> torch.Tensor:
         terms = s.terms[causal]
         window = self.config.window_size
-        reference.request_terms(
+        torch_rows.request_terms(
             qsl,
             seq,
             terms.shape[1],
@@ -219,7 +219,7 @@ class TorchBackend(Backend):
             self._build(plan, batch, buffers, probe=None)
 
     def _build(
-        self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers, probe: reference.RowProbe | None
+        self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers, probe: torch_rows.RowProbe | None
     ) -> bool:
         """One build; with ``probe``, unguarded once the request checks pass, and False (the outputs are
         partly written) as soon as a rule may have broken."""
@@ -264,13 +264,13 @@ class TorchBackend(Backend):
             self._guard.only_seen(nreq, s.t2r, s.valid)
             # Every row of a request that broke a rule is handed out empty.
             if causal_rows:
-                reference.empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)
+                torch_rows.empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)
             if dspark_rows:
-                reference.empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
+                torch_rows.empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
         dec_guard, pre_guard = (s.dec_guard, s.pre_guard) if guard else (None, None)
         if ndt:
             if plan.causal:
-                reference.fill_causal_rows(
+                torch_rows.fill_causal_rows(
                     table,
                     s.dec_req,
                     s.dec_valid,
@@ -286,7 +286,7 @@ class TorchBackend(Backend):
                 )
             else:
                 # The builder checked the row widths on the host already: no device sync here.
-                reference.fill_dspark_rows(
+                torch_rows.fill_dspark_rows(
                     table,
                     s.dec_req,
                     s.dec_valid,
@@ -318,7 +318,7 @@ class TorchBackend(Backend):
                     out_left=s.pre_left,
                     out_right=s.pre_right,
                 )
-            reference.fill_causal_rows(
+            torch_rows.fill_causal_rows(
                 table,
                 s.pre_req,
                 s.pre_valid,

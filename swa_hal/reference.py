@@ -185,8 +185,9 @@ def causal_window_rows(
         start = start - (left.long() - (window_size - 1)).clamp_min(0)
     if right is not None:
         last = pos + right.long()
-    bound = torch.zeros_like(pos) if replay_start is None else replay_start.long()[req.long()].clamp_min(0)
-    start = torch.maximum(start, bound)
+    start = start.clamp_min(0)
+    if replay_start is not None:
+        start = torch.maximum(start, replay_start.long()[req.long()])
     lens = torch.where(is_valid[token_offset : token_offset + num_rows], (last + 1 - start).clamp(0, width), 0)
     _window_entries(block_table, req, start, lens, block_size, out_indices, out_lens)
     return out_indices, out_lens
@@ -219,7 +220,7 @@ def noncausal_window_rows(
     query = (query_start_loc[1:].long() - query_start_loc[:-1].long())[r]
     start = (seq.long() - query - window_size).clamp_min(0)
     lens = torch.where(is_valid[token_offset : token_offset + num_rows], seq.long() - start, 0)
-    if check and num_rows:
+    if check:
         longest = int(lens.max())
         if longest > width:
             row = int(torch.argmax(lens))

@@ -5,8 +5,8 @@ lengths, their host copies, the query-length bound, causality, the replay bounds
 They travel as one frozen object: a batch is these inputs plus one group's block table and slot
 mapping (``AttentionBatch``), a build's plan and metadata carry them unchanged, and the vLLM step path
 hands a group the step's rows only when its inputs are this object (compared by identity, never
-field by field). A new per-request input is one field here, one line in ``preflight``, one launch
-record field, the kernel and the reference (docs/kernels.md, "A new per-request input").
+field by field). A new per-request input is one field here and one line in ``preflight``; the other
+files it touches are listed in docs/kernels.md, "Adding a per-request input".
 """
 
 from __future__ import annotations

@@ -102,14 +102,16 @@ def same_sources(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     """Whether two ``step_sources`` give the same inputs: the same objects (how engines hand them to every
     group), or else, item by item, tensors that are the same memory seen the same way (``tensor_key``)
     and other values that are equal (never a tensor comparison)."""
-    if all(map(operator.is_, a, b)):
+    return all(map(operator.is_, a, b)) or all(map(_same_source, a, b))
+
+
+def _same_source(x: Any, y: Any) -> bool:
+    if x is y:
         return True
-    return all(
-        x is y
-        or (tensor_key(x) == tensor_key(y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else False)
-        or (not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor) and x == y)
-        for x, y in zip(a, b)
-    )
+    x_tensor, y_tensor = isinstance(x, torch.Tensor), isinstance(y, torch.Tensor)
+    if x_tensor or y_tensor:
+        return x_tensor and y_tensor and tensor_key(x) == tensor_key(y)
+    return bool(x == y)
 
 
 def inputs_from_common_metadata(

@@ -48,6 +48,8 @@ class MetadataBuffers:
         # The replay bound of a batch that has none: no lower bound (a graph captured without one
         # keeps reading zeros).
         self.no_replay_start = torch.zeros(seqs, **i32)
+        # The bounds of a batch whose padding requests have none (fewer bounds than requests), then zeros.
+        self.padded_replay_start = torch.zeros(seqs, **i32)
         # Vision variant: per-token visibility, and the span CSR of a batch (image_spans_from_ranges).
         # Without spans the kernels read an all-zero indptr: no request has a span.
         images = config.max_image_tokens > 0

@@ -339,6 +339,14 @@ class SWAMetadataBuilder:
             replay = self._cache.get(("replay", num_reqs))
             if replay is None:
                 replay = self._cache.keep(("replay", num_reqs), self.buffers.no_replay_start[:num_reqs])
+        elif replay.shape[0] < num_reqs:
+            # Padding requests past the bounds have none (docs/semantics.md #bounded-replay; preflight checked
+            # that they have no tokens): the bounds and zeros in a buffer every such build rewrites, on the
+            # device and without a sync, so a captured graph replays it.
+            padded = self.buffers.padded_replay_start[:num_reqs]
+            padded[: replay.shape[0]].copy_(replay)
+            padded[replay.shape[0] :].zero_()
+            replay = padded
         spans = inputs.image_spans
         images = spans is not None and npt > 0 and self.config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         plan = BuildPlan(

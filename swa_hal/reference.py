@@ -301,6 +301,8 @@ def build_reference(config: SWAConfig, batch) -> ReferenceResult:
     replay = batch.replay_start
     if replay is None:
         replay = torch.zeros_like(batch.seq_lens)
+    elif replay.shape[0] < nd + npf:  # padding requests past the bounds have none (#bounded-replay)
+        replay = torch.cat([replay, replay.new_zeros(nd + npf - replay.shape[0])])
     common: dict[str, Any] = dict(window_size=config.window_size, block_size=config.block_size)
     inputs = (batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid)
     if batch.causal:

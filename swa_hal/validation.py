@@ -26,6 +26,7 @@ from .errors import (
 )
 from .reference import image_visibility, token_to_req
 from .split import split_decodes_and_prefills
+from .step_inputs import check_unbounded_padding
 
 if TYPE_CHECKING:
     from .batch import AttentionBatch
@@ -192,14 +193,14 @@ def validate_batch(batch: AttentionBatch, config: SWAConfig, capacity: int | Non
                 r,
             )
 
-    replay = _validate_replay(batch.replay_start, seq, query, device)
+    replay = _validate_replay(batch.replay_start, seq, query, device, batch.query_start_loc_cpu)
     _validate_spans(batch.image_spans, seq, query, device, config)
     reach = _image_reach(batch, config, split)
     _validate_pages(table, seq, query, starts, config, batch.causal, replay, reach)
     _validate_slots(slots, table, seq, starts, scheduled, config)
 
 
-def _validate_replay(replay_start, seq, query, device) -> torch.Tensor | None:
+def _validate_replay(replay_start, seq, query, device, query_start_loc_cpu) -> torch.Tensor | None:
     """docs/semantics.md #bounded-replay: 0 <= replay_start[r] <= seq_lens[r] - query_len[r]."""
     if replay_start is None:
         return None
@@ -207,9 +208,10 @@ def _validate_replay(replay_start, seq, query, device) -> torch.Tensor | None:
     t = _tensor("replay_start", replay_start, torch.int32, 1)
     if t.device != device:
         raise BatchDeviceError("replay_start", f"replay_start is on {t.device} but seq_lens is on {device}")
-    if t.shape[0] < num_reqs:
-        raise BatchShapeError("replay_start", f"replay_start has {t.shape[0]} entries for {num_reqs} requests")
     bound = t[:num_reqs].cpu().to(torch.int64)
+    if t.shape[0] < num_reqs:  # padding requests past the bounds have none (#bounded-replay)
+        check_unbounded_padding(t.shape[0], num_reqs, query_start_loc_cpu)
+        bound = torch.cat([bound, bound.new_zeros(num_reqs - t.shape[0])])
     prefix = seq - query
     if bool((bound < 0).any()):
         r = _first(bound < 0)

@@ -29,6 +29,7 @@ SEED = 20261203
 # about a tenth of a second a step, a fourth with images).
 STEPS = 400
 VISION_STEPS = 300
+LONG_IMAGE_STEPS = 150
 
 
 def check_traffic(engine: T.Engine, *, drafts: bool, steps: int = STEPS) -> None:
@@ -47,11 +48,37 @@ def check_traffic(engine: T.Engine, *, drafts: bool, steps: int = STEPS) -> None
     if drafts:
         assert c["draft_steps"] >= steps // 2 and c["accepted_drafts"] > 0 and c["rejected_drafts"] > 0, dict(c)
         if engine.variant.spec_tokens > 1:
-            assert c["draft_updates:torch"] >= steps // 4 and c["draft_updates:cuda"] > 0, dict(c)
+            check_drafter(engine, steps)
     else:
         assert c["draft_steps"] == 0, dict(c)
+    check_runner(engine)
     for key in ("steps", "prefix_cache_hits", "preemptions", "chunked_prefill_chunks", "draft_steps"):
         H.COUNTS[f"traffic:{key}"] += c[key]
+
+
+def check_runner(engine: T.Engine) -> None:
+    """What vLLM's model runner did to the inputs (tests/engines/vllm_runner.py) was in the traffic: steps
+    padded to a FULL graph's request count and to a PIECEWISE graph's token count, block-table entries
+    nulled below the window and entries left past a request's blocks by earlier steps."""
+    c = engine.counts
+    if engine.traffic.cudagraph_mode == "FULL":
+        assert c["padded_full_steps"] >= 3 and c["cudagraph:PIECEWISE"] == 0, dict(c)
+    elif engine.traffic.images:  # prefills in nearly every step: few uniform decode steps
+        assert c["cudagraph:FULL"] >= 3 and c["padded_piecewise_steps"] >= 1, dict(c)
+    else:
+        assert c["padded_full_steps"] >= 3 and c["padded_piecewise_steps"] >= 1, dict(c)
+    assert c["nulled_table_entries"] > 0 and c["stale_table_entries"] > 0, dict(c)
+    for key in ("padded_full_steps", "padded_piecewise_steps", "nulled_table_entries", "stale_table_entries"):
+        H.COUNTS[f"traffic:{key}"] += c[key]
+
+
+def check_drafter(engine: T.Engine, steps: int) -> None:
+    """vLLM's MTP drafter drafted in batches of its own after the target's steps, some padded to a graph's
+    request count, and each draft step's update was compared (not the target's batch updated in place)."""
+    c = engine.counts
+    assert c["drafter_batches"] >= steps // 4 and c["drafter_padded_requests"] > 0, dict(c)
+    assert c["drafter_updates:torch"] >= steps // 4 and c["drafter_updates:cuda"] > 0, dict(c)
+    H.COUNTS["traffic:drafter_batches"] += c["drafter_batches"]
 
 
 def test_mtp_traffic_from_vllms_scheduler_builds_as_vllm(tmp_path):
@@ -74,19 +101,47 @@ def test_vision_traffic_from_vllms_scheduler_builds_as_vllm(tmp_path):
 
     A request whose image range starts before its chunk (a hit inside an image) gets vLLM's builder's rows
     from swa_hal too (docs/semantics.md #vision-spans): like every other step, it must build as vLLM's does."""
-    traffic = T.Traffic(variant="v4_vision_w6b4", images=3, num_blocks=48, num_prefixes=1)
+    traffic = T.Traffic(variant="v4_vision_w6b4", images=3, num_blocks=48, num_prefixes=1, adjacent_images=0.5)
     engine = T.run(traffic, VISION_STEPS, SEED, tmp=tmp_path)
     c = engine.counts
     check_traffic(engine, drafts=True, steps=VISION_STEPS)
     assert c["prefix_cache_hits_inside_image"] >= 1 and c["steps_with_span_into_chunk"] >= 1, dict(c)
-    assert c["image_rows_visible_steps"] >= 10, dict(c)
+    assert c["image_rows_visible_steps"] >= 10 and c["adjacent_images"] >= 1, dict(c)
     H.COUNTS["traffic:prefix_cache_hits_inside_image"] += c["prefix_cache_hits_inside_image"]
+
+
+def test_adjacent_long_images_traffic_builds_as_vllm_up_to_the_documented_differences(tmp_path):
+    """Images longer than the window (M = 9 > W = 4, so image rows are widened past it), laid out back to
+    back, with an MTP drafter: vLLM's scheduler rolls a chunk back by its one-token lookahead before the next
+    image, so the chunk ends inside the previous one (docs/semantics.md #vision-spans). vLLM's builder then
+    widens that image's rows to positions no step has written; swa_hal stops them at the request's last
+    position and equals vLLM's builder handed the ranges cut there. And vLLM's builder asserts where a step's
+    requests list more image ranges than its span buffers hold; swa_hal builds, equal to vLLM's builder
+    with room for them. Both differences happen in this traffic, and nothing else differs."""
+    traffic = T.Traffic(
+        variant="v4_vision_w4b2",
+        spec_tokens=1,
+        images=6,
+        adjacent_images=0.7,
+        num_blocks=96,
+        num_prefixes=1,
+        prefix_len=(60, 90),
+    )
+    engine = T.run(traffic, LONG_IMAGE_STEPS, SEED, tmp=tmp_path)
+    c = engine.counts
+    check_traffic(engine, drafts=True, steps=LONG_IMAGE_STEPS)
+    assert c["adjacent_images"] >= 1 and c["image_rows_visible_steps"] >= 10, dict(c)
+    assert c["chunks_ending_inside_image"] >= 1 and c["chunk_inside_image_rows_differ"] >= 1, dict(c)
+    assert c["vllm_span_capacity_asserts"] >= 1, dict(c)
+    for key in ("chunks_ending_inside_image", "vllm_span_capacity_asserts"):
+        H.COUNTS[f"traffic:{key}"] += c[key]
 
 
 # The hybrid runs: 150 and 100 steps per vLLM release, with the interpreter's overflow checks off (vLLM's
 # kernels are the expected values, not under test; swa_hal's keep their checks in the backend tests).
 HYBRID_STEPS = 150
 DSPARK_STEPS = 100
+FULL_STEPS = 100
 
 
 @contextlib.contextmanager
@@ -127,8 +182,27 @@ def test_v41_bounded_replay_traffic_with_two_swa_groups_builds_as_vllm(tmp_path)
     # Prefills with a replay bound: their first chunk's windows clamped at it, and later chunks after it.
     assert c["replay_steps"] >= 10 and c["replay_clamped_prefills"] >= 5 and c["replay_later_chunks"] >= 3, dict(c)
     assert c["preemptions"] >= 1 and c["resumed_after_preemption"] >= 1, dict(c)
-    assert c["draft_updates:torch"] >= HYBRID_STEPS // 4 and c["draft_updates:cuda"] > 0, dict(c)
+    check_drafter(engine, HYBRID_STEPS)
+    check_runner(engine)
     H.COUNTS["traffic:replay_steps"] += c["replay_steps"]
+
+
+def test_v41_replay_traffic_in_full_graphs_builds_as_vllm(tmp_path):
+    """V4.1 with bounded replay where every step runs a FULL CUDA graph (``cudagraph_mode=FULL``): vLLM pads
+    each step's requests to the captured count and slices the model state's bounds, one per real request,
+    with the padded count, so the builders get fewer bounds than requests. Padding requests have no bound
+    (docs/semantics.md #bounded-replay, vector R3): swa_hal builds every such step as vLLM does, prefills
+    with bounds among them, and hands out zeros for the padding requests' bounds."""
+    traffic = T.Traffic(
+        variant="v41_w8b4", spec_tokens=2, swa_groups=2, cacheable_group=True, num_blocks=96, cudagraph_mode="FULL"
+    )
+    with no_overflow_checks():
+        engine = T.run(traffic, FULL_STEPS, SEED, tmp=tmp_path)
+    c = engine.counts
+    check_groups(engine, FULL_STEPS)
+    check_runner(engine)
+    assert c["padded_full_replay_steps"] >= FULL_STEPS // 2 and c["replay_clamped_prefills"] >= 3, dict(c)
+    H.COUNTS["traffic:padded_full_replay_steps"] += c["padded_full_replay_steps"]
 
 
 def test_dspark_traffic_with_two_swa_groups_builds_as_vllm(tmp_path):

@@ -450,6 +450,18 @@ def force_rocm_ragged_prefill(*builders: Any) -> None:
         setattr(builder, gate, True)
 
 
+def snapshot(metadata: Any) -> Any:
+    """A copy of a builder's metadata whose tensors are its own (a builder's next build rewrites the fixed
+    buffers its metadata views)."""
+    import copy
+
+    out = copy.copy(metadata)
+    for name, value in vars(metadata).items():
+        if isinstance(value, torch.Tensor):
+            setattr(out, name, value.clone())
+    return out
+
+
 def compare(
     native: Any,
     ours: Any,
@@ -457,6 +469,7 @@ def compare(
     *,
     chunk_ratios: tuple[int, ...] = (1, 4, 128),
     has_compressed: tuple[bool | None, ...] = (None,),
+    fresh: tuple[str, ...] = (),
 ) -> list[str]:
     """Every field vLLM's builder fills, compared where it is defined: rows and lens of valid tokens,
     the split, token_to_req and is_valid of valid tokens, gather lens, replay bounds, image
@@ -489,7 +502,9 @@ def compare(
     ):
         check(f, getattr(native, f), getattr(ours, f))
     for f in ("seq_lens", "query_start_loc", "query_start_loc_cpu", "block_table", "slot_mapping"):
-        if not same_memory(getattr(native, f), getattr(ours, f)):
+        if f in fresh:  # each build was handed a tensor of its own (vLLM's drafter makes one per build)
+            check(f, getattr(native, f), getattr(ours, f))
+        elif not same_memory(getattr(native, f), getattr(ours, f)):
             diffs.append(f"{f}: not the step's own tensor")
     ndt, npt = native.num_decode_tokens, native.num_prefill_tokens
     n = ndt + npt
@@ -512,7 +527,15 @@ def compare(
         check(f"{part}_swa_indices[padding]", idx_n[: hi - lo][~m], idx_o[: hi - lo][~m])
         check(f"{part}_swa_indices[valid]", idx_n[: hi - lo][m], idx_o[: hi - lo][m])
     num_reqs = batch.query_start_loc_cpu.shape[0] - 1
-    check("replay_start", native.replay_start[:num_reqs], ours.replay_start[:num_reqs])
+    bounds = min(num_reqs, native.replay_start.shape[0])
+    check("replay_start", native.replay_start[:bounds], ours.replay_start[:bounds])
+    # A padded step's padding requests past vLLM's bounds have none: swa_hal's metadata holds one zero per
+    # padding request there, where vLLM's keeps the shorter tensor (docs/semantics.md #bounded-replay).
+    check(
+        "replay_start[padding requests]",
+        torch.zeros(num_reqs - bounds, dtype=torch.int32),
+        ours.replay_start[bounds:num_reqs],
+    )
     for f in ("prefill_seq_lens", "prefill_seq_lens_cpu", "prefill_gather_lens", "prefill_query_lens_cpu"):
         a, b = getattr(native, f), getattr(ours, f)
         if a is None or b is None:

@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import vllm_harness as H  # noqa: E402
+import vllm_runner as R  # noqa: E402
 
 from swa_hal import AttentionBatch  # noqa: E402
 from swa_hal.integrations import vllm as integ  # noqa: E402
@@ -70,6 +71,7 @@ class Traffic:
     max_waiting: int = 6
     triton_every: int = 8  # the Triton backend builds every n-th step (the interpreter is slow)
     images: int = 0  # images in each shared prefix (a vision variant): hits may end inside one
+    adjacent_images: float = 0.0  # the chance that an image starts where the previous one ends
     encoder_budget: int = 64  # the encoder's token budget and cache (the CPU platform's vision stub has none)
     # SWA KV-cache groups of the one SWA spec: vLLM's hybrid allocator splits a model's many SWA layers into
     # groups of equal size, each with its own block table; swa_hal builds a step's groups in one launch.
@@ -80,6 +82,9 @@ class Traffic:
     # window and hands the request its replay_start.
     cacheable_group: bool = False
     spec_tokens: int | None = None  # MTP drafts in place of the variant's own (None: the variant's)
+    # vLLM's CUDA-graph mode (CUDAGraphMode's name): the default pads uniform decode steps to a FULL graph's
+    # request count and other steps to a PIECEWISE graph's token count; FULL pads every step's requests.
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
 
 
 class Engine:
@@ -155,6 +160,7 @@ class Engine:
         self.width = -(-v.max_model_len // v.block_size)  # the block table's columns (max_model_len's blocks)
         first = int(traffic.cacheable_group)
         self.layout = H.StepLayout(len(groups), tuple(range(first, first + n)))
+        self.counts: Counter[str] = Counter()
         self.prefixes = [
             [self.rng.randint(1, 999) for _ in range(self.rng.randint(*traffic.prefix_len))]
             for _ in range(traffic.num_prefixes)
@@ -172,17 +178,31 @@ class Engine:
                 if at + length > len(prefix):
                     break
                 spans.append((at, length, f"image-{f}-{j}"))
-                at += length + self.rng.randint(1, 12)
+                # Images back to back (the next one starts where this one ends), or text between them.
+                at += length + (0 if self.rng.random() < traffic.adjacent_images else self.rng.randint(1, 12))
+                self.counts["adjacent_images"] += at == spans[-1][0] + length
             self.images.append(spans)
         self.reqs: dict[str, dict[str, Any]] = {}  # the model runner's request state
         self.seen: set[str] = set()
         self.next_id = 0
-        self.counts: Counter[str] = Counter()
         self.diffs: list[str] = []
         # This step's requests whose image range starts before their chunk (a prefix-cache hit inside an image).
         self.into_chunk: list[tuple[str, int, tuple[int, int]]] = []
         self.backends = backends
+        # vLLM's CUDA-graph grid as a GPU platform captures it (the CPU platform captures none), in the shape
+        # of vLLM's default grid: uniform decode graphs of 1, 2, 4, 8, ... requests, token-keyed graphs of 1, 2,
+        # 4 and every 8 tokens up to the token budget.
+        from vllm.config import CUDAGraphMode
+
+        R.capture_grid(
+            vc,
+            CUDAGraphMode[traffic.cudagraph_mode],
+            [n for n in (1, 2, 4, 8, 16) if n <= traffic.max_num_seqs],
+            sorted({1, 2, 4, *range(8, traffic.token_budget, 8), traffic.token_budget}),
+        )
         self._make_builders()
+        self.runner = R.Runner(vc, kv_config, self.state, decode_query_len=self.decode_query_len)
+        self.drafter = R.Drafter(self.runner, kv_config) if self.drafts else None
 
     def _make_builders(self) -> None:
         from vllm.v1.attention.backends.mla import sparse_swa
@@ -201,6 +221,16 @@ class Engine:
             kw = {"backend": b, **({"platform": TRITON_PLATFORM} if b != "torch" else {})}
             ours = [ours_cls(self.kv_spec, [name], self.vc, CPU, **kw) for name in self.swa_layers]
             self.ours[b] = (ours, H.attention_groups(ours, self.layout, self.kv_spec))
+        # The MTP drafter's own attention layers, and so builders of its own (its batches are not the target's).
+        self.drafts = self.variant.spec_tokens > 1 and not self.variant.dspark
+        if self.drafts:
+            draft = [native_cls(self.kv_spec, [name], self.vc, CPU) for name in self.swa_layers]
+            self.native_draft_groups = H.attention_groups(draft, self.layout, self.kv_spec)
+            self.our_draft_groups = {}
+            for b in self.backends:
+                kw = {"backend": b, **({"platform": TRITON_PLATFORM} if b != "torch" else {})}
+                ours = [ours_cls(self.kv_spec, [name], self.vc, CPU, **kw) for name in self.swa_layers]
+                self.our_draft_groups[b] = H.attention_groups(ours, self.layout, self.kv_spec)
         # V4.1's model state with bounded replay: the window it replays and the prefix-cacheable groups whose
         # replayed slots it pads (its _replay, which vLLM reads from the KV-cache config on first use).
         replay = dict(window=self.variant.window, cacheable=(0,)) if self.bounded_replay else {}
@@ -326,75 +356,98 @@ class Engine:
                     st["blocks"][g].extend(b)
             st["computed"] = cached.num_computed_tokens[i]
 
-    def inputs(self, out: Any) -> tuple[AttentionBatch, Any, tuple[torch.Tensor, ...], torch.Tensor, list[str]]:
-        """The step's inputs as vLLM's model runner V2 makes them (vllm/v1/worker/gpu/model_runner.py:
-        ``sort_batch_req_ids``, ``prepare_inputs``; its block tables and slot mappings,
-        vllm/v1/worker/gpu/block_table.py, are Triton kernels over the request table, restated here)."""
-        from vllm.v1.worker.gpu.model_runner import sort_batch_req_ids
+    def inputs(self, out: Any) -> tuple[AttentionBatch, Any, Any, tuple[torch.Tensor, ...], torch.Tensor, list[str]]:
+        """The step's inputs as vLLM's model runner V2 makes them, by vLLM's own code (``vllm_runner``): its
+        request order, persistent block tables (entries below the window nulled, entries past a request's
+        blocks left from earlier steps), slot mappings, positions, ``query_start_loc`` and ``seq_lens``, padded
+        to the CUDA graph the batch dispatches to. Returns the builders' view of the first SWA group (what
+        ``prepare_attn`` hands them: padded sizes on FULL steps), vLLM's batch descriptor and InputBatch,
+        the block tables and slot mappings, and the request ids in batch order."""
+        from vllm.config import CUDAGraphMode
 
-        ids = sort_batch_req_ids(out.num_scheduled_tokens, out.scheduled_spec_decode_tokens, self.decode_query_len)
-        n = len(ids)
-        bs = self.variant.block_size
-        qlens = np.array([out.num_scheduled_tokens[r] for r in ids], dtype=np.int32)
-        computed = np.array([self.reqs[r]["computed"] for r in ids], dtype=np.int32)
-        prefill_len = np.array([self.reqs[r]["prefill_len"] for r in ids], dtype=np.int32)
-        seq = computed + qlens
-        qsl = np.zeros(n + 1, dtype=np.int32)
-        qsl[1:] = np.cumsum(qlens)
-        positions = torch.from_numpy(np.concatenate([np.arange(c, s) for c, s in zip(computed, seq)])).to(torch.int64)
-        rows = torch.repeat_interleave(torch.arange(n), torch.from_numpy(qlens).to(torch.int64))
-        tables = []
-        for g in range(self.layout.num_kv_groups):  # each KV-cache group's own block table and slots
-            table = torch.zeros(n, self.width, dtype=torch.int32)
-            for i, r in enumerate(ids):
-                blocks = self.reqs[r]["blocks"][g]
-                table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-            tables.append(table)
-        slots = torch.stack([table[rows, positions // bs].to(torch.int64) * bs + positions % bs for table in tables])
+        desc, ib, tables, slots = self.runner.prepare(out)
+        full = desc.cg_mode == CUDAGraphMode.FULL
+        n = ib.num_reqs_after_padding if full else ib.num_reqs
+        num_tokens = ib.num_tokens_after_padding if full else ib.num_tokens
         first = self.layout.swa[0]
-        table = tables[first]
-        num_tokens = int(qsl[-1])
-        seq_t = torch.from_numpy(seq.copy())
-        qsl_t = torch.from_numpy(qsl.copy())
-        replay = None
-        if self.variant.version == "deepseek_v41":
-            replay = torch.tensor([self.reqs[r]["replay_start"] for r in ids], dtype=torch.int32)
+        qsl_np = ib.query_start_loc_np[: n + 1]
         batch = AttentionBatch(
-            seq_lens=seq_t,
-            query_start_loc=qsl_t,
-            query_start_loc_cpu=qsl_t,
-            seq_lens_cpu=seq_t,
-            block_table=table,
+            seq_lens=ib.seq_lens[:n],
+            query_start_loc=ib.query_start_loc[: n + 1],
+            query_start_loc_cpu=torch.from_numpy(qsl_np),
+            seq_lens_cpu=ib.seq_lens_cpu_upper_bound[:n],
+            block_table=tables[first],
             slot_mapping=slots[first],
-            max_query_len=int(qlens.max()),
+            max_query_len=int(np.diff(qsl_np).max()),
             num_tokens=num_tokens,
             causal=True,
-            replay_start=replay,
-        )
-        ib = types.SimpleNamespace(
-            req_ids=ids,
-            num_reqs=n,
-            num_reqs_after_padding=n,
-            num_tokens=num_tokens,
-            num_tokens_after_padding=num_tokens,
-            query_start_loc=qsl_t,
-            query_start_loc_np=qsl,
-            max_query_len=int(qlens.max()),
-            num_scheduled_tokens=qlens,
-            seq_lens=seq_t,
-            seq_lens_cpu_upper_bound=seq_t,
-            pcp=None,
-            dcp_local_seq_lens=None,
-            positions=positions,
-            # model_runner.py: a request prefills while its computed tokens are short of its prefill length.
-            is_prefilling_np=computed < prefill_len,
-            prompt_lens=None,
-            idx_mapping_np=np.arange(n),
-            fast_prefill=None,
         )
         if self.traffic.images:
-            self.encoder_cache.mm_features = {r: self.reqs[r]["mm"] for r in ids}
-        return batch, ib, tuple(tables), slots, ids
+            self.encoder_cache.mm_features = {r: self.reqs[r]["mm"] for r in ib.req_ids}
+        self._count_runner(desc, ib, tables, slots)
+        return batch, desc, ib, tables, slots, list(ib.req_ids)
+
+    def _count_runner(self, desc: Any, ib: Any, tables: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
+        """What vLLM's runner did to this step's inputs: padding, nulled and stale table entries, host
+        upper bounds above the device's sequence lengths."""
+        from vllm.config import CUDAGraphMode
+
+        c = self.counts
+        c[f"cudagraph:{desc.cg_mode.name}"] += 1
+        if desc.cg_mode == CUDAGraphMode.FULL and ib.num_reqs_after_padding > ib.num_reqs:
+            c["padded_full_steps"] += 1
+            c["padded_full_requests"] += ib.num_reqs_after_padding - ib.num_reqs
+        if desc.cg_mode == CUDAGraphMode.PIECEWISE and ib.num_tokens_after_padding > ib.num_tokens:
+            c["padded_piecewise_steps"] += 1
+            c["padded_piecewise_tokens"] += ib.num_tokens_after_padding - ib.num_tokens
+        bs = self.variant.block_size
+        computed = ib.num_computed_tokens_np
+        for g in self.layout.swa:
+            for i, r in enumerate(ib.req_ids):
+                row = tables[g][i].tolist()
+                blocks = self.reqs[r]["blocks"][g]
+                held = len(blocks)
+                nulled = sum(1 for j in range(min(held, computed[i] // bs)) if row[j] == 0 and blocks[j] != 0)
+                c["nulled_table_entries"] += nulled
+                c["stale_table_entries"] += sum(1 for v in row[held:] if v != 0)
+        upper = ib.seq_lens_cpu_upper_bound[: ib.num_reqs].numpy()
+        c["host_upper_bound_rows"] += int((upper > ib.seq_lens[: ib.num_reqs].numpy()).sum())
+
+    def chunk_ends_inside_image(self, ids: list[str], ib: Any) -> bool:
+        """Whether a request's chunk ends inside one of its images (an image range ``[a, e]`` holding its
+        last position ``S - 1`` with ``e > S - 1``), as vLLM's ``prepare_attn`` makes the ranges."""
+        ranges = self._ranges(ids)
+        seqs = ib.seq_lens_cpu_upper_bound[: ib.num_reqs].tolist()
+        return any(a <= seqs[i] - 1 < e for i in range(len(ids)) for a, e in ranges.get(i, ()))
+
+    def _ranges(self, ids: list[str]) -> dict[int, list[tuple[int, int]]]:
+        from vllm.v1.attention.backends.utils import compute_mm_prefix_ranges
+
+        model = self.state.model
+        return compute_mm_prefix_ranges(
+            [self.reqs[r]["mm"] for r in ids],
+            sliding_window=self.variant.window,
+            clamp_sliding_window=model.mm_prefix_clamp_sliding_window,
+            span_pad=model.mm_prefix_span_leading_pad_modulus,
+        )
+
+    @contextlib.contextmanager
+    def ranges_cut_at(self, ib: Any):
+        """vLLM's ``prepare_attn`` with every image range it computes cut at its request's last position."""
+        from vllm.v1.worker.gpu.model_states import default
+
+        original = default.compute_mm_prefix_ranges
+        last = [s - 1 for s in ib.seq_lens_cpu_upper_bound[: ib.num_reqs].tolist()]
+
+        def cut(*args: Any, **kwargs: Any) -> dict[int, list[tuple[int, int]]]:
+            ranges = original(*args, **kwargs)
+            return {i: [(a, min(e, last[i])) if a <= last[i] else (a, e) for a, e in rs] for i, rs in ranges.items()}
+
+        default.compute_mm_prefix_ranges = cut
+        try:
+            yield
+        finally:
+            default.compute_mm_prefix_ranges = original
 
     def spans_into_chunk(self, ids: list[str]) -> list[tuple[str, int, tuple[int, int]]]:
         """The requests whose image range (as vLLM's ``prepare_attn`` makes it) starts before their chunk and
@@ -417,12 +470,15 @@ class Engine:
     # -- a step -----------------------------------------------------------------------------------
 
     def build_and_compare(self, step: int, out: Any) -> None:
-        batch, ib, tables, slots, ids = self.inputs(out)
-        want = H.prepare_attn(self.state, ib, tables, slots, self.native_groups, self.layout, batch.replay_start)
+        batch, desc, ib, tables, slots, ids = self.inputs(out)
+        self.batch = ib
+        want = self.native_build(desc, ib, tables, slots)
         md = want[LAYER]
         c = self.counts
         c["steps"] += 1
-        c["tokens"] += batch.num_tokens
+        c["tokens"] += ib.num_tokens
+        if self.bounded_replay and ib.num_reqs_after_padding > ib.num_reqs and desc.cg_mode.name == "FULL":
+            c["padded_full_replay_steps"] += 1  # vLLM hands in fewer replay bounds than requests
         c["decode_rows"] += md.num_decode_tokens
         c["prefill_rows"] += md.num_prefill_tokens
         c["mixed_steps"] += md.num_decodes > 0 and md.num_prefills > 0
@@ -446,27 +502,67 @@ class Engine:
             )
             self.into_chunk = self.spans_into_chunk(ids)
             c["steps_with_span_into_chunk"] += bool(self.into_chunk)
+        # A chunk that ends inside an image: vLLM's builder widens the image's rows to positions no step has
+        # written yet, swa_hal stops them at the request's last position (docs/semantics.md #vision-spans,
+        # "Rows stop at the last written position"). What swa_hal must equal there is vLLM's own builder
+        # handed the same ranges cut at each request's last position.
+        cut = self.traffic.images and self.chunk_ends_inside_image(ids, ib)
+        uncut = want
+        if cut:
+            uncut = {name: H.snapshot(md) for name, md in want.items()}  # the next build reuses its buffers
+            with self.ranges_cut_at(ib):
+                want = self.native_build(desc, ib, tables, slots)
+            c["chunks_ending_inside_image"] += 1
         for backend, (_, groups) in self.ours.items():
             if backend != "torch" and step % self.traffic.triton_every:
                 continue
-            gots[backend] = H.prepare_attn(self.state, ib, tables, slots, groups, self.layout, batch.replay_start)
+            gots[backend] = self.prepare_attn(desc, ib, tables, slots, groups)
             self._record(step, backend, "build", ids, self.compare(want, gots[backend], batch, tables, slots))
+            if cut and backend == "torch":
+                c["chunk_inside_image_rows_differ"] += bool(self.compare(uncut, gots[backend], batch, tables, slots))
             c[f"builds:{backend}"] += 1
             if len(self.layout.swa) >= 2:
                 # swa_hal's step path: one build for all of the step's SWA groups (its plan holds them all).
                 plan = self.ours[backend][0][0].swa_hal_step[0]
                 c[f"step_builds:{backend}"] += plan.builder is not None and plan.kv_ids == self.layout.swa
-        # MTP drafts one token a forward (the updates between them); DSpark drafts all in one forward.
-        if spec and self.variant.spec_tokens > 1 and not self.variant.dspark and md.num_decode_tokens:
-            self._draft_updates(step, batch, tables, slots, want, gots, ids)
 
-    def compare(self, want: dict[str, Any], got: dict[str, Any], batch: AttentionBatch, tables, slots) -> list[str]:
+    def native_build(self, desc: Any, ib: Any, tables: Any, slots: torch.Tensor) -> dict[str, Any]:
+        """vLLM's builders' metadata for the step. vLLM's builder asserts when the step's requests list more
+        image ranges than its span buffers hold (``max_num_batched_tokens``: it uploads every range of every
+        request, past and future images included), where swa_hal builds (docs/engines.md, "Differences from
+        vLLM's builder"); there the expected values are vLLM's builder's with span buffers that hold them."""
+        try:
+            return self.prepare_attn(desc, ib, tables, slots, self.native_groups)
+        except AssertionError:
+            if not self.traffic.images:
+                raise
+        self.counts["vllm_span_capacity_asserts"] += 1
+        builders = [b for groups in self.native_groups for g in groups for b in g.metadata_builders]
+        kept = [(b.span_starts, b.span_ends) for b in builders]
+        for b in builders:
+            b.span_starts = torch.zeros(b.span_starts.shape[0] * 16, dtype=torch.int32)
+            b.span_ends = torch.zeros_like(b.span_starts)
+        try:
+            return self.prepare_attn(desc, ib, tables, slots, self.native_groups)
+        finally:
+            for b, (starts, ends) in zip(builders, kept):
+                b.span_starts, b.span_ends = starts, ends
+
+    def prepare_attn(self, desc: Any, ib: Any, tables: Any, slots: torch.Tensor, groups: Any) -> dict[str, Any]:
+        """The model state's ``prepare_attn`` as ``execute_model`` calls it, in the dispatched graph's mode
+        (V4.1's state gathers the batch's replay bounds from its per-request table itself)."""
+        kv = H.kv_cache_config(self.layout)
+        return type(self.state).prepare_attn(self.state, ib, desc.cg_mode, tables, slots, groups, kv)
+
+    def compare(
+        self, want: dict[str, Any], got: dict[str, Any], batch: AttentionBatch, tables, slots, fresh=()
+    ) -> list[str]:
         """Every SWA group's metadata, each against its own block table and slot mapping."""
         diffs = []
         for name, g in zip(self.swa_layers, self.layout.swa):
             view = dataclasses.replace(batch, block_table=tables[g], slot_mapping=slots[g])
             prefix = f"group {g}: " if len(self.swa_layers) > 1 else ""
-            diffs += [prefix + d for d in H.compare(want[name], got[name], view, **self.chunk_args())]
+            diffs += [prefix + d for d in H.compare(want[name], got[name], view, fresh=fresh, **self.chunk_args())]
         return diffs
 
     def _count_replay(self, ids: list[str], ib: Any) -> None:
@@ -489,22 +585,54 @@ class Engine:
             return dict(chunk_ratios=(1, 2), has_compressed=(True, False))
         return dict(chunk_ratios=(1, 4, 128), has_compressed=(None,))
 
-    def _draft_updates(self, step, batch, tables, slots, want, gots, ids) -> None:
-        """vLLM's drafter between its draft steps (vllm/v1/worker/gpu/spec_decode/speculator.py): one more
-        position per request and the moved tokens' slots, in place in the step's own inputs (every build of
-        the step reads them), then every group's ``update_draft_decode_metadata``."""
+    def _draft_steps(self, step: int, rejected: list[int]) -> None:
+        """vLLM's MTP drafter after the target's forward (``vllm_runner.Drafter``): its own uniform decode
+        batch of the step's requests, built by vLLM's builders and swa_hal's for the drafter's layers, then
+        moved one position per draft step and updated in place (``update_draft_decode_metadata``), every
+        group compared after the build and after each update. DSpark drafts all in one forward."""
+        ib, d, c = self.batch, self.drafter, self.counts
+        n = ib.num_reqs
+        desc, slots = d.first_step(ib, rejected)
+        padded = desc.num_reqs or n
+        c["drafter_batches"] += 1
+        c["drafter_padded_requests"] += padded - n
+        backends = [b for b in self.backends if b == "torch" or step % self.traffic.triton_every == 0]
+        bound = ib.seq_lens_cpu_upper_bound
+        want = d.build(desc, n, bound, self.native_draft_groups)
+        gots = {b: d.build(desc, n, bound, self.our_draft_groups[b]) for b in backends}
+        tables = tuple(t[:padded] for t in self.runner.runner.block_tables.input_block_tables)
+        fresh = ("query_start_loc_cpu",)  # _build_attn_metadata makes one for each build
         for k in range(1, self.variant.spec_tokens):
-            H.advance_draft_step_groups(batch, tables, slots, self.variant.block_size)
-            for g in self.layout.swa:
-                for group in self.native_groups[g]:
-                    group.update_draft_decode_metadata(want)
-            for backend, got in gots.items():
-                for g in self.layout.swa:
-                    for group in self.ours[backend][1][g]:
-                        group.update_draft_decode_metadata(got)
-                diffs = self.compare(want, got, batch, tables, slots)
-                self._record(step, backend, f"draft step {k}", ids, diffs)
-                self.counts[f"draft_updates:{backend}"] += 1
+            if k > 1:
+                slots = d.advance(desc, n)
+            d.update(want, n, self.native_draft_groups)
+            view = self._draft_view(desc, n, tables)
+            for b, got in gots.items():
+                d.update(got, n, self.our_draft_groups[b])
+                self._record(
+                    step, b, f"drafter step {k}", list(ib.req_ids), self.compare(want, got, view, tables, slots, fresh)
+                )
+                c[f"drafter_updates:{b}"] += 1
+
+    def _draft_view(self, desc: Any, n: int, tables: tuple[torch.Tensor, ...]) -> AttentionBatch:
+        """The drafter's batch as its builders see it (padded sizes on a FULL step)."""
+        from vllm.config import CUDAGraphMode
+
+        buffers = self.drafter.speculator.input_buffers
+        padded = desc.num_reqs or n
+        qsl = buffers.query_start_loc[: padded + 1].clone()
+        first = self.layout.swa[0]
+        return AttentionBatch(
+            seq_lens=buffers.seq_lens[:padded],
+            query_start_loc=qsl,
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=None,
+            block_table=tables[first],
+            slot_mapping=self.runner.runner.block_tables.slot_mappings[first, : desc.num_tokens],
+            max_query_len=1,
+            num_tokens=desc.num_tokens if desc.cg_mode == CUDAGraphMode.FULL else n,
+            causal=True,
+        )
 
     def _record(self, step: int, backend: str, what: str, ids: list[str], diffs: list[str]) -> None:
         """Every difference is one, steps whose image range starts before its request's chunk included (swa_hal
@@ -525,17 +653,25 @@ class Engine:
 
         ids = list(out.num_scheduled_tokens)
         spec = out.scheduled_spec_decode_tokens
-        sampled = []
+        sampled, rejected = [], {}
         for rid in ids:
             drafts = spec.get(rid, [])
             new = self.reqs[rid]["computed"] + out.num_scheduled_tokens[rid] - len(drafts)
+            rejected[rid] = 0
             if new < self.scheduler.requests[rid].num_tokens:
                 sampled.append([])
                 continue
             accepted = self.rng.randint(0, len(drafts))
+            rejected[rid] = len(drafts) - accepted
             self.counts["accepted_drafts"] += accepted
             self.counts["rejected_drafts"] += len(drafts) - accepted
             sampled.append([self.rng.randint(1, 999) for _ in range(accepted + 1)])
+        # The runner's side: its device counts move by each request's query length less its rejected drafts.
+        by_id = dict(zip(ids, sampled))
+        in_order = [rejected[r] for r in self.batch.req_ids]
+        self.runner.postprocess(self.batch, [by_id[r] for r in self.batch.req_ids], in_order)
+        if self.drafter is not None and spec:
+            self._draft_steps(self.step_index, in_order)
         kw = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if not H.V034 else {}  # 0.34 derives it
         mro = ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **kw)
         self.scheduler.update_from_output(out, mro)
@@ -551,8 +687,10 @@ class Engine:
         self._update_states(out)
         self.counts["preemptions"] += len(out.preempted_req_ids or ())
         if not out.num_scheduled_tokens:
+            self.runner.update(out)  # execute_model still updates the request states
             self.counts["empty_steps"] += 1
             return False
+        self.step_index = step
         self.build_and_compare(step, out)
         self.sample(out)
         return True
@@ -620,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-blocks", type=int, default=Traffic.num_blocks)
     p.add_argument("--token-budget", type=int, default=Traffic.token_budget)
     p.add_argument("--images", type=int, default=0, help="images per shared prefix (a vision variant)")
+    p.add_argument("--adjacent-images", type=float, default=0.0, help="chance an image follows the last directly")
     p.add_argument("--num-prefixes", type=int, default=Traffic.num_prefixes)
     p.add_argument("--triton-every", type=int, default=Traffic.triton_every, help="0: the torch backend only")
     p.add_argument("--spec-tokens", type=int, default=None, help="MTP drafts in place of the variant's")
@@ -629,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a prefix-cacheable group beside the SWA groups (with a V4.1 variant: bounded replay)",
     )
+    p.add_argument("--cudagraph-mode", default=Traffic.cudagraph_mode, help="vLLM's CUDAGraphMode, by name")
     p.add_argument(
         "--no-overflow-checks",
         action="store_true",
@@ -644,11 +784,13 @@ def main(argv: list[str] | None = None) -> int:
         num_blocks=a.num_blocks,
         token_budget=a.token_budget,
         images=a.images,
+        adjacent_images=a.adjacent_images,
         num_prefixes=a.num_prefixes,
         triton_every=max(a.triton_every, 1),
         swa_groups=a.swa_groups,
         spec_tokens=a.spec_tokens,
         cacheable_group=a.cacheable_group,
+        cudagraph_mode=a.cudagraph_mode,
     )
     start = time.monotonic()
     engine = run(traffic, a.steps, a.seed, backends=backends)

@@ -1,0 +1,308 @@
+"""vLLM's model runner V2 on the CPU: the step inputs the SWA builders receive, made by vLLM's own code.
+
+``Runner`` is vLLM's ``GPUModelRunner`` (vllm/v1/worker/gpu/model_runner.py) without a model: the object is
+vLLM's class, and every step runs vLLM's own methods in the order ``execute_model`` calls them
+(``finish_requests``, ``add_requests``, ``update_requests``, ``BlockTables.apply_staged_writes``,
+``gather_batch_req_state``, the CUDA-graph dispatch, ``prepare_inputs``, ``prepare_attn`` and the model
+state's ``prepare_attn``), over vLLM's own ``RequestState``, ``InputBuffers``, ``BlockTables`` and
+``CudaGraphManager``; after the forward, ``postprocess_sampled`` moves the device's computed-token counts
+as the sampler's output says. vLLM's Triton kernels among them (the block-table gather that nulls the
+entries below a sliding window, the slot mappings, positions and ``seq_lens``) run in Triton's interpreter.
+So the inputs carry everything the runner does to them: CUDA-graph padding (FULL steps padded to a
+captured request count, PIECEWISE steps to a captured token count), nulled and stale block-table entries,
+persistent buffers reused step after step, and host ``seq_lens`` that are upper bounds.
+
+What does not run on a CPU, and what stands in for it:
+
+- Pinned and unified (UVA) host memory need CUDA: ``buffer_utils.is_uva_available`` answers False, so vLLM
+  takes its own explicit-copy fallback (``NonUvaBuffer``), as on a platform without UVA.
+- No CUDA graph is captured or replayed: ``CudaGraphManager`` is vLLM's, marked captured, and only
+  ``dispatch`` runs (its padding decision is all a builder sees of a graph). The capture grid is set on the
+  compilation config as a GPU platform would set it (``capture_grid``).
+- The model, sampler and drafter do not run: the caller draws the sampled tokens and accepted drafts and
+  hands them to ``postprocess_sampled`` (vLLM's ``post_update`` kernel); the runner's per-request workers
+  that only the model reads (sampler, LoRA, logprobs, pooling, PP) are vLLM's "absent" values.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import numpy as np
+import torch
+
+CPU = torch.device("cpu")
+
+
+def use_explicit_copies() -> None:
+    """vLLM's UVA buffers on a CPU: its fallback for platforms without UVA (explicit copies)."""
+    from vllm.v1.worker.gpu import buffer_utils
+
+    buffer_utils.is_uva_available = lambda: False
+    buffer_utils.is_pin_memory_available = lambda: False
+
+
+def capture_grid(vllm_config: Any, mode: Any, decode_sizes: list[int], token_sizes: list[int]) -> None:
+    """The CUDA-graph capture grid on the compilation config, as a GPU platform sets it (the CPU platform
+    captures none): uniform-decode graphs of ``decode_sizes`` requests, token-keyed graphs of
+    ``token_sizes`` tokens. vLLM 0.34 keeps the two apart; 0.33 has one list of token sizes."""
+    cc = vllm_config.compilation_config
+    cc.cudagraph_mode = mode
+    cc.max_cudagraph_capture_size = max(token_sizes)
+    if hasattr(cc, "prefill_cudagraph_capture_token_sizes"):  # vLLM 0.34
+        cc.decode_cudagraph_capture_request_sizes = list(decode_sizes)
+        cc.prefill_cudagraph_capture_token_sizes = list(token_sizes)
+    else:
+        cc.cudagraph_capture_sizes = sorted(set(token_sizes))
+
+
+def cudagraph_manager(vllm_config: Any, mode: Any, decode_query_len: int) -> Any:
+    """vLLM's ``CudaGraphManager`` for ``mode``, its graphs marked captured (none is: see the module)."""
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    # The pipeline group (a distributed setup) and the graph pool (CUDA) are all its constructor asks of
+    # the platform; a single CPU rank is the first and last.
+    rank = types.SimpleNamespace(is_first_rank=True, is_last_rank=True)
+    original = cudagraph_utils.get_pp_group, current_platform.get_global_graph_pool
+    cudagraph_utils.get_pp_group = lambda: rank
+    current_platform.get_global_graph_pool = lambda: None
+    try:
+        import inspect
+
+        params = inspect.signature(cudagraph_utils.CudaGraphManager.__init__).parameters
+        if "decode_query_lens" in params:  # vLLM 0.34: query length -> the most requests of it
+            manager = cudagraph_utils.CudaGraphManager(
+                vllm_config, CPU, mode, {decode_query_len: vllm_config.scheduler_config.max_num_seqs}
+            )
+        else:
+            manager = cudagraph_utils.CudaGraphManager(vllm_config, CPU, mode, decode_query_len)
+    finally:
+        cudagraph_utils.get_pp_group, current_platform.get_global_graph_pool = original
+    manager._graphs_captured = True
+    return manager
+
+
+class Runner:
+    """vLLM's ``GPUModelRunner`` without a model, on the CPU (see the module)."""
+
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, model_state: Any, *, decode_query_len: int) -> None:
+        from vllm.v1.kv_cache_interface import SlidingWindowSpec
+        from vllm.v1.worker.gpu.block_table import BlockTables
+        from vllm.v1.worker.gpu.input_batch import InputBuffers
+        from vllm.v1.worker.gpu.lora_utils import LoraState
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+        from vllm.v1.worker.gpu.states import RequestState
+
+        use_explicit_copies()
+        sc = vllm_config.scheduler_config
+        r = object.__new__(GPUModelRunner)
+        self.runner = r
+        r.vllm_config = vllm_config
+        r.model_config = vllm_config.model_config
+        r.device = CPU
+        r.max_num_reqs = sc.max_num_seqs
+        r.max_num_tokens = sc.max_num_batched_tokens
+        r.max_model_len = vllm_config.model_config.max_model_len
+        r.decode_query_len = decode_query_len
+        r.req_states = RequestState(
+            max_num_reqs=r.max_num_reqs,
+            max_model_len=r.max_model_len,
+            max_num_batched_tokens=r.max_num_tokens,
+            num_speculative_steps=max(decode_query_len - 1, 1),
+            vocab_size=1024,
+            device=CPU,
+        )
+        r.input_buffers = InputBuffers(max_num_reqs=r.max_num_reqs, max_num_tokens=r.max_num_tokens, device=CPU)
+        # The block tables as vLLM's initialize_kv_cache makes them: a sliding-window group reaches back
+        # num_retained_tokens below a request's first scheduled position (older entries are nulled).
+        specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+        r.block_tables = BlockTables(
+            block_sizes=[s.block_size for s in specs],
+            max_num_reqs=r.max_num_reqs,
+            max_num_batched_tokens=r.max_num_tokens,
+            max_num_blocks_per_group=[s.max_num_blocks_per_req(vllm_config, r.max_model_len) for s in specs],
+            device=CPU,
+            sliding_window_reach=[s.num_retained_tokens if isinstance(s, SlidingWindowSpec) else 0 for s in specs],
+        )
+        # A text model's state keeps no M-RoPE positions and no prompt embeddings.
+        for name in ("rope_state", "prompt_embeds_state"):
+            if not hasattr(model_state, name):
+                setattr(model_state, name, None)
+        r.model_state = model_state
+        r.lora_state = LoraState(max_num_reqs=r.max_num_reqs)
+        for name in (
+            "speculator",
+            "adaptive_verification",
+            "pooling_runner",
+            "pp_handler",
+            "encoder_cache",
+            "prompt_logprobs_worker",
+            "sampler",
+            "fast_prefill",
+            "pcp_manager",
+            "kv_block_zeroer",
+        ):
+            setattr(r, name, None)
+        r.use_pp = False
+        r.is_last_pp_rank = False  # the sampler's own state is not kept: nothing samples here
+        r.draft_tokens_handler = types.SimpleNamespace(discard=lambda req_id: None)
+        self.cudagraphs = cudagraph_manager(
+            vllm_config, vllm_config.compilation_config.cudagraph_mode, decode_query_len
+        )
+
+    def update(self, out: Any) -> None:
+        """The request states from the scheduler's output: finished and preempted requests leave, new ones
+        come with their blocks, running ones take their new blocks and host computed-token counts."""
+        r = self.runner
+        r.finish_requests(out)
+        r.add_requests(out)
+        r.update_requests(out)
+        r.block_tables.apply_staged_writes()
+
+    def prepare(self, out: Any) -> tuple[Any, Any, tuple[torch.Tensor, ...], torch.Tensor]:
+        """One step of ``execute_model`` up to the attention metadata: the request states updated from the
+        scheduler's output, the batch dispatched to a CUDA graph (or eager), its inputs, block tables and
+        slot mappings. Returns (batch descriptor, InputBatch, block tables, slot mappings)."""
+        from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
+
+        r = self.runner
+        self.update(out)
+        state, uniform = r.gather_batch_req_state(out, False)
+        max_query_len = max(out.num_scheduled_tokens.values()) if state.decode_graph_eligible else None
+        desc, _ = dispatch_cg_and_sync_dp(
+            self.cudagraphs,
+            len(out.num_scheduled_tokens),
+            state.num_tokens,
+            uniform,
+            1,
+            0,
+            max_query_len=max_query_len,
+            uniform_decode=uniform == r.decode_query_len,
+        )
+        batch = r.prepare_inputs(out, state, desc, 0)
+        tables, slots = r.prepare_attn(batch)
+        return desc, batch, tables, slots
+
+    def postprocess(self, batch: Any, sampled: list[list[int]], rejected: list[int]) -> None:
+        """After the forward: vLLM's ``postprocess_sampled`` with the step's draws (per request of the
+        batch, in its order, the sampled tokens and the number of rejected drafts)."""
+        n = batch.num_reqs
+        width = max(1, max(len(s) for s in sampled))
+        tokens = torch.zeros(n, width, dtype=torch.int64)
+        for i, s in enumerate(sampled):
+            tokens[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
+        num_sampled = torch.tensor([len(s) for s in sampled], dtype=torch.int32)
+        num_rejected = torch.tensor(rejected, dtype=torch.int32)
+        self.runner.postprocess_sampled(batch.idx_mapping, tokens, num_sampled, num_rejected, batch.query_start_loc)
+
+    def num_computed_tokens(self) -> np.ndarray:
+        """The device's computed-token counts by request slot."""
+        return self.runner.req_states.num_computed_tokens.gpu.numpy()
+
+
+class Drafter:
+    """The attention batches of vLLM's autoregressive drafter (MTP), on the CPU.
+
+    After the target's forward, vLLM's drafter (vllm/v1/worker/gpu/spec_decode/autoregressive/speculator.py,
+    ``_run_multi_step_decode`` and ``_run_fused_multi_step_decode``) drafts one token per request per step in
+    a uniform decode batch of its own: its own CUDA-graph dispatch (``uniform_token_count=1``), its own input
+    buffers, prepared by vLLM's ``_prepare_decode_inputs_kernel`` (target_dependent_ar/speculator.py: each
+    request's position and ``seq_lens`` one past its accepted tokens, ``query_start_loc`` and ``seq_lens``
+    padded for the graph), slot mappings by the target's ``BlockTables`` (padding requests map to no slot),
+    metadata from ``Speculator._build_uniform_attn_metadata`` over the drafter's attention groups, and at each
+    later draft step the positions and ``seq_lens`` one further and ``_update_draft_decode_metadata``.
+
+    Restated here (the draft model does not run): the drafter's prefill, which leaves each request's
+    position at its last accepted token (``positions[i] = target seq_len - rejected - 1``), and the
+    per-step advance of ``_update_draft_inputs_kernel`` (position and ``seq_lens`` one further, clamped at
+    ``max_model_len``), which also writes the draft model's hidden states and tokens.
+    """
+
+    def __init__(self, runner: Runner, kv_cache_config: Any) -> None:
+        from vllm.v1.worker.gpu.input_batch import InputBuffers
+        from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
+
+        r = runner.runner
+        d = object.__new__(MTPSpeculator)  # its methods over its own buffers; no draft model is loaded
+        self.speculator = d
+        d.block_tables = r.block_tables
+        d.input_buffers = InputBuffers(max_num_reqs=r.max_num_reqs, max_num_tokens=r.max_num_tokens, device=CPU)
+        d.dcp_size = 1
+        d.vllm_config = r.vllm_config  # its max_model_len
+        d.draft_max_seq_len = r.max_model_len
+        d.max_num_reqs = r.max_num_reqs
+        d.kv_cache_config = kv_cache_config
+        d.arange_np = np.arange(r.max_num_reqs + 1, dtype=np.int32)
+        d.draft_is_prefilling = torch.zeros(r.max_num_reqs, dtype=torch.bool)
+        d.attn_groups = []
+        self.idx_mapping = torch.full((r.max_num_reqs,), -1, dtype=torch.int64)
+        self.sample_src_positions = torch.zeros(r.max_num_reqs, dtype=torch.int64)
+        self.draft_tokens = torch.zeros(r.max_num_reqs, 1, dtype=torch.int64)
+        self.runner = runner
+        # Its own decode graphs, of one token per request (vLLM's drafter keeps a manager of its own).
+        self.cudagraphs = cudagraph_manager(r.vllm_config, r.vllm_config.compilation_config.cudagraph_mode, 1)
+
+    def first_step(self, batch: Any, rejected: list[int]) -> tuple[Any, torch.Tensor]:
+        """The drafter's first decode step after the target's ``batch`` (its requests' rejected drafts):
+        the step's batch descriptor and slot mappings, its inputs in the drafter's buffers."""
+        from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
+        from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import _prepare_decode_inputs_kernel
+
+        d, n = self.speculator, batch.num_reqs
+        desc, _ = dispatch_cg_and_sync_dp(self.cudagraphs, n, n, 1, 1, 0)
+        num_rejected = torch.tensor(rejected, dtype=torch.int32)
+        # The drafter's prefill leaves each request at its last accepted token.
+        d.input_buffers.positions[:n] = (batch.seq_lens[:n] - num_rejected - 1).to(torch.int64)
+        _prepare_decode_inputs_kernel[(n + 1,)](
+            self.draft_tokens[:n, 0],
+            self.draft_tokens.stride(0),
+            batch.seq_lens,
+            num_rejected,
+            d.input_buffers.input_ids,
+            d.input_buffers.positions,
+            self.sample_src_positions,
+            d.input_buffers.query_start_loc,
+            d.input_buffers.seq_lens,
+            d.max_model_len,
+            d.max_num_reqs,
+            BLOCK_SIZE=1024,
+            ADVANCE_DRAFT_POSITIONS=True,
+        )
+        # idx_mapping == -1 marks a row the drafter must not act on (graph padding: no slot).
+        self.idx_mapping[:n].copy_(batch.idx_mapping)
+        self.idx_mapping[n:].fill_(-1)
+        return desc, self.slots(desc, n)
+
+    def slots(self, desc: Any, n: int) -> torch.Tensor:
+        d = self.speculator
+        return d.block_tables.compute_slot_mappings(
+            self.idx_mapping[:n],
+            d.input_buffers.query_start_loc[: n + 1],
+            d.input_buffers.positions[:n],
+            desc.num_tokens,
+        )
+
+    def build(self, desc: Any, n: int, seq_lens_cpu_upper_bound: torch.Tensor, attn_groups: Any) -> dict[str, Any]:
+        """``_build_uniform_attn_metadata`` for draft step 1 over ``attn_groups``."""
+        d = self.speculator
+        d.attn_groups = attn_groups
+        return d._build_uniform_attn_metadata(
+            batch_desc=desc, num_reqs=n, num_query_per_req=1, seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound, step=1
+        )
+
+    def advance(self, desc: Any, n: int) -> torch.Tensor:
+        """The next draft step's inputs: positions and ``seq_lens`` one further (clamped as vLLM clamps them),
+        then the slot mappings anew."""
+        d = self.speculator
+        pos, seq = d.input_buffers.positions[:n], d.input_buffers.seq_lens[:n]
+        torch.clamp_max(pos + 1, d.max_model_len - 1, out=pos)
+        torch.clamp_max(seq + 1, d.max_model_len, out=seq)
+        return self.slots(desc, n)
+
+    def update(self, metadata: dict[str, Any], n: int, attn_groups: Any) -> None:
+        """``_update_draft_decode_metadata`` over ``attn_groups``."""
+        d = self.speculator
+        d.attn_groups = attn_groups
+        d._update_draft_decode_metadata(metadata, n)

@@ -1,0 +1,97 @@
+"""Padding requests without a replay bound (docs/semantics.md #bounded-replay, vector R3): a CUDA-graph step
+padded to a captured request count hands in fewer bounds than requests; the requests past them have no query
+tokens and no bound. Every backend, on the plain, validated and group builds; a real request past the bounds
+is refused by name on every path."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from helpers import BACKEND_PLATFORMS, make_builder
+from swa_hal import AttentionBatch, SWAConfig
+from swa_hal.errors import BatchShapeError
+from swa_hal.reference import build_reference
+
+CONFIG = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4)
+
+
+def vector_r3(bounds: list[int]) -> AttentionBatch:
+    """Vector R1's two requests, padded to 4 requests and 6 token rows as a captured graph's step is."""
+    return AttentionBatch.from_lists(
+        [10, 9, 0, 0],
+        [1, 3, 0, 0],
+        [[7, 3, 2], [5, 6, 1], [0, 0, 0], [0, 0, 0]],
+        block_size=4,
+        num_tokens=6,
+        replay_start=None,
+    ).replace(replay_start=torch.tensor(bounds, dtype=torch.int32))
+
+
+# docs/semantics.md vector R3 (the rows of R1, then empty padding rows).
+DECODE_ROWS, DECODE_LENS = [[8, 9, -1, -1]], [2]
+PREFILL_ROWS = [[25, 26, -1, -1], [25, 26, 27, -1], [25, 26, 27, 4], [-1] * 4, [-1] * 4]
+PREFILL_LENS = [2, 3, 4, 0, 0]
+
+
+@pytest.mark.parametrize("validate", [False, True])
+@pytest.mark.parametrize("backend", sorted(BACKEND_PLATFORMS))
+def test_padding_requests_have_no_bound(backend, validate):
+    builder = make_builder(CONFIG, backend)
+    md = builder.build(vector_r3([8, 5]), validate=validate)
+    builder.check()
+    assert md.decode_swa_indices[:, 0].tolist() == DECODE_ROWS and md.decode_swa_lens.tolist() == DECODE_LENS
+    assert md.prefill_swa_indices[:, 0].tolist() == PREFILL_ROWS and md.prefill_swa_lens.tolist() == PREFILL_LENS
+    assert md.prefill_gather_lens.tolist() == [4, 0, 0]
+    assert md.replay_start.tolist() == [8, 5, 0, 0]
+    ref = build_reference(CONFIG, vector_r3([8, 5]))
+    assert ref.prefill_lens.tolist() == PREFILL_LENS and ref.decode_lens.tolist() == DECODE_LENS
+    assert ref.replay_start.tolist() == [8, 5, 0, 0]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_the_padded_bounds_are_rewritten_by_every_build(backend):
+    """The builder's padded copy is rewritten by each build that pads: a later build never reads an earlier
+    one's bounds."""
+    builder = make_builder(CONFIG, backend)
+    builder.build(vector_r3([8, 5]))
+    decode = AttentionBatch.from_lists(
+        [10, 0, 0], [1, 0, 0], [[7, 3, 2], [0, 0, 0], [0, 0, 0]], block_size=4, num_tokens=3
+    )
+    md = builder.build(decode.replace(replay_start=torch.tensor([7], dtype=torch.int32)))
+    builder.check()
+    assert md.replay_start.tolist() == [7, 0, 0]
+    # Positions 7, 8, 9: pages 1, 2, 2 of [7, 3, 2], slots 3 * 4 + 3, 2 * 4 + 0, 2 * 4 + 1.
+    assert md.decode_swa_indices[:1, 0].tolist() == [[15, 8, 9, -1]] and md.decode_swa_lens.tolist() == [3, 0, 0]
+
+
+@pytest.mark.parametrize("validate", [False, True])
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_a_request_with_tokens_past_the_bounds_is_refused(backend, validate):
+    builder = make_builder(CONFIG, backend)
+    with pytest.raises(
+        BatchShapeError,
+        match=r"^replay_start has 1 entries for 4 requests, and request 1 past them "
+        r"has 3 query tokens",
+    ) as info:
+        builder.build(vector_r3([8]), validate=validate)
+    assert info.value.field == "replay_start" and info.value.index == 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+def test_group_builds_take_padded_bounds(backend):
+    builder = make_builder(dataclasses.replace(CONFIG, num_kv_groups=2), backend)
+    batch = vector_r3([8, 5])
+    tables = torch.stack([batch.block_table, batch.block_table + 1])
+    slots = torch.stack([batch.slot_mapping, torch.where(batch.slot_mapping >= 0, batch.slot_mapping + 4, -1)])
+    mds = builder.build_groups(batch, tables, slots)
+    builder.check()
+    assert mds[0].prefill_swa_lens.tolist() == PREFILL_LENS and mds[1].prefill_swa_lens.tolist() == PREFILL_LENS
+    assert mds[0].prefill_swa_indices[:, 0].tolist() == PREFILL_ROWS
+    # Group 1's pages are one further on: position p sits at slot(p) + 4.
+    shifted = [[v + 4 if v >= 0 else -1 for v in row] for row in PREFILL_ROWS]
+    assert mds[1].prefill_swa_indices[:, 0].tolist() == shifted
+    with pytest.raises(BatchShapeError, match="request 1 past them"):
+        builder.build_groups(vector_r3([8]), tables, slots)

@@ -1,8 +1,10 @@
-"""vLLM's own scheduler drives swa_hal's SWA builders (``vllm_traffic``): its real ``Scheduler`` and
-``KVCacheManager`` with prefix caching, chunked prefill, preemption, MTP and DSpark drafts, V4.1's bounded
-replay and several SWA KV-cache groups per step, each step's metadata
-built by vLLM's own SWA builder and by swa_hal's (torch backend every step, the cuda Triton backend in the
-interpreter every few steps), field by field equal; the traffic is checked to contain what it is for.
+"""vLLM's own scheduler and model runner drive swa_hal's SWA builders (``vllm_traffic``, ``vllm_runner``): its real
+``AsyncScheduler`` (async scheduling, as vLLM 0.34 runs by default) and ``KVCacheManager`` with prefix caching,
+chunked prefill, preemption, MTP and DSpark drafts, V4.1's bounded replay and several SWA KV-cache groups per
+step, and its model runner V2 (CUDA-graph padding, nulled and persistent block tables, host upper bounds, the
+MTP drafter's own batches); each step's metadata built by vLLM's own SWA builder and by swa_hal's (torch backend
+every step, the cuda Triton backend in the interpreter every few steps), field by field equal; the traffic is
+checked to contain what it is for.
 
 Run with ``make test-vllm``.
 """
@@ -16,6 +18,7 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import contextlib
+import dataclasses
 
 import pytest
 
@@ -30,6 +33,7 @@ SEED = 20261203
 STEPS = 400
 VISION_STEPS = 300
 LONG_IMAGE_STEPS = 150
+V4_STEPS = 100
 
 
 def check_traffic(engine: T.Engine, *, drafts: bool, steps: int = STEPS) -> None:
@@ -40,7 +44,7 @@ def check_traffic(engine: T.Engine, *, drafts: bool, steps: int = STEPS) -> None
     # What the traffic is for: cache hits on shared prefixes, chunked prompts, preempted and resumed
     # requests, steps that mix decodes and prefills.
     assert c["prefix_cache_hits"] >= 3 and c["prefix_cache_hit_tokens"] >= 3 * engine.variant.block_size, dict(c)
-    assert c["chunked_prefill_chunks"] >= 50, dict(c)
+    assert c["chunked_prefill_chunks"] >= 30, dict(c)
     if not engine.traffic.images:  # the vision run's pool is larger: its point is cache hits
         assert c["preemptions"] >= 2 and c["resumed_after_preemption"] >= 2, dict(c)
     assert c["mixed_steps"] >= 50 and c["decode_rows"] > 0 and c["prefill_rows"] > 0, dict(c)
@@ -56,19 +60,30 @@ def check_traffic(engine: T.Engine, *, drafts: bool, steps: int = STEPS) -> None
         H.COUNTS[f"traffic:{key}"] += c[key]
 
 
-def check_runner(engine: T.Engine) -> None:
+def check_runner(engine: T.Engine, *, padded_full: bool = True) -> None:
     """What vLLM's model runner did to the inputs (tests/engines/vllm_runner.py) was in the traffic: steps
     padded to a FULL graph's request count and to a PIECEWISE graph's token count, block-table entries
     nulled below the window and entries left past a request's blocks by earlier steps."""
     c = engine.counts
     if engine.traffic.cudagraph_mode == "FULL":
         assert c["padded_full_steps"] >= 3 and c["cudagraph:PIECEWISE"] == 0, dict(c)
-    elif engine.traffic.images:  # prefills in nearly every step: few uniform decode steps
+    elif engine.traffic.images or not padded_full:  # few uniform decode steps off the capture grid
         assert c["cudagraph:FULL"] >= 3 and c["padded_piecewise_steps"] >= 1, dict(c)
     else:
         assert c["padded_full_steps"] >= 3 and c["padded_piecewise_steps"] >= 1, dict(c)
     assert c["nulled_table_entries"] > 0 and c["stale_table_entries"] > 0, dict(c)
-    for key in ("padded_full_steps", "padded_piecewise_steps", "nulled_table_entries", "stale_table_entries"):
+    # Async scheduling (on by default, as in vLLM 0.34): a step is scheduled before the last one's rejected
+    # drafts are known, so the host sequence lengths are upper bounds above the device's.
+    assert engine.traffic.async_scheduling
+    if engine.variant.spec_tokens:
+        assert c["host_upper_bound_rows"] > 0, dict(c)
+    for key in (
+        "padded_full_steps",
+        "padded_piecewise_steps",
+        "nulled_table_entries",
+        "stale_table_entries",
+        "host_upper_bound_rows",
+    ):
         H.COUNTS[f"traffic:{key}"] += c[key]
 
 
@@ -89,8 +104,9 @@ def test_mtp_traffic_from_vllms_scheduler_builds_as_vllm(tmp_path):
 
 
 def test_plain_traffic_from_vllms_scheduler_builds_as_vllm(tmp_path):
-    """No drafts (W=8, 4-token blocks): a 24-block pool under a 24-token budget."""
-    engine = T.run(T.Traffic(variant="v4_w8b4", num_blocks=24), STEPS, SEED, tmp=tmp_path)
+    """No drafts (W=8, 4-token blocks): a 20-block pool under a 24-token budget, requests arriving often."""
+    traffic = T.Traffic(variant="v4_w8b4", num_blocks=20, max_tokens=(20, 80), arrivals=0.9)
+    engine = T.run(traffic, STEPS, SEED, tmp=tmp_path)
     check_traffic(engine, drafts=False)
 
 
@@ -118,15 +134,7 @@ def test_adjacent_long_images_traffic_builds_as_vllm_up_to_the_documented_differ
     position and equals vLLM's builder handed the ranges cut there. And vLLM's builder asserts where a step's
     requests list more image ranges than its span buffers hold; swa_hal builds, equal to vLLM's builder
     with room for them. Both differences happen in this traffic, and nothing else differs."""
-    traffic = T.Traffic(
-        variant="v4_vision_w4b2",
-        spec_tokens=1,
-        images=6,
-        adjacent_images=0.7,
-        num_blocks=96,
-        num_prefixes=1,
-        prefix_len=(60, 90),
-    )
+    traffic = T.SUITE["vision_long_images"]
     engine = T.run(traffic, LONG_IMAGE_STEPS, SEED, tmp=tmp_path)
     c = engine.counts
     check_traffic(engine, drafts=True, steps=LONG_IMAGE_STEPS)
@@ -183,7 +191,7 @@ def test_v41_bounded_replay_traffic_with_two_swa_groups_builds_as_vllm(tmp_path)
     assert c["replay_steps"] >= 10 and c["replay_clamped_prefills"] >= 5 and c["replay_later_chunks"] >= 3, dict(c)
     assert c["preemptions"] >= 1 and c["resumed_after_preemption"] >= 1, dict(c)
     check_drafter(engine, HYBRID_STEPS)
-    check_runner(engine)
+    check_runner(engine, padded_full=False)  # padded FULL steps with bounds: the FULL-graph test below
     H.COUNTS["traffic:replay_steps"] += c["replay_steps"]
 
 
@@ -216,3 +224,17 @@ def test_dspark_traffic_with_two_swa_groups_builds_as_vllm(tmp_path):
     check_groups(engine, DSPARK_STEPS)
     assert c["draft_steps"] >= DSPARK_STEPS // 2 and c["accepted_drafts"] > 0 and c["rejected_drafts"] > 0, dict(c)
     assert c["draft_tokens"] >= 3 * c["draft_steps"] and c["replay_steps"] == 0, dict(c)
+
+
+def test_deepseek_v4_geometry_traffic_builds_as_vllm(tmp_path):
+    """DeepSeek-V4's own SWA geometry (W = 128, 64-token blocks, MTP-1): prompts of hundreds of tokens under a
+    512-token budget and a 32-block pool, so rows span several pages, windows reach below the nulled table
+    entries' positions only where the runner left them, and chunks cut through pages (the long run's traffic)."""
+    traffic = dataclasses.replace(T.SUITE["v4_geometry"], triton_every=10)
+    engine = T.run(traffic, V4_STEPS, SEED, tmp=tmp_path)
+    c = engine.counts
+    assert not engine.diffs, f"{len(engine.diffs)} steps differ:\n" + "\n".join(engine.diffs[:5])
+    assert c["steps"] == V4_STEPS and c["builds:cuda"] >= V4_STEPS // 10, dict(c)
+    assert c["prefix_cache_hits"] >= 3 and c["chunked_prefill_chunks"] >= 3 and c["mixed_steps"] >= 5, dict(c)
+    check_runner(engine)
+    H.COUNTS["traffic:v4_geometry_steps"] += c["steps"]

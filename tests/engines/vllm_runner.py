@@ -214,10 +214,9 @@ class Drafter:
     metadata from ``Speculator._build_uniform_attn_metadata`` over the drafter's attention groups, and at each
     later draft step the positions and ``seq_lens`` one further and ``_update_draft_decode_metadata``.
 
-    Restated here (the draft model does not run): the drafter's prefill, which leaves each request's
-    position at its last accepted token (``positions[i] = target seq_len - rejected - 1``), and the
-    per-step advance of ``_update_draft_inputs_kernel`` (position and ``seq_lens`` one further, clamped at
-    ``max_model_len``), which also writes the draft model's hidden states and tokens.
+    Restated here (the draft model does not run): the drafter's prefill (``TargetDependentARSpeculator._prefill``),
+    which leaves each request's position at its last accepted token (``positions[i] = target seq_len - rejected
+    - 1``). Between draft steps, vLLM's own ``update_draft_inputs`` moves positions and ``seq_lens`` on.
     """
 
     def __init__(self, runner: Runner, kv_cache_config: Any) -> None:
@@ -292,13 +291,29 @@ class Drafter:
             batch_desc=desc, num_reqs=n, num_query_per_req=1, seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound, step=1
         )
 
-    def advance(self, desc: Any, n: int) -> torch.Tensor:
-        """The next draft step's inputs: positions and ``seq_lens`` one further (clamped as vLLM clamps them),
-        then the slot mappings anew."""
+    def advance(self, desc: Any, n: int, step: int, num_steps: int) -> torch.Tensor:
+        """After draft step ``step`` of ``num_steps``: vLLM's ``update_draft_inputs`` (positions and
+        ``seq_lens`` one further, clamped at ``max_model_len``; the draft model's tokens and hidden states it
+        also moves are zeros here), then the slot mappings anew."""
+        from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator
+
         d = self.speculator
-        pos, seq = d.input_buffers.positions[:n], d.input_buffers.seq_lens[:n]
-        torch.clamp_max(pos + 1, d.max_model_len - 1, out=pos)
-        torch.clamp_max(seq + 1, d.max_model_len, out=seq)
+        max_model_len: Any = d.max_model_len
+        if "max_model_len_ptr" in speculator._update_draft_inputs_kernel.arg_names:  # vLLM 0.34: a device scalar
+            max_model_len = torch.tensor(max_model_len, dtype=torch.int32)
+        hidden = torch.zeros(n, 1)
+        speculator.update_draft_inputs(
+            self.draft_tokens[:n, 0],
+            torch.tensor([step], dtype=torch.int32),
+            hidden,
+            torch.zeros(n, num_steps, dtype=torch.int64),
+            torch.zeros_like(hidden),
+            d.input_buffers,
+            self.sample_src_positions[:n],
+            n,
+            max_model_len,
+            num_steps,
+        )
         return self.slots(desc, n)
 
     def update(self, metadata: dict[str, Any], n: int, attn_groups: Any) -> None:

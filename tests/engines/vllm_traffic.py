@@ -1,20 +1,23 @@
-"""vLLM's own scheduler drives the SWA builders: engine traffic without a model.
+"""vLLM's own scheduler and model runner drive the SWA builders: engine traffic without a model.
 
-vLLM's real ``Scheduler`` and ``KVCacheManager`` run on the CPU with prefix caching, chunked prefill under a
-small token budget, preemption under a small KV pool, MTP drafts and, for a vision variant, images in the shared
-prefixes (cache hits that end inside an image); sampled tokens and draft acceptance are drawn from a seed. Each step's ``SchedulerOutput`` becomes the model runner's inputs as vLLM's model runner V2
-makes them (its request order, block tables, slot mappings, positions, ``query_start_loc``, ``seq_lens``,
-``is_prefilling``), the step's metadata is built through vLLM's ``prepare_attn`` by vLLM's own SWA builder and
-by swa_hal's builder for it (the torch backend every step, a Triton backend in the interpreter every
-``triton_every`` steps), and every field is compared (``vllm_harness.compare``); on MTP steps the drafter's
-draft-step updates follow (``update_draft_decode_metadata`` after advancing the batch as the drafter does).
+vLLM's real ``AsyncScheduler`` (or ``Scheduler``) and ``KVCacheManager`` run on the CPU with prefix caching,
+chunked prefill under a small token budget, preemption under a small KV pool, MTP drafts and, for a vision
+variant, images in the shared prefixes (cache hits that end inside an image, images back to back); sampled
+tokens and draft acceptance are drawn from a seed, and with async scheduling (the default, as in vLLM 0.34) the
+scheduler takes each step's output one step late, as vLLM's engine core with its batch queue does. Each step's
+``SchedulerOutput`` becomes the model runner's inputs by vLLM's own model runner V2 (``vllm_runner.Runner``: its
+request states, persistent block tables, CUDA-graph dispatch and padding, slot mappings, positions,
+``query_start_loc`` and ``seq_lens``); the step's metadata is built through the model state's ``prepare_attn``
+by vLLM's own SWA builder and by swa_hal's builder for it (the torch backend every step, a Triton backend in the
+interpreter every ``triton_every`` steps), and every field is compared (``vllm_harness.compare``); on MTP steps
+with two or more drafts, vLLM's drafter's own batches follow (``vllm_runner.Drafter``), built and updated by both.
 DSpark drafts come from a real ``SpeculativeConfig`` too. A hybrid layout puts a prefix-cacheable group
 beside several SWA groups (each with its own block table; swa_hal builds them in one step build, every one
 compared); with V4.1 its SWA groups declare bounded replay, so the scheduler hands out ``replay_start``.
 
-A long run: ``python tests/engines/vllm_traffic.py --steps 50000 --seed 1`` (in a vLLM test environment; add
-``--variant v4_vision_w6b4 --images 3 --num-blocks 48 --num-prefixes 1`` for images) prints the steps, what the
-traffic contained and every difference.
+A long run: ``python tests/engines/vllm_traffic.py --suite 5000 --triton-every 0 --no-overflow-checks`` (in a vLLM
+test environment) runs 5,000 steps of every traffic of ``SUITE``; ``--steps N --variant ...`` runs one. Each
+prints the steps, what the traffic contained and every difference.
 """
 
 from __future__ import annotations
@@ -55,6 +58,13 @@ LAYER = "model.layers.0.attn.swa_cache"  # the first SWA group's layer (group j'
 CACHEABLE_LAYER = "model.layers.0.attn.compressed_cache"
 
 
+# The harness's variants, and DeepSeek-V4's own geometry (W = 128, 64-token SWA blocks) with one MTP draft.
+VARIANTS = {
+    **H.VARIANTS,
+    "v4_mtp1_w128b64": H.Variant("v4_mtp1_w128b64", window=128, block_size=64, spec_tokens=1, max_model_len=4096),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Traffic:
     """The engine setup and the requests it is fed."""
@@ -85,6 +95,8 @@ class Traffic:
     # vLLM's CUDA-graph mode (CUDAGraphMode's name): the default pads uniform decode steps to a FULL graph's
     # request count and other steps to a PIECEWISE graph's token count; FULL pads every step's requests.
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    # vLLM's engine core with its batch queue (two steps in flight), as vLLM 0.34 runs by default.
+    async_scheduling: bool = True
 
 
 class Engine:
@@ -100,7 +112,7 @@ class Engine:
 
         self.traffic = traffic
         self.rng = random.Random(seed)
-        v = dataclasses.replace(H.VARIANTS[traffic.variant], max_num_seqs=traffic.max_num_seqs)
+        v = dataclasses.replace(VARIANTS[traffic.variant], max_num_seqs=traffic.max_num_seqs)
         if traffic.spec_tokens is not None:
             v = dataclasses.replace(v, spec_tokens=traffic.spec_tokens)
         self.variant = v
@@ -145,10 +157,21 @@ class Engine:
         )
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)
-        self.block_hasher = get_request_block_hasher(v.block_size, hash_fn)
-        self.scheduler = Scheduler(
+        # As vLLM's engine core makes it: with the config's hash lookahead (a drafter's, on some releases).
+        self.block_hasher = get_request_block_hasher(v.block_size, hash_fn, vc.num_hash_lookahead_tokens)
+        # vLLM 0.34's default: async scheduling (the engine core schedules a step before the last one's output
+        # is back; a request's drafts are placeholders until then, and its host computed-token count an upper
+        # bound), with vLLM's AsyncScheduler.
+        vc.scheduler_config.async_scheduling = traffic.async_scheduling
+        scheduler_cls = Scheduler
+        if traffic.async_scheduling:
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+            scheduler_cls = AsyncScheduler
+        self.scheduler = scheduler_cls(
             vc, kv_config, StructuredOutputManager(vc), block_size=v.block_size, hash_block_size=v.block_size
         )
+        self.pending: tuple[Any, Any] | None = None  # async: the step whose output the scheduler awaits
         if traffic.images:
             from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
 
@@ -604,7 +627,7 @@ class Engine:
         fresh = ("query_start_loc_cpu",)  # _build_attn_metadata makes one for each build
         for k in range(1, self.variant.spec_tokens):
             if k > 1:
-                slots = d.advance(desc, n)
+                slots = d.advance(desc, n, k - 1, self.variant.spec_tokens)
             d.update(want, n, self.native_draft_groups)
             view = self._draft_view(desc, n, tables)
             for b, got in gots.items():
@@ -646,42 +669,58 @@ class Engine:
         self.counts["differences"] += 1
         self.diffs.append(text)
 
-    def sample(self, out: Any) -> None:
+    def sample(self, out: Any) -> Any:
         """The model's output, drawn: a token per request that reached its end (a partial prefill's is
-        dropped, as vLLM's runner drops it), plus the accepted drafts; then the next drafts."""
-        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+        dropped, as vLLM's runner drops it), plus the accepted drafts; the runner's side of it (its device
+        counts, the drafter's batches). Returns vLLM's ModelRunnerOutput for the scheduler."""
+        from vllm.v1.outputs import ModelRunnerOutput
 
-        ids = list(out.num_scheduled_tokens)
+        ib, c = self.batch, self.counts
         spec = out.scheduled_spec_decode_tokens
-        sampled, rejected = [], {}
-        for rid in ids:
-            drafts = spec.get(rid, [])
-            new = self.reqs[rid]["computed"] + out.num_scheduled_tokens[rid] - len(drafts)
-            rejected[rid] = 0
-            if new < self.scheduler.requests[rid].num_tokens:
+        sampled, rejected = [], []
+        for i, rid in enumerate(ib.req_ids):
+            drafts = len(spec.get(rid, ()))
+            q = int(ib.num_scheduled_tokens[i])
+            partial = ib.is_prefilling_np[i] and ib.num_computed_tokens_np[i] + q - drafts < ib.prefill_len_np[i]
+            if partial:
                 sampled.append([])
+                rejected.append(0)
                 continue
-            accepted = self.rng.randint(0, len(drafts))
-            rejected[rid] = len(drafts) - accepted
-            self.counts["accepted_drafts"] += accepted
-            self.counts["rejected_drafts"] += len(drafts) - accepted
+            accepted = self.rng.randint(0, drafts)
+            rejected.append(drafts - accepted)
+            c["accepted_drafts"] += accepted
+            c["rejected_drafts"] += drafts - accepted
             sampled.append([self.rng.randint(1, 999) for _ in range(accepted + 1)])
         # The runner's side: its device counts move by each request's query length less its rejected drafts.
-        by_id = dict(zip(ids, sampled))
-        in_order = [rejected[r] for r in self.batch.req_ids]
-        self.runner.postprocess(self.batch, [by_id[r] for r in self.batch.req_ids], in_order)
+        self.runner.postprocess(ib, sampled, rejected)
         if self.drafter is not None and spec:
-            self._draft_steps(self.step_index, in_order)
+            self._draft_steps(self.step_index, rejected)
+        ids = list(ib.req_ids)
         kw = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if not H.V034 else {}  # 0.34 derives it
-        mro = ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **kw)
+        return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **kw)
+
+    def update_scheduler(self, out: Any, mro: Any) -> None:
+        """The scheduler takes a step's output. In sync scheduling the drafts of the next step follow (vLLM's
+        runner hands them over); async scheduling keeps them on the device (the scheduler holds placeholders)."""
+        from vllm.v1.outputs import DraftTokenIds
+
         self.scheduler.update_from_output(out, mro)
         k = self.variant.spec_tokens
-        if k:
-            running = [r for r, s in zip(ids, sampled) if s and r in self.scheduler.requests]
+        if k and not self.traffic.async_scheduling:
+            running = [r for r, s in zip(mro.req_ids, mro.sampled_token_ids) if s and r in self.scheduler.requests]
             drafts = [[self.rng.randint(1, 999) for _ in range(k)] for _ in running]
             self.scheduler.update_draft_token_ids(DraftTokenIds(running, drafts))
 
+    def finish_pending(self) -> None:
+        """Async scheduling: the engine core takes the oldest step's output (vLLM's step_with_batch_queue)."""
+        if self.pending is not None:
+            self.update_scheduler(*self.pending)
+            self.pending = None
+
     def step(self, step: int) -> bool:
+        """One pass of vLLM's engine core: schedule, run the runner, and hand the scheduler an output (with
+        async scheduling, the previous step's: the scheduler schedules each step before the last one's
+        output is back)."""
         self.add_requests()
         out = self.scheduler.schedule()
         self._update_states(out)
@@ -689,10 +728,16 @@ class Engine:
         if not out.num_scheduled_tokens:
             self.runner.update(out)  # execute_model still updates the request states
             self.counts["empty_steps"] += 1
+            self.finish_pending()
             return False
         self.step_index = step
         self.build_and_compare(step, out)
-        self.sample(out)
+        mro = self.sample(out)
+        if self.traffic.async_scheduling:
+            self.finish_pending()
+            self.pending = (out, mro)
+        else:
+            self.update_scheduler(out, mro)
         return True
 
 
@@ -731,6 +776,40 @@ def run(
     return engine
 
 
+# The long run's traffic (``--suite STEPS``): every runner behaviour on (async scheduling, CUDA-graph padding,
+# nulled and stale tables, the drafter's batches) across DeepSeek-V4 and V4.1, no drafts and MTP with 1 to 4
+# drafts, DSpark, V4's own geometry and vision with adjacent images and images longer than the window.
+SUITE = {
+    "plain": Traffic(variant="v4_w8b4", num_blocks=20, max_tokens=(20, 80), arrivals=0.9),
+    "mtp2": Traffic(variant="v4_mtp2_w6b8"),
+    "mtp3": Traffic(variant="v4_mtp2_w6b8", spec_tokens=3, num_blocks=20),
+    "mtp4": Traffic(variant="v4_mtp2_w6b8", spec_tokens=4, num_blocks=24),
+    "v4_geometry": Traffic(
+        variant="v4_mtp1_w128b64",
+        num_blocks=32,
+        token_budget=512,
+        prefix_len=(150, 700),
+        suffix_len=(0, 300),
+        max_tokens=(40, 200),
+    ),
+    "v41_replay": Traffic(variant="v41_w8b4", spec_tokens=2, swa_groups=2, cacheable_group=True, num_blocks=96),
+    "v41_full_graphs": Traffic(
+        variant="v41_w8b4", spec_tokens=1, swa_groups=2, cacheable_group=True, num_blocks=96, cudagraph_mode="FULL"
+    ),
+    "dspark": Traffic(variant="v4_dspark3_w5b4", swa_groups=2, cacheable_group=True, num_blocks=160),
+    "vision": Traffic(variant="v4_vision_w6b4", images=3, num_blocks=48, num_prefixes=1, adjacent_images=0.5),
+    "vision_long_images": Traffic(
+        variant="v4_vision_w4b2",
+        spec_tokens=1,
+        images=6,
+        adjacent_images=0.7,
+        num_blocks=96,
+        num_prefixes=1,
+        prefix_len=(60, 90),
+    ),
+}
+
+
 def interpreter_checks(on: bool) -> None:
     """Triton's interpreter with or without its int32 overflow checks (every later launch)."""
     from triton.runtime import interpreter
@@ -754,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--variant", default=Traffic.variant, choices=sorted(H.VARIANTS))
+    p.add_argument("--variant", default=Traffic.variant, choices=sorted(VARIANTS))
     p.add_argument("--num-blocks", type=int, default=Traffic.num_blocks)
     p.add_argument("--token-budget", type=int, default=Traffic.token_budget)
     p.add_argument("--images", type=int, default=0, help="images per shared prefix (a vision variant)")
@@ -769,16 +848,32 @@ def main(argv: list[str] | None = None) -> int:
         help="a prefix-cacheable group beside the SWA groups (with a V4.1 variant: bounded replay)",
     )
     p.add_argument("--cudagraph-mode", default=Traffic.cudagraph_mode, help="vLLM's CUDAGraphMode, by name")
+    p.add_argument("--sync-scheduling", action="store_true", help="vLLM's synchronous scheduler (no batch queue)")
     p.add_argument(
         "--no-overflow-checks",
         action="store_true",
         help="Triton's interpreter skips its int32 overflow checks: about twice as fast; vLLM's kernel is the expected "
         "output, not under test, and swa_hal's kernels keep theirs in the test suite",
     )
+    p.add_argument("--suite", type=int, default=0, metavar="STEPS", help="STEPS steps of every traffic of SUITE")
+    p.add_argument("--only", default="", help="with --suite: these of its traffics (comma-separated names)")
     a = p.parse_args(argv)
     if a.no_overflow_checks:
         interpreter_checks(False)
     backends = ("torch", "cuda") if a.triton_every else ("torch",)
+    if a.suite:
+        total: Counter[str] = Counter()
+        for name, traffic in SUITE.items():
+            if a.only and name not in a.only.split(","):
+                continue
+            traffic = dataclasses.replace(traffic, triton_every=max(a.triton_every, 1))
+            start = time.monotonic()
+            engine = run(traffic, a.suite, a.seed, backends=backends)
+            print(f"[{name}] " + summary(engine, time.monotonic() - start), flush=True)
+            total.update(engine.counts)
+            total["differences"] += len(engine.diffs)
+        print("suite: " + ", ".join(f"{k}={v}" for k, v in sorted(total.items())))
+        return 1 if total["differences"] else 0
     traffic = Traffic(
         variant=a.variant,
         num_blocks=a.num_blocks,
@@ -791,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         spec_tokens=a.spec_tokens,
         cacheable_group=a.cacheable_group,
         cudagraph_mode=a.cudagraph_mode,
+        async_scheduling=not a.sync_scheduling,
     )
     start = time.monotonic()
     engine = run(traffic, a.steps, a.seed, backends=backends)

@@ -70,7 +70,8 @@ VLLM_PIP := $(VLLM_BIN)/python -m pip
 VLLM_STAMP := $(VLLM_VENV)/.swa-hal-vllm-installed
 VLLM_TORCH ?= $(if $(filter 0.33.%,$(VLLM_VERSION)),"$(TORCH)" triton==3.6.0,torch==2.14.1 triton==3.8.0)
 VLLM_CORE_TESTS ?= tests/test_parity.py tests/test_address_strict.py tests/test_groups.py tests/test_slot_rows.py \
-	tests/test_slot_ring.py tests/test_request_window.py tests/test_guard.py tests/test_int32_edges.py tests/test_triton_versions.py
+	tests/test_slot_ring.py tests/test_request_window.py tests/test_guard.py tests/test_int32_edges.py tests/test_triton_versions.py \
+	tests/test_padded_requests.py
 VLLM_DEPS := transformers==5.20.2 einops==0.8.2 cbor2==6.3.0 msgspec==0.23.0 cloudpickle==3.1.3 \
 	pyzmq==27.3.0 psutil==7.2.2 requests==2.34.2 aiohttp==3.14.5 openai==3.57.0 openai-harmony==0.0.8 \
 	pillow==13.0.0 pybase64==1.5.1 cachetools==8.0.2 uvloop==0.23.0 py-cpuinfo==9.0.0 \

@@ -195,21 +195,33 @@ def test_v41_bounded_replay_traffic_with_two_swa_groups_builds_as_vllm(tmp_path)
     H.COUNTS["traffic:replay_steps"] += c["replay_steps"]
 
 
-def test_v41_replay_traffic_in_full_graphs_builds_as_vllm(tmp_path):
+@pytest.mark.parametrize("swa_groups", [1, 2])
+def test_v41_replay_traffic_in_full_graphs_builds_as_vllm(tmp_path, swa_groups):
     """V4.1 with bounded replay where every step runs a FULL CUDA graph (``cudagraph_mode=FULL``): vLLM pads
     each step's requests to the captured count and slices the model state's bounds, one per real request,
     with the padded count, so the builders get fewer bounds than requests. Padding requests have no bound
     (docs/semantics.md #bounded-replay, vector R3): swa_hal builds every such step as vLLM does, prefills
-    with bounds among them, and hands out zeros for the padding requests' bounds."""
+    with bounds among them, and hands out zeros for the padding requests' bounds; with one SWA group (each
+    group's builder builds alone) and with two (one step build for both)."""
     traffic = T.Traffic(
-        variant="v41_w8b4", spec_tokens=2, swa_groups=2, cacheable_group=True, num_blocks=96, cudagraph_mode="FULL"
+        variant="v41_w8b4",
+        spec_tokens=2,
+        swa_groups=swa_groups,
+        cacheable_group=True,
+        num_blocks=96,
+        cudagraph_mode="FULL",
     )
+    steps = FULL_STEPS if swa_groups > 1 else FULL_STEPS // 2
     with no_overflow_checks():
-        engine = T.run(traffic, FULL_STEPS, SEED, tmp=tmp_path)
+        engine = T.run(traffic, steps, SEED, tmp=tmp_path)
     c = engine.counts
-    check_groups(engine, FULL_STEPS)
+    if swa_groups > 1:
+        check_groups(engine, steps)
+    else:
+        assert not engine.diffs, f"{len(engine.diffs)} steps differ:\n" + "\n".join(engine.diffs[:5])
+        assert c["steps"] == steps and c["builds:cuda"] >= steps // 8 and c["multi_group_steps"] == 0, dict(c)
     check_runner(engine)
-    assert c["padded_full_replay_steps"] >= FULL_STEPS // 2 and c["replay_clamped_prefills"] >= 3, dict(c)
+    assert c["padded_full_replay_steps"] >= steps // 2 and c["replay_clamped_prefills"] >= 3, dict(c)
     H.COUNTS["traffic:padded_full_replay_steps"] += c["padded_full_replay_steps"]
 
 

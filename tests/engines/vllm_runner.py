@@ -26,6 +26,7 @@ What does not run on a CPU, and what stands in for it:
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any
 
@@ -36,7 +37,8 @@ CPU = torch.device("cpu")
 
 
 def use_explicit_copies() -> None:
-    """vLLM's UVA buffers on a CPU: its fallback for platforms without UVA (explicit copies)."""
+    """vLLM's UVA buffers on a CPU: its fallback for platforms without UVA (explicit copies), for the rest of
+    the process (a CPU has neither pinned nor unified memory, so nothing else here could take the other path)."""
     from vllm.v1.worker.gpu import buffer_utils
 
     buffer_utils.is_uva_available = lambda: False
@@ -69,8 +71,6 @@ def cudagraph_manager(vllm_config: Any, mode: Any, decode_query_len: int) -> Any
     cudagraph_utils.get_pp_group = lambda: rank
     current_platform.get_global_graph_pool = lambda: None
     try:
-        import inspect
-
         params = inspect.signature(cudagraph_utils.CudaGraphManager.__init__).parameters
         if "decode_query_lens" in params:  # vLLM 0.34: query length -> the most requests of it
             manager = cudagraph_utils.CudaGraphManager(

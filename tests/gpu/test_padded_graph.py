@@ -111,5 +111,6 @@ def test_padded_step_with_short_bounds_replays_in_a_cuda_graph(name, groups, rep
             check(config, step, md, g)
         replays += 1
     report(
-        f"{name}, {groups} group(s): {replays} replays of a {REAL}-of-{PADDED}-request step with {REAL} bounds, each equal to the reference"
+        f"{name}, {groups} group(s): {replays} replays of a {REAL}-of-{PADDED}-request step with {REAL} bounds, "
+        "each equal to the reference"
     )

@@ -34,7 +34,7 @@ from .guard import violation_error
 from .metadata import SWAMetadata, group_views, shape_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
-from .preflight import GroupRow, check_group, group_inputs, preflight_tensor
+from .preflight import GroupRow, check_group, group_inputs, preflight_tensor, refuse_host_copy
 from .request_window import (
     RequestWindowLayout,
     RequestWindowRows,
@@ -228,7 +228,11 @@ class SWAMetadataBuilder:
         the O(1) preflight, or full validation (it syncs) of each group's batch, naming the group."""
         inputs = batch.inputs
         full = validate if validate is not None else self.validate
-        num_reqs = inputs.num_reqs if full else inputs.preflight(self.config, self.buffers.capacity, self._device_index)
+        if full:  # the request count is read off the host offsets before validation checks the rest
+            refuse_host_copy("query_start_loc_cpu", inputs.query_start_loc_cpu)
+            num_reqs = inputs.num_reqs
+        else:
+            num_reqs = inputs.preflight(self.config, self.buffers.capacity, self._device_index)
         rows: tuple[GroupRow, ...] = ()
         if block_tables is None:  # a single build: the batch's own table and slot mapping, a group of one
             if full:

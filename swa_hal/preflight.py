@@ -70,11 +70,17 @@ def preflight_tensor(name: str, t: object, want: torch.dtype, device_index: int,
 
 
 def refuse_host_copy(name: str, t: object) -> None:
-    """A host copy of the batch (``query_start_loc_cpu``, ``seq_lens_cpu``) must be a tensor in host memory."""
+    """A host copy of the batch (``query_start_loc_cpu``, ``seq_lens_cpu``) must be a 1-D int32 tensor in host
+    memory, as its device tensor is: the split and the chunk plan read it as numbers (a float or int64 copy gives
+    another split, a [R+1, 1] copy other offsets)."""
     if not isinstance(t, torch.Tensor):
         raise BatchDtypeError(name, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_cpu:
         raise BatchDeviceError(name, f"{name} is on {t.device}; a host copy must be a CPU tensor")
+    if t.dtype is not torch.int32:
+        raise BatchDtypeError(name, f"{name} has dtype {t.dtype}; a host copy must be int32, as its device tensor")
+    if t.dim() != 1:
+        raise BatchShapeError(name, f"{name} has shape {tuple(t.shape)}; a host copy must be 1-D")
 
 
 def refuse_table_reach(field: str, num_reqs: int, row_stride: int, width: int) -> None:

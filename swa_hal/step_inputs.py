@@ -111,7 +111,12 @@ class StepInputs(NamedTuple):
         # The plan reads the host copies as numpy arrays: one on another device (a meta tensor, a GPU copy)
         # would fail there with an untyped error, so it is refused by name first.
         try:
-            host_ok = qsl_cpu.is_cpu and (seq_cpu is None or seq_cpu.is_cpu)
+            host_ok = (
+                qsl_cpu.is_cpu
+                and qsl_cpu.dtype is i32
+                and qsl_cpu.dim() == 1
+                and (seq_cpu is None or (seq_cpu.is_cpu and seq_cpu.dtype is i32 and seq_cpu.dim() == 1))
+            )
         except AttributeError:
             host_ok = False
         if not host_ok:
@@ -131,6 +136,10 @@ class StepInputs(NamedTuple):
             )
         if ss[0] < num_reqs:
             raise BatchShapeError("seq_lens", f"seq_lens has {ss[0]} entries for {num_reqs} requests")
+        if seq_cpu is not None and seq_cpu.shape[0] < num_reqs:  # the plan would drop the last prefills
+            raise BatchShapeError(
+                "seq_lens_cpu", f"seq_lens_cpu has {seq_cpu.shape[0]} entries for {num_reqs} requests"
+            )
         replay = self.replay_start
         if replay is not None:
             preflight_tensor("replay_start", replay, i32, device_index)

@@ -125,3 +125,25 @@ def window_case(rng: random.Random, kind: str, *, window: int = SWA_WINDOW, over
 def window_runs(case: WindowCase) -> int:
     """The step's runs (SGLang's groups of rows with one request)."""
     return 1 + int((case.req[1:] != case.req[:-1]).sum())
+
+
+def runs_past_the_groups_read_their_own_rows(case: WindowCase, layout: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's op's layout ``layout`` (its ``WindowLayout`` fields by name) as swa_hal hands it out
+    (docs/semantics.md #engine-parity): a run past the history groups reads its own query rows only. The op
+    points that run's earlier entries at rows past the history (up to past the workspace); swa_hal makes them
+    -1, and ``lengths`` counts the rest. Every other field, and every run with a group, is the op's."""
+    indices = layout["indices"]
+    device = indices.device
+    req = case.req.to(device)
+    n = req.shape[0]
+    groups = n if case.num_groups is None else case.num_groups
+    starts = torch.ones(n, dtype=torch.bool, device=device)
+    starts[1:] = req[1:] != req[:-1]
+    group = starts.cumsum(0) - 1
+    rows = torch.arange(n, device=device)
+    first = torch.cummax(torch.where(starts, rows, 0), 0).values
+    k = torch.arange(indices.shape[1], device=device)
+    before_run = (group[:, None] >= groups) & (k[None, :] > (rows - first)[:, None])
+    indices = indices.clone()
+    indices[:n][before_run] = -1
+    return {**layout, "indices": indices, "lengths": (indices >= 0).sum(-1, dtype=layout["lengths"].dtype)}

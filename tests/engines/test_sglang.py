@@ -47,6 +47,7 @@ from swa_hal import PlatformInfo, SlotRing, SlotRows  # noqa: E402
 from swa_hal.errors import BatchCapacityError, BatchRangeError  # noqa: E402
 from swa_hal.integrations import _common  # noqa: E402
 from swa_hal.integrations import sglang as integ  # noqa: E402
+from swa_hal.testing.request_windows import runs_past_the_groups_read_their_own_rows  # noqa: E402
 
 BACKENDS = ("torch", *TRITON_BACKENDS)
 # Random batches per backend (220 each): the causal kinds in turn, DSpark with and without valid_from.
@@ -645,24 +646,6 @@ def _check_window(case, got, want, where: str) -> None:
     assert int(got.runs) == H.window_runs(case)
 
 
-def _safe_past_the_groups(case, op: dict) -> dict:
-    """SGLang's op's layout as swa_hal hands it out (docs/semantics.md #engine-parity): a run past the history
-    groups reads its own query rows only. The op points that run's earlier entries at rows past the history
-    (up to past the workspace); swa_hal makes them -1, and ``lengths`` counts the rest. Every other field and
-    every run with a group is the op's."""
-    n = case.req.shape[0]
-    groups = n if case.num_groups is None else case.num_groups
-    starts = torch.ones(n, dtype=torch.bool)
-    starts[1:] = case.req[1:].cpu() != case.req[:-1].cpu()
-    group = starts.cumsum(0) - 1
-    first = torch.cummax(torch.where(starts, torch.arange(n), 0), 0).values
-    indices = op["indices"].clone()
-    k = torch.arange(indices.shape[1])
-    before_run = (group[:, None] >= groups) & (k[None, :] > (torch.arange(n) - first)[:, None])
-    indices[:n][before_run] = -1
-    return {**op, "indices": indices, "lengths": (indices >= 0).sum(-1, dtype=op["lengths"].dtype)}
-
-
 def _window_through_swa_hal(case):
     adapter = integ.adapter_for(case.pos.device, case.window)
     return adapter.window_layout(
@@ -698,7 +681,7 @@ def test_window_layout_equals_sglangs_triton_op(loaded):
         case = H.window_case(rng, kind, window=_window_window(rng), overfull=overfull)
         assert not overfull or H.window_runs(case) > case.num_groups
         op = H.sglang_window_triton(case)
-        safe = _safe_past_the_groups(case, op)
+        safe = runs_past_the_groups_read_their_own_rows(case, op)
         # Where a run past the groups reads anything before its own rows, the op points past the history.
         assert overfull or torch.equal(safe["indices"], op["indices"])
         _check_window(case, _window_through_swa_hal(case), safe, "op")
@@ -715,7 +698,7 @@ def test_window_layout_runs_past_the_groups_sglang_torch_path_fails(loaded):
         H.sglang_window_torch(case)
     _use_backend("torch")
     op = H.sglang_window_triton(case)
-    safe = _safe_past_the_groups(case, op)
+    safe = runs_past_the_groups_read_their_own_rows(case, op)
     history = (case.num_groups or case.req.shape[0]) * case.window
     # The op's entries that swa_hal drops all point at or past the history's end, some past the workspace.
     dropped = op["indices"][(safe["indices"] == -1) & (op["indices"] >= 0)]
@@ -798,7 +781,7 @@ def test_window_layout_through_the_hook(loaded, monkeypatch):
     # Runs past the groups: SGLang's torch path would fail here; through the hook the op's values come back.
     case = H.window_case(rng, "decode", window=8, overfull=True)
     got = hooked(case.req, case.pos, **case.kwargs())
-    want = _safe_past_the_groups(case, H.sglang_window_triton(case))
+    want = runs_past_the_groups_read_their_own_rows(case, H.sglang_window_triton(case))
     assert all(torch.equal(getattr(got, k), want[k]) for k in integ.RequestWindowLayout.FIELDS if k != "size")
 
 

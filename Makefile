@@ -110,9 +110,15 @@ SGLANG_VENV := .venv-sglang
 SGLANG_BIN := $(SGLANG_VENV)/bin
 SGLANG_PIP := $(SGLANG_BIN)/python -m pip
 SGLANG_STAMP := $(SGLANG_VENV)/.swa-hal-sglang-installed
+# What the import chain of SGLang's DeepSeek-V4 attention backend classes (CUDA and ROCm) adds: its configs
+# (transformers, sentencepiece, dill), quantization (compressed-tensors, gguf), einops, and the OpenAI
+# protocol modules (openai, partial-json-parser). torchvision, which its vision configs import, has no wheel
+# that imports beside the CPU torch 2.13.0: tests/engines/torchvision_stub.py stands in for the names bound.
+SGLANG_BACKEND_DEPS := transformers==5.20.2 sentencepiece==0.2.3 dill==0.4.1 compressed-tensors==0.20.1 \
+	gguf==0.19.0 einops==0.8.2 openai==3.60.0 partial-json-parser==0.2.1.1.post7
 SGLANG_DEPS := msgspec==0.23.0 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 pillow==13.0.0 \
 	starlette==1.10.0 pydantic==2.14.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==9.18.1 aiohttp==3.14.5 \
-	apache-tvm-ffi==0.1.11
+	apache-tvm-ffi==0.1.11 $(SGLANG_BACKEND_DEPS)
 
 .PHONY: test-sglang
 
@@ -129,7 +135,7 @@ $(SGLANG_STAMP): $(SGLANG_BIN)/python pyproject.toml
 
 test-sglang: $(SGLANG_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest tests/engines/test_sglang.py \
-		tests/engines/test_sglang_traffic.py
+		tests/engines/test_sglang_backend.py tests/engines/test_sglang_traffic.py
 
 clean:
 	rm -rf $(VENV) .venv-vllm-* .venv-sglang .pytest_cache .hypothesis build *.egg-info

@@ -41,6 +41,12 @@ class BatchShapeError(BatchValidationError):
     """A tensor has the wrong rank or length."""
 
 
+class BlockGeometryError(BatchShapeError, AssertionError):
+    """DSpark rows whose count is not a multiple of the draft block size. Also an ``AssertionError``: SGLang's
+    own DSpark ops assert this geometry, so its callers that catch ``AssertionError`` catch swa_hal's too,
+    and the error still names the field (``row_ends``) like every ``BatchValidationError``."""
+
+
 class BatchOrderError(BatchValidationError):
     """query_start_loc is not a non-decreasing sequence starting at 0."""
 

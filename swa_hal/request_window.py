@@ -248,11 +248,13 @@ def build_request_window(rows: RequestWindowRows, window: int) -> RequestWindowL
     g_req = torch.where(live, req.index_select(0, end), 0)
     g_first = torch.where(live, pos.index_select(0, end) - end + start, 0)
     history_pos = (g_first[:, None] - window + lookback).reshape(-1)
-    history_req = g_req[:, None].expand(groups, window).reshape(-1)
-    history_valid = (history_pos >= 0) & live[:, None].expand(groups, window).reshape(-1)
+    # A copy, not ``expand(...).reshape(-1)``: with one group that is a view of stride 0 (every row one
+    # element), which a graph replay's in-place refresh (SGLang's ``WindowLayout.copy_``) cannot write.
+    history_req = g_req.repeat_interleave(window)
+    history_valid = (history_pos >= 0) & live.repeat_interleave(window)
     if floors is not None:
         g_floor = torch.where(live, floors.index_select(0, end), 0)
-        history_valid &= history_pos >= g_floor[:, None].expand(groups, window).reshape(-1)
+        history_valid &= history_pos >= g_floor.repeat_interleave(window)
     history_src = torch.where(history_valid, history_req * capacity + history_pos % capacity, rows.zero_row)
 
     write_loc = torch.arange(history_rows, history_rows + padded, dtype=torch.int32, device=dev)

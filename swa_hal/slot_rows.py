@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .config import INT32_LIMIT, MAX_ROW_WIDTH
-from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
+from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError, BlockGeometryError
 from .guard import Violation, record_candidate
 from .slot_ring import SlotRing, build_ring_rows, preflight_ring
 
@@ -170,7 +170,7 @@ def preflight_slot_rows(rows: SlotRows, window: int, device: torch.device, limit
         if block and floors.shape[0] < num_pools:
             raise BatchShapeError("floors", f"floors has {floors.shape[0]} entries; DSpark floors are per {per}")
     if block and n % block:
-        raise BatchShapeError("row_ends", f"row_ends has {n} rows, not a multiple of the DSpark block size {block}")
+        raise BlockGeometryError("row_ends", f"row_ends has {n} rows, not a multiple of the DSpark block size {block}")
     if block and rows.ring is None:
         if rows.block_slots is None:
             raise BatchShapeError("block_slots", "block_slots is required for DSpark rows (block > 0)")

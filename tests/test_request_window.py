@@ -144,6 +144,52 @@ def test_each_field_is_its_own_memory(backend, window, padded):
         field.copy_(before[name])
 
 
+# Every shape a layout takes, as (req, pos, num_groups, padded_rows): one group holding one row (a
+# decode of one request, the shape whose history rows once came out as a stride-0 view), one decode row
+# of several groups, one group of several rows, several groups and runs, spare groups, and padding.
+LAYOUT_SHAPES = {
+    "one_group_one_row": ([1], [20], None, None),
+    "one_decode_row_spare_groups": ([1], [20], 3, None),
+    "one_group_several_rows": ([2] * 5, [9, 10, 11, 12, 13], 1, None),
+    "several_groups": ([1, 1, 2, 3], [5, 6, 0, 7], None, None),
+    "several_runs_fewer_groups": ([1, 1, 2, 3], [5, 6, 0, 7], 3, None),
+    "one_group_padded": ([4], [2], 1, 3),
+    "several_groups_padded": ([1, 2], [8, 3], 2, 5),
+}
+
+
+@pytest.mark.parametrize("backend", tuple(BACKEND_PLATFORMS))
+@pytest.mark.parametrize("shape", tuple(LAYOUT_SHAPES))
+def test_a_layout_is_refreshed_in_place(backend, shape):
+    """A captured CUDA graph reads a layout's tensors by address, so SGLang refreshes the captured layout
+    with ``WindowLayout.copy_`` from a new one of the same geometry. Every field of every layout shape, on
+    every backend, takes that copy in place: the same address afterwards, the new values in it (a field
+    whose elements share memory, an expanded view, refuses the copy)."""
+    req, pos, groups, padded = LAYOUT_SHAPES[shape]
+    builder = make_builder(config(3), backend)
+
+    def layout(shift: int):
+        rows = RequestWindowRows(
+            t([r + shift for r in req]), t([p + shift for p in pos]), zero_row=70 + shift, capacity=12,
+            num_groups=groups, padded_rows=padded,
+        )
+        return builder.build_request_window(rows)
+
+    captured, fresh = layout(0), layout(2)
+    assert captured.size == fresh.size
+    names = [name for name in (*captured.FIELDS, "runs") if isinstance(getattr(captured, name), torch.Tensor)]
+    assert len(names) == 12
+    addresses = {name: getattr(captured, name).data_ptr() for name in names}
+    for name in names:
+        getattr(captured, name).copy_(getattr(fresh, name))
+    for name in names:
+        assert getattr(captured, name).data_ptr() == addresses[name], name
+        assert torch.equal(getattr(captured, name), getattr(fresh, name)), name
+    # The copy changed something: the two layouts differ in their requests, so the history rows' requests
+    # (and the ring rows they copy from) are new values, not the captured ones left in place.
+    assert not torch.equal(layout(0).history_req, captured.history_req)
+
+
 def test_runs_past_the_groups_get_no_history():
     # Three runs, two groups: the third run's row reads its own query row (H + 2 = 10) and nothing before
     # it (SGLang's op points those entries at 2 * 4 + 3, 2 * 4 + 2, 2 * 4 + 1: rows that are not its history),

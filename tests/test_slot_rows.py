@@ -15,7 +15,8 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from slot_row_models import assert_random_rows_equal_the_slow_model, slow_window
 
-from swa_hal.errors import BatchCapacityError, BatchDtypeError, BatchRangeError, BatchShapeError
+from swa_hal.errors import BatchCapacityError, BatchDtypeError, BatchRangeError, BatchShapeError, BlockGeometryError
+from swa_hal.slot_ring import SlotRing
 from swa_hal.slot_rows import SlotRows
 from swa_hal.testing import random_slot_rows
 from swa_hal.testing.slot_rows import slot_rows_config as config
@@ -153,6 +154,28 @@ def test_unguarded_rows_trust_the_input(backend):
     out, lens = builder.build_slot_rows(rows)
     assert lens.tolist() == [8] and out[0].tolist() == [-5] * 8
     builder.check()
+
+
+@pytest.mark.parametrize("backend", tuple(BACKEND_PLATFORMS))
+@pytest.mark.parametrize("ring", (False, True))
+def test_dspark_rows_not_a_multiple_of_the_block_raise_an_assertion_error_naming_the_field(backend, ring):
+    """Five DSpark rows in blocks of 4: SGLang's own ops assert this geometry (``num_q % block_size == 0``),
+    so its callers catch an ``AssertionError``; swa_hal's error is one too, and still names the field."""
+    builder = make_builder(config(8), backend)
+    ends = torch.arange(3, 8, dtype=torch.int32)
+    pools = torch.zeros(5, dtype=torch.int64)
+    if ring:
+        rows = SlotRows(row_ends=ends, pools=pools, block=4, width=12, ring=SlotRing(size=12, slots=1))
+    else:
+        rt, slot_map = _one_pool()
+        rows = SlotRows(
+            row_ends=ends, pools=pools, req_to_token=rt, slot_map=slot_map, block=4,
+            block_slots=torch.zeros(5, dtype=torch.int64),
+        )
+    with pytest.raises(AssertionError, match="row_ends has 5 rows, not a multiple of the DSpark block size 4") as err:
+        builder.build_slot_rows(rows)
+    assert isinstance(err.value, BlockGeometryError) and isinstance(err.value, BatchShapeError)
+    assert err.value.field == "row_ends"
 
 
 def test_host_checks_name_the_field():

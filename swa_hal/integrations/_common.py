@@ -168,15 +168,23 @@ def auto_backend(device: Any = None, *, backend: str | None = None, platform: An
 
 
 def announce(
-    logger: logging.Logger, engine: str, engine_version: str, what: str, backend: str, platform: str, detail: str = ""
+    logger: logging.Logger,
+    engine: str,
+    engine_version: str,
+    what: str,
+    backend: str,
+    platform: str,
+    detail: str = "",
+    *,
+    level: int = logging.INFO,
 ) -> str:
-    """Log the plugin's one line (INFO) and return it; ``detail`` ends the line when given."""
+    """Log the plugin's one line (INFO, or ``level``) and return it; ``detail`` ends the line when given."""
     from .. import __version__
 
     line = f"swa_hal {__version__}: {engine} {engine_version} {what} through swa_hal backend {backend!r} ({platform})"
     if detail:
         line += f"; {detail}"
-    logger.info(line)
+    logger.log(level, line)
     return line
 
 

@@ -74,7 +74,31 @@ TARGET_DSPARK_RING = f"{_DSPARK_OPS}.BuildDsparkSwaRingIndices.execute"
 # DeepSeek-V4.1's request window: the layout both V4 attention backends (and the idle forward) build.
 _REQUEST_WINDOW = "sglang.srt.mem_cache.dsv41_request_window"
 TARGET_WINDOW = f"{_REQUEST_WINDOW}.window_layout"
-TARGETS = (TARGET_CAUSAL, TARGET_CORE, TARGET_DSPARK, TARGET_DSPARK_RING, TARGET_WINDOW)
+# ROCm's DeepSeek-V4 backend: its plain causal rows come from its own method (no op call), and it takes its
+# DSpark method as a class attribute copied from the CUDA backend when its module is imported, so a module
+# imported before SGLang applies the hooks would keep SGLang's own; both are hooked on the HIP class itself.
+_HIP_BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend_hip_radix"
+TARGET_HIP_CAUSAL = f"{_HIP_BACKEND}.DeepseekV4HipRadixBackend.get_swa_page_indices"
+TARGET_HIP_DSPARK = f"{_HIP_BACKEND}.DeepseekV4HipRadixBackend.get_dspark_swa_page_indices"
+TARGETS = (
+    TARGET_CAUSAL,
+    TARGET_CORE,
+    TARGET_DSPARK,
+    TARGET_DSPARK_RING,
+    TARGET_WINDOW,
+    TARGET_HIP_CAUSAL,
+    TARGET_HIP_DSPARK,
+)
+# What each hook serves, for the start-up line.
+TARGET_NAMES = {
+    TARGET_CAUSAL: "causal rows",
+    TARGET_CORE: "causal lens",
+    TARGET_DSPARK: "DSpark paged rows",
+    TARGET_DSPARK_RING: "DSpark ring rows",
+    TARGET_WINDOW: "V4.1 request-window layouts",
+    TARGET_HIP_CAUSAL: "ROCm causal rows",
+    TARGET_HIP_DSPARK: "ROCm DSpark rows",
+}
 
 
 def _align(n: int, to: int) -> int:
@@ -488,6 +512,30 @@ def dspark_ring_execute(
     )
 
 
+def hip_causal_indices_around(
+    original: Callable[..., Any],
+    self: Any,
+    seq_lens_casual: torch.Tensor,
+    req_pool_indices_repeated: torch.Tensor,
+) -> torch.Tensor:
+    """AROUND hook of ROCm's ``DeepseekV4HipRadixBackend.get_swa_page_indices``: its plain causal rows (no
+    replay floor; the backend pairs them with ``min(seq_lens_casual, W)``) from swa_hal, newest first, -1
+    past the window, int32 [n, ceil_align(W, align)]: what its gather through ``req_to_token`` and
+    ``full_to_swa_index_mapping`` gives (the backend pads it to that width)."""
+    module = sys.modules.get(type(self).__module__)
+    window = getattr(module, "SWA_WINDOW", SGLANG_SWA_WINDOW)
+    align = getattr(module, "PAGE_INDEX_ALIGNED_SIZE", SGLANG_PAGE_INDEX_ALIGNED_SIZE)
+    adapter = adapter_for(_engine_device("seq_lens_casual", seq_lens_casual), window)
+    indices, _ = adapter.causal(
+        req_to_token=self.req_to_token,
+        full_to_swa=self.token_to_kv_pool.full_to_swa_index_mapping,
+        req_pool_indices_repeated=req_pool_indices_repeated,
+        seq_lens_casual=seq_lens_casual,
+        page_index_aligned_size=align,
+    )
+    return indices
+
+
 def window_layout_around(
     original: Callable[..., Any],
     req: torch.Tensor,
@@ -523,6 +571,33 @@ def window_layout_around(
 _install_once = InstallOnce()
 
 
+def target_problem(target: str) -> str | None:
+    """Why SGLang's hook registry cannot apply a hook to ``target`` in this process (its module does not
+    import, or lacks the attribute), or None when it can. The registry resolves a target this way when it
+    applies the hooks, right after the plugins load; it logs a failure and goes on, so the plugin asks first
+    and says which of its hooks will not take effect."""
+    import pkgutil
+
+    owner, attr = target.rsplit(".", 1)
+    try:
+        getattr(pkgutil.resolve_name(owner), attr)
+    except Exception as exc:  # what the registry would meet: any import error of SGLang's module chain
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return None
+
+
+def hooks_detail(problems: dict[str, str | None]) -> str:
+    """The start-up line's account of the hooks: each one applied, or failed with the reason."""
+    failed = {t: why for t, why in problems.items() if why is not None}
+    if not failed:
+        return f"all {len(problems)} hooks applied ({', '.join(TARGET_NAMES[t] for t in problems)})"
+    applied = ", ".join(TARGET_NAMES[t] for t in problems if t not in failed) or "none"
+    reasons = "; ".join(f"{TARGET_NAMES[t]} ({t}: {why})" for t, why in failed.items())
+    return (
+        f"{len(failed)} of {len(problems)} hooks FAILED, SGLang's own code serves them: {reasons}; applied: {applied}"
+    )
+
+
 def _install() -> str:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -534,8 +609,12 @@ def _install() -> str:
     HookRegistry.register(TARGET_DSPARK, dspark_indices_around, HookType.AROUND)
     HookRegistry.register(TARGET_DSPARK_RING, dspark_ring_execute, HookType.REPLACE)
     HookRegistry.register(TARGET_WINDOW, window_layout_around, HookType.AROUND)
+    HookRegistry.register(TARGET_HIP_CAUSAL, hip_causal_indices_around, HookType.AROUND)
+    HookRegistry.register(TARGET_HIP_DSPARK, dspark_indices_around, HookType.AROUND)
+    problems = {target: target_problem(target) for target in TARGETS}
     what = "DeepSeek-V4 SWA indices and lens (paged and per-request ring), V4.1 request-window layouts"
-    return announce(log, ENGINE, version, what, name, where)
+    level = logging.WARNING if any(problems.values()) else logging.INFO
+    return announce(log, ENGINE, version, what, name, where, hooks_detail(problems), level=level)
 
 
 def load_plugin() -> str | None:

@@ -13,6 +13,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["test_vllm.py", "vllm_harness.py"]
 
+if importlib.util.find_spec("sglang") is not None:
+    # SGLang's DeepSeek-V4 backends import torchvision names at import time (torchvision_stub.py says why a
+    # stand-in, and what it holds); before any test imports SGLang.
+    import torchvision_stub
+
+    torchvision_stub.install()
+
 
 def pytest_terminal_summary(terminalreporter):
     harness = sys.modules.get("vllm_harness")

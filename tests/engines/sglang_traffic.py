@@ -91,8 +91,14 @@ def _swa_allocator_class() -> tuple[type, type]:
     def translate(self: Any, kv_indices: torch.Tensor) -> torch.Tensor:  # SWAKVPool's (-1 maps to -1)
         return self.full_to_swa_index_mapping[kv_indices]
 
-    attrs = {"register_mapping": register_mapping, "translate_loc_from_full_to_swa": translate}
+    def no_buffers(self: Any) -> None:  # no KV buffers: the allocator only hands out slots
+        pass
+
+    attrs = {"register_mapping": register_mapping, "translate_loc_from_full_to_swa": translate, "__init__": no_buffers}
     pool = type("ModelFreeSWAKVPool", (BaseSWAKVPool,), attrs)
+    # Where SGLang's own BaseSWAKVPool imports (with the backend's dependencies installed) it is abstract over
+    # the KV buffers' accessors, which the allocator never calls: none of them is provided, so none may be.
+    pool.__abstractmethods__ = frozenset()
     return pool, SWATokenToKVPoolAllocator
 
 

@@ -234,6 +234,7 @@ def test_dspark_traffic_with_two_swa_groups_builds_as_vllm(tmp_path):
         engine = T.run(traffic, DSPARK_STEPS, SEED, tmp=tmp_path)
     c = engine.counts
     check_groups(engine, DSPARK_STEPS)
+    check_runner(engine, padded_full=False)
     assert c["draft_steps"] >= DSPARK_STEPS // 2 and c["accepted_drafts"] > 0 and c["rejected_drafts"] > 0, dict(c)
     assert c["draft_tokens"] >= 3 * c["draft_steps"] and c["replay_steps"] == 0, dict(c)
 

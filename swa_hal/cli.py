@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import json
 import os
 import statistics
@@ -50,20 +51,22 @@ def _error(args: argparse.Namespace, message: str) -> None:
 def _one_line_warnings() -> Iterator[None]:
     """Every warning raised while a command runs (a plugin that failed to load, a backend that failed to
     start) printed once, as one line on stderr, without the source line Python's default adds."""
+    from .envs import EnvWarning
     from .plugins import PluginWarning
 
     seen: set[str] = set()
 
     def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
         text = " ".join(str(message).split())
-        if not issubclass(category, PluginWarning):
+        if not issubclass(category, (PluginWarning, EnvWarning)):
             text = f"{category.__name__}: {text}"
         if text not in seen:
             seen.add(text)
             print(f"swa-hal: warning: {text}", file=sys.stderr)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("always", PluginWarning)  # repeats are dropped above, by their text
+        for category in (PluginWarning, EnvWarning):
+            warnings.simplefilter("always", category)  # repeats are dropped above, by their text
         warnings.showwarning = show
         yield
 
@@ -138,6 +141,7 @@ def _check_environment() -> None:
     variable, not a traceback from wherever the library first reads it."""
     from . import envs
 
+    envs.warn_unknown()  # a misspelt name is a warning: the command still runs, as the library would
     readers = {"flag": envs.env_flag, "switch": envs.env_switch, "int": envs.env_int}
     for var in envs.VARIABLES.values():
         read = readers.get(var.kind)
@@ -212,6 +216,15 @@ def cmd_info(args: argparse.Namespace) -> int:
             else (f"selected {data['selected']!r} but it failed to start, so {started!r} runs")
         )
         check = f"expected backend {args.expect!r}, {what}"
+        registered = sorted(registry.backends)
+        if args.expect not in registered:
+            # A misspelt or uninstalled name can never run: say so rather than only what was selected.
+            close = difflib.get_close_matches(args.expect, registered, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            check += (
+                f"; no backend named {args.expect!r} is registered at all{hint}: registered: "
+                f"{', '.join(registered) or 'none'}"
+            )
         data["error"] = (error + "; " if error else "") + check
     elif args.expect is not None and ok:
         check = f"backend {args.expect!r} is selected and starts, as expected"

@@ -59,6 +59,7 @@ from .vllm_common import is_swa_hal_builder as is_swa_hal_builder
 from .vllm_common import log as log
 from .vllm_common import native_builder_cls as native_builder_cls
 from .vllm_common import options as options
+from .vllm_common import require_installed
 from .vllm_common import vllm_installed as vllm_installed
 from .vllm_common import vllm_version as vllm_version
 
@@ -144,7 +145,11 @@ def _patch_backend(backend: type) -> None:
 
 def register() -> bool:
     """The ``vllm.general_plugins`` entry point. Idempotent (vLLM calls it in every process).
-    Returns whether swa_hal builds vLLM's DeepSeek-V4 SWA metadata in this process."""
+    Returns whether swa_hal builds vLLM's DeepSeek-V4 SWA metadata in this process.
+
+    vLLM itself only calls it where vLLM is installed; called where vLLM cannot be imported (a script that
+    registers the plugin by hand in the wrong environment), it raises ``VllmNotInstalledError`` saying so,
+    rather than returning False as if an engine had been looked at and left alone."""
     global _registered
     if not enabled():
         log.info(
@@ -156,6 +161,7 @@ def register() -> bool:
     with _lock:
         if _registered:
             return True
+        require_installed()
         # Never stops vLLM from starting: another release gets one warning and vLLM's own builders.
         version = _common.gate_version(
             log, "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=installed_version()

@@ -1,0 +1,175 @@
+"""A user's mistakes at swa_hal's surfaces (constructors, entry points, the environment, the command): each
+is an error of swa_hal's own type, or a warning, that names the input, its value and the rule, never a
+traceback from deep inside torch or Python."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import CONFIGS
+from swa_hal import SWAConfig, SWAMetadataBuilder
+from swa_hal.cli import main
+from swa_hal.envs import EnvWarning, unknown_variables
+from swa_hal.errors import BackendNotFoundError, BackendUnavailableError, DeviceError
+from swa_hal.integrations.engine import EngineSWABuilder
+from swa_hal.integrations.sglang import SGLangSWAIndices
+
+TINY_SCENARIO = str(CONFIGS / "batches" / "tiny_mixed.yaml")
+
+
+def one_line_error(capsys, *argv):
+    code = main(list(argv))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# -- devices: a CUDA device this torch cannot reach is a DeviceError at every constructor ---------------
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    """A torch that reaches no CUDA device (a CPU-only build behaves so; on a GPU machine the same test
+    then checks the same path)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda device: SWAMetadataBuilder(SWAConfig(), device=device),
+        lambda device: EngineSWABuilder(SWAConfig(), device),
+        lambda device: SGLangSWAIndices(device=device).builder,  # the adapter makes its builder on first use
+    ],
+    ids=["builder", "engine", "sglang"],
+)
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", torch.device("cuda", 0)])
+def test_a_cuda_device_torch_cannot_reach_is_a_device_error(no_cuda, make, device):
+    # torch's own error here is a bare AssertionError ("Torch not compiled with CUDA enabled").
+    with pytest.raises(DeviceError, match=rf"^device '{torch.device(device)}': .*(CUDA support|CUDA device)"):
+        make(device)
+
+
+def test_a_cuda_index_past_the_last_device_is_named(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(DeviceError, match=r"^device 'cuda:2': there are 2 CUDA device\(s\) here \(indices 0 to 1\)"):
+        SWAMetadataBuilder(SWAConfig(), device="cuda:2")
+
+
+# -- build(None) and friends: a TypeError naming the argument ---------------------------------------------
+
+
+@pytest.mark.parametrize("given", [None, {}, "batch"])
+def test_build_of_something_else_names_the_argument(tiny_config, given):
+    builder = SWAMetadataBuilder(tiny_config)
+    with pytest.raises(TypeError, match=rf"^batch must be a swa_hal\.batch\.AttentionBatch, got {type(given).__name__}$"):
+        builder.build(given)
+    with pytest.raises(TypeError, match="^batch must be a swa_hal.batch.AttentionBatch"):
+        builder.build_groups(given, [], [])
+    with pytest.raises(TypeError, match=r"^rows must be a swa_hal\.slot_rows\.SlotRows"):
+        builder.build_slot_rows(given)
+    with pytest.raises(TypeError, match=r"^rows must be a swa_hal\.request_window\.RequestWindowRows"):
+        builder.build_request_window(given)
+    with pytest.raises(TypeError, match="^metadata must be an SWAMetadata or a list of them"):
+        builder.update_draft_decode_metadata(given)
+
+
+# -- the environment ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "variable, value, rule",
+    [
+        ("SWA_HAL_POLL_EVERY", "0", "must be at least 1"),
+        ("SWA_HAL_POLL_EVERY", "-3", "must be at least 1"),
+        ("SWA_HAL_NUM_WARPS", "0", "must be at least 1"),
+        ("SWA_HAL_TILE_ELEMS", "-1", "must be at least 1"),
+    ],
+)
+def test_an_integer_variable_below_its_minimum_is_one_line(capsys, monkeypatch, variable, value, rule):
+    monkeypatch.setenv(variable, value)
+    err = one_line_error(capsys, "build", "--batch", TINY_SCENARIO)
+    assert err == f"swa-hal build: error: environment: {variable}={value!r}: {rule}", err
+
+
+def test_poll_every_zero_is_refused_by_the_library_too(monkeypatch, tiny_config):
+    monkeypatch.setenv("SWA_HAL_POLL_EVERY", "0")
+    with pytest.raises(ValueError, match="^SWA_HAL_POLL_EVERY='0': must be at least 1"):
+        SWAMetadataBuilder(tiny_config)
+
+
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("SWA_HAL_BACKND", "did you mean SWA_HAL_BACKEND?"),
+        ("SWA_HAL_DEBGU", "did you mean SWA_HAL_DEBUG?"),
+        ("SWA_HAL_DISABLE_PLUGIN", "did you mean SWA_HAL_DISABLE_PLUGINS?"),
+        ("swa_hal_strict", "did you mean SWA_HAL_STRICT?"),
+        ("SWA_HAL_QWERTY", "swa-hal info --env lists the variables it reads"),
+    ],
+)
+def test_an_unknown_swa_hal_variable_is_warned_with_the_closest_name(capsys, monkeypatch, name, hint):
+    monkeypatch.setenv(name, "cuda")
+    expected = f"{name} is set, but swa_hal reads no variable of that name, so it has no effect: {hint}"
+    assert unknown_variables() == [expected]
+    # The library warns when its registry loads (every entry point loads it)...
+    with pytest.warns(EnvWarning) as caught:
+        SWAMetadataBuilder(SWAConfig())
+    assert [str(w.message) for w in caught if w.category is EnvWarning] == [expected]
+    # ...and the command says it once, as one line, and still runs.
+    assert main(["info"]) == 0
+    err = capsys.readouterr().err
+    assert err.count(f"swa-hal: warning: {expected}\n") == 1, err
+
+
+def test_known_variables_and_the_projects_own_are_not_warned_about():
+    env = {"SWA_HAL_BACKEND": "torch", "SWA_HAL_FUZZ_EXAMPLES": "10", "PATH": "/bin", "SWA_HALX": "1"}
+    assert unknown_variables(env) == []
+
+
+def test_no_backend_left_by_the_plugin_lists_says_which_plugin_was_left_out(monkeypatch, capsys):
+    monkeypatch.setenv("SWA_HAL_DISABLE_PLUGINS", "torch")
+    with pytest.raises(BackendUnavailableError) as info:
+        SWAMetadataBuilder(SWAConfig())
+    message = str(info.value)
+    assert message.startswith("no backend is available on cpu"), message
+    assert "plugin 'torch' (listed in SWA_HAL_DISABLE_PLUGINS)" in message
+    assert "the one that runs on every platform" in message
+    # A request for the backend of a left-out plugin says the same.
+    with pytest.raises(BackendNotFoundError, match=r"plugin 'torch' \(listed in SWA_HAL_DISABLE_PLUGINS\)"):
+        SWAMetadataBuilder(SWAConfig(), backend="torch")
+    # The command: one line naming the variable.
+    assert main(["info"]) == 1
+    assert "SWA_HAL_DISABLE_PLUGINS" in capsys.readouterr().err
+
+
+# -- swa-hal info --expect NAME ---------------------------------------------------------------------------
+
+
+def test_info_expect_of_a_name_not_registered_says_so(capsys):
+    assert main(["info", "--expect", "troch"]) == 1
+    err = capsys.readouterr().err
+    assert "expected backend 'troch', selected 'torch'" in err
+    assert "no backend named 'troch' is registered at all (did you mean 'torch'?)" in err, err
+
+
+def test_info_expect_of_a_registered_name_does_not_say_so(capsys):
+    assert main(["info", "--assume", "vendor=cuda,capability=12.0", "--expect", "cuda"]) == 1
+    assert "is registered at all" not in capsys.readouterr().err
+
+
+# -- the vLLM plugin without vLLM ---------------------------------------------------------------------------
+
+
+def test_vllm_register_without_vllm_says_what_to_install(monkeypatch):
+    from swa_hal.integrations import vllm, vllm_common
+
+    # Whether or not vLLM is installed here: the plugin sees none.
+    monkeypatch.setattr(vllm_common.importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(vllm, "_registered", False)
+    with pytest.raises(vllm.VllmNotInstalledError, match="needs vLLM 0.33.x, 0.34.x, which is not installed"):
+        vllm.register()
+    assert not vllm.is_registered()

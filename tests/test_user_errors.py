@@ -173,3 +173,62 @@ def test_vllm_register_without_vllm_says_what_to_install(monkeypatch):
     with pytest.raises(vllm.VllmNotInstalledError, match="needs vLLM 0.33.x, 0.34.x, which is not installed"):
         vllm.register()
     assert not vllm.is_registered()
+
+
+# -- settings: files with a key twice, numpy integers -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, line, key",
+    [
+        ("window_size: 8\nblock_size: 4\nwindow_size: 16\n", 3, "window_size"),
+        ("window_size: 8\n'window_size': 8\n", 2, "window_size"),  # the same key quoted, the same value
+        ("name: a\ngroups:\n  - {count: 2, count: 3}\n", 3, "count"),  # a nested mapping
+    ],
+)
+@pytest.mark.parametrize("kind", ["config", "scenario"])
+def test_a_key_given_twice_is_refused_naming_the_key_and_the_file(tmp_path, text, line, key, kind):
+    from swa_hal.errors import ConfigError
+    from swa_hal.scenarios import Scenario
+
+    path = tmp_path / f"{kind}.yaml"
+    path.write_text(text)
+    load = SWAConfig.from_yaml if kind == "config" else Scenario.from_yaml
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value).startswith(f"{path}: is not valid YAML (line {line}, "), str(info.value)
+    assert f"key '{key}' is given twice (first at line " in str(info.value)
+
+
+def test_a_merge_key_still_merges(tmp_path):
+    # A key beside a merge overrides the merged one (YAML's rule), so it is no duplicate.
+    path = tmp_path / "merged.yaml"
+    base = (CONFIGS / "tiny.yaml").read_text()
+    settings = "".join(f"  {line}\n" for line in base.splitlines() if line and not line.startswith("#"))
+    path.write_text(f"base: &base\n{settings}config:\n  <<: *base\n  window_size: 6\n")
+    import yaml
+
+    from swa_hal.config import load_yaml_mapping
+
+    data = load_yaml_mapping(path, "config")
+    assert data["config"]["window_size"] == 6 and data["config"] == {**yaml.safe_load(base), "window_size": 6}
+
+
+def test_numpy_integers_are_integers_in_settings():
+    import numpy as np
+
+    plain = SWAConfig(window_size=128, block_size=64, compress_ratios=(4, 128), max_num_seqs=8, split_threshold=2,
+                      num_kv_blocks=100, num_speculative_tokens=1, speculative_method="mtp")
+    numpy = SWAConfig(window_size=np.int64(128), block_size=np.int32(64), compress_ratios=(np.int64(4), np.int16(128)),
+                      max_num_seqs=np.uint8(8), split_threshold=np.int64(2), num_kv_blocks=np.int64(100),
+                      num_speculative_tokens=np.int64(1), speculative_method="mtp")
+    assert numpy == plain and hash(numpy) == hash(plain)
+    # Kept as Python ints: a config serialises and compares as its plain settings do.
+    assert all(type(v) is int for v in (numpy.window_size, numpy.block_size, numpy.max_num_seqs, *numpy.compress_ratios))
+    from swa_hal.errors import ConfigError
+
+    for bad in (np.bool_(True), True, np.float64(128.0), 128.0):
+        with pytest.raises(ConfigError, match=r"^window_size: must be an integer, got"):
+            SWAConfig(window_size=bad)
+    with pytest.raises(ConfigError, match=r"^window_size: 0 is outside \[1, "):
+        SWAConfig(window_size=np.int64(0))

@@ -232,3 +232,65 @@ def test_numpy_integers_are_integers_in_settings():
             SWAConfig(window_size=bad)
     with pytest.raises(ConfigError, match=r"^window_size: 0 is outside \[1, "):
         SWAConfig(window_size=np.int64(0))
+
+
+# -- the engines' version gates follow PEP 440 -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "found, ok",
+    [
+        ("0.5.23", True),
+        ("0.5.23.0", True),  # the same release, written longer
+        ("0.5.23.post1", True),  # a post-release: the release with a packaging fix
+        ("0.5.23+cu129", True),  # a local build of the release
+        ("0.5.23.post1+cu129", True),
+        ("v0.5.23", True),  # PEP 440 allows the leading v
+        ("0.5.23rc1", False),  # pre- and development releases come before the release
+        ("0.5.23.dev0", False),
+        ("0.5.23.post1.dev0", False),
+        ("0.5.23.1", False),  # a later release
+        ("0.5.24", False),
+        ("0.5.2", False),
+        ("unknown", False),  # a source build without a version
+    ],
+)
+def test_the_sglang_gate_takes_a_releases_builds_by_pep_440(found, ok):
+    from swa_hal.integrations._common import version_supported
+    from swa_hal.integrations.sglang import SUPPORTED_VERSIONS
+
+    assert SUPPORTED_VERSIONS == ("0.5.23",)
+    assert version_supported(found, SUPPORTED_VERSIONS) is ok
+
+
+@pytest.mark.parametrize(
+    "found, ok",
+    [
+        ("0.33.0", True),
+        ("0.34.2.post1", True),
+        ("0.34.0+cu130", True),
+        ("0.34.1rc1", False),  # refused whatever packaging's default for an installed pre-release
+        ("0.35.0.dev3", False),
+        ("0.32.9", False),
+    ],
+)
+def test_the_vllm_gate_judges_pre_releases_by_rule(found, ok):
+    from swa_hal.integrations._common import version_supported
+    from swa_hal.integrations.vllm_common import SUPPORTED_VLLM
+
+    assert version_supported(found, SUPPORTED_VLLM) is ok
+
+
+def test_a_named_pre_release_is_supported_with_its_local_builds():
+    from swa_hal.integrations._common import version_supported
+
+    assert version_supported("0.34.0rc1+cu130", ("0.34.0rc1",))
+    assert version_supported("0.34.0rc2", (">=0.34.0rc1,<0.35",))
+    assert not version_supported("0.34.0rc2", ("0.34.0rc1",))
+
+
+def test_a_refused_pre_release_says_why():
+    from swa_hal.integrations._common import EngineVersionError, require_version
+
+    with pytest.raises(EngineVersionError, match=r"0\.5\.23rc1 is installed \(a pre-release, which comes before"):
+        require_version("SGLang", "sglang", ("0.5.23",), found="0.5.23rc1")

@@ -294,3 +294,94 @@ def test_a_refused_pre_release_says_why():
 
     with pytest.raises(EngineVersionError, match=r"0\.5\.23rc1 is installed \(a pre-release, which comes before"):
         require_version("SGLang", "sglang", ("0.5.23",), found="0.5.23rc1")
+
+
+# -- a step's groups: a scalar source shared only when it is the same value of the same type ---------------
+
+
+@pytest.mark.parametrize(
+    "name, value, error",
+    [
+        ("causal", 1, "causal must be a bool, got 1"),
+        ("max_query_len", "float", "max_query_len must be an integer, got"),
+        ("mm_req_doc_ranges", {0: [(0, True)]}, None),
+    ],
+)
+def test_a_group_whose_scalar_only_equals_the_first_groups_builds_alone(name, value, error):
+    import random
+
+    from helpers import common_metadata
+    from swa_hal.errors import BatchDtypeError
+    from swa_hal.integrations.engine import inputs_from_common_metadata, same_sources, step_sources
+    from swa_hal.testing.batches import random_batch
+
+    batch = random_batch(SWAConfig(window_size=8, block_size=4, max_model_len=256), random.Random(0), "mixed")
+    first = common_metadata(batch, mm_req_doc_ranges={0: [(0, 1)]})
+    if value == "float":
+        value = float(first.max_query_len)
+    second = common_metadata(batch, **{"mm_req_doc_ranges": {0: [(0, 1)]}, name: value})
+    assert getattr(second, name) == getattr(first, name)  # what == alone took for the same source
+    # Not the same sources: the second group's inputs are made from its own, and checked...
+    assert not same_sources(step_sources(first, None), step_sources(second, None))
+    # ...where its value is refused, as it is when the group builds alone.
+    if error is not None:
+        with pytest.raises(BatchDtypeError, match=error):
+            inputs_from_common_metadata(second)
+    # The same values of the same types (other objects) still share.
+    again = common_metadata(batch, mm_req_doc_ranges={0: [(0, 1)]})
+    assert same_sources(step_sources(first, None), step_sources(again, None))
+
+
+# -- the kit's PCP partition ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "num_ranks, decode_threshold, field",
+    [(0, 1, "num_ranks"), (-1, 1, "num_ranks"), (True, 1, "num_ranks"), (2.0, 1, "num_ranks"),
+     (2, 0, "decode_threshold"), (2, False, "decode_threshold")],
+)
+def test_pcp_partition_refuses_rank_counts_by_name(num_ranks, decode_threshold, field):
+    import random
+
+    from swa_hal.errors import ConfigError
+    from swa_hal.testing.batches import random_batch
+    from swa_hal.testing.pcp import partition
+
+    batch = random_batch(SWAConfig(window_size=8, block_size=4, max_model_len=256), random.Random(1), "mixed")
+    with pytest.raises(ConfigError, match=rf"^{field}: must be a positive integer, got {num_ranks if field == 'num_ranks' else decode_threshold!r}$"):
+        partition(batch, num_ranks, decode_threshold=decode_threshold)
+    import numpy as np
+
+    assert len(partition(batch, np.int64(2), decode_threshold=1)) == 2  # a numpy integer is an integer
+
+
+# -- the kit's host-sync watch ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "read, call",
+    [
+        (lambda d, h: torch.equal(d, h), "torch.equal() compares a device tensor on the host"),
+        (lambda d, h: torch.equal(h, d), "torch.equal() compares a device tensor on the host"),
+        (lambda d, h: d.equal(h), "Tensor.equal() compares a device tensor on the host"),
+        (lambda d, h: torch.allclose(h, d), "torch.allclose() compares a device tensor on the host"),
+        (lambda d, h: d[:1].is_nonzero(), "Tensor.is_nonzero() reads a device tensor on the host"),
+        (lambda d, h: f"{d}", "Tensor.__format__() reads a device tensor on the host"),
+        (lambda d, h: f"{d[0]:d}", "Tensor.__format__() reads a device tensor on the host"),
+        (lambda d, h: str(d), "Tensor.__repr__() reads a device tensor on the host"),  # str is repr for a tensor
+    ],
+    ids=["equal", "equal-host-first", "Tensor.equal", "allclose", "is_nonzero", "f-string", "format-spec", "str"],
+)
+def test_the_host_sync_watch_sees_every_way_a_backend_reads_a_device_value(read, call):
+    from swa_hal.testing.host_sync import BuildWatch
+
+    device_tensor, host_tensor = torch.arange(4, dtype=torch.int32), torch.arange(4, dtype=torch.int32)
+    watch = BuildWatch([device_tensor], torch.device("cpu"))
+    with watch:
+        read(device_tensor, host_tensor)
+    assert any(p.startswith(call) for p in watch.problems), watch.problems
+    # The same calls on host tensors alone are the backend's to make.
+    quiet = BuildWatch([device_tensor], torch.device("cpu"))
+    with quiet:
+        read(host_tensor.clone(), host_tensor)
+    assert quiet.problems == [], quiet.problems

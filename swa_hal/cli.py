@@ -240,18 +240,22 @@ def cmd_info(args: argparse.Namespace) -> int:
     )
     print(f"platform: {platform.describe()}" + ("  [Triton interpreter on]" if platform.triton_interpret else ""))
     print("plugins:")
-    for p in registry.plugins:
-        dist = f"{p.dist} {p.version or ''}".strip() if p.dist else "-"
-        print(f"  {p.name:<12} {p.status:<9} {dist:<28} {', '.join(p.backends) or p.detail}")
+    # Columns as wide as their widest entry: a plugin's name or distribution may be longer than any built-in's.
+    dists = [f"{p.dist} {p.version or ''}".strip() if p.dist else "-" for p in registry.plugins]
+    name_w = max([12, *(len(p.name) for p in registry.plugins)])
+    dist_w = max([28, *map(len, dists)])
+    for p, dist in zip(registry.plugins, dists):
+        print(f"  {p.name:<{name_w}} {p.status:<9} {dist:<{dist_w}} {', '.join(p.backends) or p.detail}")
         if p.detail and p.backends:
-            print(f"  {'':<12} {p.detail}")
+            print(f"  {'':<{name_w}} {p.detail}")
     # registry.problems were printed on stderr as warnings while the registry loaded (and are in --json).
     if args.env:
         print("environment (swa_hal/envs.py):")
-        for var in data["env"]:
-            value = f"= {var['value']!r}" if var["value"] else "unset"
+        values = [f"= {var['value']!r}" if var["value"] else "unset" for var in data["env"]]
+        name_w, value_w = max(len(var["name"]) for var in data["env"]), max([12, *map(len, values)])
+        for var, value in zip(data["env"], values):
             default = f", default {var['default']}" if var["default"] else ""
-            print(f"  {var['name']:<26} {value:<12} {var['kind']}{default}: {var['meaning']}")
+            print(f"  {var['name']:<{name_w}} {value:<{value_w}} {var['kind']}{default}: {var['meaning']}")
     if selection is not None:
         print("backends:")
         print("\n".join("  " + line for line in selection.explain().splitlines()[1:]))
@@ -259,9 +263,10 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  {selection.name} {key}: {value}")
     else:
         print("backends:")
+        width = max([10, *(len(c["name"]) for c in data["backends"])])
         for c in data["backends"]:
             state = "available" if c["available"] else "unavailable: " + "; ".join(c["reasons"])
-            print(f"    {c['name']:<10} priority {c['priority']:>4}  {state}")
+            print(f"    {c['name']:<{width}} priority {c['priority']:>4}  {state}")
     if check is not None:
         print(f"expect: {check}")
     return 0 if ok else 1

@@ -191,6 +191,25 @@ AMBIGUOUS_RATIOS = frozenset(
 )
 
 
+def swapped_hint(data: Mapping[Any, Any], other: str) -> str:
+    """The end of an "unknown key" error for settings that are the ``other`` kind of file (a scenario given
+    as a config, or a config as a scenario): most of their keys are that kind's, so the two files are
+    probably swapped. Empty otherwise."""
+    from .scenarios import Scenario
+
+    keys = {k for k in data if isinstance(k, str)} - {"name", "description"}
+    theirs = {f.name for f in dataclasses.fields(Scenario if other == "scenario" else SWAConfig)}
+    if keys and len(keys & theirs) * 2 > len(keys):
+        mine = "config" if other == "scenario" else "scenario"
+        flag = "--batch" if other == "scenario" else "--config"
+        return (
+            f". This is a {other} file ({', '.join(sorted(keys & theirs)[:3])}, ...): were the config and the "
+            f"scenario swapped? (swa-hal takes a {other} with {flag}, the {mine} with "
+            f"{'--config' if flag == '--batch' else '--batch'})"
+        )
+    return ""
+
+
 def key_name(key: Any) -> str:
     """A key of a settings file as an error names it: as written, or quoted where it holds a line break or
     another character that would not print (an error is one line)."""
@@ -391,7 +410,10 @@ class SWAConfig:
             if key in ("name", "description"):
                 continue
             if key not in known:
-                raise ConfigError(key_name(key), f"unknown setting in {source} (known: {', '.join(sorted(known))})")
+                raise ConfigError(
+                    key_name(key),
+                    f"unknown setting in {source} (known: {', '.join(sorted(known))}){swapped_hint(data, 'scenario')}",
+                )
             settings[key] = value
         missing = [key for key in REQUIRED_SETTINGS if key not in settings]
         if missing:

@@ -100,12 +100,13 @@ class Selection:
             "auto": "highest priority among available backends",
         }[self.how]
         lines.append(f"selected: {self.name} ({how})")
+        width = max([10, *(len(c.name) for c in self.candidates)])  # a plugin's name may be longer
         for c in sorted(self.candidates, key=_rank):
             mark = "*" if c.name == self.name else " "
             state = "available" if c.availability.ok else "unavailable: " + "; ".join(c.availability.reasons)
             if c.availability.ok and not c.spec.auto_select:
                 state += " (explicit requests only)"
-            lines.append(f" {mark} {c.name:<10} priority {c.spec.priority:>4}  {state}  [{c.dist or c.plugin}]")
+            lines.append(f" {mark} {c.name:<{width}} priority {c.spec.priority:>4}  {state}  [{c.dist or c.plugin}]")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -116,7 +116,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
                         key_node.start_mark,
                     )
                 seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
+        return super().construct_mapping(node, deep=deep)
 
 
 def _safe_load_unique(stream: Any) -> Any:

@@ -74,9 +74,7 @@ VARIABLES: dict[str, EnvVar] = {
         EnvVar("SWA_HAL_SGLANG", "switch", "the SGLang plugin replaces SGLang's DeepSeek-V4 SWA rows", "1"),
         EnvVar("SWA_HAL_NUM_WARPS", "int", "warps per program of every kernel (tuning sweeps)", "4", minimum=1),
         EnvVar("SWA_HAL_TILE_ELEMS", "int", "elements of a prefill program's tile (tuning sweeps)", minimum=1),
-        EnvVar(
-            "SWA_HAL_DECODE_TILE_ELEMS", "int", "elements of a decode program's tile (tuning sweeps)", minimum=1
-        ),
+        EnvVar("SWA_HAL_DECODE_TILE_ELEMS", "int", "elements of a decode program's tile (tuning sweeps)", minimum=1),
         EnvVar("TRITON_INTERPRET", "flag", "run Triton kernels in the interpreter (Triton backends on a CPU)"),
     )
 }

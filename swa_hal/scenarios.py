@@ -122,8 +122,7 @@ class Scenario:
 
             raise ConfigError(
                 unknown[0],
-                f"unknown scenario key in {source} (known: {', '.join(sorted(known))})"
-                f"{swapped_hint(data, 'config')}",
+                f"unknown scenario key in {source} (known: {', '.join(sorted(known))}){swapped_hint(data, 'config')}",
             )
         raw_groups = data.get("groups")
         if not isinstance(raw_groups, list) or not raw_groups:

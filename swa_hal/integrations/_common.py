@@ -33,7 +33,7 @@ def supported_text(supported: Iterable[str]) -> str:
 
 
 def _prerelease_note(found: str) -> str:
-    """" (a pre-release)" where ``found`` is a PEP 440 pre- or development release: the reason a version that
+    """ " (a pre-release)" where ``found`` is a PEP 440 pre- or development release: the reason a version that
     starts like a supported one is not one."""
     from packaging.version import InvalidVersion, Version
 

@@ -52,14 +52,13 @@ from .vllm_common import SUPPORTED_VLLM as SUPPORTED_VLLM
 from .vllm_common import BuilderOptions as BuilderOptions
 from .vllm_common import VllmNotInstalledError as VllmNotInstalledError
 from .vllm_common import VllmVersionError as VllmVersionError
-from .vllm_common import all_subclasses, installed_version
+from .vllm_common import all_subclasses, installed_version, require_installed
 from .vllm_common import check_vllm as check_vllm
 from .vllm_common import configure as configure
 from .vllm_common import is_swa_hal_builder as is_swa_hal_builder
 from .vllm_common import log as log
 from .vllm_common import native_builder_cls as native_builder_cls
 from .vllm_common import options as options
-from .vllm_common import require_installed
 from .vllm_common import vllm_installed as vllm_installed
 from .vllm_common import vllm_version as vllm_version
 

@@ -252,7 +252,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.env:
         print("environment (swa_hal/envs.py):")
         values = [f"= {var['value']!r}" if var["value"] else "unset" for var in data["env"]]
-        name_w, value_w = max(len(var["name"]) for var in data["env"]), max([12, *map(len, values)])
+        name_w, value_w = max([26, *(len(var["name"]) for var in data["env"])]), max([12, *map(len, values)])
         for var, value in zip(data["env"], values):
             default = f", default {var['default']}" if var["default"] else ""
             print(f"  {var['name']:<{name_w}} {value:<{value_w}} {var['kind']}{default}: {var['meaning']}")

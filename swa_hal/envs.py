@@ -11,7 +11,7 @@ building sees it. Kinds:
 * ``text``: a string, or unset; ``list``: comma-separated names.
 
 ``swa-hal info --env`` prints the table with the values this process sees. A variable whose name starts
-with ``SWA_HAL_`` but is none of these (a misspelling: ``SWA_HAL_BACKND``) would otherwise be ignored
+with ``SWA_HAL_`` but is none of these (a misspelling, ``BACKND`` for ``BACKEND``) would otherwise be ignored
 without a word, so ``warn_unknown`` warns about it once, naming the closest known name; the plugin
 registry calls it when it loads, and the ``swa-hal`` command before it runs.
 """

@@ -137,5 +137,7 @@ test-sglang: $(SGLANG_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest tests/engines/test_sglang.py \
 		tests/engines/test_sglang_backend.py tests/engines/test_sglang_traffic.py
 
+# Also what installing the example plugin leaves in it (a stale build/lib would ship inside its next wheel).
 clean:
-	rm -rf $(VENV) .venv-vllm-* .venv-sglang .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .venv-vllm-* .venv-sglang .pytest_cache .hypothesis build dist *.egg-info \
+		$(EXAMPLE)/build $(EXAMPLE)/dist $(EXAMPLE)/src/*.egg-info

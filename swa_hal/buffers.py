@@ -17,6 +17,19 @@ from .guard import RECORD_LEN
 
 
 class MetadataBuffers:
+    """A builder's output buffers on its device, allocated once for everything ``config`` admits.
+
+    Per group (``config.num_kv_groups``; a plain build writes group 0's, which the unprefixed names view):
+    ``group_is_valid`` bool [G, T], ``group_decode_indices`` int32 [G, T, 1, W] and ``group_decode_lens``
+    [G, T], ``group_prefill_indices`` int32 [G, T, 1, prefill width] and ``group_prefill_lens`` [G, T]
+    (T = ``max_num_batched_tokens``, W = ``window_size``); shared by the groups: ``token_to_req`` [T],
+    ``gather_lens`` [R] (R = ``max_num_seqs``), the vision variant's visibility and span buffers, and the
+    guard's ``violation`` record. DSpark's wider rows (``noncausal_indices``) are allocated on first use.
+    Builds hand out views of these (valid until the next build), never copies; a backend writes into them
+    and may keep buffers of its own made once in ``allocate()``. ``group(g)`` is group g's set as a
+    ``MetadataBuffers`` of its own, for a backend that fills one group at a time.
+    """
+
     def __init__(self, config: SWAConfig, device: torch.device):
         cap = config.max_num_batched_tokens
         seqs = config.max_num_seqs

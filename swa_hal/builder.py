@@ -62,6 +62,50 @@ def guard_default() -> bool:
     return env_switch("SWA_HAL_GUARD")
 
 
+def builder_device(device: Any) -> torch.device:
+    """``device`` as the torch.device a builder runs on (``cuda`` with its index), or a ``DeviceError``
+    naming it where no build can run: not a device name torch knows, ``meta`` (no data), or a CUDA or XPU
+    device this torch cannot reach (a CPU-only build, no device visible, an index past the last device).
+    Checked up front: torch's own error for the last kind is an AssertionError from deep inside its lazy
+    initialisation, which names neither the device nor what to do."""
+    from .errors import DeviceError
+
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise DeviceError(f"device {device!r} is not a torch device ({' '.join(str(exc).split())})") from None
+    if device.type == "meta":
+        raise DeviceError(
+            f"device {str(device)!r} holds no data (meta tensors have shapes only), so a builder has nowhere "
+            f"to write its outputs: use the engine's device (cpu, cuda, cuda:1, ...)"
+        )
+    if device.type in ("cuda", "xpu"):
+        module = getattr(torch, device.type, None)
+        count = module.device_count() if module is not None and module.is_available() else 0
+        if count == 0:
+            kind = device.type.upper()
+            if device.type == "cuda" and not (torch.version.cuda or torch.version.hip):
+                why = f"this torch ({torch.__version__}) was built without CUDA support"
+            else:
+                why = f"no {kind} device is visible to this process (or this torch was built without {kind} support)"
+            raise DeviceError(f"device {str(device)!r}: {why}; build on 'cpu', or on a device this torch can reach")
+        if device.index is not None and device.index >= count:
+            raise DeviceError(
+                f"device {str(device)!r}: there are {count} {device.type.upper()} device(s) here "
+                f"(indices 0 to {count - 1})"
+            )
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _argument(name: str, value: Any, kind: type) -> None:
+    """A TypeError naming the argument, the type it takes and what was given (``build(None)`` would
+    otherwise fail inside the build with an AttributeError about an attribute it never mentioned)."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__module__}.{kind.__qualname__}, got {type(value).__name__}")
+
+
 class SWAMetadataBuilder:
     """Builds SWAMetadata for one model and engine configuration, on one device.
 
@@ -115,19 +159,7 @@ class SWAMetadataBuilder:
                 raise ConfigError(name, f"must be a bool{' or None' if optional else ''}, got {value!r}")
         # The device is checked before any selection or allocation, so a device no build can run on is
         # named here instead of failing deep inside the first allocation or read-back.
-        from .errors import DeviceError
-
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError, ValueError) as exc:
-            raise DeviceError(f"device {device!r} is not a torch device ({' '.join(str(exc).split())})") from None
-        if device.type == "meta":
-            raise DeviceError(
-                f"device {str(device)!r} holds no data (meta tensors have shapes only), so a builder has nowhere "
-                f"to write its outputs: use the engine's device (cpu, cuda, cuda:1, ...)"
-            )
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = builder_device(device)
         self.device = device
         self.platform = platform if platform is not None else probe_platform(device)
         self.selection = select_backend(backend, self.platform, registry=registry)
@@ -226,6 +258,7 @@ class SWAMetadataBuilder:
         """A build of every group of a step; a single build (``block_tables`` None: the batch's own table
         and slot mapping) is a group build of one. The step's inputs are checked once, then each group's:
         the O(1) preflight, or full validation (it syncs) of each group's batch, naming the group."""
+        _argument("batch", batch, AttentionBatch)
         inputs = batch.inputs
         full = validate if validate is not None else self.validate
         if full:  # the request count is read off the host offsets before validation checks the rest
@@ -280,6 +313,7 @@ class SWAMetadataBuilder:
         in one launch on the Triton backends, without a host sync. Returns ``(indices, lens)``
         (int32 [n, width] and [n]): into ``out``/``lens`` when given, else into new tensors. Guarded
         builds record violations for ``check()`` as ``build`` does."""
+        _argument("rows", rows, SlotRows)
         width = preflight_slot_rows(rows, self.config.window_size, self.device, self._slot_limit)
         n = rows.num_rows
         if out is None and lens is None:
@@ -299,6 +333,7 @@ class SWAMetadataBuilder:
         rows over a per-request workspace of history rows, all of SGLang's ``WindowLayout`` fields, in
         new tensors, without a host sync. ``validate`` (default: the builder's) also checks the rules
         that need the data (a host sync): the runs fit ``num_groups``, positions ascend within a run."""
+        _argument("rows", rows, RequestWindowRows)
         preflight_request_window(rows, self.config.window_size, self.device)
         if validate if validate is not None else self.validate:
             validate_request_window(rows)
@@ -552,6 +587,11 @@ class SWAMetadataBuilder:
         out fresh scheduler objects. No host sync, no allocation: safe inside CUDA graph capture.
         A list (what ``build_groups`` returned) updates every group, in one launch on Triton backends."""
         if not isinstance(metadata, SWAMetadata):
+            if not isinstance(metadata, Sequence) or not all(isinstance(md, SWAMetadata) for md in metadata):
+                raise TypeError(
+                    f"metadata must be an SWAMetadata or a list of them (what build_groups returned), got "
+                    f"{type(metadata).__name__}"
+                )
             self._update_groups(list(metadata))
             return
         if metadata.num_decode_tokens == 0:

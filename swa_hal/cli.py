@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import json
 import os
 import statistics
@@ -50,20 +51,22 @@ def _error(args: argparse.Namespace, message: str) -> None:
 def _one_line_warnings() -> Iterator[None]:
     """Every warning raised while a command runs (a plugin that failed to load, a backend that failed to
     start) printed once, as one line on stderr, without the source line Python's default adds."""
+    from .envs import EnvWarning
     from .plugins import PluginWarning
 
     seen: set[str] = set()
 
     def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
         text = " ".join(str(message).split())
-        if not issubclass(category, PluginWarning):
+        if not issubclass(category, (PluginWarning, EnvWarning)):
             text = f"{category.__name__}: {text}"
         if text not in seen:
             seen.add(text)
             print(f"swa-hal: warning: {text}", file=sys.stderr)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("always", PluginWarning)  # repeats are dropped above, by their text
+        for category in (PluginWarning, EnvWarning):
+            warnings.simplefilter("always", category)  # repeats are dropped above, by their text
         warnings.showwarning = show
         yield
 
@@ -138,6 +141,7 @@ def _check_environment() -> None:
     variable, not a traceback from wherever the library first reads it."""
     from . import envs
 
+    envs.warn_unknown()  # a misspelt name is a warning: the command still runs, as the library would
     readers = {"flag": envs.env_flag, "switch": envs.env_switch, "int": envs.env_int}
     for var in envs.VARIABLES.values():
         read = readers.get(var.kind)
@@ -212,6 +216,15 @@ def cmd_info(args: argparse.Namespace) -> int:
             else (f"selected {data['selected']!r} but it failed to start, so {started!r} runs")
         )
         check = f"expected backend {args.expect!r}, {what}"
+        registered = sorted(registry.backends)
+        if args.expect not in registered:
+            # A misspelt or uninstalled name can never run: say so rather than only what was selected.
+            close = difflib.get_close_matches(args.expect, registered, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            check += (
+                f"; no backend named {args.expect!r} is registered at all{hint}: registered: "
+                f"{', '.join(registered) or 'none'}"
+            )
         data["error"] = (error + "; " if error else "") + check
     elif args.expect is not None and ok:
         check = f"backend {args.expect!r} is selected and starts, as expected"
@@ -227,18 +240,22 @@ def cmd_info(args: argparse.Namespace) -> int:
     )
     print(f"platform: {platform.describe()}" + ("  [Triton interpreter on]" if platform.triton_interpret else ""))
     print("plugins:")
-    for p in registry.plugins:
-        dist = f"{p.dist} {p.version or ''}".strip() if p.dist else "-"
-        print(f"  {p.name:<12} {p.status:<9} {dist:<28} {', '.join(p.backends) or p.detail}")
+    # Columns as wide as their widest entry: a plugin's name or distribution may be longer than any built-in's.
+    dists = [f"{p.dist} {p.version or ''}".strip() if p.dist else "-" for p in registry.plugins]
+    name_w = max([12, *(len(p.name) for p in registry.plugins)])
+    dist_w = max([28, *map(len, dists)])
+    for p, dist in zip(registry.plugins, dists):
+        print(f"  {p.name:<{name_w}} {p.status:<9} {dist:<{dist_w}} {', '.join(p.backends) or p.detail}")
         if p.detail and p.backends:
-            print(f"  {'':<12} {p.detail}")
+            print(f"  {'':<{name_w}} {p.detail}")
     # registry.problems were printed on stderr as warnings while the registry loaded (and are in --json).
     if args.env:
         print("environment (swa_hal/envs.py):")
-        for var in data["env"]:
-            value = f"= {var['value']!r}" if var["value"] else "unset"
+        values = [f"= {var['value']!r}" if var["value"] else "unset" for var in data["env"]]
+        name_w, value_w = max([26, *(len(var["name"]) for var in data["env"])]), max([12, *map(len, values)])
+        for var, value in zip(data["env"], values):
             default = f", default {var['default']}" if var["default"] else ""
-            print(f"  {var['name']:<26} {value:<12} {var['kind']}{default}: {var['meaning']}")
+            print(f"  {var['name']:<{name_w}} {value:<{value_w}} {var['kind']}{default}: {var['meaning']}")
     if selection is not None:
         print("backends:")
         print("\n".join("  " + line for line in selection.explain().splitlines()[1:]))
@@ -246,9 +263,10 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  {selection.name} {key}: {value}")
     else:
         print("backends:")
+        width = max([10, *(len(c["name"]) for c in data["backends"])])
         for c in data["backends"]:
             state = "available" if c["available"] else "unavailable: " + "; ".join(c["reasons"])
-            print(f"    {c['name']:<10} priority {c['priority']:>4}  {state}")
+            print(f"    {c['name']:<{width}} priority {c['priority']:>4}  {state}")
     if check is not None:
         print(f"expect: {check}")
     return 0 if ok else 1

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from .errors import ConfigError
@@ -37,8 +39,9 @@ INDEX_TILE = 64
 
 def layer_type_for(compress_ratio: int, model_version: str = "deepseek_v4") -> str:
     """docs/semantics.md #layer-types-and-schedulers: the layer type of a compress ratio."""
-    if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
+    if not _is_integer(compress_ratio):
         raise ConfigError("compress_ratios", f"ratio {compress_ratio!r} is not an integer")
+    compress_ratio = int(compress_ratio)
     table = _LAYER_TYPE_BY_RATIO.get(model_version)
     if table is None:
         raise ConfigError("model_version", f"{model_version!r} is not one of {', '.join(MODEL_VERSIONS)}")
@@ -88,12 +91,44 @@ def _read_settings(path: Path, what: str, parse: Any, parse_error: type[Exceptio
             ) from None
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (data only: no tags that construct objects) that refuses a mapping holding one
+    key twice. PyYAML keeps the last value without a word, so a config that states ``window_size`` twice
+    would run with whichever came last. Merge keys (``<<: *base``) still merge: a key written beside a
+    merge overrides the merged one, as YAML says."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the constructor below reports it
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"key {key_name(key)!r} is given twice (first at line {first.line + 1}); state it once",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _safe_load_unique(stream: Any) -> Any:
+    return yaml.load(stream, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass: data only
+
+
 def load_yaml_mapping(path: str | Path, what: str) -> Mapping[str, Any]:
-    """Read a YAML file of settings as data (``yaml.safe_load``: no tags that construct objects).
-    Every way it can be unusable is a ConfigError naming the file: unreadable, not YAML, empty, or
-    not a mapping."""
+    """Read a YAML file of settings as data (``yaml.safe_load``'s loader: no tags that construct objects),
+    refusing a key given twice (``UniqueKeyLoader``). Every way it can be unusable is a ConfigError naming
+    the file: unreadable, not YAML, a duplicate key, empty, or not a mapping."""
     path = Path(path)
-    data = _read_settings(path, what, yaml.safe_load, yaml.YAMLError, _yaml_problem)
+    data = _read_settings(path, what, _safe_load_unique, yaml.YAMLError, _yaml_problem)
     if data is None:
         raise ConfigError(str(path), f"is empty; a {what} needs at least one setting")
     if not isinstance(data, Mapping):
@@ -156,6 +191,25 @@ AMBIGUOUS_RATIOS = frozenset(
 )
 
 
+def swapped_hint(data: Mapping[Any, Any], other: str) -> str:
+    """The end of an "unknown key" error for settings that are the ``other`` kind of file (a scenario given
+    as a config, or a config as a scenario): most of their keys are that kind's, so the two files are
+    probably swapped. Empty otherwise."""
+    from .scenarios import Scenario
+
+    keys = {k for k in data if isinstance(k, str)} - {"name", "description"}
+    theirs = {f.name for f in dataclasses.fields(Scenario if other == "scenario" else SWAConfig)}
+    if keys and len(keys & theirs) * 2 > len(keys):
+        mine = "config" if other == "scenario" else "scenario"
+        flag = "--batch" if other == "scenario" else "--config"
+        return (
+            f". This is a {other} file ({', '.join(sorted(keys & theirs)[:3])}, ...): were the config and the "
+            f"scenario swapped? (swa-hal takes a {other} with {flag}, the {mine} with "
+            f"{'--config' if flag == '--batch' else '--batch'})"
+        )
+    return ""
+
+
 def key_name(key: Any) -> str:
     """A key of a settings file as an error names it: as written, or quoted where it holds a line break or
     another character that would not print (an error is one line)."""
@@ -168,11 +222,20 @@ def _reason(exc: ConfigError) -> str:
     return str(exc).removeprefix(f"{exc.field}: ")
 
 
-def _check_int(field: str, value: Any, minimum: int, maximum: int = INT32_LIMIT) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _is_integer(value: Any) -> bool:
+    """An integer setting: a Python or numpy integer (``numbers.Integral``: what an engine computes its
+    sizes with), never a bool (True is an int to Python, not a size) or a float."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_int(field: str, value: Any, minimum: int, maximum: int = INT32_LIMIT) -> int:
+    """``value`` as a Python int, or a ConfigError naming the field, the value and the range."""
+    if not _is_integer(value):
         raise ConfigError(field, f"must be an integer, got {value!r}")
+    value = int(value)
     if not minimum <= value <= maximum:
         raise ConfigError(field, f"{value} is outside [{minimum}, {maximum}]")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,17 +264,22 @@ class SWAConfig:
     num_kv_groups: int = 1
 
     def __post_init__(self) -> None:
-        _check_int("window_size", self.window_size, 1, MAX_ROW_WIDTH)
-        _check_int("block_size", self.block_size, 1)
-        _check_int("max_model_len", self.max_model_len, 1)
-        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        _check_int("max_num_seqs", self.max_num_seqs, 1)
-        _check_int("num_speculative_tokens", self.num_speculative_tokens, 0, 1024)
-        _check_int("head_size", self.head_size, 1)
+        # Each integer setting is checked and kept as a Python int (a numpy integer is one too, and the
+        # config must compare, hash and serialise as the same settings written as plain integers).
+        for field, low, high in (
+            ("window_size", 1, MAX_ROW_WIDTH),
+            ("block_size", 1, INT32_LIMIT),
+            ("max_model_len", 1, INT32_LIMIT),
+            ("max_num_batched_tokens", 1, INT32_LIMIT),
+            ("max_num_seqs", 1, INT32_LIMIT),
+            ("num_speculative_tokens", 0, 1024),
+            ("head_size", 1, INT32_LIMIT),
+        ):
+            object.__setattr__(self, field, _check_int(field, getattr(self, field), low, high))
         if self.model_version not in MODEL_VERSIONS:
             raise ConfigError("model_version", f"{self.model_version!r} is not one of {', '.join(MODEL_VERSIONS)}")
-        _check_int("max_image_tokens", self.max_image_tokens, 0, 1 << 20)
-        _check_int("num_kv_groups", self.num_kv_groups, 1, 1024)
+        object.__setattr__(self, "max_image_tokens", _check_int("max_image_tokens", self.max_image_tokens, 0, 1 << 20))
+        object.__setattr__(self, "num_kv_groups", _check_int("num_kv_groups", self.num_kv_groups, 1, 1024))
         if self.max_image_tokens and self.model_version != "deepseek_v4":
             raise ConfigError(
                 "max_image_tokens", f"the vision variant exists for deepseek_v4 only, not {self.model_version}"
@@ -228,7 +296,7 @@ class SWAConfig:
                 layer_type_for(ratio, self.model_version)
             except ConfigError as exc:
                 raise ConfigError(f"compress_ratios[{i}]", str(exc).split(": ", 1)[1]) from None
-        object.__setattr__(self, "compress_ratios", tuple(ratios))
+        object.__setattr__(self, "compress_ratios", tuple(int(r) for r in ratios))
         method = self.speculative_method
         if method is not None:
             if not isinstance(method, str) or method.strip().lower() not in SPECULATIVE_METHODS:
@@ -245,14 +313,15 @@ class SWAConfig:
             raise ConfigError("parallel_drafting", "needs num_speculative_tokens > 0")
         if self.split_threshold is not None:
             # A verification query (1 + N tokens) is always a decode; no decode is longer than a step.
-            _check_int(
+            threshold = _check_int(
                 "split_threshold",
                 self.split_threshold,
                 1 + self.num_speculative_tokens,
                 max(1 + self.num_speculative_tokens, self.max_num_batched_tokens),
             )
+            object.__setattr__(self, "split_threshold", threshold)
         if self.num_kv_blocks is not None:
-            _check_int("num_kv_blocks", self.num_kv_blocks, 1)
+            object.__setattr__(self, "num_kv_blocks", _check_int("num_kv_blocks", self.num_kv_blocks, 1))
             if self.num_kv_blocks * self.block_size > INT32_LIMIT + 1:
                 raise ConfigError(
                     "num_kv_blocks",
@@ -341,7 +410,10 @@ class SWAConfig:
             if key in ("name", "description"):
                 continue
             if key not in known:
-                raise ConfigError(key_name(key), f"unknown setting in {source} (known: {', '.join(sorted(known))})")
+                raise ConfigError(
+                    key_name(key),
+                    f"unknown setting in {source} (known: {', '.join(sorted(known))}){swapped_hint(data, 'scenario')}",
+                )
             settings[key] = value
         missing = [key for key in REQUIRED_SETTINGS if key not in settings]
         if missing:
@@ -355,7 +427,7 @@ class SWAConfig:
         if isinstance(ratios, list):
             settings["compress_ratios"] = ratios = tuple(ratios)
         if "model_version" not in settings and isinstance(ratios, tuple):
-            ambiguous = sorted({r for r in ratios if type(r) is int and r in AMBIGUOUS_RATIOS})
+            ambiguous = sorted({int(r) for r in ratios if _is_integer(r) and r in AMBIGUOUS_RATIOS})
             if ambiguous:
                 raise ConfigError(
                     "model_version",
@@ -377,6 +449,11 @@ class SWAConfig:
         The model gives ``sliding_window``, ``compress_ratios`` (absent: one SWA-only layer type),
         ``head_dim`` and ``max_position_embeddings`` (the default ``max_model_len``); the engine gives the
         rest (``block_size``, ``max_num_batched_tokens``, ``max_num_seqs``, speculative settings, ...).
+        As for a config file (``from_mapping``), every setting of ``REQUIRED_SETTINGS`` must come from one of
+        them: ``block_size``, ``max_num_batched_tokens`` and ``max_num_seqs`` always from the engine
+        (a config.json has none of them), ``max_model_len`` from the engine where the
+        model has no ``max_position_embeddings``; a missing one is a ConfigError naming it, never the
+        constructor's default (another engine's capacities).
         """
         source = "the model config"
         if not isinstance(config, Mapping):
@@ -407,7 +484,7 @@ class SWAConfig:
             settings["max_model_len"] = config["max_position_embeddings"]
         # The vision variant of V4 widens prefill rows by its largest image (docs/semantics.md #vision-spans).
         layers = config.get("vision_n_layers") or 0
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+        if not _is_integer(layers) or layers < 0:
             raise ConfigError("vision_n_layers", f"must be a non-negative integer, got {layers!r} (in {source})")
         if version == "deepseek_v4" and layers > 0:
             settings["max_image_tokens"] = config.get("vision_max_n_token") or 0
@@ -421,6 +498,15 @@ class SWAConfig:
                 )
             settings[key] = value
             from_model.discard(key)
+        missing = [key for key in REQUIRED_SETTINGS if key not in settings]
+        if missing:
+            also = f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else ""
+            first = missing[0]
+            because = f"{source} has no max_position_embeddings, so " if first == "max_model_len" else ""
+            raise ConfigError(
+                first,
+                f"missing: {because}pass {first}=..., {REQUIRED_SETTINGS[first]}; no default fits every engine{also}",
+            )
         try:
             return cls(**settings)
         except ConfigError as exc:

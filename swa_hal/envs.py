@@ -7,16 +7,21 @@ building sees it. Kinds:
   a false word (``FALSE_WORDS``); any other word is an error;
 * ``switch``: on unless set to a false word (``FALSE_WORDS``); any other word than a true or false
   one is an error, so a typo never silently flips a behaviour;
-* ``int``: an integer, or unset;
+* ``int``: an integer (at least ``minimum`` where the variable has one), or unset;
 * ``text``: a string, or unset; ``list``: comma-separated names.
 
-``swa-hal info --env`` prints the table with the values this process sees.
+``swa-hal info --env`` prints the table with the values this process sees. A variable whose name starts
+with ``SWA_HAL_`` but is none of these (a misspelling, ``BACKND`` for ``BACKEND``) would otherwise be ignored
+without a word, so ``warn_unknown`` warns about it once, naming the closest known name; the plugin
+registry calls it when it loads, and the ``swa-hal`` command before it runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import warnings
 from collections.abc import Mapping
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -29,6 +34,8 @@ class EnvVar:
     kind: str  # flag | switch | int | text | list
     meaning: str
     default: str = ""
+    # The smallest value an ``int`` variable takes (None: any integer).
+    minimum: int | None = None
 
 
 VARIABLES: dict[str, EnvVar] = {
@@ -62,14 +69,57 @@ VARIABLES: dict[str, EnvVar] = {
             "int",
             "on a GPU, a violation poll looks at the guard's record at every Nth build (1: every build)",
             "16",
+            minimum=1,
         ),
         EnvVar("SWA_HAL_SGLANG", "switch", "the SGLang plugin replaces SGLang's DeepSeek-V4 SWA rows", "1"),
-        EnvVar("SWA_HAL_NUM_WARPS", "int", "warps per program of every kernel (tuning sweeps)", "4"),
-        EnvVar("SWA_HAL_TILE_ELEMS", "int", "elements of a prefill program's tile (tuning sweeps)"),
-        EnvVar("SWA_HAL_DECODE_TILE_ELEMS", "int", "elements of a decode program's tile (tuning sweeps)"),
+        EnvVar("SWA_HAL_NUM_WARPS", "int", "warps per program of every kernel (tuning sweeps)", "4", minimum=1),
+        EnvVar("SWA_HAL_TILE_ELEMS", "int", "elements of a prefill program's tile (tuning sweeps)", minimum=1),
+        EnvVar("SWA_HAL_DECODE_TILE_ELEMS", "int", "elements of a decode program's tile (tuning sweeps)", minimum=1),
         EnvVar("TRITON_INTERPRET", "flag", "run Triton kernels in the interpreter (Triton backends on a CPU)"),
     )
 }
+
+
+# SWA_HAL_* names the library does not read but this project's own tests and CI do: no warning for them.
+TOOLING_VARIABLES = frozenset(
+    {
+        "SWA_HAL_FUZZ_EXAMPLES",
+        "SWA_HAL_FUZZ_RANDOM",
+        "SWA_HAL_SOAK_BUILDS",
+        "SWA_HAL_TEMPLATE_TORCH",
+        "SWA_HAL_GPU_RUNNERS",
+    }
+)
+PREFIX = "SWA_HAL_"
+
+
+class EnvWarning(UserWarning):
+    """An environment variable named like one of swa_hal's (``SWA_HAL_*``) that swa_hal does not read."""
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """One sentence per ``SWA_HAL_*`` name of ``env`` (default: the process environment) that is neither a
+    variable swa_hal reads nor one of the project's tooling: the name, and the closest known name where one
+    is close (``difflib``), else where the list is."""
+    env = os.environ if env is None else env
+    # Compared without the prefix every name shares, which would make any two names look alike.
+    known = {name.removeprefix(PREFIX): name for name in VARIABLES}
+    out = []
+    for name in sorted(env):
+        if not name.upper().startswith(PREFIX) or name in VARIABLES or name in TOOLING_VARIABLES:
+            continue
+        close = difflib.get_close_matches(name.upper()[len(PREFIX) :], list(known), n=1, cutoff=0.6)
+        hint = f"did you mean {known[close[0]]}?" if close else "swa-hal info --env lists the variables it reads"
+        out.append(f"{name} is set, but swa_hal reads no variable of that name, so it has no effect: {hint}")
+    return out
+
+
+def warn_unknown(env: Mapping[str, str] | None = None, stacklevel: int = 2) -> list[str]:
+    """Warn (``EnvWarning``) about every name ``unknown_variables`` finds; returns the sentences."""
+    found = unknown_variables(env)
+    for sentence in found:
+        warnings.warn(sentence, EnvWarning, stacklevel=stacklevel + 1)
+    return found
 
 
 def _raw(name: str, env: Mapping[str, str] | None) -> str:
@@ -111,9 +161,13 @@ def env_int(name: str, env: Mapping[str, str] | None = None) -> int | None:
     if not raw:
         return None
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r}: must be an integer") from None
+    minimum = VARIABLES[name].minimum
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={raw!r}: must be at least {minimum}")
+    return value
 
 
 def env_text(name: str, env: Mapping[str, str] | None = None) -> str | None:

@@ -29,7 +29,7 @@ import pluggy
 
 from . import hookspecs
 from .backend import Availability, BackendSpec
-from .envs import env_flag, env_list
+from .envs import env_flag, env_list, warn_unknown
 from .errors import PluginError
 from .platform import PlatformInfo
 
@@ -113,6 +113,8 @@ class PluginRegistry:
         embedded_default: bool = True,
     ):
         self.env = dict(os.environ if env is None else env)
+        # Loaded once per process: the moment to say that a misspelt SWA_HAL_* variable is ignored.
+        warn_unknown(self.env, stacklevel=3)
         self.strict = env_flag("SWA_HAL_STRICT", self.env) if strict is None else strict
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)

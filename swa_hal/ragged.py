@@ -33,6 +33,11 @@ class RaggedDecodeRows:
 
 
 class RaggedRows:
+    """A backend's ragged (CSR) decode rows: ``flat`` (every decode row's valid entries, concatenated) and
+    ``indptr`` (the exclusive prefix sum of the decode lens), allocated once for the config's capacity and
+    refilled in place from the dense rows after every build and draft update, without a host sync; handed
+    out as ``RaggedDecodeRows``. ``clamp``: every lane's address kept in bounds (SM12x)."""
+
     def __init__(self, config: SWAConfig, device: torch.device, *, clamp: bool):
         from .kernels.ragged_launch import IndptrLaunch, RaggedLaunch
 

@@ -121,6 +121,10 @@ class _Shape:
 
 
 class TorchBackend(Backend):
+    """The reference's rows, written into the builder's buffers with plain torch ops on any device: the
+    embedded default and the backend every other one is held to. Its builds read device values on the host
+    (so it claims no CUDA graphs)."""
+
     name = "torch"
 
     # Guarded builds on a device where reading a value costs no sync (the CPU) first build without the

@@ -118,7 +118,12 @@ class Scenario:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(key_name(k) for k in data if k not in known)
         if unknown:
-            raise ConfigError(unknown[0], f"unknown scenario key in {source} (known: {', '.join(sorted(known))})")
+            from .config import swapped_hint
+
+            raise ConfigError(
+                unknown[0],
+                f"unknown scenario key in {source} (known: {', '.join(sorted(known))}){swapped_hint(data, 'config')}",
+            )
         raw_groups = data.get("groups")
         if not isinstance(raw_groups, list) or not raw_groups:
             raise ConfigError(

@@ -100,12 +100,13 @@ class Selection:
             "auto": "highest priority among available backends",
         }[self.how]
         lines.append(f"selected: {self.name} ({how})")
+        width = max([10, *(len(c.name) for c in self.candidates)])  # a plugin's name may be longer
         for c in sorted(self.candidates, key=_rank):
             mark = "*" if c.name == self.name else " "
             state = "available" if c.availability.ok else "unavailable: " + "; ".join(c.availability.reasons)
             if c.availability.ok and not c.spec.auto_select:
                 state += " (explicit requests only)"
-            lines.append(f" {mark} {c.name:<10} priority {c.spec.priority:>4}  {state}  [{c.dist or c.plugin}]")
+            lines.append(f" {mark} {c.name:<{width}} priority {c.spec.priority:>4}  {state}  [{c.dist or c.plugin}]")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,6 +168,21 @@ class Selection:
         return {c.name: c for c in self.candidates}
 
 
+def _left_out(registry: PluginRegistry) -> str:
+    """What the environment's plugin lists keep out, as the end of a "no backend" error: the plugins and
+    why (``SWA_HAL_DISABLE_PLUGINS=torch`` leaves a CPU without the one backend that runs everywhere, and
+    the error should say that this, not the machine, is why)."""
+    blocked = [p for p in registry.plugins if p.status == "blocked"]
+    if not blocked:
+        return ""
+    text = "; left out by the environment, so no backend of theirs is a candidate: " + ", ".join(
+        f"plugin {p.name!r} ({p.detail})" for p in blocked
+    )
+    if any(p.name == "torch" for p in blocked):
+        text += " (the torch plugin's backend is the one that runs on every platform)"
+    return text
+
+
 def select_backend(
     name: str | None = None,
     platform: PlatformInfo | None = None,
@@ -195,7 +211,7 @@ def select_backend(
         if cand is None:
             raise BackendNotFoundError(
                 f"backend {name!r} ({'requested by ' + how}) is not registered; registered: "
-                f"{', '.join(sorted(by_name)) or 'none'}; {auto_note}"
+                f"{', '.join(sorted(by_name)) or 'none'}; {auto_note}{_left_out(registry)}"
             )
         if not cand.availability.ok:
             raise BackendUnavailableError(
@@ -208,6 +224,7 @@ def select_backend(
             reasons = "; ".join(f"{c.name}: {', '.join(c.availability.reasons) or 'explicit only'}" for c in candidates)
             raise BackendUnavailableError(
                 f"no backend is available on {platform.describe()} ({reasons or 'no backends registered'})"
+                f"{_left_out(registry)}"
             )
         if len(auto) > 1 and auto[0].spec.priority == auto[1].spec.priority:
             warnings.warn(

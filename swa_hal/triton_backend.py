@@ -101,6 +101,10 @@ def rows_record(buffers: MetadataBuffers, causal: bool, own: Callable[[torch.Ten
 
 
 class TritonBackend(Backend):
+    """The build every Triton backend shares: one launch of the shared kernels per build, group build or
+    draft update, into the builder's buffers, with no host sync. A hardware backend subclasses it and sets
+    flags (``CLAMP_ADDRESSES``), its tile schedulers and post-passes; on a CPU it needs the interpreter."""
+
     name: ClassVar[str] = "triton"
     # SM12x: every lane's address in bounds, masked or not.
     CLAMP_ADDRESSES: ClassVar[bool] = False

@@ -80,7 +80,7 @@ class ViolationWatch:
             every = env_int("SWA_HAL_POLL_EVERY")
             every = int(VARIABLES["SWA_HAL_POLL_EVERY"].default) if every is None else every
         if every < 1:
-            raise ValueError(f"SWA_HAL_POLL_EVERY / every={every}: must be at least 1 (1: look at every build)")
+            raise ValueError(f"every={every}: must be at least 1 (1: look at every build)")
         self.every = every
         # Polls left before the next look; the first poll looks (a fresh builder starts its first copy).
         self._countdown = 0

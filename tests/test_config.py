@@ -10,6 +10,14 @@ from helpers import CONFIGS
 from swa_hal import ConfigError, SWAConfig
 from swa_hal.config import layer_type_for
 
+# The settings an engine passes to from_hf_config (a config.json holds none of them).
+ENGINE = {"block_size": 64, "max_num_batched_tokens": 4096, "max_num_seqs": 64}
+
+
+def engine_for(hf):
+    """ENGINE, and max_model_len where the model config has no max_position_embeddings to give it."""
+    return ENGINE if "max_position_embeddings" in hf else {**ENGINE, "max_model_len": 8192}
+
 
 def test_shipped_flash_config_matches_the_published_model():
     cfg = SWAConfig.from_yaml(CONFIGS / "deepseek_v4_flash.yaml")
@@ -95,13 +103,13 @@ def test_unsupported_v41_ratio_names_it(ratio):
 
 
 def test_hf_config_reads_the_model_version_and_vision_tokens():
-    v41 = SWAConfig.from_hf_config({"sliding_window": 128, "model_type": "deepseek_v41", "compress_ratios": [0, 1, 2]})
+    v41 = SWAConfig.from_hf_config({"sliding_window": 128, "model_type": "deepseek_v41", "compress_ratios": [0, 1, 2]}, **engine_for({}))
     assert (v41.model_version, v41.layer_types) == ("deepseek_v41", ("swaonly", "c1a", "c2a"))
-    arch = SWAConfig.from_hf_config({"sliding_window": 128, "architectures": ["DeepseekV41ForCausalLM"]})
+    arch = SWAConfig.from_hf_config({"sliding_window": 128, "architectures": ["DeepseekV41ForCausalLM"]}, **engine_for({}))
     assert (arch.model_version, arch.compress_ratios) == ("deepseek_v41", (0,))
-    vision = SWAConfig.from_hf_config({"sliding_window": 128, "vision_n_layers": 2, "vision_max_n_token": 576})
+    vision = SWAConfig.from_hf_config({"sliding_window": 128, "vision_n_layers": 2, "vision_max_n_token": 576}, **engine_for({}))
     assert (vision.max_image_tokens, vision.prefill_index_width) == (576, 704)
-    no_layers = SWAConfig.from_hf_config({"sliding_window": 128, "vision_n_layers": 0, "vision_max_n_token": 576})
+    no_layers = SWAConfig.from_hf_config({"sliding_window": 128, "vision_n_layers": 0, "vision_max_n_token": 576}, **engine_for({}))
     assert no_layers.max_image_tokens == 0
     # V4.1 image tokens use the plain causal window: no widening.
     v41_vision = SWAConfig.from_hf_config(
@@ -111,7 +119,8 @@ def test_hf_config_reads_the_model_version_and_vision_tokens():
             "compress_ratios": [0],
             "vision_n_layers": 2,
             "vision_max_n_token": 576,
-        }
+        },
+        **engine_for({}),
     )
     assert v41_vision.max_image_tokens == 0
     with pytest.raises(ConfigError, match="model_version"):
@@ -136,17 +145,18 @@ def test_yaml_is_data_not_code(tmp_path):
 def test_from_hf_config_dict_and_file(tmp_path):
     hf = {"sliding_window": 128, "compress_ratios": [0, 4, 128, 0], "head_dim": 512, "max_position_embeddings": 1048576}
     cfg = SWAConfig.from_hf_config(
-        hf, block_size=64, max_num_batched_tokens=4096, num_speculative_tokens=1, speculative_method="mtp"
+        hf, block_size=64, max_num_batched_tokens=4096, max_num_seqs=64, num_speculative_tokens=1,
+        speculative_method="mtp"
     )
     assert (cfg.window_size, cfg.max_model_len, cfg.max_num_batched_tokens) == (128, 1048576, 4096)
     assert cfg.layer_types == ("swaonly", "c4a", "c128a")
     (tmp_path / "config.json").write_text(json.dumps(hf))
-    assert SWAConfig.from_hf_config(tmp_path, max_model_len=8192).max_model_len == 8192
-    assert SWAConfig.from_hf_config(tmp_path / "config.json").window_size == 128
+    assert SWAConfig.from_hf_config(tmp_path, max_model_len=8192, **ENGINE).max_model_len == 8192
+    assert SWAConfig.from_hf_config(tmp_path / "config.json", **ENGINE).window_size == 128
 
 
 def test_from_hf_config_without_ratios_is_swa_only():
-    assert SWAConfig.from_hf_config({"sliding_window": 64}).layer_types == ("swaonly",)
+    assert SWAConfig.from_hf_config({"sliding_window": 64}, **engine_for({})).layer_types == ("swaonly",)
 
 
 def test_from_hf_config_errors_name_the_field():
@@ -155,7 +165,27 @@ def test_from_hf_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="window_size"):
         SWAConfig.from_hf_config({"sliding_window": 8}, window_size=16)
     with pytest.raises(ConfigError, match="compress_ratios\\[0\\]"):
-        SWAConfig.from_hf_config({"sliding_window": 8, "compress_ratios": [3]})
+        SWAConfig.from_hf_config({"sliding_window": 8, "compress_ratios": [3]}, **engine_for({}))
+
+
+@pytest.mark.parametrize(
+    "hf, settings, key, message",
+    [
+        ({"sliding_window": 8, "max_position_embeddings": 64}, {}, "block_size",
+         "missing: pass block_size=..., the engine's KV-cache page size; no default fits every engine; also "
+         "missing: max_num_batched_tokens, max_num_seqs"),
+        ({"sliding_window": 8, "max_position_embeddings": 64}, {"block_size": 64, "max_num_seqs": 4},
+         "max_num_batched_tokens", "missing: pass max_num_batched_tokens=..., the engine's largest step, in tokens"),
+        ({"sliding_window": 8}, ENGINE, "max_model_len",
+         "missing: the model config has no max_position_embeddings, so pass max_model_len=..., the engine's "
+         "longest sequence"),
+    ],
+)
+def test_from_hf_config_never_defaults_an_engine_setting(hf, settings, key, message):
+    # As a config file missing them: the constructor's defaults are another engine's capacities.
+    with pytest.raises(ConfigError) as info:
+        SWAConfig.from_hf_config(hf, **settings)
+    assert info.value.field == key and str(info.value).startswith(f"{key}: {message}"), str(info.value)
 
 
 # -- from_hf_config: every odd input is a ConfigError naming the file (when there is one) and the key --------
@@ -185,7 +215,7 @@ def test_from_hf_config_file_errors_name_the_file(tmp_path, content, message, gi
     elif content is not None:
         path.write_text(content)
     with pytest.raises(ConfigError) as info:
-        SWAConfig.from_hf_config(path if given == "file" else tmp_path)
+        SWAConfig.from_hf_config(path if given == "file" else tmp_path, **engine_for({}))
     assert str(info.value).startswith(message.format(path=path)), str(info.value)
 
 
@@ -229,7 +259,7 @@ def test_from_hf_config_value_errors_name_the_key_and_the_file(tmp_path, hf, key
     path = tmp_path / "config.json"
     path.write_text(json.dumps(hf))
     with pytest.raises(ConfigError) as info:
-        SWAConfig.from_hf_config(hf if given == "dict" else path)
+        SWAConfig.from_hf_config(hf if given == "dict" else path, **engine_for(hf))
     error = info.value
     assert error.field == key
     assert str(error).startswith(f"{key}: {message}"), str(error)
@@ -254,7 +284,7 @@ def test_from_hf_config_of_something_else_names_the_argument(config):
 def test_from_hf_config_engine_setting_errors_name_the_setting(settings, key, message):
     # An engine setting that overrides a model value (max_model_len here) is named as the engine's.
     with pytest.raises(ConfigError) as info:
-        SWAConfig.from_hf_config({"sliding_window": 8, "max_position_embeddings": 64}, **settings)
+        SWAConfig.from_hf_config({"sliding_window": 8, "max_position_embeddings": 64}, **{**ENGINE, **settings})
     assert info.value.field == key and str(info.value).startswith(f"{key}: {message}"), str(info.value)
 
 

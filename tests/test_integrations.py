@@ -59,7 +59,7 @@ def test_engine_builder_surface(backend, assume):
 
 def test_from_hf_config():
     engine = EngineSWABuilder.from_hf_config({"sliding_window": 16, "compress_ratios": [0, 128]}, "cpu",
-                                             block_size=8, max_num_batched_tokens=32, max_model_len=256)
+                                             block_size=8, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=256)
     assert engine.builder.config.window_size == 16 and engine.backend_name == "torch"
 
 

@@ -285,8 +285,10 @@ def test_poll_every_comes_from_the_environment_and_is_checked(monkeypatch):
     assert ViolationWatch(record, CFG).every == 3
     assert ViolationWatch(record, CFG, every=1).every == 1
     monkeypatch.setenv("SWA_HAL_POLL_EVERY", "0")
-    with pytest.raises(ValueError, match="SWA_HAL_POLL_EVERY / every=0: must be at least 1"):
+    with pytest.raises(ValueError, match="SWA_HAL_POLL_EVERY='0': must be at least 1"):
         ViolationWatch(record, CFG)
+    with pytest.raises(ValueError, match="every=0: must be at least 1"):
+        ViolationWatch(record, CFG, every=0)
     monkeypatch.setenv("SWA_HAL_POLL_EVERY", "x")
     with pytest.raises(ValueError, match="SWA_HAL_POLL_EVERY='x': must be an integer"):
         ViolationWatch(record, CFG)

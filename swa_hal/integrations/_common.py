@@ -32,6 +32,17 @@ def supported_text(supported: Iterable[str]) -> str:
     return ", ".join(out)
 
 
+def _prerelease_note(found: str) -> str:
+    """ " (a pre-release)" where ``found`` is a PEP 440 pre- or development release: the reason a version that
+    starts like a supported one is not one."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return " (a pre-release, which comes before the release it names)" if Version(found).is_prerelease else ""
+    except InvalidVersion:
+        return ""
+
+
 class EngineVersionError(RuntimeError):
     """The engine installed is not a version an swa_hal plugin was built and tested against (raised where the
     plugin is used directly, or at the engine's start-up under ``SWA_HAL_STRICT=1``)."""
@@ -40,7 +51,7 @@ class EngineVersionError(RuntimeError):
         self.engine = engine
         self.found = found
         self.supported = tuple(supported)
-        have = "is not installed" if found is None else f"{found} is installed"
+        have = "is not installed" if found is None else f"{found} is installed{_prerelease_note(found)}"
         off = f"; set {switch}=0 to run {engine} without swa_hal" if switch else ""
         super().__init__(
             f"swa_hal's {engine} plugin supports {engine} {supported_text(self.supported)} only, and {engine} {have}: "
@@ -65,19 +76,37 @@ def installed_version(distribution: str) -> str | None:
 
 
 def version_supported(found: str, supported: Iterable[str]) -> bool:
-    """Whether ``found`` is one of ``supported``: exact versions ("0.5.23") or PEP 440 specifier sets
-    (">=0.33,<0.34", "==0.33.*")."""
+    """Whether ``found`` is one of ``supported``, by PEP 440's rules (``packaging.version``), never by string:
+
+    * a version ("0.5.23") stands for that release's builds: the release itself however written
+      ("0.5.23.0"), its post-releases ("0.5.23.post1") and local builds ("0.5.23+cu129"); a pre-release or
+      development release of it ("0.5.23rc1", "0.5.23.dev0") comes before it and is not it;
+    * a specifier set (">=0.33,<0.34", "==0.33.*") holds what PEP 440 says it holds, pre-releases and
+      development releases excluded unless the specifier names one (passed explicitly: packaging's own
+      default for a version already installed changed between its releases).
+
+    A version that is not PEP 440 (a source build's "unknown") is no supported version."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.version import InvalidVersion, Version
 
+    try:
+        version = Version(found)
+    except InvalidVersion:
+        return False
     for item in supported:
-        if item[:1] in "<>=!~":
-            try:
-                if Version(found) in SpecifierSet(item):
+        try:
+            if item[:1] in "<>=!~":
+                spec = SpecifierSet(item)
+                if spec.contains(version, prereleases=any(Version(s.version.rstrip(".*")).is_prerelease for s in spec)):
                     return True
-            except (InvalidSpecifier, InvalidVersion):
                 continue
-        elif found == item:
+            wanted = Version(item)
+        except (InvalidSpecifier, InvalidVersion):
+            continue
+        if wanted.is_prerelease or wanted.is_postrelease:  # a named pre- or post-release: that one, any local build
+            if Version(version.public) == wanted:
+                return True
+        elif not version.is_prerelease and Version(version.base_version) == wanted:
             return True
     return False
 
@@ -128,7 +157,7 @@ def gate_version(
         return found
     if env_flag("SWA_HAL_STRICT"):
         raise error(engine, found, supported, switch)
-    have = "is not installed" if found is None else f"{found} is installed"
+    have = "is not installed" if found is None else f"{found} is installed{_prerelease_note(found)}"
     if found is not None and env_flag(FORCE_SWITCH):
         logger.warning(
             "swa_hal: %s %s; the plugin supports %s %s and installs anyway (%s=1, untested)",

@@ -111,6 +111,19 @@ def _same_source(x: Any, y: Any) -> bool:
     x_tensor, y_tensor = isinstance(x, torch.Tensor), isinstance(y, torch.Tensor)
     if x_tensor or y_tensor:
         return x_tensor and y_tensor and tensor_key(x) == tensor_key(y)
+    return _same_value(x, y)
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    """Equal and of the same type, through lists, tuples and dicts (the image ranges): ``1 == True`` and
+    ``4.0 == 4`` in Python, but a group whose ``causal`` is 1 or whose ``max_query_len`` is 4.0 must not
+    take the inputs of a group whose values are right, or it would pass where it is refused built alone."""
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, (list, tuple)):
+        return len(x) == len(y) and all(map(_same_value, x, y))
+    if isinstance(x, dict):  # in order: the same ranges listed in another order only build alone
+        return _same_value(list(x.items()), list(y.items()))
     return bool(x == y)
 
 

@@ -52,7 +52,7 @@ from .vllm_common import SUPPORTED_VLLM as SUPPORTED_VLLM
 from .vllm_common import BuilderOptions as BuilderOptions
 from .vllm_common import VllmNotInstalledError as VllmNotInstalledError
 from .vllm_common import VllmVersionError as VllmVersionError
-from .vllm_common import all_subclasses, installed_version
+from .vllm_common import all_subclasses, installed_version, require_installed
 from .vllm_common import check_vllm as check_vllm
 from .vllm_common import configure as configure
 from .vllm_common import is_swa_hal_builder as is_swa_hal_builder
@@ -144,7 +144,11 @@ def _patch_backend(backend: type) -> None:
 
 def register() -> bool:
     """The ``vllm.general_plugins`` entry point. Idempotent (vLLM calls it in every process).
-    Returns whether swa_hal builds vLLM's DeepSeek-V4 SWA metadata in this process."""
+    Returns whether swa_hal builds vLLM's DeepSeek-V4 SWA metadata in this process.
+
+    vLLM itself only calls it where vLLM is installed; called where vLLM cannot be imported (a script that
+    registers the plugin by hand in the wrong environment), it raises ``VllmNotInstalledError`` saying so,
+    rather than returning False as if an engine had been looked at and left alone."""
     global _registered
     if not enabled():
         log.info(
@@ -156,6 +160,7 @@ def register() -> bool:
     with _lock:
         if _registered:
             return True
+        require_installed()
         # Never stops vLLM from starting: another release gets one warning and vLLM's own builders.
         version = _common.gate_version(
             log, "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=installed_version()

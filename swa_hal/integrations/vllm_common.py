@@ -61,16 +61,21 @@ def installed_version() -> str:
     return version
 
 
+def require_installed() -> None:
+    """A ``VllmNotInstalledError`` saying what to install, where vLLM cannot be imported."""
+    if not vllm_installed():
+        raise VllmNotInstalledError(
+            f"swa_hal.integrations.vllm needs vLLM {_common.supported_text(SUPPORTED_VLLM)}, which is not "
+            "installed: install vLLM itself (swa_hal's [vllm] extra never installs, replaces or downgrades an engine)"
+        )
+
+
 def check_vllm(version: str | None = None) -> str:
     """The installed vLLM's version, or a clear error: not installed, or not a supported release (unless
     ``SWA_HAL_FORCE_ENGINE=1``). For direct use of the builders; vLLM's start-up goes through ``register``,
     which never raises on a version (``SWA_HAL_STRICT=1`` aside)."""
     if version is None:
-        if not vllm_installed():
-            raise VllmNotInstalledError(
-                f"swa_hal.integrations.vllm needs vLLM {_common.supported_text(SUPPORTED_VLLM)}, which is not "
-                "installed: install vLLM itself (swa_hal's [vllm] extra never installs, replaces or downgrades an engine)"
-            )
+        require_installed()
         version = installed_version()
     return _common.require_version(
         "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=version

@@ -2,9 +2,9 @@
 
 An engine captures decode builds in CUDA graphs and runs every build on its hot path, so ``build``,
 ``build_groups`` and the in-place draft-step updates must neither read a device value on the host (``.item()``,
-``.tolist()``, ``int(t)``, ``.cpu()``, ``.numpy()``, a device-to-host ``copy_``: each a sync, and an error
-inside a capture) nor allocate a device tensor (``torch.empty(..., device=...)``, ``t + 1``, ``x.new_zeros``:
-a capture would bake the address in). On a GPU the graph topic catches some of this for real; this topic
+``.tolist()``, ``int(t)``, ``.cpu()``, ``.numpy()``, ``.is_nonzero()``, ``torch.equal``, formatting a tensor, a
+device-to-host ``copy_``: each a sync, and an error inside a capture) nor allocate a device tensor
+(``torch.empty(..., device=...)``, ``t + 1``, ``x.new_zeros``: a capture would bake the address in). On a GPU the graph topic catches some of this for real; this topic
 catches it on a CPU too, by watching every torch call the build makes (``BuildWatch``, a TorchFunctionMode).
 
 On a CPU every tensor is a host tensor, so "device tensor" means what would be on the device: the batch's
@@ -40,10 +40,27 @@ from ..compare import compare_with_reference
 from .fixtures import BackendFixtures, requires
 from .groups import GROUPS, other_groups
 
-# Tensor methods and builtins that hand a device value to the host (each one a sync on a GPU).
+# Tensor methods and builtins that hand a device value to the host (each one a sync on a GPU): formatting a
+# tensor (``f"{t}"``, ``str(t)``) reads its values as ``repr`` does, and ``is_nonzero`` as ``bool`` does.
 HOST_READS = frozenset(
-    {"item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__", "__array__", "__repr__"}
+    {
+        "item",
+        "tolist",
+        "cpu",
+        "numpy",
+        "__int__",
+        "__float__",
+        "__bool__",
+        "__index__",
+        "__array__",
+        "__repr__",
+        "__str__",
+        "__format__",
+        "is_nonzero",
+    }
 )
+# torch functions that compare tensors into a Python bool: a sync when any of their tensors is on the device.
+HOST_COMPARISONS = frozenset({"equal", "allclose"})
 # torch functions that make a new tensor from nothing; with device= (the builder's device) a device allocation.
 FACTORIES = frozenset(
     {
@@ -177,6 +194,8 @@ class BuildWatch(TorchFunctionMode):
         )
         if name in HOST_READS and args and self._is_device(args[0]):
             self.problems.append(f"{label}() reads a device tensor on the host (a sync), at {where}")
+        elif name in HOST_COMPARISONS and device_in:
+            self.problems.append(f"{label}() compares a device tensor on the host (a sync), at {where}")
         elif name == "to" and device_in and self._to_host(args, kwargs):
             self.problems.append(f"{label}(cpu) copies a device tensor to the host (a sync), at {where}")
         elif name == "copy_" and len(args) > 1 and self._is_device(args[1]) and not self._is_device(args[0]):

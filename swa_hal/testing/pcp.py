@@ -8,11 +8,13 @@ no PCP rule of its own). Plain torch on the host, so the same code drives a gloo
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import torch
 
 from ..batch import AttentionBatch
 from ..config import SWAConfig
+from ..errors import ConfigError
 
 
 @dataclasses.dataclass(eq=False)
@@ -56,8 +58,14 @@ def partition(
     ``2C-1-k`` (an empty chunk is no segment). A decode is one segment: with ``shard_decodes`` on rank
     ``n % C`` for the ``n``-th non-empty decode, else on every rank, written by rank 0 only. Requests with
     no tokens (and padding rows past ``qsl[R]``) belong to no rank.
+
+    ``num_ranks`` and ``decode_threshold`` are positive integers, else a ConfigError naming them: 0 ranks
+    would divide by zero, -1 would give no rank at all, and ``True`` would pass for one rank.
     """
-    c = num_ranks
+    for name, value in (("num_ranks", num_ranks), ("decode_threshold", decode_threshold)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ConfigError(name, f"must be a positive integer, got {value!r}")
+    c = int(num_ranks)
     qsl = batch.query_start_loc_cpu.to(torch.int64).tolist()
     seq = _host_seq_lens(batch).tolist()
     num_reqs = len(qsl) - 1

@@ -9,13 +9,13 @@
 #   uses) is copied: the file's other classes (``TestAiterSparseLengthFoldPerStep``,
 #   ``TestLowRatioTargetVerifyHip``) test the AITER length fold and the low-ratio indexer, which swa_hal does not
 #   replace;
-# - the class runs on the CPU: its ``skipUnless(is_hip())`` is dropped and its device is ``cpu``, not ``cuda``
-#   (the methods under test are torch code that runs on any device; a ROCm GPU is what upstream needs to reach
-#   them, since its CI imports the HIP backend only there);
+# - the class runs on the CPU: its ``skipUnless(is_hip())`` is dropped (with the ``is_hip`` import) and its device
+#   is ``cpu``, not ``cuda``
+#   (the methods under test are torch code that runs on any device; upstream runs the class on ROCm only);
 # - the tests that fail on SGLang 0.5.23 are marked strict xfail with the reason: the copy predates 0.5.23's
 #   backend, whose methods read attributes the copy's ``_make_backend`` does not set (``OLDER_BACKEND``: with and
 #   without swa_hal; ``NO_RING_ATTRIBUTE``: on SGLang's own ops only, see there); ``enabled`` (swa_hal's switch,
-#   which tells the two runs apart) is imported for that.
+#   which tells the two runs apart) and ``pytest`` are imported for that.
 #
 # Which tests exercise swa_hal (run with SGLANG_PLUGINS=swa_hal):
 # ``test_block_window_differs_from_the_causal_verify_window`` calls the backend's ``get_swa_page_indices`` and

@@ -133,9 +133,17 @@ $(SGLANG_STAMP): $(SGLANG_BIN)/python pyproject.toml
 	$(SGLANG_PIP) install -q --no-warn-conflicts -e ".[test]"
 	touch $@
 
+# Then SGLang's own unit tests of the ops swa_hal replaces (tests/engines/sglang_upstream, copied from SGLang's
+# repository), twice: against SGLang's own ops (swa_hal's switch off) and with swa_hal's hooks applied by SGLang's
+# plugin loader. CUDA_VISIBLE_DEVICES stays unset there: SGLang's test utilities read its first character.
+SGLANG_UPSTREAM := tests/engines/sglang_upstream
+
 test-sglang: $(SGLANG_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest tests/engines/test_sglang.py \
 		tests/engines/test_sglang_backend.py tests/engines/test_sglang_traffic.py
+	TRITON_INTERPRET=1 SWA_HAL_SGLANG=0 SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest -p no:cacheprovider \
+		$(SGLANG_UPSTREAM)
+	TRITON_INTERPRET=1 SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest -p no:cacheprovider $(SGLANG_UPSTREAM)
 
 # Also what installing the example plugin leaves in it (a stale build/lib would ship inside its next wheel).
 clean:

@@ -1,13 +1,13 @@
 """SGLang's SWA allocator under scheduler-driven traffic: DeepSeek-V4 SWA metadata without a model.
 
-SGLang 0.5.23's ``Scheduler``, ``ScheduleBatch``, ``PrefillAdder``, ``ReqToTokenPool`` and radix caches do not
-import in the SGLang test environment: ``sglang.srt.mem_cache.memory_pool`` (which all of them import) pulls in
-``sglang.srt.configs``, whose package imports every model config through ``transformers`` (and, past it,
-``torchvision``), none of which the environment holds. What does import runs for real: SGLang's SWA allocator
-``SWATokenToKVPoolAllocator`` (``sglang/srt/mem_cache/allocator/swa.py``) over its two
+This driver restates SGLang 0.5.23's scheduler around its SWA allocator; ``sglang_schedule_traffic.py`` runs
+SGLang's own ``ScheduleBatch``, ``PrefillAdder``, ``ReqToTokenPool`` and ``UnifiedRadixCache`` instead, which
+import in the SGLang test environment now that the backend's import chain is installed. This one keeps what the
+real batch cannot drive without a draft model: target-verify steps. What runs for real here: SGLang's SWA
+allocator ``SWATokenToKVPoolAllocator`` (``sglang/srt/mem_cache/allocator/swa.py``) over its two
 ``PagedTokenToKVPoolAllocator``s (``allocator/paged.py``): every slot, the full-to-SWA mapping, every free and
 every SWA tombstone below come from it. It is handed a model-free KV pool (``BaseSWAKVPool``'s attributes,
-``base_swa_memory_pool.py``, restated because its module imports ``memory_pool``). Restated from SGLang's code:
+``base_swa_memory_pool.py``, restated where that module does not import). Restated from SGLang's code:
 ``ReqToTokenPool`` (``mem_cache/memory_pool.py``: row 0 is padding, rows 1.. are handed out), the scheduler's
 choices (``managers/schedule_policy.py``'s ``PrefillAdder``: FIFO under a token budget, chunked prefill, admission
 only while the allocator has the pages), decode retraction when the pools run out (``ScheduleBatch.retract_decode``

@@ -1,7 +1,8 @@
-"""SGLang's SWA allocator under random scheduler-driven traffic (``sglang_traffic``): every step's SWA rows and
-lens from swa_hal, through the plugin's hooks, equal SGLang's own; the traffic is checked to contain what it is
-meant to (prefix hits, chunked extends, decodes, target-verify steps, slot reuse, SWA eviction, cache eviction,
-retraction), so a run that degenerates fails."""
+"""SGLang's SWA allocator under random scheduler-driven traffic (``sglang_traffic``), and SGLang's own
+``ScheduleBatch``, ``PrefillAdder`` and ``UnifiedRadixCache`` under traffic (``sglang_schedule_traffic``): every
+step's SWA rows and lens from swa_hal, through the plugin's hooks, equal SGLang's own; the traffic is checked to
+contain what it is meant to (prefix hits, chunked extends, decodes, target-verify steps, mixed steps, slot reuse,
+SWA eviction, cache eviction, retraction), so a run that degenerates fails."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
+import sglang_schedule_traffic as ST  # noqa: E402
 import sglang_traffic as T  # noqa: E402
 
 from swa_hal.integrations import sglang as integ  # noqa: E402
@@ -61,4 +63,37 @@ def test_traffic_rows_and_lens_equal_sglangs(plugin, seed, page_size):
     engine = T.run(TRAFFIC[page_size], seed, STEPS)
     assert not engine.diffs, engine.diffs[:10]
     missing = [k for k in MUST_HAPPEN if not engine.counts[k]]
+    assert not missing, (missing, dict(engine.counts))
+
+
+# SGLang's own batch, policy and cache: 600 steps per variant (each takes a few seconds).
+SCHEDULED_STEPS = 600
+SCHEDULED_MUST_HAPPEN = (
+    "prefix_hits",
+    "chunked_extends",
+    "decodes",
+    "finished",
+    "slot_reuse",
+    "rows_past_swa_frees",
+    "cache_evicted_tokens",
+    "cache_evicted_swa_tokens",
+    "retractions",
+    "builds_cuda",
+)
+SCHEDULED = {
+    "page64": ST.Traffic(page_size=64),
+    "page64-mixed": ST.Traffic(page_size=64, mixed_chunk=True),
+    "page128": ST.Traffic(page_size=128, token_budget=256),
+}
+
+
+@pytest.mark.parametrize(("seed", "variant"), [(1, "page64"), (2, "page64-mixed"), (3, "page128")])
+def test_sglang_schedule_batch_traffic_rows_and_lens_equal_sglangs(plugin, seed, variant):
+    """The steps come from SGLang's real ``ScheduleBatch`` (extend, mixed and decode batches, retraction),
+    ``PrefillAdder`` and ``UnifiedRadixCache`` (prefix hits, chunk checkpoints, SWA frees, eviction)."""
+    traffic = SCHEDULED[variant]
+    engine = ST.run(traffic, seed, SCHEDULED_STEPS)
+    assert not engine.diffs, engine.diffs[:10]
+    must = SCHEDULED_MUST_HAPPEN + (("mixed_steps",) if traffic.mixed_chunk else ())
+    missing = [k for k in must if not engine.counts[k]]
     assert not missing, (missing, dict(engine.counts))

@@ -9,6 +9,7 @@ another class (ROCm's backend takes its DSpark method from the CUDA backend's) a
 from __future__ import annotations
 
 import contextlib
+import logging
 import pkgutil
 import sys
 from collections.abc import Iterator
@@ -81,3 +82,24 @@ def _is_wrapper_of(value: Any, func: Any) -> bool:
         if seen is func:
             return True
     return False
+
+
+class LogLines(logging.Handler):
+    """Keeps the message of every record of the loggers it is added to."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def fresh_loader_state() -> None:
+    """SGLang's plugin loader and hook registry, and swa_hal's install-once guard, as in a new process."""
+    import sglang.srt.plugins as sgl_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    HookRegistry.reset()
+    integ._install_once.reset()
+    sgl_plugins._plugins_loaded = False

@@ -42,7 +42,7 @@ from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, logged_warnings  # noqa:
 from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import BuildCausalSwaPageIndices  # noqa: E402
 from sglang.kernels.ops.speculative.dspark.dspark_attn_metadata import BuildDsparkSwaRingIndices  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
-from sglang_hooks import Originals  # noqa: E402
+from sglang_hooks import LogLines, Originals, fresh_loader_state  # noqa: E402
 
 from swa_hal import PlatformInfo, SlotRing, SlotRows  # noqa: E402
 from swa_hal.errors import BatchCapacityError, BatchRangeError  # noqa: E402
@@ -55,21 +55,6 @@ BACKENDS = ("torch", *TRITON_BACKENDS)
 CAUSAL_BATCHES = 180
 DSPARK_BATCHES = 40
 SMALL_WINDOWS = (8, 20, 64, 100)  # the ops take any window; SGLang's is 128
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _fresh_loader_state() -> None:
-    HookRegistry.reset()
-    integ._install_once.reset()
-    sgl_plugins._plugins_loaded = False
 
 
 class _CountsSummary:
@@ -110,7 +95,7 @@ def loaded():
     """SGLang's own loader, as every SGLang process runs it (``SGLANG_PLUGINS=swa_hal``)."""
     original = BuildCausalSwaPageIndices.__dict__["execute"]
     original_ring = BuildDsparkSwaRingIndices.__dict__["execute"]
-    ours, sglang_log = _Lines(), _Lines()
+    ours, sglang_log = LogLines(), LogLines()
     logging.getLogger(integ.log.name).addHandler(ours)
     logging.getLogger(integ.log.name).setLevel(logging.INFO)  # SGLang's servers log at INFO
     logging.getLogger("sglang.srt.plugins").addHandler(sglang_log)
@@ -118,7 +103,7 @@ def loaded():
     saved = os.environ.get("SGLANG_PLUGINS")
     os.environ["SGLANG_PLUGINS"] = "swa_hal"
     originals = Originals()  # every target's SGLang function, put back afterwards
-    _fresh_loader_state()
+    fresh_loader_state()
     try:
         sgl_plugins.load_plugins()
         yield SimpleNamespace(ours=ours, sglang=sglang_log, original=original, original_ring=original_ring)
@@ -132,7 +117,7 @@ def loaded():
         BuildCausalSwaPageIndices.execute = original
         BuildDsparkSwaRingIndices.execute = original_ring
         originals.restore()
-        _fresh_loader_state()
+        fresh_loader_state()
         integ.configure()
 
 
@@ -215,7 +200,7 @@ def test_switch_off_leaves_sglang_untouched(isolated_registry, monkeypatch):
 
 def _load_through_sglang():
     """SGLang's own plugin loader, as every SGLang process runs it; returns what its loggers logged."""
-    handler = _Lines()
+    handler = LogLines()
     logging.getLogger("sglang.srt.plugins").addHandler(handler)  # the plugin's logger is its child
     try:
         sgl_plugins._plugins_loaded = False

@@ -31,27 +31,12 @@ from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBacken
 from sglang.srt.layers.attention.deepseek_v4_backend_hip_radix import DeepseekV4HipRadixBackend  # noqa: E402
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
-from sglang_hooks import Originals  # noqa: E402
+from sglang_hooks import LogLines, Originals, fresh_loader_state  # noqa: E402
 
 from swa_hal.integrations import sglang as integ  # noqa: E402
 from swa_hal.testing.request_windows import WINDOW_KINDS, window_case  # noqa: E402
 
 STEPS = 12  # random steps per kind and backend class
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _fresh_loader_state() -> None:
-    HookRegistry.reset()
-    integ._install_once.reset()
-    sgl_plugins._plugins_loaded = False
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +45,13 @@ def hooked():
     which a ROCm server's stale class attribute would be missed; SGLang's own functions are read before."""
     originals = Originals()
     originals.restore()  # whatever an earlier module left hooked
-    ours, registry = _Lines(), _Lines()
+    ours, registry = LogLines(), LogLines()
     logging.getLogger(integ.log.name).addHandler(ours)
     logging.getLogger("sglang.srt.plugins").addHandler(registry)
     logging.getLogger("sglang.srt.plugins").setLevel(logging.INFO)
     saved = os.environ.get("SGLANG_PLUGINS")
     os.environ["SGLANG_PLUGINS"] = "swa_hal"
-    _fresh_loader_state()
+    fresh_loader_state()
     integ.configure()
     try:
         sgl_plugins.load_plugins()
@@ -79,7 +64,7 @@ def hooked():
         else:
             os.environ["SGLANG_PLUGINS"] = saved
         originals.restore()
-        _fresh_loader_state()
+        fresh_loader_state()
         integ.configure()
 
 

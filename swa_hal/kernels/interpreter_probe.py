@@ -1,11 +1,10 @@
 """Can this Triton interpreter run swa_hal's kernels? One tiny kernel built from the constructs they use.
 
 Triton's interpreter runs kernels through numpy, and some pairs of releases cannot run swa_hal's kernels
-there (seen: triton 3.6 with numpy 2.4 cannot turn a loaded count into a loop bound; triton 3.9 refuses
-a mask made of a block and a program-id test). A backend that starts in such an interpreter would fail
-at its first build, after ``warmup()`` and ``swa-hal info --expect`` had reported success; the Triton
-backends run this probe when they start in the interpreter and refuse to start instead, naming the
-versions (docs/kernels.md #triton-versions).
+there (seen: triton 3.6 with numpy 2.4 cannot turn a loaded count into a loop bound). A backend that
+starts in such an interpreter would fail at its first build, after ``warmup()`` and ``swa-hal info
+--expect`` had reported success; the Triton backends run this probe when they start in the interpreter
+and refuse to start instead, naming the versions (docs/kernels.md #triton-versions).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import functools
 import torch
 
 # The versions whose interpreter is known to run the kernels (the [triton] extra admits these).
-WORKING = "triton 3.6 to 3.8 with numpy < 2.4, or triton 3.8 with numpy 2.4"
+WORKING = "triton 3.6 to 3.9 with numpy < 2.4, or triton 3.8 or 3.9 with numpy 2.4"
 
 
 def _kernel() -> object:
@@ -30,8 +29,9 @@ def _kernel() -> object:
         acc = tl.zeros((BLOCK,), dtype=tl.int32)
         for i in range(0, n):
             acc += i
-        # A block mask combined with a program-id test, as the kernels' per-group writes are.
-        tl.store(out_ptr + g * BLOCK + offs, acc + offs, mask=(offs < n) & (g == 0))
+        # A block mask selected by a program-id test, as the kernels' per-group writes are (not `block & test`:
+        # the interpreter widens the test to an int32 block, which triton 3.9 refuses as a mask).
+        tl.store(out_ptr + g * BLOCK + offs, acc + offs, mask=tl.where(g == 0, offs < n, False))
 
     return probe
 

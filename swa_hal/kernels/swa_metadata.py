@@ -423,8 +423,10 @@ def _window_rows(
     )
     valid = slot >= 0
     # Per-request outputs are shared by every KV-cache group: the first group (record_group 0 in a plain
-    # build, 1 in a group build) writes them.
-    shared = row_ok & (record_group <= 1)
+    # build, 1 in a group build) writes them. A select rather than `row_ok & (record_group <= 1)`: Triton's
+    # interpreter widens a scalar comparison to int32 when it meets a block, and triton 3.9's refuses an
+    # int32 mask (docs/kernels.md #triton-versions); compiled, both are one predicate.
+    shared = tl.where(record_group <= 1, row_ok, False)
     tl.store(token_to_req_ptr + tok_at, req, mask=shared)
     tl.store(is_valid_ptr + tok_at, valid, mask=row_ok)
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from swa_hal import SWAConfig  # noqa: E402
-from swa_hal.kernels.launch import num_warps  # noqa: E402
+from swa_hal.kernels.launch import compile_options, num_warps  # noqa: E402
 from swa_hal.kernels.rows_launch import rows_key  # noqa: E402
 from swa_hal.kernels.rows_launch import ROWS_ENGINE, ROWS_POINTERS  # noqa: E402
 from swa_hal.kernels.swa_metadata import swa_metadata_kernel  # noqa: E402
@@ -62,7 +62,7 @@ def main() -> int:
     signature = {n: POINTERS.get(n, "constexpr" if n in constexprs else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in POINTERS and n not in ROWS_ENGINE}
     kernel = triton.compile(ASTSource(kernel_fn, signature, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps()})
+                            target=GPUTarget("cuda", 90, 32), options=compile_options())
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     out = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "swa_hal_sass"
     out.mkdir(parents=True, exist_ok=True)

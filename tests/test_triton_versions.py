@@ -8,13 +8,16 @@ Runs in every environment the suite runs in: ``make test`` (triton 3.6) and the 
   release that changes the call fails this test instead of silently leaving the fast path (or worse,
   passing arguments in the wrong places);
 * the interpreter probe passes here, names the versions where it does not, and keeps a Triton backend
-  from starting where the interpreter cannot run the kernels.
+  from starting where the interpreter cannot run the kernels;
+* swa_hal's compiles ask for every option triton 3.9 warns about when left to its default (FP fusion).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,7 @@ from swa_hal.errors import BackendUnavailableError
 from swa_hal.kernels import interpreter_probe, launch
 
 triton = pytest.importorskip("triton")
+VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
 def _flat(text: str) -> str:
@@ -107,3 +111,63 @@ def test_a_triton_backend_does_not_start_where_the_interpreter_cannot_run_it(mon
         SWAMetadataBuilder(
             config, "cpu", backend="sm12x", platform=PlatformInfo.from_assume("vendor=cuda,capability=12.0")
         )
+
+
+def _fp_fusion_warnings(action) -> list[str]:
+    """The FP-fusion warnings ``action()`` raises, with triton 3.9's once-per-process record of its
+    warnings cleared first (an earlier compile in this process would otherwise hide them)."""
+    warn_once = getattr(importlib.import_module("triton._utils"), "warn_once", None)
+    if hasattr(warn_once, "cache_clear"):
+        warn_once.cache_clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        action()
+    return [str(w.message) for w in seen if "FP_FUSION" in str(w.message)]
+
+
+def test_compile_options_leave_no_fp_fusion_default_to_warn_about(monkeypatch):
+    """Triton 3.9 warns at a compile that leaves FP fusion to its default (``TRITON_DEFAULT_FP_FUSION is
+    unset``). The options every compile passes (``launch.compile_options``), parsed by the installed
+    release's NVIDIA backend as a compile parses them (no GPU needed): no warning, fusion on as the
+    default of 3.6 to 3.9 is, and the warps the kernels ask for."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION", raising=False)
+    backend = CUDABackend(GPUTarget("cuda", 90, 32))
+    parsed = []
+    assert _fp_fusion_warnings(lambda: parsed.append(backend.parse_options(launch.compile_options()))) == []
+    assert parsed[0].enable_fp_fusion is True and parsed[0].num_warps == launch.num_warps()
+    # Without the option, 3.9 warns: what this test sees if a compile stops passing it.
+    left_out = _fp_fusion_warnings(lambda: backend.parse_options({"num_warps": launch.num_warps()}))
+    if VERSION == (3, 9):
+        assert left_out and "TRITON_DEFAULT_FP_FUSION is unset" in left_out[0]
+
+
+@pytest.mark.parametrize(
+    "backend, assume",
+    [
+        ("cuda", "vendor=cuda,capability=9.0"),
+        ("sm12x", "vendor=cuda,capability=12.0"),
+        ("rocm", "vendor=rocm,arch=gfx942"),
+        ("xpu", "vendor=xpu"),
+    ],
+)
+def test_interpreted_builds_raise_no_fp_fusion_warning(monkeypatch, backend, assume):
+    """In the interpreter nothing is compiled, so Triton's compile-time FP-fusion warning has no path
+    there (3.9's interpreter never parses compile options); a warmed build on each Triton backend, its
+    warnings recorded, holds that for the release installed here."""
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION", raising=False)
+    config = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4)
+
+    def build() -> None:
+        import random
+
+        from swa_hal.testing import compare_with_reference, random_batch
+
+        builder = SWAMetadataBuilder(config, "cpu", backend=backend, platform=PlatformInfo.from_assume(assume))
+        builder.warmup()
+        batch = random_batch(config, random.Random(0), "mixed")
+        assert not compare_with_reference(config, batch, builder.build(batch))
+
+    assert _fp_fusion_warnings(build) == []

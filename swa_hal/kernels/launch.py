@@ -74,6 +74,19 @@ def num_warps() -> int:
     return envs.env_int("SWA_HAL_NUM_WARPS") or NUM_WARPS
 
 
+# Floating-point fusion (FMA contraction) as every compile asks for it. The kernels do integer arithmetic
+# only, so it changes no instruction; it is passed because triton 3.9 warns at a compile that leaves it to
+# Triton's default (`TRITON_DEFAULT_FP_FUSION is unset`: the default, on through 3.9, turns off in 3.10).
+# On, as that default has been: the compile options, and so the compiled kernels, stay those of 3.6 to 3.8.
+FP_FUSION = True
+
+
+def compile_options() -> dict[str, Any]:
+    """The options of every compile and of every launch through Triton's own path (the same options, so
+    such a launch finds the variant ``warmup()`` compiled: they are part of Triton's cache key)."""
+    return {"num_warps": num_warps(), "enable_fp_fusion": FP_FUSION}
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -249,7 +262,7 @@ class TritonLaunch:
         # An int's mock value picks its compiled type: 1 is int32, a value past int32 int64.
         mock = [dtypes.get(name, _INT64_MOCK if name in self.INT64 else 1) for name in self._fields]
         constexprs = key.constexprs()
-        kernel = self.fn.warmup(*mock, grid=(1,), num_warps=num_warps(), **constexprs)
+        kernel = self.fn.warmup(*mock, grid=(1,), **compile_options(), **constexprs)
         if hasattr(kernel, "result"):
             kernel = kernel.result()
         self.kernels[key] = kernel
@@ -270,7 +283,7 @@ class TritonLaunch:
         ``self.pointer`` of their tensors."""
         self.launches += 1
         if self.interpreted:
-            self.fn[(grid,)](*self._values(args), num_warps=num_warps(), **key.constexprs())
+            self.fn[(grid,)](*self._values(args), **compile_options(), **key.constexprs())
             return
         entry = self._compiled.get(key)
         if entry is None:

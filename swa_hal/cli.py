@@ -186,8 +186,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         except SWAHalError as exc:
             error = str(exc)
             backend_status = {"error": error}
+    from .kernels.launch import launcher_report
+
     data = {
         "versions": _versions(),
+        "triton_launch": launcher_report(),
         "platform": platform.to_dict(),
         "plugins": [p.to_dict() for p in registry.plugins],
         "plugin_problems": registry.problems,
@@ -239,6 +242,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"python {v['python']}, flash_mla wheel {v['tokenspeed-flashmla'] or 'none'})"
     )
     print(f"platform: {platform.describe()}" + ("  [Triton interpreter on]" if platform.triton_interpret else ""))
+    print(f"NVIDIA compiled launches: {data['triton_launch']['detail']}")
     print("plugins:")
     # Columns as wide as their widest entry: a plugin's name or distribution may be longer than any built-in's.
     dists = [f"{p.dist} {p.version or ''}".strip() if p.dist else "-" for p in registry.plugins]

@@ -9,7 +9,8 @@ Runs in every environment the suite runs in: ``make test`` (triton 3.6) and the 
   passing arguments in the wrong places);
 * the interpreter probe passes here, names the versions where it does not, and keeps a Triton backend
   from starting where the interpreter cannot run the kernels;
-* swa_hal's compiles ask for every option triton 3.9 warns about when left to its default (FP fusion).
+* swa_hal's compiles ask for every option triton 3.9 warns about when left to its default (FP fusion), and
+  ``swa-hal info`` names the launch path the installed release gets.
 """
 
 from __future__ import annotations
@@ -171,3 +172,34 @@ def test_interpreted_builds_raise_no_fp_fusion_warning(monkeypatch, backend, ass
         assert not compare_with_reference(config, batch, builder.build(batch))
 
     assert _fp_fusion_warnings(build) == []
+
+
+def test_info_names_the_launch_path_of_the_installed_triton(capsys):
+    """``swa-hal info`` says whether compiled launches go directly through the installed release's C launch
+    function: 3.6 and 3.7 by the spread layout, 3.8 and 3.9 by the tuple layout."""
+    import json
+
+    from swa_hal.cli import main
+
+    assert main(["info", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["triton_launch"]
+    expected = launch.TUPLE_FORMAT if VERSION >= (3, 8) else launch.SPREAD_FORMAT
+    assert report["layout"] == expected and report["direct"] is True
+    assert report["detail"].startswith(f"direct, through triton {triton.__version__}'s C launch function")
+    assert main(["info"]) == 0
+    assert f"NVIDIA compiled launches: {report['detail']}" in capsys.readouterr().out
+
+
+def test_info_names_a_missing_or_unknown_launcher(monkeypatch):
+    """A layout swa_hal does not know, and a Triton without an NVIDIA launcher, are named as such."""
+    monkeypatch.setattr(launch, "launcher_layout", lambda: None)
+    report = launch.launcher_report()
+    assert report["direct"] is False and "layout is not one swa_hal knows" in report["detail"]
+    assert f"triton {triton.__version__}" in report["detail"]
+    monkeypatch.setattr(launch, "_nvidia_driver", lambda: None)
+    report = launch.launcher_report()
+    assert report == {
+        "layout": None,
+        "direct": False,
+        "detail": f"none: triton {triton.__version__} has no NVIDIA launcher",
+    }

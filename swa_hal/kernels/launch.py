@@ -49,7 +49,7 @@ NUM_WARPS = 4
 # The C launch functions we call directly, by the layout of their arguments (a test holds each against
 # the installed Triton's launcher source, tests/test_triton_versions.py). Triton 3.6 and 3.7: grid (3),
 # stream, function, cooperative grid, PDL, global and profile scratch, kernel metadata, launch metadata,
-# enter and exit hooks, then the kernel's arguments spread out. Triton 3.8: grid, stream, function,
+# enter and exit hooks, then the kernel's arguments spread out. Triton 3.8 and 3.9: grid, stream, function,
 # cooperative grid, PDL, kernel metadata, launch metadata, enter and exit hooks, global and profile
 # scratch, the argument annotations and signature bytes of the launcher, then the kernel's arguments as
 # one tuple. Another layout (another Triton) takes Triton's own launcher wrapper, still correct.
@@ -138,17 +138,23 @@ def _hooks_idle(runtime: Any) -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
-@functools.cache  # the installed Triton does not change within a process; read its source once
-def launcher_layout() -> str | None:
-    """Which C launch layout this Triton's NVIDIA launcher has: ``SPREAD_FORMAT`` (3.6, 3.7),
-    ``TUPLE_FORMAT`` (3.8), or None (another layout, or no NVIDIA backend: the wrapper's path)."""
+def _nvidia_driver() -> Any:
+    """The installed Triton's NVIDIA driver module, when it has one with a ``CudaLauncher``; else None."""
     try:
         from triton.backends.nvidia import driver as nvidia
     except ImportError:
         return None
-    launcher = getattr(nvidia, "CudaLauncher", None)
-    if launcher is None:
+    return nvidia if getattr(nvidia, "CudaLauncher", None) is not None else None
+
+
+@functools.cache  # the installed Triton does not change within a process; read its source once
+def launcher_layout() -> str | None:
+    """Which C launch layout this Triton's NVIDIA launcher has: ``SPREAD_FORMAT`` (3.6, 3.7),
+    ``TUPLE_FORMAT`` (3.8, 3.9), or None (another layout, or no NVIDIA backend: the wrapper's path)."""
+    nvidia = _nvidia_driver()
+    if nvidia is None:
         return None
+    launcher = nvidia.CudaLauncher
     if getattr(nvidia, "_BASE_ARGS_FORMAT", None) == SPREAD_FORMAT:
         return SPREAD_FORMAT
     import inspect
@@ -157,6 +163,30 @@ def launcher_layout() -> str | None:
     if call == _TUPLE_CALL and "arg_annotations" in inspect.getsource(launcher.__init__):
         return TUPLE_FORMAT
     return None
+
+
+def launcher_report() -> dict[str, Any]:
+    """How compiled launches on an NVIDIA GPU go under the installed Triton (``swa-hal info``): directly
+    through the C launch function of a layout recognised here, or why not (no Triton, no NVIDIA launcher,
+    a layout this release of swa_hal does not know, whose launches take Triton's own wrapper)."""
+    try:
+        import triton
+    except ImportError:
+        return {"layout": None, "direct": False, "detail": "none: triton is not installed"}
+    version = triton.__version__
+    layout = launcher_layout()
+    if layout is not None:
+        how = "arguments spread" if layout == SPREAD_FORMAT else "arguments as one tuple"
+        detail = f"direct, through triton {version}'s C launch function ({how}: {layout!r})"
+        return {"layout": layout, "direct": True, "detail": detail}
+    if _nvidia_driver() is None:
+        detail = f"none: triton {version} has no NVIDIA launcher"
+    else:
+        detail = (
+            f"through Triton's own launcher wrapper: triton {version}'s C launch layout is not one swa_hal "
+            "knows (correct, a few microseconds slower per launch)"
+        )
+    return {"layout": None, "direct": False, "detail": detail}
 
 
 def _direct_launch(kernel: Any) -> tuple[Any, tuple[Any, ...], bool] | None:

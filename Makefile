@@ -99,6 +99,38 @@ test-vllm: $(VLLM_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= $(VLLM_BIN)/python -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist worksteal $(VLLM_CORE_TESTS)
 
+# The library's whole suite (`make test`'s, VLLM_CORE_TESTS among it) on the pair the engines' next releases
+# move to: torch 2.15.0 with triton 3.9.0 (and numpy 2.4, which 3.9's interpreter runs), in .venv-torch-2.15.0.
+# torch 2.15.0 on the registry is a CUDA build that runs on the CPU, but it does not import without its CUDA
+# libraries (libtorch_python links libtorch_cuda, which links cuDNN, cuBLAS, NCCL, ...): they come with it,
+# about 2.9 GB of wheels (a minute or two to fetch, once per machine's pip cache). No vLLM there: vLLM 0.34
+# pins torch 2.14, and VLLM_CORE_TESTS import none of it. The test tools come by name (the `test` extra pins
+# `make test`'s triton 3.6). A machine's pip configuration may cap torch below 2.15 (this project's machines
+# cap it at the builds on their disk): the pins here are exact, so these installs read no pip configuration.
+NEXT_TORCH ?= 2.15.0
+NEXT_TRITON ?= 3.9.0
+NEXT_VENV := .venv-torch-$(NEXT_TORCH)
+NEXT_BIN := $(NEXT_VENV)/bin
+NEXT_PIP := PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT= $(NEXT_BIN)/python -m pip
+NEXT_STAMP := $(NEXT_VENV)/.swa-hal-installed
+
+.PHONY: test-torch-next
+
+$(NEXT_BIN)/python:
+	$(PYTHON) -m venv $(NEXT_VENV)
+
+$(NEXT_STAMP): $(NEXT_BIN)/python pyproject.toml $(EXAMPLE)/pyproject.toml
+	@echo "make test-torch-next: installing torch $(NEXT_TORCH) (a CUDA build, with its CUDA libraries) and triton $(NEXT_TRITON) into $(NEXT_VENV) (a few minutes, once)"
+	$(NEXT_PIP) install -q torch==$(NEXT_TORCH) triton==$(NEXT_TRITON) "numpy>=2.4,<2.5"
+	$(NEXT_PIP) install -q --no-deps -e .
+	$(NEXT_PIP) install -q pluggy pyyaml packaging "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" "tqdm>=4.60" "setuptools>=64"
+	$(NEXT_PIP) install -q --no-deps ./$(EXAMPLE)
+	touch $@
+
+test-torch-next: $(NEXT_STAMP)
+	$(NEXT_BIN)/python -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+	$(NEXT_BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+
 # swa_hal inside SGLang 0.5.23 (tests/engines/test_sglang.py), in its own environment: the CPU torch above,
 # SGLang's wheel without its dependencies (they pin a CUDA torch 2.14), and what the import chain of its
 # plugin framework and DeepSeek-V4 metadata ops needs, pinned to versions that import together (msgspec is
@@ -147,5 +179,5 @@ test-sglang: $(SGLANG_STAMP)
 
 # Also what installing the example plugin leaves in it (a stale build/lib would ship inside its next wheel).
 clean:
-	rm -rf $(VENV) .venv-vllm-* .venv-sglang .pytest_cache .hypothesis build dist *.egg-info \
+	rm -rf $(VENV) .venv-vllm-* .venv-torch-* .venv-sglang .pytest_cache .hypothesis build dist *.egg-info \
 		$(EXAMPLE)/build $(EXAMPLE)/dist $(EXAMPLE)/src/*.egg-info

@@ -107,6 +107,8 @@ test-vllm: $(VLLM_STAMP)
 # pins torch 2.14, and VLLM_CORE_TESTS import none of it. The test tools come by name (the `test` extra pins
 # `make test`'s triton 3.6). A machine's pip configuration may cap torch below 2.15 (this project's machines
 # cap it at the builds on their disk): the pins here are exact, so these installs read no pip configuration.
+# Measured on a 2-core machine shared with other work: the install 4 min 15 s (wheels in pip's cache; ~3 GB
+# more to fetch on a fresh machine), the suite 3298 tests in 19 min of wall time, 8 min of CPU.
 NEXT_TORCH ?= 2.15.0
 NEXT_TRITON ?= 3.9.0
 NEXT_VENV := .venv-torch-$(NEXT_TORCH)

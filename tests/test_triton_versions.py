@@ -1,7 +1,7 @@
 """The kernels on the Triton releases swa_hal supports (docs/kernels.md #triton-versions).
 
-Runs in every environment the suite runs in: ``make test`` (triton 3.6) and the engine environments
-(``make test-vllm``: triton 3.8 under vLLM 0.34, 3.6 under 0.33). What each checks:
+Runs in every environment the suite runs in: ``make test`` (triton 3.6), the engine environments
+(``make test-vllm``: triton 3.8 under vLLM 0.34, 3.6 under 0.33) and ``make test-torch-next`` (triton 3.9). What each checks:
 
 * the compiled launch's fast path (``kernels/launch.py``) calls Triton's C launch function with the
   argument layout of the installed release: the launcher source shipped with it is read here, so a

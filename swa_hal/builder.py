@@ -178,6 +178,8 @@ class SWAMetadataBuilder:
         self.decode_threshold = config.decode_threshold
         self._group_buffers = [self.buffers.group(g) for g in range(config.num_kv_groups)]
         self._lens_high_water = [0] * config.num_kv_groups
+        # The version counter of the zero bounds handed out as md.replay_start of a build without bounds.
+        self._no_replay_version = self.buffers.no_replay_start._version
         # Views of the fixed buffers by build shape, and objects derived from engine tensors by their
         # identity (swa_hal/cache.py): what a build would otherwise make again every step.
         self._cache = HostCache()
@@ -375,6 +377,12 @@ class SWAMetadataBuilder:
                     high[g] = ndt
         replay = inputs.replay_start
         if replay is None:
+            zeros = self.buffers.no_replay_start
+            if zeros._version != self._no_replay_version:
+                # A caller wrote into the md.replay_start an earlier build handed out (every in-place torch
+                # write bumps the counter): zero it again before a kernel reads it (#fixed-buffers).
+                zeros.zero_()
+                self._no_replay_version = zeros._version
             replay = self._cache.get(("replay", num_reqs))
             if replay is None:
                 replay = self._cache.keep(("replay", num_reqs), self.buffers.no_replay_start[:num_reqs])

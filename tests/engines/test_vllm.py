@@ -49,6 +49,7 @@ from swa_hal.integrations import vllm as integ
 from swa_hal.integrations import vllm_common
 from swa_hal.reference import build_reference
 from swa_hal.schedulers import no_schedulers
+from swa_hal.step_inputs import StepInputs
 
 CPU = torch.device("cpu")
 SEED = 20261130
@@ -1710,6 +1711,63 @@ def test_step_builds_update_each_draft_step_in_one_grouped_update(
             diffs = rig.diffs(want, got, batch, tables, slots, variant)
             assert not diffs, f"{backend} {kind} {layout} draft step {step}:\n" + "\n".join(diffs)
             COUNTS["step_draft_updates"] += 1
+
+
+class TaggedInputs(StepInputs):
+    """A step's inputs as a type of their own, the stand-in for an input vLLM's metadata has no field for: an
+    update that rebuilds the inputs from vLLM's named fields makes a plain ``StepInputs`` and drops it."""
+
+    __slots__ = ()
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("step_builds", [False, True])
+def test_a_draft_update_carries_the_builds_own_inputs(
+    plugin_log, vllm_configs, rocm, monkeypatch, step_builds, backend
+):
+    """Every draft-step update of vLLM's metadata runs on the inputs its build read (``SWAMetadata.inputs``),
+    alone or in a step build: none is made again from vLLM's fields, where an input it has no field for
+    would fall back to its default (docs/semantics.md #draft-updates)."""
+    from swa_hal import backend as B
+    from swa_hal.integrations import engine, vllm_step
+
+    made = engine.inputs_from_common_metadata
+    tagged = lambda *a, **kw: TaggedInputs(*made(*a, **kw))  # noqa: E731
+    monkeypatch.setattr(engine, "inputs_from_common_metadata", tagged)
+    monkeypatch.setattr(vllm_step, "inputs_from_common_metadata", tagged)
+    seen = []
+    update_inputs = B.update_inputs
+    monkeypatch.setattr(B, "update_inputs", lambda md: seen.append(update_inputs(md)) or seen[-1])
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    variant = "v4_mtp2_w6b8"
+    rng = random.Random(f"{SEED}-{backend}-{step_builds}-update-inputs")
+    native_cls = sparse_swa.DeepseekSparseSWAMetadataBuilder
+    if step_builds:
+        layout = H.StepLayout(3, (0, 2))
+        rig = StepRig(variant, vllm_configs, native_cls, layout, **kw)
+        batch, tables, slots, ib, state = rig.draw(rng, "mtp")
+        want = rig.build(rig.native_groups, batch, tables, slots, ib, state)
+        got = rig.build(rig.our_groups, batch, tables, slots, ib, state)
+    else:
+        native, ours, cfg = builders(native_cls, variant, vllm_configs, **kw)
+        batch, ranges = H.draw(cfg, rng, "mtp", replay=0.5, extra_pages=1)
+        got_native, got_ours = build_both(native, ours, batch, ranges)
+    for _ in range(2):
+        seen.clear()
+        if step_builds:
+            H.advance_draft_step_groups(batch, tables, slots, rig.cfg.block_size)
+            for groups, theirs in zip(rig.our_groups, rig.native_groups):
+                for group, native_group in zip(groups, theirs):
+                    native_group.update_draft_decode_metadata(want)
+                    group.update_draft_decode_metadata(got)
+            diffs = rig.diffs(want, got, batch, tables, slots, variant)
+        else:
+            advance_draft_step(batch, cfg.block_size)
+            native.update_draft_decode_metadata(got_native)
+            ours.update_draft_decode_metadata(got_ours)
+            diffs = H.compare(got_native, got_ours, batch, **chunk_args(variant))
+        assert not diffs, "\n".join(diffs)
+        assert seen and all(type(inputs) is TaggedInputs for inputs in seen), [type(i).__name__ for i in seen]
 
 
 def _last_step_line(plugin_log):

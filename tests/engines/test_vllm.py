@@ -1851,7 +1851,10 @@ def test_without_step_builds_each_group_builds_alone(plugin_log, vllm_configs, r
 def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm, monkeypatch):
     """Builders called outside ``prepare_attn`` (model runner V1's loop, or any direct call) build alone;
     inside a step, a group whose inputs are not the step's (another slot mapping, other shared inputs)
-    builds alone too, and the step build serves the others; each result equals vLLM's own build."""
+    builds alone too, and the step build serves the others; each result equals vLLM's own build. A direct
+    integrator that writes into a step's input between two groups' asks (vLLM never does): the step build
+    read the old values, so each later group whose tensors changed (a version counter moved) builds alone
+    from the new ones (docs/engines.md, step builds)."""
     from swa_hal.integrations import vllm_step
 
     variant = "v41_mtp1_w7b16"
@@ -1860,6 +1863,7 @@ def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm,
     rig = StepRig(variant, vllm_configs, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, layout, backend="torch")
     calls = Calls(monkeypatch)
     batch, tables, slots, ib, state = rig.draw(rng, "mixed")
+    batch = dataclasses.replace(batch, replay_start=torch.zeros_like(batch.seq_lens))
     rig.build(rig.our_groups, batch, tables, slots, ib, state)  # the plan and its builder exist
 
     def group_step(j, **changes):
@@ -1895,52 +1899,25 @@ def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm,
         assert calls.take() == {"build": 1}
     check(0, group_step(0))  # the step closed: alone again
     assert calls.take() == {"build": 1}
-
-
-def test_an_input_changed_in_place_after_the_step_build_builds_alone(plugin_log, vllm_configs, rocm, monkeypatch):
-    """A direct integrator that writes into a step's input between two groups' asks (vLLM never does): the
-    step build read the old values, so each later group whose tensors changed (a version counter moved)
-    builds alone from the new ones and equals vLLM's build of them (docs/engines.md, step builds)."""
-    from swa_hal.integrations import vllm_step
-
-    variant = "v41_mtp1_w7b16"
-    rng = random.Random(f"{SEED}-step-in-place")
-    layout = H.StepLayout(4, (0, 1, 3))
-    rig = StepRig(variant, vllm_configs, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, layout, backend="torch")
-    calls = Calls(monkeypatch)
-    batch, tables, slots, ib, state = rig.draw(rng, "mixed")
-    batch = dataclasses.replace(batch, replay_start=torch.zeros_like(batch.seq_lens))
-    rig.build(rig.our_groups, batch, tables, slots, ib, state)
-
-    def check(j):
-        step = dataclasses.replace(batch, block_table=tables[layout.swa[j]], slot_mapping=slots[layout.swa[j]])
-        want = rig.natives[j].build(0, H.common_metadata(step), replay_start=batch.replay_start)
-        got = rig.ours[j].build(0, H.common_metadata(step), replay_start=batch.replay_start)
-        diffs = H.compare(want, got, step, **chunk_args(variant))
-        assert not diffs, "\n".join(diffs)
-
-    calls.take()
     with vllm_step.open_step(tables, slots, rig.our_groups, 0):
-        check(0)
+        check(0, group_step(0))
         assert calls.take() == {"build_groups": 1}
-        # A shared input: each request's window now starts at its first query token (#bounded-replay),
-        # so every later group builds alone, from the new bounds.
-        query_lens = batch.query_start_loc[1:] - batch.query_start_loc[:-1]
-        batch.replay_start.copy_(batch.seq_lens - query_lens)
+        # A shared input written in place: each request's window now starts at its first query token
+        # (#bounded-replay), so every later group builds alone, from the new bounds.
+        batch.replay_start.copy_(batch.seq_lens - (batch.query_start_loc[1:] - batch.query_start_loc[:-1]))
         assert bool(batch.replay_start.any())
-        check(1)
-        check(2)
+        check(1, group_step(1))
+        check(2, group_step(2))
         assert calls.take() == {"build": 2}
     batch.replay_start.zero_()
     with vllm_step.open_step(tables, slots, rig.our_groups, 0):
-        check(0)
+        check(0, group_step(0))
         assert calls.take() == {"build_groups": 1}
-        table = tables[layout.swa[2]]
-        table[0, 0] = table[0, 0] + 1  # one group's own table
-        check(2)
+        tables[layout.swa[2]][0, 0] += 1  # one group's own table
+        check(2, group_step(2))
         assert calls.take() == {"build": 1}
         slots[layout.swa[1]][0] = -1  # the stacked slot mappings, one row
-        check(1)
+        check(1, group_step(1))
         assert calls.take() == {"build": 1}
 
 

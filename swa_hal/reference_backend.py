@@ -143,7 +143,7 @@ class TorchBackend(Backend):
             self._terms[causal] = torch.zeros((torch_rows.TERMS, seqs), dtype=torch.int32, device=self.device)
         self._guard = TorchGuard(seqs, buffers.capacity, self.device)
         self._limit = block_limit(cfg)
-        self._probe = torch_rows.RowProbe(self._limit)
+        self._probe = torch_rows.RowProbe(self._limit, cfg.block_size)
         self._shapes = HostCache(limit=256)  # kept as the host cache keeps (swa_hal/cache.py)
 
     def _shape(self, plan: BuildPlan, buffers: MetadataBuffers) -> _Shape:
@@ -272,6 +272,13 @@ class TorchBackend(Backend):
             if dspark_rows:
                 torch_rows.empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
         dec_guard, pre_guard = (s.dec_guard, s.pre_guard) if guard else (None, None)
+        # Rule 17 (builds, not draft updates): each part's rows hold their slot_mapping entries.
+        own_slots = plan.build_checks and (guard or probe is not None)
+        dec_slots = pre_slots = None
+        if own_slots:
+            slot_mapping = batch.slot_mapping
+            dec_slots, pre_slots = slot_mapping[:ndt], slot_mapping[ndt : ndt + npt]
+        self._own_slots(dec_guard, probe, dec_slots, s.rows[:ndt])
         if ndt:
             if plan.causal:
                 torch_rows.fill_causal_rows(
@@ -290,6 +297,9 @@ class TorchBackend(Backend):
                 )
             else:
                 # The builder checked the row widths on the host already: no device sync here.
+                own_pos = None
+                if dec_slots is not None:  # p = S_r - qsl[r + 1] + t
+                    own_pos = torch.sub(seq, ends).index_select(0, s.dec_req).add_(s.rows[:ndt])
                 torch_rows.fill_dspark_rows(
                     table,
                     s.dec_req,
@@ -301,12 +311,14 @@ class TorchBackend(Backend):
                     ws=ws,
                     guard=dec_guard,
                     probe=probe,
+                    own_pos=own_pos,
                 )
             if probe is not None and not probe.clean:
                 return False
         if s.clear is not None:
             s.clear.zero_()
         if npt:
+            self._own_slots(pre_guard, probe, pre_slots, s.rows[ndt : ndt + npt])
             left = right = None
             if plan.images:
                 s.dec_left.zero_()
@@ -358,6 +370,19 @@ class TorchBackend(Backend):
         if guard:
             self._guard.record(buffers.violation, nreq + ndt + npt, buffers.record_group)
         return True
+
+    @staticmethod
+    def _own_slots(
+        guard: torch_rows.RowGuard | None,
+        probe: torch_rows.RowProbe | None,
+        slots: torch.Tensor | None,
+        tokens: torch.Tensor,
+    ) -> None:
+        """Point the next fill's rule 17 at ``slots`` (None: not checked) and its rows' ``tokens``."""
+        if guard is not None:
+            guard.slots, guard.tokens = slots, tokens
+        if probe is not None:
+            probe.slots = slots
 
     @staticmethod
     def _padding_slots(batch: AttentionBatch, qsl: torch.Tensor, num_reqs: int, num_tokens: int) -> bool:

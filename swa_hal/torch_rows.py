@@ -276,14 +276,14 @@ class RowProbe:
         self.clean = self.clean and int(lowest) >= 0 and int(highest) < self.limit
 
     def see_slots(
-        self, table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor
+        self, table: torch.Tensor, req: torch.Tensor, pos1: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor
     ) -> None:
         """Rule 17: every row with entries (a valid token's) holds its own slot in ``slots``, by ``table``
-        at position ``pos``. Through numpy: the same memory without torch's per-op dispatch."""
+        at position ``pos1 - 1``. Through numpy: the same memory without torch's per-op dispatch."""
         if not self.clean:
             return
         block_size = self.block_size
-        p = pos.numpy()
+        p = pos1.numpy() - 1
         page = np.clip(p // block_size, 0, table.shape[1] - 1)
         own = table.numpy()[req.numpy(), page].astype(np.int64) * block_size + p % block_size
         self.clean = not bool(((own != slots.numpy()) & (lens.numpy() > 0) & (p >= 0)).any())
@@ -301,7 +301,7 @@ def _fill_rows(
     guard: RowGuard | None = None,
     lens_in_range: bool = True,
     probe: RowProbe | None = None,
-    own_pos: torch.Tensor | None = None,
+    own_pos1: torch.Tensor | None = None,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1 (``start >= 0``).
 
@@ -315,8 +315,8 @@ def _fill_rows(
     #guarded-builds), rows that read past the table or a block id outside ``[0, guard.limit)`` are emptied
     (their lens zeroed before the columns are laid out) and reported in ``guard``; the pages below a row's
     first are then left out of its block check. ``lens_in_range``: whether every lens lies in [0, width]
-    already. With ``probe``, the pages' last and blocks are only looked at (``RowProbe``). ``own_pos``: each
-    row's token position, where rule 17 is checked (``RowGuard.slots``, ``RowProbe.slots``).
+    already. With ``probe``, the pages' last and blocks are only looked at (``RowProbe``). ``own_pos1``: each
+    row's token position + 1, where rule 17 is checked (``RowGuard.slots``, ``RowProbe.slots``).
     """
     width = out.shape[1]
     t = v.tables
@@ -352,8 +352,8 @@ def _fill_rows(
     torch.index_select(table.view(-1), 0, v.flat_pages, out=v.flat_blocks)
     if probe is not None:
         probe.see_blocks(blocks)
-        if probe.slots is not None and own_pos is not None:
-            probe.see_slots(table, req, own_pos, lens, probe.slots)
+        if probe.slots is not None and own_pos1 is not None:
+            probe.see_slots(table, req, own_pos1, lens, probe.slots)
     if guard is not None:
         torch.clamp(blocks, 0, guard.limit - 1, out=v.clamped)
         torch.ne(blocks, v.clamped, out=v.bad)
@@ -364,8 +364,8 @@ def _fill_rows(
         torch.where(off_table, ws.c[PAGES], ws.c[BLOCK], out=guard.kind)
         page_value = torch.clamp_min(v.first, table_width, out=v.page_value)  # the first page past the table
         torch.where(off_table, page_value, v.block_value, out=guard.value)
-        if guard.slots is not None and own_pos is not None:
-            _own_slot_rule(table, req, own_pos, lens, block_size, guard, broken)
+        if guard.slots is not None and own_pos1 is not None:
+            _own_slot_rule(table, req, own_pos1 - 1, lens, block_size, guard, broken)
         torch.where(broken, req, ws.c[NO_KEY], out=guard.key)
         lens.masked_fill_(broken, ws.c[0])
         if kept is not lens:
@@ -497,9 +497,7 @@ def fill_causal_rows(
     # keeps its first `width` positions (#vision-spans, #engine-parity). Invalid tokens: empty.
     torch.sub(end, start, out=lens).clamp_(0, width)
     torch.where(valid, lens, ws.c[0], out=lens)
-    checks_slots = (guard is not None and guard.slots is not None) or (probe is not None and probe.slots is not None)
-    own_pos = torch.sub(pos1, ws.c[1]) if checks_slots else None
-    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, probe=probe, own_pos=own_pos)
+    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, probe=probe, own_pos1=pos1)
 
 
 def fill_dspark_rows(
@@ -514,11 +512,11 @@ def fill_dspark_rows(
     ws: RowWorkspace,
     guard: RowGuard | None = None,
     probe: RowProbe | None = None,
-    own_pos: torch.Tensor | None = None,
+    own_pos1: torch.Tensor | None = None,
 ) -> None:
     """DSpark rows (``reference.noncausal_window_rows``) of the token rows with owners ``req`` and validity ``valid``,
-    from ``request_terms(causal=False)``; into ``out`` [n, width] and ``lens`` [n]. ``own_pos``: each row's
-    token position, where rule 17 is checked."""
+    from ``request_terms(causal=False)``; into ``out`` [n, width] and ``lens`` [n]. ``own_pos1``: each row's
+    token position + 1, where rule 17 is checked."""
     rows, width = out.shape
     v = ws.space(block_size, width).views(rows)
     torch.index_select(terms, 1, req, out=v.terms)
@@ -539,5 +537,5 @@ def fill_dspark_rows(
         guard,
         lens_in_range=False,
         probe=probe,
-        own_pos=own_pos,
+        own_pos1=own_pos1,
     )

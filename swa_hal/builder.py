@@ -394,6 +394,9 @@ class SWAMetadataBuilder:
             padded[: replay.shape[0]].copy_(replay)
             padded[replay.shape[0] :].zero_()
             replay = padded
+        host_seq = None
+        if npf and self.guard and inputs.seq_lens_cpu is not None:
+            host_seq = self._held_host_seq(inputs.seq_lens_cpu, num_reqs)
         spans = inputs.image_spans
         images = spans is not None and npt > 0 and self.config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         plan = BuildPlan(
@@ -414,8 +417,20 @@ class SWAMetadataBuilder:
             max_query_len=mql,
             decode_query_max=min(mql, threshold),
             group_rows=group_rows,
+            host_seq_lens=host_seq,
         )
         return plan, query
+
+    def _held_host_seq(self, seq_cpu: torch.Tensor, num_reqs: int) -> torch.Tensor | None:
+        """The host copy of seq_lens where the guard's rows read it (rule 15, docs/semantics.md #guarded-builds):
+        copied into the builder's buffer in stream order, without a sync (a memory copy on a CPU builder),
+        so the kernels read a buffer of the builder's, never the caller's host memory; none during CUDA
+        graph capture, where a copy from host memory cannot be recorded: rule 15 is then not checked."""
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        held = self.buffers.host_seq_lens[:num_reqs]
+        held.copy_(seq_cpu[:num_reqs], non_blocking=True)
+        return held
 
     def _host_array(self, t: torch.Tensor) -> np.ndarray:
         """``t.numpy()``, reused for the same memory seen the same way (swa_hal/cache.py)."""

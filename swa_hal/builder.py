@@ -425,11 +425,20 @@ class SWAMetadataBuilder:
         """The host copy of seq_lens where the guard's rows read it (rule 15, docs/semantics.md #guarded-builds):
         copied into the builder's buffer in stream order, without a sync (a memory copy on a CPU builder),
         so the kernels read a buffer of the builder's, never the caller's host memory; none during CUDA
-        graph capture, where a copy from host memory cannot be recorded: rule 15 is then not checked."""
+        graph capture, where a copy from host memory cannot be recorded: rule 15 is then not checked.
+        A device builder stages the values in pageable memory of its own first: a non-blocking copy from
+        an engine's pinned buffer would read it when the stream gets there, after the engine may have
+        rewritten it for its next step (a false record, rows emptied); one from pageable memory has read
+        it by the time the call returns."""
+        held = self.buffers.host_seq_lens[:num_reqs]
+        if self.device.type == "cpu":
+            held.copy_(seq_cpu[:num_reqs])
+            return held
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        held = self.buffers.host_seq_lens[:num_reqs]
-        held.copy_(seq_cpu[:num_reqs], non_blocking=True)
+        stage = self.buffers.host_seq_stage[:num_reqs]
+        stage.copy_(seq_cpu[:num_reqs])
+        held.copy_(stage, non_blocking=True)
         return held
 
     def _host_array(self, t: torch.Tensor) -> np.ndarray:

@@ -9,7 +9,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.swa-hal-installed
 EXAMPLE := examples/swa-hal-example-backend
 
-.PHONY: run test lint bench install clean matrix
+.PHONY: run test lint bench install clean matrix dist check-dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,18 @@ lint: $(STAMP)
 RESULTS ?= benchmarks/out
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_build.py --out $(RESULTS)
+
+# The release build: `make dist` builds the sdist and, from it, the wheel into dist/ (python -m build, in an
+# isolated environment with the build requirements of pyproject.toml); `make check-dist` checks them with
+# .ci/check_dist.py, the check of the release workflow (.github/workflows/release.yml) and tests/test_dist.py:
+# their contents against pyproject.toml, then the wheel installed into a fresh environment with $(TORCH), where
+# `swa-hal info` and the conformance kit (torch backend) run.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+
+check-dist: dist
+	$(BIN)/python .ci/check_dist.py --install --torch "$(TORCH)" dist
 
 # swa_hal inside vLLM (tests/engines/test_vllm.py), one environment per vLLM release so switching never rebuilds
 # the other: `make test-vllm` runs against vLLM 0.34.0 in .venv-vllm-0.34.0, `make test-vllm VLLM=vllm==0.33.0`

@@ -9,7 +9,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.swa-hal-installed
 EXAMPLE := examples/swa-hal-example-backend
 
-.PHONY: run test lint bench install clean matrix dist check-dist
+.PHONY: run test lint bench install clean matrix dist check-dist plugin-template
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ lint: $(STAMP)
 RESULTS ?= benchmarks/out
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_build.py --out $(RESULTS)
+
+# `swa-hal new-backend` writes a plugin from swa_hal/plugin_template/, a copy of the example plugin's tracked
+# files (each with .tmpl appended) packaged inside swa_hal so the command works from a wheel. After changing the
+# example, refresh the copy with this (tests/test_plugin_template.py fails while they differ).
+plugin-template:
+	rm -rf swa_hal/plugin_template
+	git -C $(EXAMPLE) ls-files | while read -r f; do \
+		mkdir -p "swa_hal/plugin_template/$$(dirname "$$f")" && cp "$(EXAMPLE)/$$f" "swa_hal/plugin_template/$$f.tmpl"; done
 
 # The release build: `make dist` builds the sdist and, from it, the wheel into dist/ (python -m build, in an
 # isolated environment with the build requirements of pyproject.toml); `make check-dist` checks them with

@@ -5,13 +5,13 @@
     python .ci/check_dist.py [--build [--no-isolation]] [--install [--torch SPEC]] [--tag vX.Y.Z] DIST
 
 --build      first build both into DIST from a copy of this checkout's files (so nothing is written into it)
---install    then install the wheel into a fresh environment outside the checkout and run `swa-hal info` and
-             the conformance kit against the torch backend there (what a user's `pip install swa-hal` gets)
+--install    then install the wheel into a fresh environment outside the checkout and run `swa-hal info`, the
+             conformance kit against the torch backend and `swa-hal new-backend` there (what `pip install` gets)
 --torch      what pip installs as torch there, split like a shell line (default: $SWA_HAL_DIST_TORCH or torch)
 --tag        the release tag: the built version must be the tag without its leading "v"
 
 The contents are checked against this checkout: every module of every package pyproject.toml builds (swa_hal and
-the built-in backends) and py.typed in the wheel and at its source path in the sdist, the wheel's entry points
+the built-in backends), py.typed and the plugin template in the wheel and at its source path in the sdist, the wheel's entry points
 exactly as pyproject.toml declares them (every group, every name, every target, each target's module inside the
 wheel), nothing else at the wheel's top level (no tests/, benchmarks/, examples/, configs/), and in the sdist
 what building the wheel again reads (pyproject.toml as checked in, README.md, LICENSE, PKG-INFO). `python -m build`
@@ -76,13 +76,12 @@ def package_files(root: Path = ROOT) -> dict[str, str]:
                 re.fullmatch(pat.replace("*", ".*"), top.name) for pat in find["include"]
             ):
                 continue
-            for path in sorted(top.rglob("*")):
-                if "__pycache__" in path.parts or not path.is_file():
-                    continue
-                rel = path.relative_to(base).as_posix()
-                package = rel.split("/")[0]
-                if path.suffix == ".py" or path.name in data.get(package, []):
-                    out[rel] = path.relative_to(root).as_posix()
+            # Its modules, and the files its package-data patterns name (glob patterns, relative to the package).
+            files = {path for path in top.rglob("*.py") if "__pycache__" not in path.parts}
+            for pattern in data.get(top.name, []):
+                files.update(path for path in top.glob(pattern) if path.is_file())
+            for path in sorted(files):
+                out[path.relative_to(base).as_posix()] = path.relative_to(root).as_posix()
     return out
 
 
@@ -244,6 +243,19 @@ def check_install(wheel: Path, version: str, torch: list[str], problems: list[st
             problems.append(
                 f"install: swa_hal was imported from {where.stdout.strip()}, not from the fresh environment"
             )
+        # The plugin template is package data: `swa-hal new-backend` must work from the wheel, not only a clone.
+        say("writing a plugin with swa-hal new-backend there, installing it and selecting its backend")
+        plugin = work / "swa-hal-acme-backend"
+        if run(
+            [str(work / "env" / "bin" / "swa-hal"), "new-backend", "acme", "--dir", str(plugin)],
+            work,
+            problems,
+            "swa-hal new-backend acme",
+        ) and run(
+            [*pip, "--no-deps", str(plugin)], work, problems, "pip install of the plugin swa-hal new-backend wrote"
+        ):
+            info = [str(work / "env" / "bin" / "swa-hal"), "info", "--assume", "vendor=acme", "--expect", "acme"]
+            run(info, work, problems, "swa-hal info --expect acme (the plugin swa-hal new-backend wrote)")
         say("running the conformance kit against the torch backend there")
         kit = "-m pytest -q -p no:cacheprovider -p swa_hal.testing.plugin --pyargs swa_hal.testing.suite"
         kit += " --swa-hal-backend torch"

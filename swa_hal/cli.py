@@ -1,4 +1,4 @@
-"""The ``swa-hal`` command: info | build | bench | warmup | matrix.
+"""The ``swa-hal`` command: info | build | bench | warmup | matrix | new-backend.
 
 Run without a command, it prints this help to stderr and exits 2 (a usage error, like any other).
 Reports go to stdout; every error and warning goes to stderr, one line each.
@@ -600,6 +600,20 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- new-backend --------------------------------------------------------------------------------
+
+
+def cmd_new_backend(args: argparse.Namespace) -> int:
+    from .new_backend import PluginNames, write_plugin
+
+    names = PluginNames.of(args.name)
+    folder = write_plugin(args.name, args.dir)
+    print(f"wrote {names.distribution} into {folder}/: package {names.package}, backend and entry point {names.name!r}")
+    print("next: pip install -e the folder (next to swa_hal, installed with its test extra), then, in it:")
+    print(f"  pytest tests   # the conformance kit, which passes as written; swa-hal info --assume vendor={names.name}")
+    return 0
+
+
 # -- entry point --------------------------------------------------------------------------------
 
 
@@ -695,6 +709,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("matrix", help="the CI job matrix: each target platform and the backend it should select")
     p.add_argument("--json", action="store_true", help='machine-readable output: {"include": [rows]} for CI')
     p.set_defaults(func=cmd_matrix)
+
+    p = sub.add_parser("new-backend", help="write a new backend plugin package, the example plugin renamed")
+    p.add_argument("name", metavar="NAME", help="the backend's name, e.g. acme (package swa_hal_acme)")
+    p.add_argument(
+        "--dir", metavar="PATH", help="the folder to write it into, new or empty (default: ./swa-hal-NAME-backend)"
+    )
+    p.set_defaults(func=cmd_new_backend)
     return parser
 
 

@@ -227,7 +227,9 @@ def test_version(capsys):
 def test_bare_command_prints_the_usage_to_stderr_and_exits_2(capsys):
     code, out, err = run(capsys)
     assert code == 2 and out == ""
-    assert err.startswith("usage: swa-hal") and all(c in err for c in ("info", "build", "bench", "warmup", "matrix"))
+    assert err.startswith("usage: swa-hal") and all(
+        c in err for c in ("info", "build", "bench", "warmup", "matrix", "new-backend")
+    )
     assert "exits 2" in err  # the help says so
 
 

@@ -47,7 +47,13 @@ def test_the_release_build_passes_its_check(dist):
     assert (wheel.name, sdist.name) == ("swa_hal-0.1.0-py3-none-any.whl", "swa_hal-0.1.0.tar.gz")
     names = zipfile.ZipFile(wheel).namelist()
     # What a user imports and what registers the built-in backends, read here without the check script.
-    for name in ("swa_hal/__init__.py", "swa_hal/py.typed", "swa_hal/testing/suite.py", "swa_hal_torch/__init__.py"):
+    for name in (
+        "swa_hal/__init__.py",
+        "swa_hal/py.typed",
+        "swa_hal/testing/suite.py",
+        "swa_hal/plugin_template/.gitignore.tmpl",
+        "swa_hal_torch/__init__.py",
+    ):
         assert name in names
     assert not [n for n in names if n.split("/")[0] in ("tests", "benchmarks", "examples", "configs", "docs")]
     entry_points = zipfile.ZipFile(wheel).read("swa_hal-0.1.0.dist-info/entry_points.txt").decode()
@@ -83,6 +89,10 @@ def _doctored(dist: Path, dest: Path, *, drop: str = "", add: str = "", replace:
         ({"add": "tests/test_builder.py"}, "wheel: tests/ does not belong in it"),
         ({"add": "benchmarks/bench_build.py"}, "wheel: benchmarks/ does not belong in it"),
         ({"drop": "swa_hal/py.typed"}, "wheel: swa_hal/py.typed is missing"),
+        (
+            {"drop": "swa_hal/plugin_template/pyproject.toml.tmpl"},
+            "wheel: swa_hal/plugin_template/pyproject.toml.tmpl is missing",
+        ),
         ({"drop": "swa_hal_xpu/__init__.py"}, "wheel: swa_hal_xpu/__init__.py is missing (source backends/"),
         (
             {"replace": ("swa_hal-0.1.0.dist-info/entry_points.txt", "xpu = swa_hal_xpu\n", "")},
@@ -125,7 +135,7 @@ def test_the_wheel_installs_into_a_fresh_environment_and_passes_the_kit(dist):
     proc = _check(dist, "--install", "--torch", TORCH)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     # The check's own lines say which steps ran: each must have, or the pass above means less than it says.
-    for step in ("installing " + TORCH, "running swa-hal --version and swa-hal info", "the kit: "):
+    for step in ("installing " + TORCH, "running swa-hal --version and swa-hal info", "writing a plugin", "the kit: "):
         assert f"check-dist: {step}" in proc.stdout, proc.stdout
 
 

@@ -256,6 +256,16 @@ def check_install(wheel: Path, version: str, torch: list[str], problems: list[st
         ):
             info = [str(work / "env" / "bin" / "swa-hal"), "info", "--assume", "vendor=acme", "--expect", "acme"]
             run(info, work, problems, "swa-hal info --expect acme (the plugin swa-hal new-backend wrote)")
+            # Its own tests (the kit, against its backend) pass before a line of it is changed.
+            tests = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
+            proc = run(tests, plugin, problems, "the tests of the plugin swa-hal new-backend wrote")
+            if proc:
+                summary = proc.stdout.strip().splitlines()[-1]
+                passed = re.search(r"(\d+) passed", summary)
+                if not passed or int(passed.group(1)) < 100:
+                    problems.append(f"install: the written plugin's tests ran too few: {summary}")
+                else:
+                    say(f"the written plugin's tests: {summary}")
         say("running the conformance kit against the torch backend there")
         kit = "-m pytest -q -p no:cacheprovider -p swa_hal.testing.plugin --pyargs swa_hal.testing.suite"
         kit += " --swa-hal-backend torch"

@@ -135,7 +135,8 @@ def test_the_wheel_installs_into_a_fresh_environment_and_passes_the_kit(dist):
     proc = _check(dist, "--install", "--torch", TORCH)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     # The check's own lines say which steps ran: each must have, or the pass above means less than it says.
-    for step in ("installing " + TORCH, "running swa-hal --version and swa-hal info", "writing a plugin", "the kit: "):
+    steps = ("installing " + TORCH, "running swa-hal --version and swa-hal info", "writing a plugin")
+    for step in (*steps, "the written plugin's tests: ", "the kit: "):
         assert f"check-dist: {step}" in proc.stdout, proc.stdout
 
 

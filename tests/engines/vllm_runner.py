@@ -22,6 +22,8 @@ What does not run on a CPU, and what stands in for it:
 - The model, sampler and drafter do not run: the caller draws the sampled tokens and accepted drafts and
   hands them to ``postprocess_sampled`` (vLLM's ``post_update`` kernel); the runner's per-request workers
   that only the model reads (sampler, LoRA, logprobs, pooling, PP) are vLLM's "absent" values.
+- V4.1's model states are vLLM's, made by their own constructors over a model stub
+  (``deepseek_v41_model_state``, ``specialized_decode_model_state``): what of them needs CUDA is said there.
 """
 
 from __future__ import annotations

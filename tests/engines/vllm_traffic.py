@@ -13,7 +13,10 @@ interpreter every ``triton_every`` steps), and every field is compared (``vllm_h
 with two or more drafts, vLLM's drafter's own batches follow (``vllm_runner.Drafter``), built and updated by both.
 DSpark drafts come from a real ``SpeculativeConfig`` too. A hybrid layout puts a prefix-cacheable group
 beside several SWA groups (each with its own block table; swa_hal builds them in one step build, every one
-compared); with V4.1 its SWA groups declare bounded replay, so the scheduler hands out ``replay_start``.
+compared); with V4.1 its SWA groups declare bounded replay, so the scheduler hands out ``replay_start``, and
+vLLM's own V4.1 model state (its decoder replay layers on) prepares the replay sub-batch of every eager step,
+whose metadata both builders build and which is compared too; under V4.1's specialized decode, FULL
+uniform-decode steps replay the metadata builds recorded at start-up.
 
 A long run: ``python tests/engines/vllm_traffic.py --suite 5000 --triton-every 0 --no-overflow-checks`` (in a vLLM
 test environment) runs 5,000 steps of every traffic of ``SUITE``; ``--steps N --variant ...`` runs one. Each
@@ -946,8 +949,10 @@ def run(
 
 
 # The long run's traffic (``--suite STEPS``): every runner behaviour on (async scheduling, CUDA-graph padding,
-# nulled and stale tables, the drafter's batches) across DeepSeek-V4 and V4.1, no drafts and MTP with 1 to 4
-# drafts, DSpark, V4's own geometry and vision with adjacent images and images longer than the window.
+# nulled and stale tables, the drafter's batches, eager steps past the largest token graph) across DeepSeek-V4
+# and V4.1 (its decoder replay sub-batches, its specialized decode's recorded metadata builds), no drafts and
+# MTP with 1 to 4 drafts, DSpark, V4's own geometry and vision with adjacent images and images longer than
+# the window.
 SUITE = {
     "plain": Traffic(variant="v4_w8b4", num_blocks=20, max_tokens=(20, 80), arrivals=0.9),
     "mtp2": Traffic(variant="v4_mtp2_w6b8"),
@@ -961,7 +966,18 @@ SUITE = {
         suffix_len=(0, 300),
         max_tokens=(40, 200),
     ),
-    "v41_replay": Traffic(variant="v41_w8b4", spec_tokens=2, swa_groups=2, cacheable_group=True, num_blocks=96),
+    "v41_replay": Traffic(
+        variant="v41_w8b4", spec_tokens=2, swa_groups=2, cacheable_group=True, num_blocks=96, max_capture_tokens=16
+    ),
+    "v41_specialized_decode": Traffic(
+        variant="v41_w8b4",
+        spec_tokens=2,
+        swa_groups=2,
+        cacheable_group=True,
+        num_blocks=96,
+        max_capture_tokens=16,
+        specialized_decode=True,
+    ),
     "v41_full_graphs": Traffic(
         variant="v41_w8b4", spec_tokens=1, swa_groups=2, cacheable_group=True, num_blocks=96, cudagraph_mode="FULL"
     ),

@@ -3,7 +3,8 @@
 In guard mode the build (the Triton kernel, or the vectorised torch code below) also checks what the
 host preflight cannot see without a sync: query_start_loc non-decreasing, seq_len >= query_len, replay
 bounds, image spans neither inverted nor negative, every block id a window reads inside ``[0, block_limit)`` and inside the block
-table's width. A row that breaks a rule is handed out empty (lens 0, all -1), so no index points
+table's width, seq_len within max_model_len, each row's slot mapping the token's own slot by the block table, and the
+host copies the plan read held against the device values (rules 14 and 15). A row that breaks a rule is handed out empty (lens 0, all -1), so no index points
 outside the KV cache, and the first violation found is recorded in a small device buffer:
 ``[count, kind, request, value, group]`` (group: g + 1 where a group build's group g broke the rule, else
 0). ``SWAMetadataBuilder.check()`` reads it (one sync, when the engine
@@ -52,6 +53,10 @@ class SplitFacts(Protocol):
     def max_query_len(self) -> int: ...
     @property
     def decode_query_max(self) -> int: ...
+    @property
+    def host_seq_lens(self) -> torch.Tensor | None: ...
+    @property
+    def build_checks(self) -> bool: ...
 
 
 class Violation(enum.IntEnum):
@@ -74,6 +79,9 @@ class Violation(enum.IntEnum):
     # Builds again, what the host trusted (13 is checked first at a row, 14 after rule 2).
     PADDING_SLOT = 13  # a row past query_start_loc[R] (padding) holds a slot; the value is the row
     HOST_SPLIT = 14  # a request's device offsets disagree with the host's split (max_query_len, decode part)
+    HOST_SEQ = 15  # a prefill's seq_lens_cpu[r] differs from seq_lens[r] (the chunk plan reads the host copy)
+    MODEL_LEN = 16  # seq_lens[r] past max_model_len (checked after rule 2)
+    OWN_SLOT = 17  # slot_mapping[t] is not the token's own slot by the block table (checked after 5 and 6)
 
 
 def block_limit(config: SWAConfig) -> int:
@@ -175,6 +183,25 @@ def _rule_error(kind: int, req: int, value: int, config: SWAConfig) -> BatchVali
             f"num_tokens{where}",
             req,
         )
+    if kind == Violation.HOST_SEQ:
+        return BatchConsistencyError(
+            "seq_lens_cpu",
+            f"seq_lens_cpu[{req}]={value} differs from seq_lens[{req}] on the device; prefill rows must be exact "
+            f"(the chunk plan and prefill_seq_lens_cpu read the host copy){where}",
+            req,
+        )
+    if kind == Violation.MODEL_LEN:
+        return BatchCapacityError(
+            "seq_lens", f"seq_lens[{req}]={value} exceeds max_model_len={config.max_model_len}{where}", req
+        )
+    if kind == Violation.OWN_SLOT:
+        return BatchConsistencyError(
+            "slot_mapping",
+            f"slot_mapping[{value}] is not the slot block_table gives request {req}'s token at row {value} "
+            f"(block_size={config.block_size}): a block table made for another page size, or a slot mapping "
+            f"of another table{where}",
+            value,
+        )
     if kind == Violation.RING_SLOT:
         return BatchRangeError("pools", f"pools[{req}]={value} is not a request slot of the ring{where}", req)
     return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
@@ -207,9 +234,11 @@ def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch
 (
     QUERY,
     PREFIX,
+    MODEL_LEFT,
     SPLIT_QUERY,
     SPLIT_END,
     SPLIT_BEGIN,
+    HOST_SAME,
     BOUND,
     HEADROOM,
     SPAN_BAD,
@@ -218,25 +247,28 @@ def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch
     SEQ,
     FIRST_SPAN,
     NEED,
-) = range(13)
-RULE_ROWS = 13
+    HOST,
+) = range(16)
+RULE_ROWS = 16
 # Per checked row: the kind it stands for and the row of the value reported.
 ROW_KINDS = (
     Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
     Violation.SEQ_SHORT,  # P_r = S_r - q_r < 0 (reports S_r)
+    Violation.MODEL_LEN,  # max_model_len - S_r < 0 (reports S_r)
     # Rule 14, the host split's margins (each reports q_r): a decode's query against min(max_decode_query_len,
     # max_query_len) and its end against the decode tokens; a prefill's query against max_query_len, its end
     # against num_tokens and its start against the decode tokens (0 for a decode).
     Violation.HOST_SPLIT,  # query margin < 0
     Violation.HOST_SPLIT,  # end margin < 0
     Violation.HOST_SPLIT,  # start margin < 0
+    Violation.HOST_SEQ,  # -|seq_lens_cpu[r] - S_r| < 0 for a prefill (reports seq_lens_cpu[r]); 0 for a decode
     Violation.REPLAY,  # replay_start[r] < 0
     Violation.REPLAY,  # P_r - replay_start[r] < 0 (reports replay_start[r])
     Violation.SPAN,  # -1 where a span of the request is bad (reports the first)
     Violation.ROW_WIDTH,  # width - need < 0 (reports need)
     0,
 )
-VALUE_ROWS = (QUERY, SEQ, QUERY, QUERY, QUERY, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
+VALUE_ROWS = (QUERY, SEQ, SEQ, QUERY, QUERY, QUERY, HOST, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
 
 
 class _RequestViews:
@@ -255,6 +287,9 @@ class _RequestViews:
         "seq",
         "query",
         "prefix",
+        "model_left",
+        "host_same",
+        "host",
         "split_margins",
         "split_begin",
         "split_cuts",
@@ -289,6 +324,9 @@ class _RequestViews:
     seq: torch.Tensor
     query: torch.Tensor
     prefix: torch.Tensor
+    model_left: torch.Tensor
+    host_same: torch.Tensor
+    host: torch.Tensor
     split_margins: torch.Tensor
     split_begin: torch.Tensor
     split_cuts: HostCache
@@ -325,9 +363,10 @@ class TorchGuard:
 
     Every request and every token row of a build is a candidate for the record: a column of ``table``
     (int32 [4, 1 + R + T]) holds its ``(1, kind, key, value)``, requests from column 1, then the decode
-    rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4 and 7, one pass over
+    rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4, 7 and
+    14-16, one pass over
     ``rules``: the first negative quantity of a request is its first broken rule), the row fill
-    (``torch_rows.RowGuard``) the rows' (rules 5 and 6). A candidate's key is its request where it broke
+    (``torch_rows.RowGuard``) the rows' (rules 5, 6 and 17). A candidate's key is its request where it broke
     a rule, else ``NO_KEY``; ``record`` keeps the candidate of the lowest key, the first among equal
     keys: the lowest request that broke a rule, with its request-level rule if it broke one, else its
     first broken row.
@@ -371,6 +410,8 @@ class TorchGuard:
         self._row_views = HostCache(limit=64)
         self._record_views = HostCache(limit=64)
         self._record: tuple[torch.Tensor, torch.Tensor] | None = None
+        # max_model_len as a 0-d tensor (rule 16): a number minus a tensor would be two ops.
+        self._model_len: tuple[int, torch.Tensor] | None = None
 
     def _request_views(self, num_reqs: int) -> _RequestViews:
         v = self._views.get(num_reqs)
@@ -386,6 +427,7 @@ class TorchGuard:
         v.qsl = torch.zeros(r + 1, dtype=torch.int64, device=self.device)
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
         v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
+        v.model_left, v.host_same, v.host = rules[MODEL_LEFT], rules[HOST_SAME], rules[HOST]
         v.split_margins, v.split_begin = rules[SPLIT_QUERY : SPLIT_END + 1], rules[SPLIT_BEGIN]
         v.split_cuts, v.split_decodes = HostCache(limit=64), 0
         v.bound, v.headroom = rules[BOUND], rules[HEADROOM]
@@ -421,7 +463,7 @@ class TorchGuard:
         causal: bool,
         split: SplitFacts,
     ) -> torch.Tensor:
-        """Rules 1-4, 7 and 14 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
+        """Rules 1-4, 7, 14, 15 and 16 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
         ``seq_lens`` and ``replay_start`` [R] (rule 3 where rows use the bound: every request where
         ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
         against ``split``): fills the requests' candidates. Returns the
@@ -460,6 +502,24 @@ class TorchGuard:
             torch.sub(v.seq, v.query, out=v.prefix)
         else:
             torch.sub(seq_lens, v.query, out=v.prefix)
+        # Rule 16: every request within max_model_len (a build's rule, not a draft update's).
+        self._clear(v, MODEL_LEFT, split.build_checks)
+        if split.build_checks:
+            if self._model_len is None or self._model_len[0] != config.max_model_len:
+                self._model_len = (config.max_model_len, torch.tensor(config.max_model_len, device=self.device))
+            torch.sub(self._model_len[1], seq_lens, out=v.model_left)
+        # Rule 15: a prefill's host seq_lens (the plan's, on this device) equal to the device's.
+        host = split.host_seq_lens
+        held = host is not None and split.num_decodes < num_reqs
+        self._clear(v, HOST_SAME, held)
+        self._clear(v, HOST, held)
+        if held:
+            assert host is not None
+            v.host.copy_(host[:num_reqs])
+            torch.sub(v.host, seq_lens, out=v.host_same).abs_().neg_()
+            if split.num_decodes:
+                v.host_same[: split.num_decodes] = 0
+                v.host[: split.num_decodes] = 0
         # Rule 3 holds where rows use the bound: every request of a causal build; the prefills of a DSpark
         # step (its decode rows ignore the bound, docs/semantics.md #dspark-rows; its prefill rows and gather
         # lengths do not), as the kernels' prefill and gather programs check it.

@@ -21,6 +21,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import contextlib
 import dataclasses
+import json
 import logging
 import random
 import subprocess
@@ -49,6 +50,7 @@ from swa_hal.integrations import vllm as integ
 from swa_hal.integrations import vllm_common
 from swa_hal.reference import build_reference
 from swa_hal.schedulers import no_schedulers
+from swa_hal.step_inputs import StepInputs
 
 CPU = torch.device("cpu")
 SEED = 20261130
@@ -650,6 +652,44 @@ def test_fresh_vllm_process_logs_one_line(tmp_path):
     assert "swa_hal backend 'torch'" in lines[0]
     assert "step builds on" in lines[0]
     assert "RESOLVED SwaHalDeepseekV4CPUSparseSWAMetadataBuilder" in text
+
+
+def _info_engine(tmp_path, *argv, **env):
+    """`swa-hal info --engine vllm` in a new process, as a user runs it: vLLM's logging not set up."""
+    full = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "SWA_HAL_VLLM")}
+    full.update(env)
+    cmd = [sys.executable, "-m", "swa_hal.cli", "info", "--engine", "vllm", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=full, timeout=600)
+
+
+def test_info_engine_vllm_says_the_plugin_is_active_with_its_start_up_line(tmp_path):
+    """vLLM 0.34 sets up its logging after it loads the plugins, so load_general_plugins() alone shows no line;
+    `swa-hal info --engine vllm` loads them as vLLM does and reports what the plugin said."""
+    proc = _info_engine(tmp_path, "--json")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    engine = json.loads(proc.stdout)["engine"]
+    assert (engine["version"], engine["active"], engine["registered"]) == (version("vllm"), True, True)
+    assert engine["entry_point"] == "swa_hal.integrations.vllm:register"
+    assert engine["startup"].startswith(f"swa_hal 0.1.0: vLLM {version('vllm')} builds its DeepSeek-V4/V4.1 SWA")
+    assert "through swa_hal backend 'torch'" in engine["startup"] and engine["step_builds"] is True
+    proc = _info_engine(tmp_path)
+    assert proc.returncode == 0
+    assert "  active: yes: vllm.plugins.load_general_plugins() registered it (is_registered() is True)" in proc.stdout
+    assert f"  start-up line: {engine['startup']}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"VLLM_PLUGINS": "some_other_plugin"}, "VLLM_PLUGINS='some_other_plugin' does not name swa_hal"),
+        ({"SWA_HAL_VLLM": "0"}, "SWA_HAL_VLLM=0: the plugin leaves vLLM its own builders"),
+    ],
+)
+def test_info_engine_vllm_says_why_the_plugin_is_not_active(tmp_path, env, reason):
+    proc = _info_engine(tmp_path, **env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"  active: no: {reason}" in proc.stdout, proc.stdout
+    assert "start-up line" not in proc.stdout
 
 
 # -- parity with vLLM's builders --------------------------------------------------------------
@@ -1712,6 +1752,63 @@ def test_step_builds_update_each_draft_step_in_one_grouped_update(
             COUNTS["step_draft_updates"] += 1
 
 
+class TaggedInputs(StepInputs):
+    """A step's inputs as a type of their own, the stand-in for an input vLLM's metadata has no field for: an
+    update that rebuilds the inputs from vLLM's named fields makes a plain ``StepInputs`` and drops it."""
+
+    __slots__ = ()
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("step_builds", [False, True])
+def test_a_draft_update_carries_the_builds_own_inputs(
+    plugin_log, vllm_configs, rocm, monkeypatch, step_builds, backend
+):
+    """Every draft-step update of vLLM's metadata runs on the inputs its build read (``SWAMetadata.inputs``),
+    alone or in a step build: none is made again from vLLM's fields, where an input it has no field for
+    would fall back to its default (docs/semantics.md #draft-updates)."""
+    from swa_hal import backend as B
+    from swa_hal.integrations import engine, vllm_step
+
+    made = engine.inputs_from_common_metadata
+    tagged = lambda *a, **kw: TaggedInputs(*made(*a, **kw))  # noqa: E731
+    monkeypatch.setattr(engine, "inputs_from_common_metadata", tagged)
+    monkeypatch.setattr(vllm_step, "inputs_from_common_metadata", tagged)
+    seen = []
+    update_inputs = B.update_inputs
+    monkeypatch.setattr(B, "update_inputs", lambda md: seen.append(update_inputs(md)) or seen[-1])
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    variant = "v4_mtp2_w6b8"
+    rng = random.Random(f"{SEED}-{backend}-{step_builds}-update-inputs")
+    native_cls = sparse_swa.DeepseekSparseSWAMetadataBuilder
+    if step_builds:
+        layout = H.StepLayout(3, (0, 2))
+        rig = StepRig(variant, vllm_configs, native_cls, layout, **kw)
+        batch, tables, slots, ib, state = rig.draw(rng, "mtp")
+        want = rig.build(rig.native_groups, batch, tables, slots, ib, state)
+        got = rig.build(rig.our_groups, batch, tables, slots, ib, state)
+    else:
+        native, ours, cfg = builders(native_cls, variant, vllm_configs, **kw)
+        batch, ranges = H.draw(cfg, rng, "mtp", replay=0.5, extra_pages=1)
+        got_native, got_ours = build_both(native, ours, batch, ranges)
+    for _ in range(2):
+        seen.clear()
+        if step_builds:
+            H.advance_draft_step_groups(batch, tables, slots, rig.cfg.block_size)
+            for groups, theirs in zip(rig.our_groups, rig.native_groups):
+                for group, native_group in zip(groups, theirs):
+                    native_group.update_draft_decode_metadata(want)
+                    group.update_draft_decode_metadata(got)
+            diffs = rig.diffs(want, got, batch, tables, slots, variant)
+        else:
+            advance_draft_step(batch, cfg.block_size)
+            native.update_draft_decode_metadata(got_native)
+            ours.update_draft_decode_metadata(got_ours)
+            diffs = H.compare(got_native, got_ours, batch, **chunk_args(variant))
+        assert not diffs, "\n".join(diffs)
+        assert seen and all(type(inputs) is TaggedInputs for inputs in seen), [type(i).__name__ for i in seen]
+
+
 def _last_step_line(plugin_log):
     lines = [r.getMessage() for r in plugin_log[1] if "step builds" in r.getMessage()]
     return lines[-1]
@@ -1793,7 +1890,10 @@ def test_without_step_builds_each_group_builds_alone(plugin_log, vllm_configs, r
 def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm, monkeypatch):
     """Builders called outside ``prepare_attn`` (model runner V1's loop, or any direct call) build alone;
     inside a step, a group whose inputs are not the step's (another slot mapping, other shared inputs)
-    builds alone too, and the step build serves the others; each result equals vLLM's own build."""
+    builds alone too, and the step build serves the others; each result equals vLLM's own build. A direct
+    integrator that writes into a step's input between two groups' asks (vLLM never does): the step build
+    read the old values, so each later group whose tensors changed (a version counter moved) builds alone
+    from the new ones (docs/engines.md, step builds)."""
     from swa_hal.integrations import vllm_step
 
     variant = "v41_mtp1_w7b16"
@@ -1802,6 +1902,7 @@ def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm,
     rig = StepRig(variant, vllm_configs, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, layout, backend="torch")
     calls = Calls(monkeypatch)
     batch, tables, slots, ib, state = rig.draw(rng, "mixed")
+    batch = dataclasses.replace(batch, replay_start=torch.zeros_like(batch.seq_lens))
     rig.build(rig.our_groups, batch, tables, slots, ib, state)  # the plan and its builder exist
 
     def group_step(j, **changes):
@@ -1837,6 +1938,26 @@ def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm,
         assert calls.take() == {"build": 1}
     check(0, group_step(0))  # the step closed: alone again
     assert calls.take() == {"build": 1}
+    with vllm_step.open_step(tables, slots, rig.our_groups, 0):
+        check(0, group_step(0))
+        assert calls.take() == {"build_groups": 1}
+        # A shared input written in place: each request's window now starts at its first query token
+        # (#bounded-replay), so every later group builds alone, from the new bounds.
+        batch.replay_start.copy_(batch.seq_lens - (batch.query_start_loc[1:] - batch.query_start_loc[:-1]))
+        assert bool(batch.replay_start.any())
+        check(1, group_step(1))
+        check(2, group_step(2))
+        assert calls.take() == {"build": 2}
+    batch.replay_start.zero_()
+    with vllm_step.open_step(tables, slots, rig.our_groups, 0):
+        check(0, group_step(0))
+        assert calls.take() == {"build_groups": 1}
+        tables[layout.swa[2]][0, 0] += 1  # one group's own table
+        check(2, group_step(2))
+        assert calls.take() == {"build": 1}
+        slots[layout.swa[1]][0] = -1  # the stacked slot mappings, one row
+        check(1, group_step(1))
+        assert calls.take() == {"build": 1}
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda"])

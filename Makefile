@@ -153,9 +153,13 @@ $(NEXT_BIN)/python:
 
 $(NEXT_STAMP): $(NEXT_BIN)/python pyproject.toml $(EXAMPLE)/pyproject.toml
 	@echo "make test-torch-next: installing torch $(NEXT_TORCH) (a CUDA build, with its CUDA libraries) and triton $(NEXT_TRITON) into $(NEXT_VENV) (a few minutes, once)"
-	$(NEXT_PIP) install -q torch==$(NEXT_TORCH) triton==$(NEXT_TRITON) "numpy>=2.4,<2.5"
+	@echo "make test-torch-next: [1/4] torch $(NEXT_TORCH), its CUDA libraries, triton $(NEXT_TRITON) and numpy (about 3 GB)"
+	$(NEXT_PIP) install torch==$(NEXT_TORCH) triton==$(NEXT_TRITON) "numpy>=2.4,<2.5"
+	@echo "make test-torch-next: [2/4] swa_hal (editable)"
 	$(NEXT_PIP) install -q --no-deps -e .
+	@echo "make test-torch-next: [3/4] swa_hal's dependencies and test tools"
 	$(NEXT_PIP) install -q pluggy pyyaml packaging "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" "tqdm>=4.60" "setuptools>=64"
+	@echo "make test-torch-next: [4/4] the example plugin"
 	$(NEXT_PIP) install -q --no-deps ./$(EXAMPLE)
 	touch $@
 

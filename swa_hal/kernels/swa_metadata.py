@@ -643,7 +643,10 @@ def _window_rows(
         # mapping of another table, gives another (its value: the token's row).
         own_pos = seq - end + tok
         own_page = own_pos // BLOCK_SIZE
-        own_ok = checked & (kind == 0) & (lens > 0) & (own_pos >= 0) & (own_page < max_pages) & (build_checks != 0)
+        own_ok = checked & (kind == 0) & (lens > 0) & (own_pos >= 0) & (own_page < max_pages)
+        # A select, not `& (build_checks != 0)`: a scalar test joined to a block is an int32 mask in Triton's
+        # interpreter, which triton 3.9 refuses (docs/kernels.md #triton-versions).
+        own_ok = tl.where(build_checks != 0, own_ok, False)
         if CLAMP:
             own_page = tl.minimum(tl.maximum(own_page, 0), max_pages - 1)
         own_block = tl.load(row_table + own_page, mask=own_ok, other=0)

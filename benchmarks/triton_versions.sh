@@ -24,8 +24,8 @@
 # .whl/), made on any machine with network access by
 #   bash benchmarks/trim_triton_wheel.sh 3.8.0 .whl/triton; bash benchmarks/trim_triton_wheel.sh 3.9.0 .whl/triton
 # (cp312 x86-64 wheels without the AMD backend, the profiler's libraries, the unused ptxas and the debug
-# sections: 3.9.0's is 55.6 MiB, from 272 MiB). The wheels .whl/ holds for benchmarks/run_h200.sh (FlashMLA)
-# are not needed here. Where one transfer carries less than both triton wheels (with a 64 MiB limit, one
+# sections: 3.8.0's is 51.2 MiB, from 237; 3.9.0's 55.6 MiB, from 272). The wheels .whl/ holds for
+# benchmarks/run_h200.sh (FlashMLA) are not needed here. Where one transfer carries less than both triton wheels (with a 64 MiB limit, one
 # wheel and the repository fit, two do not), send them in turns to a folder that stays on the machine
 # between transfers and name it: TRITON_WHEELS=DIR. A release whose wheel is missing is left out, with a line
 # saying so.

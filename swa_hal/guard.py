@@ -202,8 +202,9 @@ def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch
 
 # Rows of a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``), one column per
 # request. The rows up to NONE are the quantities that are negative where a rule is broken, in the order the
-# rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports. query_start_loc
-# (R + 1 entries) has its own vector.
+# rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports, and the
+# query caps of the host's split (CAP). query_start_loc (R + 1 entries) has its own vector. PREFIX and
+# SPLIT_QUERY are one subtraction: [SEQ; CAP] - QUERY (so SEQ and CAP are adjacent, in that order).
 (
     QUERY,
     PREFIX,
@@ -216,17 +217,18 @@ def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch
     WIDTH_LEFT,
     NONE,
     SEQ,
+    CAP,
     FIRST_SPAN,
     NEED,
-) = range(13)
-RULE_ROWS = 13
+) = range(14)
+RULE_ROWS = 14
 # Per checked row: the kind it stands for and the row of the value reported.
 ROW_KINDS = (
     Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
     Violation.SEQ_SHORT,  # P_r = S_r - q_r < 0 (reports S_r)
-    # Rule 14, the host split's margins (each reports q_r): a decode's query against min(max_decode_query_len,
-    # max_query_len) and its end against the decode tokens; a prefill's query against max_query_len, its end
-    # against num_tokens and its start against the decode tokens (0 for a decode).
+    # Rule 14, the host split's margins (each reports q_r): a request's query against its cap (a decode's
+    # min(max_decode_query_len, max_query_len), a prefill's max_query_len), a decode's end against the decode
+    # tokens; a prefill's end against num_tokens and its start against the decode tokens (0 for a decode).
     Violation.HOST_SPLIT,  # query margin < 0
     Violation.HOST_SPLIT,  # end margin < 0
     Violation.HOST_SPLIT,  # start margin < 0
@@ -244,18 +246,26 @@ class _RequestViews:
 
     Its rules table is its own, not a cut of one table for every count: so the quantities a guarded CPU
     build tests first (``TorchGuard.requests_clean``) are one contiguous block, whose minimum costs a
-    fifth of a strided one's. ``filled``: the rows an earlier build of this count filled (``_clear``)."""
+    fifth of a strided one's. ``filled``: the rows an earlier build of this count filled (``_clear``).
+    ``caps``: the split whose query caps the CAP row holds; ``split``: this build's (num_decodes,
+    num_decode_tokens, num_tokens); ``qsl_host``: ``qsl`` read on the host (a CPU guard's, else None)."""
 
     __slots__ = (
         "filled",
         "flat_quantities",
         "qsl",
+        "qsl_host",
         "begin",
         "end",
         "seq",
         "query",
         "prefix",
-        "split_margins",
+        "limits",
+        "prefix_and_cap_margin",
+        "cap",
+        "caps",
+        "split",
+        "split_end",
         "split_begin",
         "split_cuts",
         "split_decodes",
@@ -284,12 +294,18 @@ class _RequestViews:
     )
 
     qsl: torch.Tensor
+    qsl_host: Any
     begin: torch.Tensor
     end: torch.Tensor
     seq: torch.Tensor
     query: torch.Tensor
     prefix: torch.Tensor
-    split_margins: torch.Tensor
+    limits: torch.Tensor
+    prefix_and_cap_margin: torch.Tensor
+    cap: torch.Tensor
+    caps: tuple[int, int, int] | None
+    split: tuple[int, int, int]
+    split_end: torch.Tensor
     split_begin: torch.Tensor
     split_cuts: HostCache
     split_decodes: int
@@ -384,9 +400,12 @@ class TorchGuard:
         # are zeroed before a build that does not fill them reads them.
         v.filled = set()
         v.qsl = torch.zeros(r + 1, dtype=torch.int64, device=self.device)
+        v.qsl_host = v.qsl.numpy() if self.device.type == "cpu" else None
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
         v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
-        v.split_margins, v.split_begin = rules[SPLIT_QUERY : SPLIT_END + 1], rules[SPLIT_BEGIN]
+        v.limits, v.prefix_and_cap_margin = rules[SEQ : CAP + 1], rules[PREFIX : SPLIT_QUERY + 1]
+        v.cap, v.caps, v.split = rules[CAP], None, (0, 0, 0)
+        v.split_end, v.split_begin = rules[SPLIT_END], rules[SPLIT_BEGIN]
         v.split_cuts, v.split_decodes = HostCache(limit=64), 0
         v.bound, v.headroom = rules[BOUND], rules[HEADROOM]
         v.span_bad, v.first_span = rules[SPAN_BAD], rules[FIRST_SPAN]
@@ -446,20 +465,24 @@ class TorchGuard:
         values: bool = True,
     ) -> None:
         """The first half of ``request_checks``: every request's checked quantities (negative where it
-        breaks a rule), without choosing the first broken rule. ``values=False``: the quantities alone,
-        not the values a violation reports (``requests_clean`` reads no more)."""
+        breaks a rule), without choosing the first broken rule. ``values=False`` (the CPU's first test,
+        ``requests_clean``): rule 14's end and start margins are left to ``requests_clean``, which holds
+        the host's split against two offsets instead of every request's (the rows read 0)."""
         v = self._request_views(num_reqs)
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
         torch.sub(v.end, v.begin, out=v.query)
-        self._split_margins(v, num_reqs, split)
+        # seq_lens in int64 beside the query caps: rule 2's P_r = S_r - q_r and rule 14's cap_r - q_r are
+        # one subtraction (S_r is also the value rule 2 reports, and DSpark widths read it).
+        v.seq.copy_(seq_lens)
+        self._split_caps(v, num_reqs, split)
+        torch.sub(v.limits, v.query, out=v.prefix_and_cap_margin)
+        v.split = (split.num_decodes, split.num_decode_tokens, split.num_tokens)
+        self._clear(v, SPLIT_END, values)
+        self._clear(v, SPLIT_BEGIN, values)
+        if values:
+            self._split_ends(v, num_reqs, split)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
-        if values or not causal:
-            # seq_lens in int64 first: the value rule 2 reports (DSpark widths read it too).
-            v.seq.copy_(seq_lens)
-            torch.sub(v.seq, v.query, out=v.prefix)
-        else:
-            torch.sub(seq_lens, v.query, out=v.prefix)
         # Rule 3 holds where rows use the bound: every request of a causal build; the prefills of a DSpark
         # step (its decode rows ignore the bound, docs/semantics.md #dspark-rows; its prefill rows and gather
         # lengths do not), as the kernels' prefill and gather programs check it.
@@ -486,37 +509,68 @@ class TorchGuard:
             torch.sub(v.need, config.noncausal_index_width, out=v.width_left).neg_()
 
     @staticmethod
-    def _split_margins(v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
-        """Rule 14 into its three rows, in place: the margins of the host's split, negative where the device
-        offsets break it. The query and end margins are written as excesses (``q - cap``) and negated
-        together: a tensor minus a number is one op, a number minus a tensor two."""
-        nd = split.num_decodes
+    def _cuts(v: _RequestViews, nd: int) -> tuple[torch.Tensor, ...]:
+        """The decode and prefill parts of the rows rule 14 reads and writes (slices cost as much as small
+        ops: one set per decode count)."""
         cut = v.split_cuts.get(nd)
-        if cut is None:  # slices cost as much as small ops: one set per decode count
-            q, end, begin = v.query, v.end, v.begin
-            over_q, over_end = v.split_margins[0], v.split_margins[1]
+        if cut is None:
+            end, begin, cap, over_end = v.end, v.begin, v.cap, v.split_end
             cut = v.split_cuts.keep(nd, (
-                q[:nd], q[nd:], end[:nd], end[nd:], begin[nd:],
-                over_q[:nd], over_q[nd:], over_end[:nd], over_end[nd:], v.split_begin[nd:],
+                cap[:nd], cap[nd:], end[:nd], end[nd:], begin[nd:], over_end[:nd], over_end[nd:],
+                v.split_begin[:nd], v.split_begin[nd:],
             ))  # fmt: skip
-        q_dec, q_pre, end_dec, end_pre, begin_pre, oq_dec, oq_pre, oe_dec, oe_pre, b_pre = cut
+        return cut
+
+    def _split_caps(self, v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
+        """Rule 14's query caps into the CAP row: a decode's min(decode_query_max, max_query_len), a
+        prefill's max_query_len. Host values: rewritten only when they change (a decode-only server's
+        never do)."""
+        nd = split.num_decodes
+        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len)
+        if caps == v.caps:
+            return
+        cap_dec, cap_pre = self._cuts(v, nd)[:2]
+        if nd:
+            cap_dec.fill_(caps[1])
+        if nd < num_reqs:
+            cap_pre.fill_(caps[2])
+        v.caps = caps
+
+    def _split_ends(self, v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
+        """Rule 14's end and start margins, per request, in place: negative where the device offsets break
+        the host's split (the full guard, which names the request). The end margin is written as an excess
+        (``end - limit``) and negated: a tensor minus a number is one op, a number minus a tensor two."""
+        nd = split.num_decodes
+        _, _, end_dec, end_pre, begin_pre, oe_dec, oe_pre, b_dec, b_pre = self._cuts(v, nd)
         if nd:
             # A decode is inside the decode tokens (so inside num_tokens: the host checked ndt <= T).
-            torch.sub(q_dec, min(split.decode_query_max, split.max_query_len), out=oq_dec)
             torch.sub(end_dec, split.num_decode_tokens, out=oe_dec)
         if nd < num_reqs:
-            torch.sub(q_pre, split.max_query_len, out=oq_pre)
             torch.sub(end_pre, split.num_tokens, out=oe_pre)
             torch.sub(begin_pre, split.num_decode_tokens, out=b_pre)
         if v.split_decodes != nd:  # a decode has no start margin: 0 where the last build had a prefill
-            v.split_begin[:nd].zero_()
+            b_dec.zero_()
             v.split_decodes = nd
-        v.split_margins.neg_()
+        v.split_end.neg_()
 
     def requests_clean(self, num_reqs: int) -> bool:
-        """Whether no request broke a rule, from ``request_quantities``: a host read, so only for a
-        device where reading a value costs no sync (the CPU)."""
-        return num_reqs == 0 or int(self._request_views(num_reqs).flat_quantities.min()) >= 0
+        """Whether no request broke a rule, from ``request_quantities(values=False)``: host reads, so only
+        for a device where reading a value costs no sync (the CPU). Rule 14's ends and starts are held
+        against two offsets: where no request's query is negative (rule 1, in the same minimum) the
+        offsets never decrease, so every decode ends at or before qsl[num_decodes] and every prefill
+        starts at or after it and ends at or before qsl[R]."""
+        v = self._request_views(num_reqs)
+        if num_reqs and int(v.flat_quantities.min()) < 0:
+            return False
+        nd, ndt, num_tokens = v.split
+        offsets = v.qsl_host
+        decode_end = int(offsets[nd])
+        return decode_end <= ndt and (nd == num_reqs or decode_end >= ndt) and int(offsets[num_reqs]) <= num_tokens
+
+    def scheduled(self, num_reqs: int) -> int:
+        """query_start_loc[R] of the last ``request_quantities``, read on the host (the CPU): the rows at
+        and past it are padding (rule 13)."""
+        return int(self._request_views(num_reqs).qsl_host[num_reqs])
 
     def first_broken(self, num_reqs: int) -> torch.Tensor:
         """The second half of ``request_checks``: each request's first broken rule into its candidate;

@@ -241,7 +241,10 @@ class TorchBackend(Backend):
             self._guard.request_quantities(
                 cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan, values=False
             )
-            if not self._guard.requests_clean(nreq) or self._padding_slots(batch, qsl, nreq, plan.num_tokens):
+            if not self._guard.requests_clean(nreq):
+                return False
+            scheduled = self._guard.scheduled(nreq)
+            if scheduled < plan.num_tokens and self._padding_slots(batch, scheduled, plan.num_tokens):
                 return False
             probe.clean = True
         ends = qsl[1:]
@@ -360,12 +363,11 @@ class TorchBackend(Backend):
         return True
 
     @staticmethod
-    def _padding_slots(batch: AttentionBatch, qsl: torch.Tensor, num_reqs: int, num_tokens: int) -> bool:
-        """Rule 13 for the CPU's first, unguarded build: whether a row past query_start_loc[R] has a slot
-        (a host read, free on the CPU). Read through numpy: the same memory, without torch's per-op
-        dispatch (six ops were a sixth of a guarded decode build's)."""
-        scheduled = max(int(qsl.numpy()[num_reqs]), 0)
-        return bool((batch.slot_mapping.numpy()[scheduled:num_tokens] >= 0).any())
+    def _padding_slots(batch: AttentionBatch, scheduled: int, num_tokens: int) -> bool:
+        """Rule 13 for the CPU's first, unguarded build, where rows [scheduled, num_tokens) are padding
+        (``scheduled``: query_start_loc[R], read by the request test): whether one has a slot (a host
+        read, free on the CPU). Read through numpy: the same memory, without torch's per-op dispatch."""
+        return bool((batch.slot_mapping.numpy()[max(scheduled, 0) : num_tokens] >= 0).any())
 
     @staticmethod
     def _empty_padding(s: _Shape, scheduled: torch.Tensor, ndt: int) -> None:

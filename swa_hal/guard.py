@@ -202,26 +202,18 @@ def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch
 
 # Rows of a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``), one column per
 # request. The rows up to NONE are the quantities that are negative where a rule is broken, in the order the
-# rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports, and the
-# query caps of the host's split (CAP). query_start_loc (R + 1 entries) has its own vector. PREFIX and
-# SPLIT_QUERY are one subtraction: [SEQ; CAP] - QUERY (so SEQ and CAP are adjacent, in that order).
-(
-    QUERY,
-    PREFIX,
-    SPLIT_QUERY,
-    SPLIT_END,
-    SPLIT_BEGIN,
-    BOUND,
-    HEADROOM,
-    SPAN_BAD,
-    WIDTH_LEFT,
-    NONE,
-    SEQ,
-    CAP,
-    FIRST_SPAN,
-    NEED,
-) = range(14)
-RULE_ROWS = 14
+# rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports and the
+# operands of the first three quantities. query_start_loc (R + 1 entries) has its own vector.
+QUERY, PREFIX, SPLIT_QUERY, ROOM, SPLIT_END, SPLIT_BEGIN, BOUND, HEADROOM, SPAN_BAD, WIDTH_LEFT, NONE = range(11)
+# [P; cap - q; room] = [S; cap; room limit] - [q; q; S] is one subtraction: q is written twice (QUERY and
+# QUERY_AGAIN, one APART, a single subtraction too), so QUERY, QUERY_AGAIN and SEQ are one strided view,
+# and SEQ, CAP and ROOM_LIMIT (the rows of S, the query caps of the host's split and the room limit) one
+# contiguous block.
+APART = NONE + 1
+QUERY_AGAIN, FIRST_SPAN, NEED = APART, APART + 1, APART + 2
+SEQ = QUERY + 2 * APART
+CAP, ROOM_LIMIT = SEQ + 1, SEQ + 2
+RULE_ROWS = ROOM_LIMIT + 1
 # Per checked row: the kind it stands for and the row of the value reported.
 ROW_KINDS = (
     Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
@@ -230,6 +222,9 @@ ROW_KINDS = (
     # min(max_decode_query_len, max_query_len), a prefill's max_query_len), a decode's end against the decode
     # tokens; a prefill's end against num_tokens and its start against the decode tokens (0 for a decode).
     Violation.HOST_SPLIT,  # query margin < 0
+    # The room a request's pages have in the block table, the CPU's first test's alone (rule 5 for rows that
+    # read nothing past seq_len): never negative in the full guard, whose room limit no seq_lens reaches.
+    Violation.PAGES,
     Violation.HOST_SPLIT,  # end margin < 0
     Violation.HOST_SPLIT,  # start margin < 0
     Violation.REPLAY,  # replay_start[r] < 0
@@ -238,7 +233,9 @@ ROW_KINDS = (
     Violation.ROW_WIDTH,  # width - need < 0 (reports need)
     0,
 )
-VALUE_ROWS = (QUERY, SEQ, QUERY, QUERY, QUERY, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
+VALUE_ROWS = (QUERY, SEQ, QUERY, SEQ, QUERY, QUERY, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
+# The full guard's room limit: above every int32 seq_lens, so its room row is never negative.
+NO_ROOM_LIMIT = 1 << 32
 
 
 class _RequestViews:
@@ -247,7 +244,7 @@ class _RequestViews:
     Its rules table is its own, not a cut of one table for every count: so the quantities a guarded CPU
     build tests first (``TorchGuard.requests_clean``) are one contiguous block, whose minimum costs a
     fifth of a strided one's. ``filled``: the rows an earlier build of this count filled (``_clear``).
-    ``caps``: the split whose query caps the CAP row holds; ``split``: this build's (num_decodes,
+    ``caps``: the split and room limit the CAP and ROOM_LIMIT rows hold; ``split``: this build's (num_decodes,
     num_decode_tokens, num_tokens); ``qsl_host``: ``qsl`` read on the host (a CPU guard's, else None)."""
 
     __slots__ = (
@@ -257,11 +254,15 @@ class _RequestViews:
         "qsl_host",
         "begin",
         "end",
+        "begins",
+        "ends",
         "seq",
         "query",
         "prefix",
+        "queries",
+        "operands",
         "limits",
-        "prefix_and_cap_margin",
+        "margins",
         "cap",
         "caps",
         "split",
@@ -297,13 +298,17 @@ class _RequestViews:
     qsl_host: Any
     begin: torch.Tensor
     end: torch.Tensor
+    begins: torch.Tensor
+    ends: torch.Tensor
     seq: torch.Tensor
     query: torch.Tensor
     prefix: torch.Tensor
+    queries: torch.Tensor
+    operands: torch.Tensor
     limits: torch.Tensor
-    prefix_and_cap_margin: torch.Tensor
+    margins: torch.Tensor
     cap: torch.Tensor
-    caps: tuple[int, int, int] | None
+    caps: tuple[int, int, int, int] | None
     split: tuple[int, int, int]
     split_end: torch.Tensor
     split_begin: torch.Tensor
@@ -374,6 +379,10 @@ class TorchGuard:
         self.int32_min = torch.tensor(-INT32_LIMIT - 1, dtype=torch.int64, device=device)
         self.none_row = torch.tensor(NONE, dtype=torch.int64, device=device)
         self.at = torch.zeros(1, dtype=torch.int64, device=device)
+        # The first test's minimum (requests_clean), read on the host through numpy (the same memory; the
+        # first test runs on the CPU only).
+        self.lowest = torch.zeros((), dtype=torch.int64, device=device)
+        self._lowest_host = self.lowest.numpy() if device.type == "cpu" else None
         # The chosen candidate, then the build's group (set per call: every candidate of a call shares it).
         self.chosen = torch.zeros((RECORD_LEN, 1), **i32)
         self.chosen_flag, self.chosen_flat = self.chosen[0], self.chosen[:, 0]
@@ -402,8 +411,10 @@ class TorchGuard:
         v.qsl = torch.zeros(r + 1, dtype=torch.int64, device=self.device)
         v.qsl_host = v.qsl.numpy() if self.device.type == "cpu" else None
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
+        v.begins, v.ends = v.begin.expand(2, r), v.end.expand(2, r)
         v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
-        v.limits, v.prefix_and_cap_margin = rules[SEQ : CAP + 1], rules[PREFIX : SPLIT_QUERY + 1]
+        v.queries, v.operands = rules[QUERY : QUERY_AGAIN + 1 : APART], rules[QUERY : SEQ + 1 : APART]
+        v.limits, v.margins = rules[SEQ : ROOM_LIMIT + 1], rules[PREFIX : ROOM + 1]
         v.cap, v.caps, v.split = rules[CAP], None, (0, 0, 0)
         v.split_end, v.split_begin = rules[SPLIT_END], rules[SPLIT_BEGIN]
         v.split_cuts, v.split_decodes = HostCache(limit=64), 0
@@ -463,20 +474,26 @@ class TorchGuard:
         causal: bool,
         split: SplitFacts,
         values: bool = True,
+        table_positions: int = NO_ROOM_LIMIT,
     ) -> None:
         """The first half of ``request_checks``: every request's checked quantities (negative where it
         breaks a rule), without choosing the first broken rule. ``values=False`` (the CPU's first test,
         ``requests_clean``): rule 14's end and start margins are left to ``requests_clean``, which holds
-        the host's split against two offsets instead of every request's (the rows read 0)."""
+        the host's split against two offsets instead of every request's (the rows read 0).
+        ``table_positions`` (the first test's): the block table's width times the page size; the room row
+        gets ``table_positions - S_r``, negative where a request's last page lies past the table. Rows
+        that read no position at or past their request's seq_len (all but image rows, docs/semantics.md
+        #vision-spans) read no page past the table where it is not negative, so rule 5 needs no look at
+        their pages (full validation asks the same of every request)."""
         v = self._request_views(num_reqs)
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
-        torch.sub(v.end, v.begin, out=v.query)
-        # seq_lens in int64 beside the query caps: rule 2's P_r = S_r - q_r and rule 14's cap_r - q_r are
-        # one subtraction (S_r is also the value rule 2 reports, and DSpark widths read it).
+        torch.sub(v.ends, v.begins, out=v.queries)  # q_r, into QUERY and QUERY_AGAIN
+        # seq_lens in int64 (S_r is also the value rule 2 reports, and DSpark widths read it), then rule
+        # 2's P_r = S_r - q_r, rule 14's cap_r - q_r and the room: one subtraction.
         v.seq.copy_(seq_lens)
-        self._split_caps(v, num_reqs, split)
-        torch.sub(v.limits, v.query, out=v.prefix_and_cap_margin)
+        self._limits(v, num_reqs, split, table_positions)
+        torch.sub(v.limits, v.operands, out=v.margins)
         v.split = (split.num_decodes, split.num_decode_tokens, split.num_tokens)
         self._clear(v, SPLIT_END, values)
         self._clear(v, SPLIT_BEGIN, values)
@@ -521,19 +538,23 @@ class TorchGuard:
             ))  # fmt: skip
         return cut
 
-    def _split_caps(self, v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
-        """Rule 14's query caps into the CAP row: a decode's min(decode_query_max, max_query_len), a
-        prefill's max_query_len. Host values: rewritten only when they change (a decode-only server's
-        never do)."""
+    def _limits(self, v: _RequestViews, num_reqs: int, split: SplitFacts, room_limit: int) -> None:
+        """Rule 14's query caps into the CAP row (a decode's min(decode_query_max, max_query_len), a
+        prefill's max_query_len) and ``room_limit`` into ROOM_LIMIT. Host values: rewritten only when
+        they change (a decode-only server's never do)."""
         nd = split.num_decodes
-        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len)
-        if caps == v.caps:
+        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len, room_limit)
+        old = v.caps
+        if caps == old:
             return
-        cap_dec, cap_pre = self._cuts(v, nd)[:2]
-        if nd:
-            cap_dec.fill_(caps[1])
-        if nd < num_reqs:
-            cap_pre.fill_(caps[2])
+        if old is None or caps[:3] != old[:3]:
+            cap_dec, cap_pre = self._cuts(v, nd)[:2]
+            if nd:
+                cap_dec.fill_(caps[1])
+            if nd < num_reqs:
+                cap_pre.fill_(caps[2])
+        if old is None or room_limit != old[3]:
+            v.rules[ROOM_LIMIT].fill_(room_limit)
         v.caps = caps
 
     def _split_ends(self, v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
@@ -560,8 +581,10 @@ class TorchGuard:
         offsets never decrease, so every decode ends at or before qsl[num_decodes] and every prefill
         starts at or after it and ends at or before qsl[R]."""
         v = self._request_views(num_reqs)
-        if num_reqs and int(v.flat_quantities.min()) < 0:
-            return False
+        if num_reqs:
+            torch.min(v.flat_quantities, out=self.lowest)
+            if self._lowest_host < 0:
+                return False
         nd, ndt, num_tokens = v.split
         offsets = v.qsl_host
         decode_end = int(offsets[nd])

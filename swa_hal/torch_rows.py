@@ -248,22 +248,30 @@ class RowProbe:
     #guarded-builds). ``clean`` stays True while every row reads pages inside the block table and block
     ids inside ``[0, limit)``; the test is conservative (it counts empty rows too, and the pages of a
     row's request below its first page that the fill reads and skips: ``_fill_rows``), so True means
-    the guarded fill would have emptied no row, and False only that the build must run the full guard."""
+    the guarded fill would have emptied no row, and False only that the build must run the full guard.
+    Rows that read no position past their request's seq_len need no look at their pages: the request
+    test bounds seq_len by the table (``TorchGuard.request_quantities``). Each reduction writes into
+    ``found``, read on the host through numpy (the same memory, no further operation)."""
 
-    __slots__ = ("limit", "clean")
+    __slots__ = ("limit", "clean", "lowest", "highest", "last", "found")
 
     def __init__(self, limit: int):
         self.limit = limit
         self.clean = True
+        found = torch.zeros(3, dtype=torch.int32)
+        self.lowest, self.highest, self.last = found.unbind(0)
+        self.found = found.numpy()
 
     def see_pages(self, last_page: torch.Tensor, table_width: int) -> None:
         """Rule 5: every row's last page inside the table."""
-        self.clean = self.clean and int(last_page.max()) < table_width
+        torch.max(last_page, out=self.last)
+        self.clean = self.clean and self.found[2] < table_width
 
     def see_blocks(self, blocks: torch.Tensor) -> None:
         """Rule 6: every block id the rows' pages hold (a row's pages below its first included) in range."""
-        lowest, highest = torch.aminmax(blocks)
-        self.clean = self.clean and int(lowest) >= 0 and int(highest) < self.limit
+        torch.aminmax(blocks, out=(self.lowest, self.highest))
+        found = self.found
+        self.clean = self.clean and found[0] >= 0 and found[1] < self.limit
 
 
 def _fill_rows(
@@ -278,6 +286,7 @@ def _fill_rows(
     guard: RowGuard | None = None,
     lens_in_range: bool = True,
     probe: RowProbe | None = None,
+    past_seq: bool = False,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1 (``start >= 0``).
 
@@ -291,7 +300,8 @@ def _fill_rows(
     #guarded-builds), rows that read past the table or a block id outside ``[0, guard.limit)`` are emptied
     (their lens zeroed before the columns are laid out) and reported in ``guard``; the pages below a row's
     first are then left out of its block check. ``lens_in_range``: whether every lens lies in [0, width]
-    already. With ``probe``, the pages' last and blocks are only looked at (``RowProbe``).
+    already. With ``probe``, the blocks are only looked at (``RowProbe``), and the last pages too where rows
+    may read past their request's seq_len (``past_seq``: image rows).
     """
     width = out.shape[1]
     t = v.tables
@@ -309,7 +319,7 @@ def _fill_rows(
     else:
         last.div_(ws.c[block_size], rounding_mode="floor")
     pages = torch.add(v.last_page_col, t.steps_down, out=v.pages)  # last - (pages - 1) .. last
-    if probe is not None:
+    if probe is not None and past_seq:
         probe.see_pages(last, table_width)
     if guard is not None:
         # Rule 5 looks at the last page; rule 6 at the blocks the row reads, from its first page on.
@@ -444,7 +454,7 @@ def fill_causal_rows(
     # keeps its first `width` positions (#vision-spans, #engine-parity). Invalid tokens: empty.
     torch.sub(end, start, out=lens).clamp_(0, width)
     torch.where(valid, lens, ws.c[0], out=lens)
-    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, probe=probe)
+    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, probe=probe, past_seq=right is not None)
 
 
 def fill_dspark_rows(

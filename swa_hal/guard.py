@@ -234,6 +234,9 @@ ROW_KINDS = (
     0,
 )
 VALUE_ROWS = (QUERY, SEQ, QUERY, SEQ, QUERY, QUERY, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
+# Rows only some builds fill, by what fills them: rule 14's ends and starts (the full guard), replay bounds,
+# spans, DSpark widths.
+OPTIONAL_ROWS = ((SPLIT_END, SPLIT_BEGIN), (BOUND, HEADROOM), (SPAN_BAD,), (WIDTH_LEFT,))
 # The full guard's room limit: above every int32 seq_lens, so its room row is never negative.
 NO_ROOM_LIMIT = 1 << 32
 
@@ -243,7 +246,7 @@ class _RequestViews:
 
     Its rules table is its own, not a cut of one table for every count: so the quantities a guarded CPU
     build tests first (``TorchGuard.requests_clean``) are one contiguous block, whose minimum costs a
-    fifth of a strided one's. ``filled``: the rows an earlier build of this count filled (``_clear``).
+    fifth of a strided one's. ``filled``: which optional rows the last build of this count filled (``_fill``).
     ``caps``: the split and room limit the CAP and ROOM_LIMIT rows hold; ``split``: this build's (num_decodes,
     num_decode_tokens, num_tokens); ``qsl_host``: ``qsl`` read on the host (a CPU guard's, else None)."""
 
@@ -323,7 +326,7 @@ class _RequestViews:
     checked: torch.Tensor
     quantities: torch.Tensor
     flat_quantities: torch.Tensor
-    filled: set[int]
+    filled: tuple[bool, ...]
     rules: torch.Tensor
     negative: torch.Tensor
     any: torch.Tensor
@@ -407,7 +410,7 @@ class TorchGuard:
         rules[NONE] = -1
         # Rows some earlier build filled that this one may not (replay bounds, spans, DSpark widths): they
         # are zeroed before a build that does not fill them reads them.
-        v.filled = set()
+        v.filled = (False,) * len(OPTIONAL_ROWS)
         v.qsl = torch.zeros(r + 1, dtype=torch.int64, device=self.device)
         v.qsl_host = v.qsl.numpy() if self.device.type == "cpu" else None
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
@@ -432,12 +435,15 @@ class TorchGuard:
         return v
 
     @staticmethod
-    def _clear(v: _RequestViews, row: int, fill: bool) -> None:
-        if fill:
-            v.filled.add(row)
-        elif row in v.filled:
-            v.rules[row].zero_()
-            v.filled.discard(row)
+    def _fill(v: _RequestViews, fills: tuple[bool, ...]) -> None:
+        """Zero the optional rows (``OPTIONAL_ROWS``) the last build filled and this one does not
+        (``fills``); a build without spans, replay bounds or DSpark rows then reads zeros there."""
+        if fills != v.filled:
+            for rows, was, now in zip(OPTIONAL_ROWS, v.filled, fills):
+                if was and not now:
+                    for row in rows:
+                        v.rules[row].zero_()
+            v.filled = fills
 
     def request_checks(
         self,
@@ -495,18 +501,15 @@ class TorchGuard:
         self._limits(v, num_reqs, split, table_positions)
         torch.sub(v.limits, v.operands, out=v.margins)
         v.split = (split.num_decodes, split.num_decode_tokens, split.num_tokens)
-        self._clear(v, SPLIT_END, values)
-        self._clear(v, SPLIT_BEGIN, values)
-        if values:
-            self._split_ends(v, num_reqs, split)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         # Rule 3 holds where rows use the bound: every request of a causal build; the prefills of a DSpark
         # step (its decode rows ignore the bound, docs/semantics.md #dspark-rows; its prefill rows and gather
         # lengths do not), as the kernels' prefill and gather programs check it.
         decodes = 0 if causal else split.num_decodes
         replay = replay_start is not None and decodes < num_reqs
-        self._clear(v, BOUND, replay)
-        self._clear(v, HEADROOM, replay)
+        self._fill(v, (values, replay, checks_spans, not causal))
+        if values:
+            self._split_ends(v, num_reqs, split)
         if replay:
             assert replay_start is not None
             v.bound.copy_(replay_start)
@@ -514,13 +517,11 @@ class TorchGuard:
             if decodes:
                 v.bound[:decodes] = 0
                 v.headroom[:decodes] = 0
-        self._clear(v, SPAN_BAD, checks_spans)
         if checks_spans:
             assert spans is not None
             bad_req, first_span = _span_checks(spans, num_reqs)
             torch.mul(bad_req, -1, out=v.span_bad)
             v.first_span.copy_(first_span)
-        self._clear(v, WIDTH_LEFT, not causal)
         if not causal:
             torch.minimum(v.seq, v.query + config.window_size, out=v.need)
             torch.sub(v.need, config.noncausal_index_width, out=v.width_left).neg_()
@@ -583,7 +584,7 @@ class TorchGuard:
         v = self._request_views(num_reqs)
         if num_reqs:
             torch.min(v.flat_quantities, out=self.lowest)
-            if self._lowest_host < 0:
+            if self._lowest_host.item() < 0:
                 return False
         nd, ndt, num_tokens = v.split
         offsets = v.qsl_host

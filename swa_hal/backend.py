@@ -153,6 +153,14 @@ class BuildPlan(NamedTuple):
     # A group build's rows of the kernel's group table (docs/semantics.md #group-builds), from its
     # host preflight; empty for a single build.
     group_rows: tuple[tuple[int, int, int, int], ...] = ()
+    # Rule 15 (docs/semantics.md #guarded-builds): the prefills' seq_lens_cpu where a guarded build holds
+    # them against seq_lens, on the build's device (entries [num_decodes, num_reqs) meaningful); None where
+    # there is nothing to hold (no prefill, no host copy, an unguarded build).
+    host_seq_lens: torch.Tensor | None = None
+    # Rules 16 and 17 are a build's: max_model_len, and each row's slot_mapping entry its own slot. A draft-step
+    # update checks neither (an engine's draft step may run its drafts past max_model_len, whose tokens it
+    # leaves without a slot, and may hand the update the slot mapping it had at the build).
+    build_checks: bool = True
 
 
 def update_plan(metadata: SWAMetadata) -> BuildPlan:
@@ -177,6 +185,7 @@ def update_plan(metadata: SWAMetadata) -> BuildPlan:
         decode_guess_len=mdql,
         max_query_len=mdql,
         decode_query_max=mdql,
+        build_checks=False,
     )
 
 

@@ -63,6 +63,12 @@ class MetadataBuffers:
         self.no_replay_start = torch.zeros(seqs, **i32)
         # The bounds of a batch whose padding requests have none (fewer bounds than requests), then zeros.
         self.padded_replay_start = torch.zeros(seqs, **i32)
+        # A guarded build's copy of its prefills' seq_lens_cpu on the device, which the rows hold against
+        # seq_lens (rule 15, docs/semantics.md #guarded-builds); a CPU builder reads the host copy itself.
+        self.host_seq_lens = torch.zeros(seqs, **i32)
+        # Its staging copy in pageable host memory (a device builder only): a copy from pageable memory has
+        # left it when the call returns, so the caller may rewrite its own (pinned) seq_lens_cpu at once.
+        self.host_seq_stage = torch.zeros(seqs if device.type != "cpu" else 0, dtype=torch.int32)
         # Vision variant: per-token visibility, and the span CSR of a batch (image_spans_from_ranges).
         # Without spans the kernels read an all-zero indptr: no request has a span.
         images = config.max_image_tokens > 0

@@ -178,6 +178,8 @@ class SWAMetadataBuilder:
         self.decode_threshold = config.decode_threshold
         self._group_buffers = [self.buffers.group(g) for g in range(config.num_kv_groups)]
         self._lens_high_water = [0] * config.num_kv_groups
+        # The version counter of the zero bounds handed out as md.replay_start of a build without bounds.
+        self._no_replay_version = self.buffers.no_replay_start._version
         # Views of the fixed buffers by build shape, and objects derived from engine tensors by their
         # identity (swa_hal/cache.py): what a build would otherwise make again every step.
         self._cache = HostCache()
@@ -375,6 +377,12 @@ class SWAMetadataBuilder:
                     high[g] = ndt
         replay = inputs.replay_start
         if replay is None:
+            zeros = self.buffers.no_replay_start
+            if zeros._version != self._no_replay_version:
+                # A caller wrote into the md.replay_start an earlier build handed out (every in-place torch
+                # write bumps the counter): zero it again before a kernel reads it (#fixed-buffers).
+                zeros.zero_()
+                self._no_replay_version = zeros._version
             replay = self._cache.get(("replay", num_reqs))
             if replay is None:
                 replay = self._cache.keep(("replay", num_reqs), self.buffers.no_replay_start[:num_reqs])
@@ -386,6 +394,9 @@ class SWAMetadataBuilder:
             padded[: replay.shape[0]].copy_(replay)
             padded[replay.shape[0] :].zero_()
             replay = padded
+        host_seq = None
+        if npf and self.guard and inputs.seq_lens_cpu is not None:
+            host_seq = self._held_host_seq(inputs.seq_lens_cpu, num_reqs)
         spans = inputs.image_spans
         images = spans is not None and npt > 0 and self.config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         plan = BuildPlan(
@@ -406,8 +417,29 @@ class SWAMetadataBuilder:
             max_query_len=mql,
             decode_query_max=min(mql, threshold),
             group_rows=group_rows,
+            host_seq_lens=host_seq,
         )
         return plan, query
+
+    def _held_host_seq(self, seq_cpu: torch.Tensor, num_reqs: int) -> torch.Tensor | None:
+        """The host copy of seq_lens where the guard's rows read it (rule 15, docs/semantics.md #guarded-builds):
+        copied into the builder's buffer in stream order, without a sync (a memory copy on a CPU builder),
+        so the kernels read a buffer of the builder's, never the caller's host memory; none during CUDA
+        graph capture, where a copy from host memory cannot be recorded: rule 15 is then not checked.
+        A device builder stages the values in pageable memory of its own first: a non-blocking copy from
+        an engine's pinned buffer would read it when the stream gets there, after the engine may have
+        rewritten it for its next step (a false record, rows emptied); one from pageable memory has read
+        it by the time the call returns."""
+        held = self.buffers.host_seq_lens[:num_reqs]
+        if self.device.type == "cpu":
+            held.copy_(seq_cpu[:num_reqs])
+            return held
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        stage = self.buffers.host_seq_stage[:num_reqs]
+        stage.copy_(seq_cpu[:num_reqs])
+        held.copy_(stage, non_blocking=True)
+        return held
 
     def _host_array(self, t: torch.Tensor) -> np.ndarray:
         """``t.numpy()``, reused for the same memory seen the same way (swa_hal/cache.py)."""

@@ -3,7 +3,8 @@
 In guard mode the build (the Triton kernel, or the vectorised torch code below) also checks what the
 host preflight cannot see without a sync: query_start_loc non-decreasing, seq_len >= query_len, replay
 bounds, image spans neither inverted nor negative, every block id a window reads inside ``[0, block_limit)`` and inside the block
-table's width. A row that breaks a rule is handed out empty (lens 0, all -1), so no index points
+table's width, seq_len within max_model_len, each row's slot mapping the token's own slot by the block table, and the
+host copies the plan read held against the device values (rules 14 and 15). A row that breaks a rule is handed out empty (lens 0, all -1), so no index points
 outside the KV cache, and the first violation found is recorded in a small device buffer:
 ``[count, kind, request, value, group]`` (group: g + 1 where a group build's group g broke the rule, else
 0). ``SWAMetadataBuilder.check()`` reads it (one sync, when the engine
@@ -52,6 +53,10 @@ class SplitFacts(Protocol):
     def max_query_len(self) -> int: ...
     @property
     def decode_query_max(self) -> int: ...
+    @property
+    def host_seq_lens(self) -> torch.Tensor | None: ...
+    @property
+    def build_checks(self) -> bool: ...
 
 
 class Violation(enum.IntEnum):
@@ -74,6 +79,9 @@ class Violation(enum.IntEnum):
     # Builds again, what the host trusted (13 is checked first at a row, 14 after rule 2).
     PADDING_SLOT = 13  # a row past query_start_loc[R] (padding) holds a slot; the value is the row
     HOST_SPLIT = 14  # a request's device offsets disagree with the host's split (max_query_len, decode part)
+    HOST_SEQ = 15  # a prefill's seq_lens_cpu[r] differs from seq_lens[r] (the chunk plan reads the host copy)
+    MODEL_LEN = 16  # seq_lens[r] past max_model_len (checked after rule 2)
+    OWN_SLOT = 17  # slot_mapping[t] is not the token's own slot by the block table (checked after 5 and 6)
 
 
 def block_limit(config: SWAConfig) -> int:
@@ -175,6 +183,25 @@ def _rule_error(kind: int, req: int, value: int, config: SWAConfig) -> BatchVali
             f"num_tokens{where}",
             req,
         )
+    if kind == Violation.HOST_SEQ:
+        return BatchConsistencyError(
+            "seq_lens_cpu",
+            f"seq_lens_cpu[{req}]={value} differs from seq_lens[{req}] on the device; prefill rows must be exact "
+            f"(the chunk plan and prefill_seq_lens_cpu read the host copy){where}",
+            req,
+        )
+    if kind == Violation.MODEL_LEN:
+        return BatchCapacityError(
+            "seq_lens", f"seq_lens[{req}]={value} exceeds max_model_len={config.max_model_len}{where}", req
+        )
+    if kind == Violation.OWN_SLOT:
+        return BatchConsistencyError(
+            "slot_mapping",
+            f"slot_mapping[{value}] is not the slot block_table gives request {req}'s token at row {value} "
+            f"(block_size={config.block_size}): a block table made for another page size, or a slot mapping "
+            f"of another table{where}",
+            value,
+        )
     if kind == Violation.RING_SLOT:
         return BatchRangeError("pools", f"pools[{req}]={value} is not a request slot of the ring{where}", req)
     return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
@@ -203,42 +230,56 @@ def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch
 # Rows of a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``), one column per
 # request. The rows up to NONE are the quantities that are negative where a rule is broken, in the order the
 # rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports and the
-# operands of the first three quantities. query_start_loc (R + 1 entries) has its own vector.
-QUERY, PREFIX, SPLIT_QUERY, ROOM, SPLIT_END, SPLIT_BEGIN, BOUND, HEADROOM, SPAN_BAD, WIDTH_LEFT, NONE = range(11)
-# [P; cap - q; room] = [S; cap; room limit] - [q; q; S] is one subtraction: q is written twice (QUERY and
-# QUERY_AGAIN, one APART, a single subtraction too), so QUERY, QUERY_AGAIN and SEQ are one strided view,
-# and SEQ, CAP and ROOM_LIMIT (the rows of S, the query caps of the host's split and the room limit) one
+# operands of the first four quantities. query_start_loc (R + 1 entries) has its own vector.
+(
+    QUERY,
+    PREFIX,
+    MODEL_LEFT,
+    SPLIT_QUERY,
+    SPLIT_END,
+    SPLIT_BEGIN,
+    HOST_SAME,
+    BOUND,
+    HEADROOM,
+    SPAN_BAD,
+    WIDTH_LEFT,
+    NONE,
+) = range(12)
+# [P; model left; cap - q] = [S; model limit; cap] - [q; S; q] is one subtraction: q is written twice (QUERY
+# and QUERY_AGAIN, by one subtraction too), so QUERY, SEQ and QUERY_AGAIN, APART apart, are one strided view,
+# and SEQ, MODEL_LIMIT and CAP (S, the bound of rule 16 and the query caps of the host's split) one
 # contiguous block.
 APART = NONE + 1
-QUERY_AGAIN, FIRST_SPAN, NEED = APART, APART + 1, APART + 2
-SEQ = QUERY + 2 * APART
-CAP, ROOM_LIMIT = SEQ + 1, SEQ + 2
-RULE_ROWS = ROOM_LIMIT + 1
+SEQ, MODEL_LIMIT, CAP, FIRST_SPAN, NEED, HOST = range(APART, APART + 6)
+QUERY_AGAIN = QUERY + 2 * APART
+RULE_ROWS = QUERY_AGAIN + 1
 # Per checked row: the kind it stands for and the row of the value reported.
 ROW_KINDS = (
     Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
     Violation.SEQ_SHORT,  # P_r = S_r - q_r < 0 (reports S_r)
+    # Rule 16: max_model_len - S_r < 0 (reports S_r). In the CPU's first test, the bound is the lower of
+    # max_model_len and the block table's width times the page size: there it also proves rule 5 for rows that
+    # read nothing past seq_len (``TorchGuard.request_quantities``).
+    Violation.MODEL_LEN,
     # Rule 14, the host split's margins (each reports q_r): a request's query against its cap (a decode's
     # min(max_decode_query_len, max_query_len), a prefill's max_query_len), a decode's end against the decode
     # tokens; a prefill's end against num_tokens and its start against the decode tokens (0 for a decode).
     Violation.HOST_SPLIT,  # query margin < 0
-    # The room a request's pages have in the block table, the CPU's first test's alone (rule 5 for rows that
-    # read nothing past seq_len): never negative in the full guard, whose room limit no seq_lens reaches.
-    Violation.PAGES,
     Violation.HOST_SPLIT,  # end margin < 0
     Violation.HOST_SPLIT,  # start margin < 0
+    Violation.HOST_SEQ,  # -|seq_lens_cpu[r] - S_r| < 0 for a prefill (reports seq_lens_cpu[r]); 0 for a decode
     Violation.REPLAY,  # replay_start[r] < 0
     Violation.REPLAY,  # P_r - replay_start[r] < 0 (reports replay_start[r])
     Violation.SPAN,  # -1 where a span of the request is bad (reports the first)
     Violation.ROW_WIDTH,  # width - need < 0 (reports need)
     0,
 )
-VALUE_ROWS = (QUERY, SEQ, QUERY, SEQ, QUERY, QUERY, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
-# Rows only some builds fill, by what fills them: rule 14's ends and starts (the full guard), replay bounds,
-# spans, DSpark widths.
-OPTIONAL_ROWS = ((SPLIT_END, SPLIT_BEGIN), (BOUND, HEADROOM), (SPAN_BAD,), (WIDTH_LEFT,))
-# The full guard's room limit: above every int32 seq_lens, so its room row is never negative.
-NO_ROOM_LIMIT = 1 << 32
+VALUE_ROWS = (QUERY, SEQ, SEQ, QUERY, QUERY, QUERY, HOST, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
+# Rows only some builds fill, by what fills them: rule 14's ends and starts (the full guard), rule 15's
+# (prefills with a host copy), replay bounds, spans, DSpark widths.
+OPTIONAL_ROWS = ((SPLIT_END, SPLIT_BEGIN), (HOST_SAME, HOST), (BOUND, HEADROOM), (SPAN_BAD,), (WIDTH_LEFT,))
+# Rule 16's bound where it is not checked (draft updates): above every int32 seq_lens.
+NO_MODEL_LIMIT = 1 << 32
 
 
 class _RequestViews:
@@ -247,7 +288,7 @@ class _RequestViews:
     Its rules table is its own, not a cut of one table for every count: so the quantities a guarded CPU
     build tests first (``TorchGuard.requests_clean``) are one contiguous block, whose minimum costs a
     fifth of a strided one's. ``filled``: which optional rows the last build of this count filled (``_fill``).
-    ``caps``: the split and room limit the CAP and ROOM_LIMIT rows hold; ``split``: this build's (num_decodes,
+    ``caps``: the split and bound the CAP and MODEL_LIMIT rows hold; ``split``: this build's (num_decodes,
     num_decode_tokens, num_tokens); ``qsl_host``: ``qsl`` read on the host (a CPU guard's, else None)."""
 
     __slots__ = (
@@ -270,6 +311,8 @@ class _RequestViews:
         "caps",
         "split",
         "split_end",
+        "host_same",
+        "host",
         "split_begin",
         "split_cuts",
         "split_decodes",
@@ -314,6 +357,8 @@ class _RequestViews:
     caps: tuple[int, int, int, int] | None
     split: tuple[int, int, int]
     split_end: torch.Tensor
+    host_same: torch.Tensor
+    host: torch.Tensor
     split_begin: torch.Tensor
     split_cuts: HostCache
     split_decodes: int
@@ -349,9 +394,10 @@ class TorchGuard:
 
     Every request and every token row of a build is a candidate for the record: a column of ``table``
     (int32 [4, 1 + R + T]) holds its ``(1, kind, key, value)``, requests from column 1, then the decode
-    rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4 and 7, one pass over
+    rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4, 7 and
+    14-16, one pass over
     ``rules``: the first negative quantity of a request is its first broken rule), the row fill
-    (``torch_rows.RowGuard``) the rows' (rules 5 and 6). A candidate's key is its request where it broke
+    (``torch_rows.RowGuard``) the rows' (rules 5, 6 and 17). A candidate's key is its request where it broke
     a rule, else ``NO_KEY``; ``record`` keeps the candidate of the lowest key, the first among equal
     keys: the lowest request that broke a rule, with its request-level rule if it broke one, else its
     first broken row.
@@ -416,10 +462,11 @@ class TorchGuard:
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
         v.begins, v.ends = v.begin.expand(2, r), v.end.expand(2, r)
         v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
-        v.queries, v.operands = rules[QUERY : QUERY_AGAIN + 1 : APART], rules[QUERY : SEQ + 1 : APART]
-        v.limits, v.margins = rules[SEQ : ROOM_LIMIT + 1], rules[PREFIX : ROOM + 1]
+        v.queries, v.operands = rules[QUERY : QUERY_AGAIN + 1 : 2 * APART], rules[QUERY : QUERY_AGAIN + 1 : APART]
+        v.limits, v.margins = rules[SEQ : CAP + 1], rules[PREFIX : SPLIT_QUERY + 1]
         v.cap, v.caps, v.split = rules[CAP], None, (0, 0, 0)
         v.split_end, v.split_begin = rules[SPLIT_END], rules[SPLIT_BEGIN]
+        v.host_same, v.host = rules[HOST_SAME], rules[HOST]
         v.split_cuts, v.split_decodes = HostCache(limit=64), 0
         v.bound, v.headroom = rules[BOUND], rules[HEADROOM]
         v.span_bad, v.first_span = rules[SPAN_BAD], rules[FIRST_SPAN]
@@ -457,7 +504,7 @@ class TorchGuard:
         causal: bool,
         split: SplitFacts,
     ) -> torch.Tensor:
-        """Rules 1-4, 7 and 14 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
+        """Rules 1-4, 7, 14, 15 and 16 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
         ``seq_lens`` and ``replay_start`` [R] (rule 3 where rows use the bound: every request where
         ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
         against ``split``): fills the requests' candidates. Returns the
@@ -480,36 +527,50 @@ class TorchGuard:
         causal: bool,
         split: SplitFacts,
         values: bool = True,
-        table_positions: int = NO_ROOM_LIMIT,
+        table_positions: int | None = None,
     ) -> None:
         """The first half of ``request_checks``: every request's checked quantities (negative where it
         breaks a rule), without choosing the first broken rule. ``values=False`` (the CPU's first test,
         ``requests_clean``): rule 14's end and start margins are left to ``requests_clean``, which holds
         the host's split against two offsets instead of every request's (the rows read 0).
-        ``table_positions`` (the first test's): the block table's width times the page size; the room row
-        gets ``table_positions - S_r``, negative where a request's last page lies past the table. Rows
-        that read no position at or past their request's seq_len (all but image rows, docs/semantics.md
-        #vision-spans) read no page past the table where it is not negative, so rule 5 needs no look at
-        their pages (full validation asks the same of every request)."""
+        ``table_positions`` (the first test's): the block table's width times the page size, which then
+        bounds seq_lens with max_model_len in rule 16's row (negative where a request's last page lies past
+        the table). Rows that read no position at or past their request's seq_len (all but image rows,
+        docs/semantics.md #vision-spans) read no page past the table where it is not negative, so rule 5
+        needs no look at their pages (full validation asks the same of every request)."""
         v = self._request_views(num_reqs)
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
         torch.sub(v.ends, v.begins, out=v.queries)  # q_r, into QUERY and QUERY_AGAIN
-        # seq_lens in int64 (S_r is also the value rule 2 reports, and DSpark widths read it), then rule
-        # 2's P_r = S_r - q_r, rule 14's cap_r - q_r and the room: one subtraction.
+        # seq_lens in int64 (S_r is also the value rules 2 and 16 report, and DSpark widths read it), then
+        # rule 2's P_r = S_r - q_r, rule 16's limit - S_r and rule 14's cap_r - q_r: one subtraction.
         v.seq.copy_(seq_lens)
-        self._limits(v, num_reqs, split, table_positions)
+        # Rule 16 is a build's rule, not a draft update's.
+        limit = config.max_model_len if split.build_checks else NO_MODEL_LIMIT
+        if table_positions is not None:
+            limit = min(limit, table_positions)
+        self._limits(v, num_reqs, split, limit)
         torch.sub(v.limits, v.operands, out=v.margins)
         v.split = (split.num_decodes, split.num_decode_tokens, split.num_tokens)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
+        # Rule 15: a prefill's host seq_lens (the plan's, on this device) equal to the device's.
+        host = split.host_seq_lens
+        held = host is not None and split.num_decodes < num_reqs
         # Rule 3 holds where rows use the bound: every request of a causal build; the prefills of a DSpark
         # step (its decode rows ignore the bound, docs/semantics.md #dspark-rows; its prefill rows and gather
         # lengths do not), as the kernels' prefill and gather programs check it.
         decodes = 0 if causal else split.num_decodes
         replay = replay_start is not None and decodes < num_reqs
-        self._fill(v, (values, replay, checks_spans, not causal))
+        self._fill(v, (values, held, replay, checks_spans, not causal))
         if values:
             self._split_ends(v, num_reqs, split)
+        if held:
+            assert host is not None
+            v.host.copy_(host[:num_reqs])
+            torch.sub(v.host, seq_lens, out=v.host_same).abs_().neg_()
+            if split.num_decodes:
+                v.host_same[: split.num_decodes] = 0
+                v.host[: split.num_decodes] = 0
         if replay:
             assert replay_start is not None
             v.bound.copy_(replay_start)
@@ -539,12 +600,12 @@ class TorchGuard:
             ))  # fmt: skip
         return cut
 
-    def _limits(self, v: _RequestViews, num_reqs: int, split: SplitFacts, room_limit: int) -> None:
+    def _limits(self, v: _RequestViews, num_reqs: int, split: SplitFacts, model_limit: int) -> None:
         """Rule 14's query caps into the CAP row (a decode's min(decode_query_max, max_query_len), a
-        prefill's max_query_len) and ``room_limit`` into ROOM_LIMIT. Host values: rewritten only when
+        prefill's max_query_len) and rule 16's bound into MODEL_LIMIT. Host values: rewritten only when
         they change (a decode-only server's never do)."""
         nd = split.num_decodes
-        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len, room_limit)
+        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len, model_limit)
         old = v.caps
         if caps == old:
             return
@@ -554,8 +615,8 @@ class TorchGuard:
                 cap_dec.fill_(caps[1])
             if nd < num_reqs:
                 cap_pre.fill_(caps[2])
-        if old is None or room_limit != old[3]:
-            v.rules[ROOM_LIMIT].fill_(room_limit)
+        if old is None or model_limit != old[3]:
+            v.rules[MODEL_LIMIT].fill_(model_limit)
         v.caps = caps
 
     def _split_ends(self, v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:

@@ -91,6 +91,8 @@ class _Shape:
         "pre_guard",
         "num_prefills",
         "prefill_reqs",
+        "dec_tokens",
+        "pre_tokens",
     )
 
     t2r: torch.Tensor
@@ -118,6 +120,8 @@ class _Shape:
     pre_guard: torch_rows.RowGuard | None
     num_prefills: int
     prefill_reqs: slice
+    dec_tokens: torch.Tensor
+    pre_tokens: torch.Tensor
 
 
 class TorchBackend(Backend):
@@ -143,7 +147,7 @@ class TorchBackend(Backend):
             self._terms[causal] = torch.zeros((torch_rows.TERMS, seqs), dtype=torch.int32, device=self.device)
         self._guard = TorchGuard(seqs, buffers.capacity, self.device)
         self._limit = block_limit(cfg)
-        self._probe = torch_rows.RowProbe(self._limit)
+        self._probe = torch_rows.RowProbe(self._limit, cfg.block_size)
         self._shapes = HostCache(limit=256)  # kept as the host cache keeps (swa_hal/cache.py)
 
     def _shape(self, plan: BuildPlan, buffers: MetadataBuffers) -> _Shape:
@@ -171,6 +175,7 @@ class TorchBackend(Backend):
         s.dec_out = buffers.decode_rows(plan.causal)[:ndt].view(ndt, dec_width)
         s.dec_lens = buffers.decode_lens[:ndt]
         s.pre_req, s.pre_valid, s.pre_rows1 = s.t2r[ndt:t], s.valid[ndt:t], ws.arange[ndt + 1 : t + 1]
+        s.dec_tokens, s.pre_tokens = s.rows[:ndt], s.rows[ndt:t]
         s.pre_out = buffers.prefill_indices[:npt].view(npt, cfg.prefill_index_width)
         s.pre_lens = buffers.prefill_lens[:npt]
         s.clear = buffers.decode_lens[ndt : plan.decode_lens_clear_end] if plan.decode_lens_clear_end > ndt else None
@@ -289,6 +294,16 @@ class TorchBackend(Backend):
             if dspark_rows:
                 torch_rows.empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
         dec_guard, pre_guard = (s.dec_guard, s.pre_guard) if guard else (None, None)
+        # Rule 17 (builds, not draft updates): each part's rows hold their slot_mapping entries.
+        own_slots = plan.build_checks and (guard or probe is not None)
+        dec_slots = pre_slots = None
+        if own_slots:
+            slot_mapping = batch.slot_mapping
+            if ndt:
+                dec_slots = slot_mapping if slot_mapping.shape[0] == ndt else slot_mapping[:ndt]
+            if npt:
+                pre_slots = slot_mapping[ndt : ndt + npt]
+        self._own_slots(dec_guard, probe, dec_slots, s.dec_tokens)
         if ndt:
             if plan.causal:
                 torch_rows.fill_causal_rows(
@@ -307,6 +322,9 @@ class TorchBackend(Backend):
                 )
             else:
                 # The builder checked the row widths on the host already: no device sync here.
+                own_pos1 = None
+                if dec_slots is not None:  # p + 1 = S_r - qsl[r + 1] + t + 1
+                    own_pos1 = torch.sub(seq, ends).index_select(0, s.dec_req).add_(s.dec_rows1)
                 torch_rows.fill_dspark_rows(
                     table,
                     s.dec_req,
@@ -318,12 +336,14 @@ class TorchBackend(Backend):
                     ws=ws,
                     guard=dec_guard,
                     probe=probe,
+                    own_pos1=own_pos1,
                 )
             if probe is not None and not probe.clean:
                 return False
         if s.clear is not None:
             s.clear.zero_()
         if npt:
+            self._own_slots(pre_guard, probe, pre_slots, s.pre_tokens)
             left = right = None
             if plan.images:
                 s.dec_left.zero_()
@@ -375,6 +395,19 @@ class TorchBackend(Backend):
         if guard:
             self._guard.record(buffers.violation, nreq + ndt + npt, buffers.record_group)
         return True
+
+    @staticmethod
+    def _own_slots(
+        guard: torch_rows.RowGuard | None,
+        probe: torch_rows.RowProbe | None,
+        slots: torch.Tensor | None,
+        tokens: torch.Tensor,
+    ) -> None:
+        """Point the next fill's rule 17 at ``slots`` (None: not checked) and its rows' ``tokens``."""
+        if guard is not None:
+            guard.slots, guard.tokens = slots, tokens
+        if probe is not None:
+            probe.slots = slots
 
     @staticmethod
     def _padding_slots(batch: AttentionBatch, scheduled: int, num_tokens: int) -> bool:

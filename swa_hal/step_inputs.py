@@ -4,8 +4,9 @@ Every KV-cache group of a step reads the same per-request inputs: the query offs
 lengths, their host copies, the query-length bound, causality, the replay bounds and the image spans.
 They travel as one frozen object: a batch is these inputs plus one group's block table and slot
 mapping (``AttentionBatch``), a build's plan and metadata carry them unchanged, and the vLLM step path
-hands a group the step's rows only when its inputs are this object (compared by identity, never
-field by field). A new per-request input is one field here and one line in ``preflight``; the other
+hands a group the step's rows only when its inputs come from the same engine objects (compared by
+identity first, then item by item: ``integrations.engine.same_sources``) that no one changed in place
+since (their version counters). A new per-request input is one field here and one line in ``preflight``; the other
 files it touches are listed in docs/kernels.md, "Adding a per-request input".
 """
 
@@ -34,8 +35,9 @@ class StepInputs(NamedTuple):
     window (docs/semantics.md #bounded-replay; None: no bound); ``image_spans``: the vision variant's
     spans (#vision-spans; None: none).
 
-    Immutable (a NamedTuple: made once per step, cheaply). Inputs are compared by identity (``is``): the
-    same inputs are the same object, never a comparison of tensors.
+    Immutable (a NamedTuple: made once per step, cheaply). A grouped draft update tells the metadata of
+    one build by this object's identity (``is``): the same inputs are the same object, never a
+    comparison of tensor values.
     """
 
     seq_lens: torch.Tensor

@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .cache import HostCache
 
 # Row-level rules of a guarded build (the request-level ones live in swa_hal/guard.py), and the key of a
 # guard candidate that broke no rule (keys are requests, far below it).
-PAGES, BLOCK = 5, 6
+PAGES, BLOCK, OWN_SLOT = 5, 6, 17
 NO_KEY = 1 << 30
 # Rows of the per-request terms (``request_terms``, int32 [TERMS, R]) that window rows gather: causal rows
 # take S_r - qsl[r + 1] and max(replay_start[r], 0), DSpark rows their start and lens.
@@ -233,13 +234,19 @@ class RowGuard:
     receive the row's rule and value where it broke one (the first page past the table, or the first
     bad block id; unspecified elsewhere), and ``key`` its request where it was emptied by a rule, else
     ``NO_KEY``. The guard's record takes the lowest key (guard.py).
+
+    Rule 17 where the backend sets ``slots`` for a build (the rows' slot_mapping entries, int64 [n]) with
+    ``tokens`` (the rows' token indices, the value reported): a row that broke no rule and has entries reads
+    its token's own position, whose slot must be its entry (else it is emptied, after rules 5 and 6).
     """
 
-    __slots__ = ("limit", "kind", "value", "key")
+    __slots__ = ("limit", "kind", "value", "key", "slots", "tokens")
 
     def __init__(self, limit: int, kind: torch.Tensor, value: torch.Tensor, key: torch.Tensor):
         self.limit = limit
         self.kind, self.value, self.key = kind, value, key
+        self.slots: torch.Tensor | None = None
+        self.tokens: torch.Tensor | None = None
 
 
 class RowProbe:
@@ -253,11 +260,14 @@ class RowProbe:
     test bounds seq_len by the table (``TorchGuard.request_quantities``). Each reduction writes into
     ``found``, read on the host through numpy (the same memory, no further operation)."""
 
-    __slots__ = ("limit", "clean", "lowest", "highest", "last", "found")
+    __slots__ = ("limit", "clean", "block_size", "slots", "lowest", "highest", "last", "found")
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, block_size: int):
         self.limit = limit
         self.clean = True
+        self.block_size = block_size
+        # The rows' slot_mapping entries of the fill under way (rule 17), set by the backend.
+        self.slots: torch.Tensor | None = None
         found = torch.zeros(3, dtype=torch.int32)
         self.lowest, self.highest, self.last = found.unbind(0)
         self.found = found.numpy()
@@ -273,6 +283,19 @@ class RowProbe:
         found = self.found
         self.clean = self.clean and found[0] >= 0 and found[1] < self.limit
 
+    def see_slots(
+        self, table: torch.Tensor, req: torch.Tensor, pos1: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor
+    ) -> None:
+        """Rule 17: every row with entries (a valid token's) holds its own slot in ``slots``, by ``table``
+        at position ``pos1 - 1``. Through numpy: the same memory without torch's per-op dispatch."""
+        if not self.clean:
+            return
+        block_size = self.block_size
+        p = pos1.numpy() - 1
+        page = np.clip(p // block_size, 0, table.shape[1] - 1)
+        own = table.numpy()[req.numpy(), page].astype(np.int64) * block_size + p % block_size
+        self.clean = not bool(((own != slots.numpy()) & (lens.numpy() > 0) & (p >= 0)).any())
+
 
 def _fill_rows(
     block_table: torch.Tensor,
@@ -287,6 +310,7 @@ def _fill_rows(
     lens_in_range: bool = True,
     probe: RowProbe | None = None,
     past_seq: bool = False,
+    own_pos1: torch.Tensor | None = None,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1 (``start >= 0``).
 
@@ -301,7 +325,8 @@ def _fill_rows(
     (their lens zeroed before the columns are laid out) and reported in ``guard``; the pages below a row's
     first are then left out of its block check. ``lens_in_range``: whether every lens lies in [0, width]
     already. With ``probe``, the blocks are only looked at (``RowProbe``), and the last pages too where rows
-    may read past their request's seq_len (``past_seq``: image rows).
+    may read past their request's seq_len (``past_seq``: image rows). ``own_pos1``: each row's token
+    position + 1, where rule 17 is checked (``RowGuard.slots``, ``RowProbe.slots``).
     """
     width = out.shape[1]
     t = v.tables
@@ -337,6 +362,8 @@ def _fill_rows(
     torch.index_select(table.view(-1), 0, v.flat_pages, out=v.flat_blocks)
     if probe is not None:
         probe.see_blocks(blocks)
+        if probe.slots is not None and own_pos1 is not None:
+            probe.see_slots(table, req, own_pos1, lens, probe.slots)
     if guard is not None:
         torch.clamp(blocks, 0, guard.limit - 1, out=v.clamped)
         torch.ne(blocks, v.clamped, out=v.bad)
@@ -347,6 +374,8 @@ def _fill_rows(
         torch.where(off_table, ws.c[PAGES], ws.c[BLOCK], out=guard.kind)
         page_value = torch.clamp_min(v.first, table_width, out=v.page_value)  # the first page past the table
         torch.where(off_table, page_value, v.block_value, out=guard.value)
+        if guard.slots is not None and own_pos1 is not None:
+            _own_slot_rule(table, req, own_pos1 - 1, lens, block_size, guard, broken)
         torch.where(broken, req, ws.c[NO_KEY], out=guard.key)
         lens.masked_fill_(broken, ws.c[0])
         if kept is not lens:
@@ -364,6 +393,30 @@ def _fill_rows(
         starts.clamp_(0, v.windows.shape[0] - 1)
     torch.index_select(v.windows, 0, starts, out=out)
     torch.addcmul(ws.c[-1], out, torch.index_select(t.keep, 0, kept, out=v.keep), out=out)
+
+
+def _own_slot_rule(
+    table: torch.Tensor,
+    req: torch.Tensor,
+    pos: torch.Tensor,
+    lens: torch.Tensor,
+    block_size: int,
+    guard: RowGuard,
+    broken: torch.Tensor,
+) -> None:
+    """Rule 17 into ``guard`` (docs/semantics.md #guarded-builds): a row with entries that broke no rule
+    (``broken``: rules 5 and 6, updated in place) reads its token's own position ``pos``, on a page inside
+    the table; its slot there must be the row's slot_mapping entry (``guard.slots``), else the row breaks
+    rule 17 (its value: the token's row, ``guard.tokens``). A guarded build's full path only."""
+    assert guard.slots is not None and guard.tokens is not None
+    width = table.shape[1]
+    page = torch.div(pos, block_size, rounding_mode="floor")
+    checked = (lens > 0) & (pos >= 0) & (page < width) & ~broken
+    own = table.view(-1).index_select(0, req * width + page.clamp(0, width - 1)).long() * block_size
+    bad = checked & (own + (pos - page * block_size) != guard.slots)
+    guard.kind.masked_fill_(bad, OWN_SLOT)
+    torch.where(bad, guard.tokens, guard.value, out=guard.value)
+    broken.logical_or_(bad)
 
 
 def request_terms(
@@ -454,7 +507,20 @@ def fill_causal_rows(
     # keeps its first `width` positions (#vision-spans, #engine-parity). Invalid tokens: empty.
     torch.sub(end, start, out=lens).clamp_(0, width)
     torch.where(valid, lens, ws.c[0], out=lens)
-    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, probe=probe, past_seq=right is not None)
+    _fill_rows(
+        block_table,
+        req,
+        start,
+        lens,
+        block_size,
+        out,
+        v,
+        ws,
+        guard,
+        probe=probe,
+        past_seq=right is not None,
+        own_pos1=pos1,
+    )
 
 
 def fill_dspark_rows(
@@ -469,9 +535,11 @@ def fill_dspark_rows(
     ws: RowWorkspace,
     guard: RowGuard | None = None,
     probe: RowProbe | None = None,
+    own_pos1: torch.Tensor | None = None,
 ) -> None:
     """DSpark rows (``reference.noncausal_window_rows``) of the token rows with owners ``req`` and validity ``valid``,
-    from ``request_terms(causal=False)``; into ``out`` [n, width] and ``lens`` [n]."""
+    from ``request_terms(causal=False)``; into ``out`` [n, width] and ``lens`` [n]. ``own_pos1``: each row's
+    token position + 1, where rule 17 is checked."""
     rows, width = out.shape
     v = ws.space(block_size, width).views(rows)
     torch.index_select(terms, 1, req, out=v.terms)
@@ -492,4 +560,5 @@ def fill_dspark_rows(
         guard,
         lens_in_range=False,
         probe=probe,
+        own_pos1=own_pos1,
     )

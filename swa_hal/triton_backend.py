@@ -70,6 +70,7 @@ def rows_record(buffers: MetadataBuffers, causal: bool, own: Callable[[torch.Ten
         violation_ptr=own(buffers.violation),
         qsl_ptr=None,
         seq_lens_ptr=None,
+        host_seq_ptr=None,
         block_table_ptr=None,
         slot_mapping_ptr=None,
         replay_ptr=None,
@@ -97,6 +98,8 @@ def rows_record(buffers: MetadataBuffers, causal: bool, own: Callable[[torch.Ten
         max_query_len=0,
         decode_query_max=0,
         num_spans=0,
+        max_model_len=0,
+        build_checks=0,
     )
 
 
@@ -193,6 +196,8 @@ class TritonBackend(Backend):
         ndt, npt, clear_end = plan.num_decode_tokens, plan.num_prefill_tokens, plan.decode_lens_clear_end
         args.qsl_ptr = ptr(inputs.query_start_loc)
         args.seq_lens_ptr = ptr(inputs.seq_lens)
+        host_seq = plan.host_seq_lens
+        args.host_seq_ptr = args.seq_lens_ptr if host_seq is None else ptr(host_seq)
         args.block_table_ptr = ptr(table)
         args.slot_mapping_ptr = ptr(slots)
         args.replay_ptr = ptr(plan.replay_start)
@@ -217,6 +222,8 @@ class TritonBackend(Backend):
         # preflight bounds it by the capacity); INT32_LIMIT still admits every query length.
         args.max_query_len = min(plan.max_query_len, INT32_LIMIT)
         args.decode_query_max = min(plan.decode_query_max, INT32_LIMIT)
+        args.max_model_len = self.config.max_model_len if plan.build_checks else INT32_LIMIT
+        args.build_checks = int(plan.build_checks)
         return args
 
     def _launch(

@@ -110,6 +110,18 @@ def stack(tables, slots, extra_rows: int = 3, extra_tokens: int = 5):
     return t3, s2, t3[:, :rows], s2[:, : slots[0].shape[0]]
 
 
+def own_slots(batch, table: torch.Tensor, slots: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Each scheduled token's own slot by ``table`` where ``slots`` gives it one (-1 where the table holds none)."""
+    qsl, seq = batch.query_start_loc_cpu.long(), batch.seq_lens_cpu.long()
+    real = int(qsl[-1])
+    req = torch.repeat_interleave(torch.arange(seq.shape[0]), qsl[1:] - qsl[:-1])
+    pos = seq[req] - qsl[1:][req] + torch.arange(real)
+    own = table.long()[req, pos // block_size] * block_size + pos % block_size
+    out = slots.clone()
+    out[:real] = torch.where((slots[:real] >= 0) & (own >= 0), own, -1)
+    return out
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 def test_stacked_group_inputs_equal_listed_ones(config_name, backend):
@@ -139,8 +151,11 @@ def test_stacked_group_inputs_equal_listed_ones(config_name, backend):
                               "is_valid_token", "token_to_req_indices"):
                     x, y = getattr(a, field), getattr(b, field)
                     assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), (kind, g, field)
-            # The engine rewrites its buffers in place for the next step: the build reads the new pages.
+            # The engine rewrites its buffers in place for the next step: the build reads the new pages, and
+            # each group's slot mapping the slots its new table gives (docs/semantics.md #guarded-builds, rule 17).
             t_step[:, :, :].copy_(torch.where(t_step >= 0, t_step.flip(0), t_step))
+            for g in range(groups):
+                s_step[g].copy_(own_slots(batch, t_step[g], s_step[g], config.block_size))
             slots = [s_step[g].clone() for g in range(groups)]
             padded = [t_step[g].clone() for g in range(groups)]
 

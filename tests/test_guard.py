@@ -608,7 +608,8 @@ def test_a_prefill_without_tokens_whose_span_breaks_rule_4_gathers_nothing_and_i
     kernels' gather programs recorded this one (they see every prefill, not its rows)."""
     # Request 0: q=3, S=7 (prefix 4, W=5): gather 3 + min(4, W - 1) = 7. Request 1: no new token (q=0) and
     # one span, 45..18, inverted: broken, so gather length 0, but it owns no row.
-    batch = make_batch([0, 3, 3], [7, 9], [[1, 2, 3], [4, 5, 6]], [10, 11, 12], 3, 3, None, ([0, 0, 1], [45], [18]))
+    # Its tokens hold their own slots (rule 17): positions 4..6 on page 1, block 2.
+    batch = make_batch([0, 3, 3], [7, 9], [[1, 2, 3], [4, 5, 6]], [8, 9, 10], 3, 3, None, ([0, 0, 1], [45], [18]))
     builder, ref = _pair(backend)
     md, want = builder.build(batch, validate=False), ref.build(batch, validate=False)
     assert want.prefill_gather_lens.tolist() == [7, 0] and md.prefill_gather_lens.tolist() == [7, 0]
@@ -654,11 +655,12 @@ def test_a_draft_update_checks_only_the_decode_requests(backend):
     "qsl, seqs, slots, recorded_request",
     [
         # Request 0 (S=0 < q=1) has only a token without a slot: it hands out nothing and is not recorded.
-        ([0, 1, 2], [0, 9], [-1, 7], None),
+        # (Slotted tokens of valid requests hold their own slots, rule 17: request 1's position 8 is slot 24.)
+        ([0, 1, 2], [0, 9], [-1, 24], None),
         # Request 0 (q=0, S=-1): no token at all; request 1 (S=1 < q=2) has a slotted token: it is recorded.
         ([0, 0, 2], [-1, 1], [5, -1], 1),
         # Request 1's only token has no slot, request 0 is valid: nothing is recorded.
-        ([0, 1, 2], [4, 0], [3, -1], None),
+        ([0, 1, 2], [4, 0], [7, -1], None),
     ],
 )
 def test_a_broken_request_is_recorded_only_at_a_row_with_a_slot(backend, qsl, seqs, slots, recorded_request):

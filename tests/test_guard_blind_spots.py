@@ -315,3 +315,136 @@ def test_a_violation_in_a_group_build_names_its_group(backend, broken):
     builder.build(with_(batch, block_table=bad))
     with pytest.raises(E.BatchRangeError, match=r"^block_table: request 1's window reads block id 67"):
         builder.check()
+
+
+# -- rules 15, 16 and 17 (docs/semantics.md #guarded-builds): the host seq_lens a plan reads, max_model_len and
+# the page size of the block table, which only full validation named before.
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("validate", [False, True])
+def test_a_prefills_host_seq_len_that_disagrees_with_the_device_is_recorded(backend, validate):
+    # A decode (S=5) and a prefill (S=9, q=5) whose host copy says 12: the chunk plan and prefill_seq_lens_cpu
+    # read the host copy, so the prefill used to be planned as 12 tokens long while its rows were built for 9.
+    batch = AttentionBatch.from_lists([5, 9], [1, 5], TABLE, block_size=4)
+    bad = with_(batch, seq_lens_cpu=set_(batch.seq_lens_cpu, 1, 12))
+    builder = make_builder(CFG, backend)
+    if validate:
+        with pytest.raises(E.BatchConsistencyError, match=r"seq_lens_cpu\[1\]=12 differs from seq_lens\[1\]=9") as info:
+            builder.build(bad, validate=True)
+        assert (info.value.field, info.value.index) == ("seq_lens_cpu", 1)
+        return
+    clean = builder.build(batch)
+    clean_rows = clean.decode_swa_indices[:1].clone()
+    builder.check()
+    md = builder.build(bad)
+    assert md.prefill_gather_lens.tolist() == [0]
+    assert md.prefill_swa_lens[:5].tolist() == [0] * 5 and (md.prefill_swa_indices[:5] == -1).all()
+    assert torch.equal(md.decode_swa_indices[:1], clean_rows)  # the decode is not the host copy's business
+    with pytest.raises(E.BatchConsistencyError, match=r"^seq_lens_cpu\[1\]=12 differs from seq_lens\[1\]") as info:
+        builder.check()
+    assert (info.value.field, info.value.index) == ("seq_lens_cpu", 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_decodes_host_seq_len_is_an_upper_bound_and_not_compared(backend):
+    # A decode's host copy may overstate its length (docs/semantics.md #inputs): valid, and nothing is recorded.
+    batch = AttentionBatch.from_lists([5, 9], [1, 5], TABLE, block_size=4)
+    over = with_(batch, seq_lens_cpu=set_(batch.seq_lens_cpu, 0, 8))
+    validate_batch(over, CFG, 64)
+    builder = make_builder(CFG, backend)
+    md = builder.build(over)
+    builder.check()
+    assert md.decode_swa_lens[:1].tolist() == [4] and md.prefill_gather_lens.tolist() == [8]
+
+
+MODEL_LEN_CFG = dataclasses.replace(CFG, max_model_len=16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("validate", [False, True])
+def test_a_seq_len_past_max_model_len_is_recorded(backend, validate):
+    # Request 1 (S=18) is two tokens past max_model_len=16; its table row holds its pages, so no other rule
+    # saw it and its rows used to be handed out.
+    batch = AttentionBatch.from_lists([5, 18], [1, 1], [[1, 2, 3, 4, 9], [5, 6, 7, 8, 10]], block_size=4)
+    builder = make_builder(MODEL_LEN_CFG, backend)
+    if validate:
+        with pytest.raises(E.BatchCapacityError, match=r"seq_lens\[1\]=18 exceeds max_model_len=16") as info:
+            builder.build(batch, validate=True)
+        assert (info.value.field, info.value.index) == ("seq_lens", 1)
+        return
+    md = builder.build(batch)
+    assert md.decode_swa_lens[:2].tolist() == [4, 0] and (md.decode_swa_indices[1] == -1).all()
+    with pytest.raises(E.BatchCapacityError, match=r"^seq_lens\[1\]=18 exceeds max_model_len=16") as info:
+        builder.check()
+    assert (info.value.field, info.value.index) == ("seq_lens", 1)
+
+
+def table_for_page_size(page_size: int) -> AttentionBatch:
+    """A decode (S=6) and a prefill (S=9, q=5) whose table and slot mapping are made for ``page_size``, in a
+    table wide enough that no window reads past it (rule 5 cannot see it)."""
+    return AttentionBatch.from_lists(
+        [6, 9], [1, 5], [[1, 2, 3, 11, 12, 13], [4, 5, 6, 14, 15, 16]], block_size=page_size
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", [2, 8])
+@pytest.mark.parametrize("validate", [False, True])
+def test_a_table_made_for_another_page_size_is_recorded(backend, page_size, validate):
+    batch = table_for_page_size(page_size)  # CFG's pages hold 4 tokens
+    builder = make_builder(CFG, backend)
+    if validate:
+        with pytest.raises(E.BatchConsistencyError, match=r"slot_mapping\[0\]=") as info:
+            builder.build(batch, validate=True)
+        assert (info.value.field, info.value.index) == ("slot_mapping", 0)
+        return
+    md = builder.build(batch)
+    # Every row's own slot disagrees with its slot mapping: every row is emptied.
+    assert md.decode_swa_lens[:1].tolist() == [0] and md.prefill_swa_lens[:5].tolist() == [0] * 5
+    with pytest.raises(E.BatchConsistencyError, match=r"block_size=4\): a block table made for another page size"):
+        builder.check()
+    want = reference_builder(CFG).build(batch)
+    assert metadata_differences(md, want) == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_torch_build_records_the_first_row_whose_slot_is_not_its_own(backend):
+    # Only token 3 (request 1's third token, position 6) holds another slot: the row is emptied and recorded,
+    # by the torch reference and by every backend (which row a kernel records first is unspecified: one row).
+    batch = table_for_page_size(4)
+    bad = with_(batch, slot_mapping=set_(batch.slot_mapping, 3, 7))
+    builder = make_builder(CFG, backend)
+    clean = builder.build(batch)
+    clean_lens = clean.prefill_swa_lens[:5].tolist()
+    md = builder.build(bad)
+    assert md.prefill_swa_lens[:5].tolist() == [n if t != 2 else 0 for t, n in enumerate(clean_lens)]
+    with pytest.raises(
+        E.BatchConsistencyError, match=r"^slot_mapping\[3\] is not the slot block_table gives request 1"
+    ) as info:
+        builder.check()
+    assert (info.value.field, info.value.index) == ("slot_mapping", 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_group_whose_table_is_made_for_another_page_size_is_named(backend):
+    # Group 1's table and slot mapping are made for pages of 8 tokens (the same block ids, other slots).
+    batch = table_for_page_size(4)
+    other = table_for_page_size(8)
+    builder = make_builder(GROUPED_CFG, backend)
+    builder.build_groups(batch, [batch.block_table] * 3, [batch.slot_mapping, other.slot_mapping, batch.slot_mapping])
+    with pytest.raises(E.BatchConsistencyError, match=r"^group 1: slot_mapping\["):
+        builder.check()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_draft_update_does_not_hold_the_slot_mapping_to_the_advanced_positions(backend):
+    # Rule 17 is a build's: a draft step that advances seq_lens and hands the update the build's slot mapping
+    # (as an engine may) records nothing.
+    batch = AttentionBatch.from_lists([5, 6], [1, 1], TABLE, block_size=4)
+    builder = make_builder(CFG, backend)
+    md = builder.build(batch)
+    batch.seq_lens.add_(1)
+    builder.update_draft_decode_metadata(md)
+    builder.check()
+    assert md.decode_swa_lens[:2].tolist() == [4, 4]

@@ -11,6 +11,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from swa_hal.errors import SWAHalError
+from swa_hal.guard import Violation
 from swa_hal.testing import guarded as G
 
 CPU = torch.device("cpu")
@@ -29,7 +31,7 @@ def drawn(case: Callable[..., list[str]], config, seed: str, cases: int) -> dict
 
 @pytest.fixture(scope="module")
 def group_draws() -> dict[str, int]:
-    return drawn(G.group_case, G.GUARDED_CONFIG, "draws-groups", 160)
+    return drawn(G.group_case, G.GUARDED_CONFIG, "draws-groups", 200)
 
 
 @pytest.mark.parametrize("layout", [f"tables {t}" for t in G.TABLE_LAYOUTS] + [f"slots {s}" for s in G.SLOT_LAYOUTS])
@@ -66,3 +68,24 @@ def test_settings_cases_draw_every_setting_inside_and_outside(config):
 def test_request_window_cases_are_drawn_and_equal_the_reference():
     draws = drawn(G.request_window_case, G.guarded_slot_rows_config(8), "draws-request-window", 30)
     assert draws.get("request_window", 0) == 30, draws
+
+
+def test_build_cases_draw_the_host_seq_model_len_and_page_size_classes():
+    """Rules 15-17 (docs/semantics.md #guarded-builds): the malformed batches draw a prefill's seq_lens_cpu that
+    differs from seq_lens, a seq_len past max_model_len, slots made for another page size and one slot off,
+    and the reference records each rule (the long run and the kit's guarded topic use these batches)."""
+    draws = drawn(G.build_case, G.GUARDED_CONFIG, "draws-batches", 120)
+    for name in G.BATCH_CLASSES:
+        assert draws.get(name, 0) >= 3, (name, draws)
+    ref = G.reference_builder(G.GUARDED_CONFIG)
+    rng = random.Random("recorded-kinds")
+    kinds = set()
+    for _ in range(200):
+        batch = G.malformed_batch(rng)
+        try:
+            ref.build(batch, validate=False)
+        except SWAHalError:  # refused by the preflight: nothing built
+            continue
+        kinds.add(ref.buffers.violation.tolist()[1])
+        ref.buffers.violation.zero_()
+    assert {int(Violation.HOST_SEQ), int(Violation.MODEL_LEN), int(Violation.OWN_SLOT)} <= kinds, kinds

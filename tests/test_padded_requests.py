@@ -95,3 +95,26 @@ def test_group_builds_take_padded_bounds(backend):
     assert mds[1].prefill_swa_indices[:, 0].tolist() == shifted
     with pytest.raises(BatchShapeError, match="request 1 past them"):
         builder.build_groups(vector_r3([8]), tables, slots)
+
+
+@pytest.mark.parametrize("groups", [False, True])
+@pytest.mark.parametrize("backend", sorted(BACKEND_PLATFORMS))
+def test_a_write_into_the_default_bounds_bounds_no_later_build(backend, groups):
+    """A build without bounds hands out zeros as ``md.replay_start``, a buffer the kernels read: a caller that
+    writes into it must not bound the next build (docs/semantics.md #fixed-buffers)."""
+    builder = make_builder(CONFIG, backend)
+    decode = AttentionBatch.from_lists([10, 9], [1, 1], [[7, 3, 2], [5, 6, 1]], block_size=4)
+    ref = build_reference(CONFIG, decode)
+    build = (
+        (lambda: builder.build_groups(decode, [decode.block_table], [decode.slot_mapping])[0])
+        if groups
+        else (lambda: builder.build(decode))
+    )
+    md = build()
+    assert md.replay_start.tolist() == [0, 0] and md.decode_swa_lens.tolist() == ref.decode_lens.tolist() == [4, 4]
+    md.replay_start[0] = 9  # would leave request 0 one visible position
+    md = build()
+    builder.check()
+    assert md.replay_start.tolist() == [0, 0]
+    assert md.decode_swa_lens.tolist() == [4, 4]
+    assert md.decode_swa_indices[:, 0].tolist() == ref.decode_indices[:, 0].tolist()

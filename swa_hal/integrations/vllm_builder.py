@@ -253,6 +253,9 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         self._poll_violations = self.swa_hal.poll_violations
         # (plan, step group) once a step build serves this builder (swa_hal.integrations.vllm_step).
         self.swa_hal_step: tuple[Any, int] | None = None
+        # (vLLM's metadata, swa_hal's) of this builder's latest build: a draft update of that metadata
+        # carries the step's own inputs (``SWAMetadata.inputs``), which vLLM's metadata has no field for.
+        self._handed: tuple[Any, SWAMetadata] | None = None
         self._release_native_row_buffers()
         # vLLM hands out visibility whenever a request lists images, even when none covers the
         # step's new tokens (all zeros then); these stay zero for exactly that case.
@@ -333,14 +336,18 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         out = DeepseekSparseSWAMetadata(**fields)
         if step is not None:  # what a draft step's grouped update finds
             step[0].hand_out(step[1], out, md)
+        self._handed = (out, md)
         return out
 
     # -- speculative decoding ---------------------------------------------------------------
 
     def swa_hal_metadata(self, metadata: Any, hal: SWAMetadataBuilder | None = None) -> SWAMetadata:
         """swa_hal's view of a vLLM metadata this builder built (views only), for in-place updates;
-        ``hal``: the swa_hal builder whose buffers it is (default: this builder's own)."""
+        ``hal``: the swa_hal builder whose buffers it is (default: this builder's own). The metadata of this
+        builder's latest build carries that build's own inputs (every one, not only those vLLM's fields
+        hold); any other (one vLLM made itself) has none, and an update reads its fields."""
         hal = self.swa_hal if hal is None else hal
+        handed = self._handed
         ptr = metadata.decode_swa_indices.untyped_storage().data_ptr()
         cfg = self.swa_config
         fields: dict[str, Any] = dict(
@@ -354,6 +361,7 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             causal=ptr == hal.buffers.decode_indices.untyped_storage().data_ptr(),
             tile_sched={},
             backend=hal.backend_name,
+            inputs=handed[1].inputs if handed is not None and handed[0] is metadata else None,
         )
 
     def update_draft_decode_metadata(self, metadata: Any) -> None:

@@ -293,7 +293,7 @@ class Step:
     step then builds alone (``metadata`` answers None for its rows), so each error is raised by the call
     of the group whose input it is, as without step builds, naming the group (``kv_group_error``)."""
 
-    __slots__ = ("plan", "block_tables", "slot_mappings", "built", "sources", "_rows")
+    __slots__ = ("plan", "block_tables", "slot_mappings", "built", "sources", "versions", "_rows")
 
     def __init__(self, plan: StepPlan, block_tables: Any, slot_mappings: Any):
         self.plan = plan
@@ -301,6 +301,7 @@ class Step:
         self.slot_mappings = slot_mappings
         self.built: list[SWAMetadata] | None = None
         self.sources: tuple[Any, ...] | None = None  # the building call's ``engine.step_sources``
+        self.versions: tuple[int | None, ...] = ()  # their tensors' version counters, then the layout's
         # Group i's slot-mapping row is the [G, T] buffer's row i: its ``tensor_key`` is the buffer's, with
         # the address rows[0] + i * rows[1] and the shape and strides of a row.
         ptr, shape, strides, dtype, device = tensor_key(slot_mappings)
@@ -332,6 +333,7 @@ class Step:
         sources = step_sources(cm, replay_start)
         if self.sources is None:
             self.sources = sources
+            self.versions = _versions(sources, self.block_tables, self.slot_mappings)
             plan.handed = [None] * len(plan.kv_ids)
             plan.updated = set()
             hal = plan.builder
@@ -346,9 +348,25 @@ class Step:
                 # Which group's input broke the rule, the step build's error does not say in vLLM's terms
                 # (a place among the step's groups); each group's own build does, in its own call.
                 return g, None
-        elif not same_sources(sources, self.sources):
+        elif (
+            not same_sources(sources, self.sources)
+            or _versions(sources, self.block_tables, self.slot_mappings) != self.versions
+        ):
+            # Other inputs, or the same tensors changed in place since the step build read them (every
+            # in-place torch write bumps a tensor's version counter): this group builds alone, from what
+            # its tensors hold now (docs/engines.md, step builds).
             return None
         return g, None if built is None else built[g]
+
+
+def _versions(sources: tuple[Any, ...], block_tables: Any, slot_mappings: torch.Tensor) -> tuple[int | None, ...]:
+    """The version counters of a step's input tensors (None for what is not a tensor): an O(1) read per
+    tensor that tells whether any of them was written in place since."""
+    return (
+        *(x._version if isinstance(x, torch.Tensor) else None for x in sources),
+        *(t._version for t in block_tables),
+        slot_mappings._version,
+    )
 
 
 _active = threading.local()  # microbatches build their metadata from threads of their own

@@ -70,6 +70,8 @@ class RowsArgs:
     # inputs: engine tensors, or the builder's zero buffers when the batch has none
     qsl_ptr: Any
     seq_lens_ptr: Any
+    # the prefills' host seq_lens on the device (rule 15), or seq_lens itself where none is held
+    host_seq_ptr: Any
     block_table_ptr: Any
     slot_mapping_ptr: Any
     replay_ptr: Any
@@ -98,6 +100,10 @@ class RowsArgs:
     max_query_len: int
     decode_query_max: int
     num_spans: int
+    # rule 16's bound (INT32_LIMIT in draft-step updates), and whether rule 17 is checked (1 in builds, 0 in
+    # draft-step updates)
+    max_model_len: int
+    build_checks: int
 
     def programs(self) -> int:
         """The grid: per group its decode, prefill and lens-clearing programs, then the gather programs."""
@@ -109,7 +115,7 @@ class RowsArgs:
 _I32, _I64 = torch.int32, torch.int64
 # Every pointer field and its dtype (what compilation is specialised on).
 ROWS_POINTERS: dict[str, torch.dtype] = {
-    **dict.fromkeys(record_fields(RowsArgs)[:19], _I32),
+    **dict.fromkeys(record_fields(RowsArgs)[:20], _I32),
     "is_valid_ptr": torch.bool,
     "slot_mapping_ptr": _I64,
     "group_inputs_ptr": _I64,
@@ -120,6 +126,7 @@ ROWS_POINTERS: dict[str, torch.dtype] = {
 ROWS_ENGINE = (
     "qsl_ptr",
     "seq_lens_ptr",
+    "host_seq_ptr",
     "block_table_ptr",
     "slot_mapping_ptr",
     "replay_ptr",

@@ -32,7 +32,20 @@ import triton
 import triton.language as tl
 
 from .rows_launch import ROWS_ENGINE, ROWS_INTS
-from .rules import BLOCK, HOST_SPLIT, PADDING_SLOT, PAGES, QUERY_ORDER, REPLAY, ROW_WIDTH, SEQ_SHORT, SPAN
+from .rules import (
+    BLOCK,
+    HOST_SEQ,
+    HOST_SPLIT,
+    MODEL_LEN,
+    OWN_SLOT,
+    PADDING_SLOT,
+    PAGES,
+    QUERY_ORDER,
+    REPLAY,
+    ROW_WIDTH,
+    SEQ_SHORT,
+    SPAN,
+)
 
 # Triton kernels may only read module globals that are constexpr.
 NO_REQUEST = tl.constexpr(2147483647)
@@ -355,6 +368,7 @@ def _window_rows(
     violation_ptr,
     qsl_ptr,
     seq_lens_ptr,
+    host_seq_ptr,
     block_table_ptr,
     slot_mapping_ptr,
     replay_ptr,
@@ -377,6 +391,8 @@ def _window_rows(
     num_decode_tokens,
     max_query_len,
     decode_query_max,
+    max_model_len,
+    build_checks,
     WINDOW: tl.constexpr,
     WIDTH: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -391,6 +407,7 @@ def _window_rows(
     BLOCK_LIMIT: tl.constexpr,
     ROW_PAGES: tl.constexpr,
     EAGER_PADDING: tl.constexpr,
+    CHECK_HOST_SEQ: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
     rows = row0 + tl.arange(0, BLOCK_T)
@@ -442,6 +459,7 @@ def _window_rows(
         # INT32_MIN) and wraps to a prefix >= 0. A query below 0 with end >= begin wrapped (begin near
         # INT32_MIN): it is past int32, longer than any S_r.
         kind, value = _flag(kind, value, checked & ((seq < query) | (query < 0)), SEQ_SHORT, seq)
+        kind, value = _flag(kind, value, checked & (seq > max_model_len), MODEL_LEN, seq)
         # The split was made on the host from the host copies; the rows follow the device offsets. A
         # request whose device offsets the split does not admit breaks rule 14 (its value: the query).
         kind, value = _flag(
@@ -454,6 +472,12 @@ def _window_rows(
             HOST_SPLIT,
             query,
         )
+        if CHECK_HOST_SEQ:
+            # Rule 15 (prefill programs; a decode program's row of a prefill broke rule 14 already): the
+            # chunk plan reads a prefill's host seq_lens, which must be the device's (its value: the host's).
+            # host_seq_ptr is seq_lens itself where there is no host copy to hold (equal by construction).
+            host = tl.load(host_seq_ptr + req, mask=checked, other=0)
+            kind, value = _flag(kind, value, checked & (req >= num_decodes) & (host != seq), HOST_SEQ, host)
     if NONCAUSAL:
         # DSpark rows ignore the replay bound (docs/semantics.md #dspark-rows).
         start = tl.maximum(prefix - WINDOW, 0)
@@ -611,6 +635,18 @@ def _window_rows(
             kind, value = _flag(kind, value, first_bad < BLOCK_W, BLOCK, block_at)
         base = start[:, None] + (block - page) * BLOCK_SIZE
     if GUARD:
+        # Rule 17 (builds, not draft updates: build_checks): a row that broke no rule yet reads its token's
+        # own position, on a page inside the table whose block id is in range (rules 5 and 6), and the
+        # slot there must be the token's slot_mapping entry; a table made for another page size, or a slot
+        # mapping of another table, gives another (its value: the token's row).
+        own_pos = seq - end + tok
+        own_page = own_pos // BLOCK_SIZE
+        own_ok = checked & (kind == 0) & (lens > 0) & (own_pos >= 0) & (own_page < max_pages) & (build_checks != 0)
+        if CLAMP:
+            own_page = tl.minimum(tl.maximum(own_page, 0), max_pages - 1)
+        own_block = tl.load(row_table + own_page, mask=own_ok, other=0)
+        own_slot = own_block.to(tl.int64) * BLOCK_SIZE + (own_pos - own_page * BLOCK_SIZE)
+        kind, value = _flag(kind, value, own_ok & (own_slot != slot), OWN_SLOT, tok)
         # A broken row is handed out empty: zeroing its lens empties it entry by entry for free.
         lens = tl.where(kind > 0, 0, lens)
     idx = tl.where(cols[None, :] < lens[:, None], base + cols[None, :], -1)
@@ -648,6 +684,7 @@ def swa_metadata_kernel(
     # inputs (engine tensors, or the builder's zero buffers when the batch has none)
     qsl_ptr,
     seq_lens_ptr,
+    host_seq_ptr,
     block_table_ptr,
     slot_mapping_ptr,
     replay_ptr,
@@ -676,6 +713,8 @@ def swa_metadata_kernel(
     max_query_len,
     decode_query_max,
     num_spans,
+    max_model_len,
+    build_checks,
     # compile-time shape of the work
     WINDOW: tl.constexpr,
     DECODE_WIDTH: tl.constexpr,
@@ -739,6 +778,7 @@ def swa_metadata_kernel(
                 violation_ptr=violation_ptr,
                 qsl_ptr=qsl_ptr,
                 seq_lens_ptr=seq_lens_ptr,
+                host_seq_ptr=host_seq_ptr,
                 block_table_ptr=table,
                 slot_mapping_ptr=slots,
                 replay_ptr=replay_ptr,
@@ -761,6 +801,8 @@ def swa_metadata_kernel(
                 num_decode_tokens=num_decode_tokens,
                 max_query_len=max_query_len,
                 decode_query_max=decode_query_max,
+                max_model_len=max_model_len,
+                build_checks=build_checks,
                 WINDOW=WINDOW,
                 WIDTH=DECODE_WIDTH,
                 BLOCK_SIZE=BLOCK_SIZE,
@@ -775,6 +817,7 @@ def swa_metadata_kernel(
                 BLOCK_LIMIT=BLOCK_LIMIT,
                 ROW_PAGES=DECODE_ROW_PAGES,
                 EAGER_PADDING=True,
+                CHECK_HOST_SEQ=False,
                 CLAMP=CLAMP,
             )
         elif local < dec_progs + pre_progs:
@@ -788,6 +831,7 @@ def swa_metadata_kernel(
                 violation_ptr=violation_ptr,
                 qsl_ptr=qsl_ptr,
                 seq_lens_ptr=seq_lens_ptr,
+                host_seq_ptr=host_seq_ptr,
                 block_table_ptr=table,
                 slot_mapping_ptr=slots,
                 replay_ptr=replay_ptr,
@@ -810,6 +854,8 @@ def swa_metadata_kernel(
                 num_decode_tokens=num_decode_tokens,
                 max_query_len=max_query_len,
                 decode_query_max=decode_query_max,
+                max_model_len=max_model_len,
+                build_checks=build_checks,
                 WINDOW=WINDOW,
                 WIDTH=PREFILL_WIDTH,
                 BLOCK_SIZE=BLOCK_SIZE,
@@ -824,6 +870,7 @@ def swa_metadata_kernel(
                 BLOCK_LIMIT=BLOCK_LIMIT,
                 ROW_PAGES=PREFILL_ROW_PAGES,
                 EAGER_PADDING=False,
+                CHECK_HOST_SEQ=GUARD,
                 CLAMP=CLAMP,
             )
         else:
@@ -852,9 +899,11 @@ def swa_metadata_kernel(
             # (docs/semantics.md #guarded-builds). Compared, not subtracted (the row programs' rules 1 and
             # 2): a query that wrapped is past int32.
             broken = (end < begin) | (seq < query) | (query < 0)  # QUERY_ORDER, SEQ_SHORT
+            broken |= seq > max_model_len  # MODEL_LEN
             broken |= _split_broken(
                 req, begin, end, query, num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max
             )  # HOST_SPLIT
+            broken |= tl.load(host_seq_ptr + req, mask=real, other=0) != seq  # HOST_SEQ
             broken |= (bound < 0) | (bound > seq - query)  # REPLAY
             if MAX_IMAGE > 0:
                 bad_span = _image_visibility(

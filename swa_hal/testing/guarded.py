@@ -107,7 +107,10 @@ def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> A
     decreasing offsets, short sequences, out-of-range block ids, bad replay bounds and image spans (a CSR
     that decreases or points past its spans), requests without query tokens, tokens without slots, padding
     rows with slots, a max_query_len below the longest query and device offsets that differ from their
-    host copy (the split is made from the host copy)."""
+    host copy (the split is made from the host copy); a prefill's seq_lens_cpu that differs from seq_lens, a
+    seq_len past max_model_len, and slot mappings that are each token's own slot by the table (most
+    batches, so the other rules' rows are built), made for another page size, or off at one token
+    (``BATCH_CLASSES``, counted in ``DRAWN``)."""
     num_reqs = rng.randint(1, min(5, config.max_num_seqs))
     queries = [rng.randint(0, 7) for _ in range(num_reqs)]
     qsl = [0]
@@ -118,9 +121,27 @@ def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> A
         qsl[i] = max(0, qsl[i] - rng.randint(1, 9))
     num_tokens = max(1, max(qsl)) + rng.randint(0, 3)
     seqs = [max(0, q + rng.randint(-3, 40)) for q in queries]
+    if rng.random() < 0.1:
+        seqs[rng.randrange(num_reqs)] = config.max_model_len + rng.randint(1, 9)
+        DRAWN["batch seq_len past max_model_len"] += 1
     width = rng.randint(1, 12)
     table = [[rng.randint(-2, 30) for _ in range(width)] for _ in range(num_reqs)]
     slots = [rng.randint(-1, 90) for _ in range(num_tokens)]
+    if rng.random() < 0.6:  # each token's own slot (rule 17), by this page size or another
+        page = config.block_size
+        if rng.random() < 0.2:
+            page = rng.choice([p for p in (page // 2, page * 2) if p > 0])
+            DRAWN["batch slots of another page size"] += 1
+        slots = own_slots(qsl, seqs, table, slots, page)
+        if rng.random() < 0.3:
+            slots[rng.randrange(num_tokens)] = rng.randint(0, 90)
+            DRAWN["batch one slot not its own"] += 1
+    host_seqs = None
+    if rng.random() < 0.25:  # the host copy the chunk plan reads disagrees with the device (rule 15)
+        host_seqs = list(seqs)
+        r = rng.randrange(num_reqs)
+        host_seqs[r] = max(0, host_seqs[r] + rng.choice((-3, -1, 1, 4)))
+        DRAWN["batch seq_lens_cpu differs"] += 1
     replay = [rng.randint(-2, 45) for _ in range(num_reqs)] if rng.random() < 0.5 else None
     n_spans = rng.randint(0, 3) if config.max_image_tokens else 0
     span_ptr = [rng.randint(0, n_spans + 3) for _ in range(num_reqs + 1)]
@@ -136,8 +157,33 @@ def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> A
         host_qsl[i] = max(0, min(num_tokens, host_qsl[i] + rng.choice((-2, -1, 1, 2))))
     spans = (span_ptr, starts, ends)
     causal = not (config.is_dspark and rng.random() < 0.7)  # a DSpark step: non-causal decode rows
-    batch = make_batch(qsl, seqs, table, slots, rng.randint(0, 8), num_tokens, replay, spans, host_qsl=host_qsl)
+    batch = make_batch(
+        qsl, seqs, table, slots, rng.randint(0, 8), num_tokens, replay, spans, host_qsl=host_qsl, host_seqs=host_seqs
+    )
     return batch if causal else batch.replace(causal=False)
+
+
+# The classes of ``malformed_batch`` that rules 15-17 catch (docs/semantics.md #guarded-builds), as ``DRAWN`` names them.
+BATCH_CLASSES = (
+    "batch seq_len past max_model_len",
+    "batch slots of another page size",
+    "batch one slot not its own",
+    "batch seq_lens_cpu differs",
+)
+
+
+def own_slots(qsl: list[int], seqs: list[int], table: list[list[int]], slots: list[int], page: int) -> list[int]:
+    """``slots`` with each token of a request whose offsets ascend given its own slot, ``table[r][p // page] *
+    page + p % page`` (padding rows and tokens whose page lies outside the row keep theirs); with ``page`` the
+    config's block size these are the slots rule 17 expects."""
+    out = list(slots)
+    for r in range(len(seqs)):
+        for t in range(max(qsl[r], 0), min(qsl[r + 1], len(out))):
+            p = seqs[r] - qsl[r + 1] + t
+            k = p // page
+            if out[t] >= 0 and p >= 0 and k < len(table[r]) and table[r][k] >= 0:
+                out[t] = table[r][k] * page + p % page
+    return out
 
 
 def make_batch(
@@ -151,9 +197,11 @@ def make_batch(
     image_spans: tuple[list[int], list[int], list[int]] | None = None,
     *,
     host_qsl: list[int] | None = None,
+    host_seqs: list[int] | None = None,
 ) -> AttentionBatch:
     """A batch of exactly these values (no validation): ``image_spans`` is ``(indptr, starts, ends)``,
-    dropped when it has no span; ``host_qsl`` is query_start_loc's host copy where it differs."""
+    dropped when it has no span; ``host_qsl`` and ``host_seqs`` are query_start_loc's and seq_lens' host
+    copies where they differ."""
 
     def t32(v: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(v, dtype=torch.int32)
@@ -166,7 +214,7 @@ def make_batch(
         seq_lens=t32(seqs),
         query_start_loc=qsl_t,
         query_start_loc_cpu=qsl_t.clone() if host_qsl is None else t32(host_qsl),
-        seq_lens_cpu=t32(seqs),
+        seq_lens_cpu=t32(seqs if host_seqs is None else host_seqs),
         block_table=t32(table) if table and table[0] else torch.zeros((len(seqs), 0), dtype=torch.int32),
         slot_mapping=torch.tensor(slots, dtype=torch.int64),
         max_query_len=max_query_len,

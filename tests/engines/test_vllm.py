@@ -49,6 +49,7 @@ from swa_hal.integrations import vllm as integ
 from swa_hal.integrations import vllm_common
 from swa_hal.reference import build_reference
 from swa_hal.schedulers import no_schedulers
+from swa_hal.step_inputs import StepInputs
 
 CPU = torch.device("cpu")
 SEED = 20261130
@@ -1712,6 +1713,63 @@ def test_step_builds_update_each_draft_step_in_one_grouped_update(
             COUNTS["step_draft_updates"] += 1
 
 
+class TaggedInputs(StepInputs):
+    """A step's inputs as a type of their own, the stand-in for an input vLLM's metadata has no field for: an
+    update that rebuilds the inputs from vLLM's named fields makes a plain ``StepInputs`` and drops it."""
+
+    __slots__ = ()
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
+@pytest.mark.parametrize("step_builds", [False, True])
+def test_a_draft_update_carries_the_builds_own_inputs(
+    plugin_log, vllm_configs, rocm, monkeypatch, step_builds, backend
+):
+    """Every draft-step update of vLLM's metadata runs on the inputs its build read (``SWAMetadata.inputs``),
+    alone or in a step build: none is made again from vLLM's fields, where an input it has no field for
+    would fall back to its default (docs/semantics.md #draft-updates)."""
+    from swa_hal import backend as B
+    from swa_hal.integrations import engine, vllm_step
+
+    made = engine.inputs_from_common_metadata
+    tagged = lambda *a, **kw: TaggedInputs(*made(*a, **kw))  # noqa: E731
+    monkeypatch.setattr(engine, "inputs_from_common_metadata", tagged)
+    monkeypatch.setattr(vllm_step, "inputs_from_common_metadata", tagged)
+    seen = []
+    update_inputs = B.update_inputs
+    monkeypatch.setattr(B, "update_inputs", lambda md: seen.append(update_inputs(md)) or seen[-1])
+    kw = {"backend": backend, **({"platform": TRITON_BACKENDS[backend]} if backend != "torch" else {})}
+    variant = "v4_mtp2_w6b8"
+    rng = random.Random(f"{SEED}-{backend}-{step_builds}-update-inputs")
+    native_cls = sparse_swa.DeepseekSparseSWAMetadataBuilder
+    if step_builds:
+        layout = H.StepLayout(3, (0, 2))
+        rig = StepRig(variant, vllm_configs, native_cls, layout, **kw)
+        batch, tables, slots, ib, state = rig.draw(rng, "mtp")
+        want = rig.build(rig.native_groups, batch, tables, slots, ib, state)
+        got = rig.build(rig.our_groups, batch, tables, slots, ib, state)
+    else:
+        native, ours, cfg = builders(native_cls, variant, vllm_configs, **kw)
+        batch, ranges = H.draw(cfg, rng, "mtp", replay=0.5, extra_pages=1)
+        got_native, got_ours = build_both(native, ours, batch, ranges)
+    for _ in range(2):
+        seen.clear()
+        if step_builds:
+            H.advance_draft_step_groups(batch, tables, slots, rig.cfg.block_size)
+            for groups, theirs in zip(rig.our_groups, rig.native_groups):
+                for group, native_group in zip(groups, theirs):
+                    native_group.update_draft_decode_metadata(want)
+                    group.update_draft_decode_metadata(got)
+            diffs = rig.diffs(want, got, batch, tables, slots, variant)
+        else:
+            advance_draft_step(batch, cfg.block_size)
+            native.update_draft_decode_metadata(got_native)
+            ours.update_draft_decode_metadata(got_ours)
+            diffs = H.compare(got_native, got_ours, batch, **chunk_args(variant))
+        assert not diffs, "\n".join(diffs)
+        assert seen and all(type(inputs) is TaggedInputs for inputs in seen), [type(i).__name__ for i in seen]
+
+
 def _last_step_line(plugin_log):
     lines = [r.getMessage() for r in plugin_log[1] if "step builds" in r.getMessage()]
     return lines[-1]
@@ -1793,7 +1851,10 @@ def test_without_step_builds_each_group_builds_alone(plugin_log, vllm_configs, r
 def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm, monkeypatch):
     """Builders called outside ``prepare_attn`` (model runner V1's loop, or any direct call) build alone;
     inside a step, a group whose inputs are not the step's (another slot mapping, other shared inputs)
-    builds alone too, and the step build serves the others; each result equals vLLM's own build."""
+    builds alone too, and the step build serves the others; each result equals vLLM's own build. A direct
+    integrator that writes into a step's input between two groups' asks (vLLM never does): the step build
+    read the old values, so each later group whose tensors changed (a version counter moved) builds alone
+    from the new ones (docs/engines.md, step builds)."""
     from swa_hal.integrations import vllm_step
 
     variant = "v41_mtp1_w7b16"
@@ -1802,6 +1863,7 @@ def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm,
     rig = StepRig(variant, vllm_configs, v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder, layout, backend="torch")
     calls = Calls(monkeypatch)
     batch, tables, slots, ib, state = rig.draw(rng, "mixed")
+    batch = dataclasses.replace(batch, replay_start=torch.zeros_like(batch.seq_lens))
     rig.build(rig.our_groups, batch, tables, slots, ib, state)  # the plan and its builder exist
 
     def group_step(j, **changes):
@@ -1837,6 +1899,26 @@ def test_a_step_build_serves_only_its_own_inputs(plugin_log, vllm_configs, rocm,
         assert calls.take() == {"build": 1}
     check(0, group_step(0))  # the step closed: alone again
     assert calls.take() == {"build": 1}
+    with vllm_step.open_step(tables, slots, rig.our_groups, 0):
+        check(0, group_step(0))
+        assert calls.take() == {"build_groups": 1}
+        # A shared input written in place: each request's window now starts at its first query token
+        # (#bounded-replay), so every later group builds alone, from the new bounds.
+        batch.replay_start.copy_(batch.seq_lens - (batch.query_start_loc[1:] - batch.query_start_loc[:-1]))
+        assert bool(batch.replay_start.any())
+        check(1, group_step(1))
+        check(2, group_step(2))
+        assert calls.take() == {"build": 2}
+    batch.replay_start.zero_()
+    with vllm_step.open_step(tables, slots, rig.our_groups, 0):
+        check(0, group_step(0))
+        assert calls.take() == {"build_groups": 1}
+        tables[layout.swa[2]][0, 0] += 1  # one group's own table
+        check(2, group_step(2))
+        assert calls.take() == {"build": 1}
+        slots[layout.swa[1]][0] = -1  # the stacked slot mappings, one row
+        check(1, group_step(1))
+        assert calls.take() == {"build": 1}
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda"])

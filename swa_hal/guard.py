@@ -431,7 +431,7 @@ class TorchGuard:
         # The first test's minimum (requests_clean), read on the host through numpy (the same memory; the
         # first test runs on the CPU only).
         self.lowest = torch.zeros((), dtype=torch.int64, device=device)
-        self._lowest_host = self.lowest.numpy() if device.type == "cpu" else None
+        self._lowest_host: Any = self.lowest.numpy() if device.type == "cpu" else None
         # The chosen candidate, then the build's group (set per call: every candidate of a call shares it).
         self.chosen = torch.zeros((RECORD_LEN, 1), **i32)
         self.chosen_flag, self.chosen_flat = self.chosen[0], self.chosen[:, 0]

@@ -45,6 +45,8 @@ class PageTables:
         self.slot_offsets1 = torch.arange(1, block_size + 1, dtype=torch.int32, device=device)  # position % B, + 1
         cols = torch.arange(width, device=device)
         self.keep = (cols[None, :] < torch.arange(width + 1, device=device)[:, None]).to(torch.int32)
+        # ``last_col[l]``: the column of a row's last entry, l - 1 (width - 1, where every entry is -1, for l = 0).
+        self.last_col = torch.arange(-1, width, device=device).remainder_(width)
 
 
 class _RowViews:
@@ -84,6 +86,10 @@ class _RowViews:
         "first_bad_col",
         "terms",
         "term",
+        "own_col",
+        "own_col_flat",
+        "own",
+        "own_flat",
     )
 
     tables: PageTables
@@ -118,6 +124,10 @@ class _RowViews:
     first_bad_col: torch.Tensor
     terms: torch.Tensor
     term: tuple[torch.Tensor, ...]
+    own_col: torch.Tensor
+    own_col_flat: torch.Tensor
+    own: torch.Tensor
+    own_flat: torch.Tensor
 
 
 class _RowSpace:
@@ -141,6 +151,9 @@ class _RowSpace:
         self.terms = torch.empty((TERMS, rows), **i32)
         self.flags = torch.empty((3, rows), dtype=torch.bool, device=device)
         self.first_bad = torch.empty(rows, dtype=torch.int64, device=device)
+        # A row's last column and its entry there (``RowProbe.see_own_slots``).
+        self.own_col = torch.empty((rows, 1), dtype=torch.int64, device=device)
+        self.own = torch.empty((rows, 1), **i32)
         # Row i's slots start at i * pages * B; its window at its start's place among them (``_fill_rows``),
         # whose (pages - 1) * B is added here once.
         self.window_base = torch.arange(rows, dtype=torch.int32, device=device) * tables.aligned + (
@@ -173,6 +186,8 @@ class _RowSpace:
         v.first_bad = self.first_bad[:rows]
         v.first_bad_col = v.first_bad[:, None]
         v.terms = self.terms[:, :rows]
+        v.own_col, v.own = self.own_col[:rows], self.own[:rows]
+        v.own_col_flat, v.own_flat = v.own_col.view(-1), v.own.view(-1)
         v.term = v.terms.unbind(0)
         return v
 
@@ -283,11 +298,24 @@ class RowProbe:
         found = self.found
         self.clean = self.clean and found[0] >= 0 and found[1] < self.limit
 
+    def see_own_slots(self, out: torch.Tensor, lens: torch.Tensor, v: _RowViews, slots: torch.Tensor) -> None:
+        """Rule 17 for rows whose last entry is their token's own position (causal rows without image
+        visibility, once rules 5 and 6 hold): every row's last entry ``out[i, lens[i] - 1]`` is its
+        ``slots`` entry, and a row without entries (-1 throughout) has none (-1). Conservative: a row with
+        a slot but no entries (a replay bound past its position) counts as broken. One gather and one
+        comparison."""
+        if not self.clean:
+            return
+        torch.index_select(v.tables.last_col, 0, lens, out=v.own_col_flat)
+        torch.gather(out, 1, v.own_col, out=v.own)
+        self.clean = torch.equal(v.own_flat, slots)
+
     def see_slots(
         self, table: torch.Tensor, req: torch.Tensor, pos1: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor
     ) -> None:
         """Rule 17: every row with entries (a valid token's) holds its own slot in ``slots``, by ``table``
-        at position ``pos1 - 1``. Through numpy: the same memory without torch's per-op dispatch."""
+        at position ``pos1 - 1`` (rows whose last entry is not their own position: ``see_own_slots``
+        otherwise). Through numpy: the same memory without torch's per-op dispatch."""
         if not self.clean:
             return
         block_size = self.block_size
@@ -311,6 +339,7 @@ def _fill_rows(
     probe: RowProbe | None = None,
     past_seq: bool = False,
     own_pos1: torch.Tensor | None = None,
+    own_last: bool = False,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1 (``start >= 0``).
 
@@ -326,7 +355,8 @@ def _fill_rows(
     first are then left out of its block check. ``lens_in_range``: whether every lens lies in [0, width]
     already. With ``probe``, the blocks are only looked at (``RowProbe``), and the last pages too where rows
     may read past their request's seq_len (``past_seq``: image rows). ``own_pos1``: each row's token
-    position + 1, where rule 17 is checked (``RowGuard.slots``, ``RowProbe.slots``).
+    position + 1, where rule 17 is checked (``RowGuard.slots``, ``RowProbe.slots``); ``own_last``: whether a
+    row's last entry is that position (the probe then reads it there).
     """
     width = out.shape[1]
     t = v.tables
@@ -362,7 +392,7 @@ def _fill_rows(
     torch.index_select(table.view(-1), 0, v.flat_pages, out=v.flat_blocks)
     if probe is not None:
         probe.see_blocks(blocks)
-        if probe.slots is not None and own_pos1 is not None:
+        if probe.slots is not None and own_pos1 is not None and not own_last:
             probe.see_slots(table, req, own_pos1, lens, probe.slots)
     if guard is not None:
         torch.clamp(blocks, 0, guard.limit - 1, out=v.clamped)
@@ -393,6 +423,8 @@ def _fill_rows(
         starts.clamp_(0, v.windows.shape[0] - 1)
     torch.index_select(v.windows, 0, starts, out=out)
     torch.addcmul(ws.c[-1], out, torch.index_select(t.keep, 0, kept, out=v.keep), out=out)
+    if probe is not None and own_last and probe.slots is not None:
+        probe.see_own_slots(out, kept, v, probe.slots)
 
 
 def _own_slot_rule(
@@ -520,6 +552,8 @@ def fill_causal_rows(
         probe=probe,
         past_seq=right is not None,
         own_pos1=pos1,
+        # Without image visibility a row's entries end at its own position (its lens never reach the width).
+        own_last=left is None and right is None,
     )
 
 

@@ -9,16 +9,19 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.swa-hal-installed
 EXAMPLE := examples/swa-hal-example-backend
 
-.PHONY: run test lint bench install clean matrix
+.PHONY: run test lint bench install clean matrix dist check-dist plugin-template
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml $(EXAMPLE)/pyproject.toml
 	@echo "installing $(TORCH), swa_hal (editable) and its test and lint tools into $(VENV) (about a minute, once)"
-	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[test,bench,lint]"
-	$(PIP) install -q ./$(EXAMPLE)
+	@echo "[1/3] $(TORCH)"
+	$(PIP) install "$(TORCH)"
+	@echo "[2/3] swa_hal (editable) with its test, benchmark and lint tools"
+	$(PIP) install -e ".[test,bench,lint]"
+	@echo "[3/3] the example backend plugin ($(EXAMPLE))"
+	$(PIP) install ./$(EXAMPLE)
 	touch $@
 
 install: $(STAMP)
@@ -52,6 +55,26 @@ RESULTS ?= benchmarks/out
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_build.py --out $(RESULTS)
 
+# `swa-hal new-backend` writes a plugin from swa_hal/plugin_template/, a copy of the example plugin's tracked
+# files (each with .tmpl appended) packaged inside swa_hal so the command works from a wheel. After changing the
+# example, refresh the copy with this (tests/test_plugin_template.py fails while they differ).
+plugin-template:
+	rm -rf swa_hal/plugin_template
+	git -C $(EXAMPLE) ls-files | while read -r f; do \
+		mkdir -p "swa_hal/plugin_template/$$(dirname "$$f")" && cp "$(EXAMPLE)/$$f" "swa_hal/plugin_template/$$f.tmpl"; done
+
+# The release build: `make dist` builds the sdist and, from it, the wheel into dist/ (python -m build, in an
+# isolated environment with the build requirements of pyproject.toml); `make check-dist` checks them with
+# .ci/check_dist.py, the check of the release workflow (.github/workflows/release.yml) and tests/test_dist.py:
+# their contents against pyproject.toml, then the wheel installed into a fresh environment with $(TORCH), where
+# `swa-hal info` and the conformance kit (torch backend) run.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+
+check-dist: dist
+	$(BIN)/python .ci/check_dist.py --install --torch "$(TORCH)" dist
+
 # swa_hal inside vLLM (tests/engines/test_vllm.py), one environment per vLLM release so switching never rebuilds
 # the other: `make test-vllm` runs against vLLM 0.34.0 in .venv-vllm-0.34.0, `make test-vllm VLLM=vllm==0.33.0`
 # against 0.33.0 in .venv-vllm-0.33.0. Each holds vLLM's wheel without its dependencies (they pin a CUDA torch
@@ -61,7 +84,8 @@ bench: $(STAMP)
 # the build on this project's machines, a CUDA build that runs on the CPU), 0.33 the CPU torch and triton 3.6
 # of `make test`, so the engine parity suite runs on both Triton releases. Besides the engine tests, each
 # environment runs the backend parity tests (VLLM_CORE_TESTS) on its Triton. pip's warnings about vLLM's other
-# (uninstalled, CUDA) dependencies are silenced: leaving them out is the point.
+# (uninstalled, CUDA) dependencies are silenced: leaving them out is the point. Each step of the set-up says what
+# it installs, and pip shows what it downloads (minutes, once).
 VLLM ?= vllm==0.34.0
 VLLM_VERSION := $(lastword $(subst ==, ,$(VLLM)))
 VLLM_VENV := .venv-vllm-$(VLLM_VERSION)
@@ -85,12 +109,18 @@ $(VLLM_BIN)/python:
 
 $(VLLM_STAMP): $(VLLM_BIN)/python pyproject.toml
 	@echo "make test-vllm: installing $(VLLM) with $(VLLM_TORCH) into $(VLLM_VENV) (a few minutes, once)"
-	$(VLLM_PIP) install -q $(VLLM_TORCH) "numpy<2.4"
-	$(VLLM_PIP) install -q --no-deps "$(VLLM)"
-	$(VLLM_PIP) install -q --no-warn-conflicts $(VLLM_DEPS)
-	$(VLLM_PIP) install -q --no-warn-conflicts --no-deps -e .
-	$(VLLM_PIP) install -q --no-warn-conflicts pluggy pyyaml packaging "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" tqdm
+	@echo "make test-vllm: [1/5] $(VLLM_TORCH) and numpy (the largest download)"
+	$(VLLM_PIP) install $(VLLM_TORCH) "numpy<2.4"
+	@echo "make test-vllm: [2/5] $(VLLM), without its dependencies"
+	$(VLLM_PIP) install --no-deps "$(VLLM)"
+	@echo "make test-vllm: [3/5] the pure-Python part of vLLM's import chain, pinned"
+	$(VLLM_PIP) install --no-warn-conflicts $(VLLM_DEPS)
+	@echo "make test-vllm: [4/5] swa_hal (editable)"
+	$(VLLM_PIP) install --no-warn-conflicts --no-deps -e .
+	@echo "make test-vllm: [5/5] swa_hal's dependencies and test tools"
+	$(VLLM_PIP) install --no-warn-conflicts pluggy pyyaml packaging "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" tqdm
 	touch $@
+	@echo "make test-vllm: $(VLLM_VENV) is ready"
 
 # The engine tests in one process (their coverage counts are per process), the backend tests on every core.
 test-vllm: $(VLLM_STAMP)
@@ -127,11 +157,16 @@ $(SGLANG_BIN)/python:
 
 $(SGLANG_STAMP): $(SGLANG_BIN)/python pyproject.toml
 	@echo "make test-sglang: installing $(SGLANG) into $(SGLANG_VENV) (a few minutes, once)"
-	$(SGLANG_PIP) install -q "$(TORCH)" triton==3.6.0 "numpy<2.4"
-	$(SGLANG_PIP) install -q --no-deps "$(SGLANG)"
-	$(SGLANG_PIP) install -q --no-warn-conflicts $(SGLANG_DEPS) "$(TORCH)" triton==3.6.0 "numpy<2.4"
-	$(SGLANG_PIP) install -q --no-warn-conflicts -e ".[test]"
+	@echo "make test-sglang: [1/4] $(TORCH), triton 3.6.0 and numpy (the largest download)"
+	$(SGLANG_PIP) install "$(TORCH)" triton==3.6.0 "numpy<2.4"
+	@echo "make test-sglang: [2/4] $(SGLANG), without its dependencies"
+	$(SGLANG_PIP) install --no-deps "$(SGLANG)"
+	@echo "make test-sglang: [3/4] the pure-Python part of SGLang's import chain, pinned"
+	$(SGLANG_PIP) install --no-warn-conflicts $(SGLANG_DEPS) "$(TORCH)" triton==3.6.0 "numpy<2.4"
+	@echo "make test-sglang: [4/4] swa_hal (editable) with its test tools"
+	$(SGLANG_PIP) install --no-warn-conflicts -e ".[test]"
 	touch $@
+	@echo "make test-sglang: $(SGLANG_VENV) is ready"
 
 # Then SGLang's own unit tests of the ops swa_hal replaces (tests/engines/sglang_upstream, copied from SGLang's
 # repository), twice: against SGLang's own ops (swa_hal's switch off) and with swa_hal's hooks applied by SGLang's

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import quiet_kineto  # noqa: F401 - before torch: the profiler's log lines silenced
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,27 +174,47 @@ def main(argv=None) -> int:
         if args.targets == "only":
             return 0
     rows = []
+    # Progress, one line as each case starts: the naive torch baseline of long_prefill alone runs for minutes on
+    # a CPU. Its estimate is from the case's 20 warm-up builds: every timing below is a multiple of one build.
+    cases = len(SCENARIOS) * (len(backends) + 1)
+    print(f"{cases} cases ({len(SCENARIOS)} scenarios x {len(backends) + 1} builders), {args.iters} builds per "
+          f"timing, on {device_name}", flush=True)
     for scenario_name, config_file in SCENARIOS:
         config = SWAConfig.from_yaml(ROOT / "configs" / config_file)
         batch = Scenario.from_yaml(ROOT / "configs" / "batches" / f"{scenario_name}.yaml").make_batch(config, device)
+        print(f"{scenario_name}: {batch.num_tokens} tokens; starting the builders (kernels compile once)", flush=True)
         for runner, fn, to_dict, builder in runners_for(config, device, backends):
             def call(fn=fn):
                 return fn(batch)
 
             correct = check(config, batch, to_dict(call()))
+            t0 = time.perf_counter()
             for _ in range(20):
                 call()
+            sync(device)
+            one = (time.perf_counter() - t0) / 20
+            builds = 3 * args.iters + (200 if scenario_name in GRAPH_SCENARIOS and device.type == "cuda" else 0)
+            print(f"[{len(rows) + 1}/{cases}] {scenario_name} / {runner}: {one * 1e3:.2f} ms a build, about "
+                  f"{_duration(one * builds)} for its {builds} timed builds", flush=True)
             row = {"scenario": scenario_name, "tokens": batch.num_tokens, "runner": runner, "correct": correct,
                    "guarded": None if builder is None else builder.guard}
+
+            def stage(what: str, seconds: float = one * args.iters) -> None:
+                if seconds > 20:  # a timing that runs for a while says so as it starts
+                    print(f"      {what}: about {_duration(seconds)}", flush=True)
+
             warm_gpu(device)
             row["sm_clock_mhz"] = sm_clock_mhz(device)
+            stage(f"host time, {args.iters} builds")
             row["host_us"] = host_us(call, args.iters, device)
             warm_gpu(device)
+            stage(f"end-to-end time, {args.iters} builds")
             row["e2e_us"] = e2e_us(call, args.iters, device)
             warm_gpu(device)
             graph = time_graph(call, device) if scenario_name in GRAPH_SCENARIOS else None
             row["graph_us"], row["graph_wall_us"] = graph if graph else (None, None)
             row["launches"] = count_launches(call, device)
+            stage(f"host time again (the spread between two runs), {args.iters} builds")
             row["host_us_repeat"] = host_us(call, args.iters, device)  # the spread between two runs
             if builder is not None:  # what full validation (validate=True) adds to a build
                 row["validate_us"] = time_validation(builder, batch, device)
@@ -240,6 +261,10 @@ def main(argv=None) -> int:
         plot(rows, out_dir / f"bench_{tag}.png",
              f"{device_name}, {torch.get_num_threads()} torch threads, medians of {args.iters} builds; {guard}")
     return 0 if all(r["correct"] for r in rows) else 1
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def _primary(rows, row) -> str:

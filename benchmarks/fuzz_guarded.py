@@ -20,7 +20,8 @@ forced (the lanes they compute are theirs; the device only executes them). ``--a
 interpreter only) checks every lane address of every kernel against its tensors'
 storage (``swa_hal.testing.interpreter.address_strict``). Run it under ``compute-sanitizer --tool memcheck``
 with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` to have every device access checked against one allocation per
-tensor. It prints a line per backend and entry point, then the total; exit status 1 if any case differed.
+tensor. It prints a line per backend and entry point, then the total; exit status 1 if any case differed. A
+backend and entry point that runs for more than 10 s prints its progress to stderr every 10 s as it goes.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ FORCED = {
 ENTRIES = ("build", "groups", "slot_rows", "ring_rows", "request_window", "settings")
 # One config per window (SLOT_ROW_WINDOWS), which --windows picks from.
 WINDOWED = ("slot_rows", "ring_rows", "request_window")
+# A backend and entry point still running says how far it is this often (through the interpreter, 100 cases of
+# one entry point take minutes).
+PROGRESS_EVERY_S = 10.0
 
 
 def main() -> int:
@@ -94,7 +98,10 @@ def main() -> int:
         # One config without a cache (a ring of 2^30 rows fits), one with (the ring's reach bound binds).
         "settings": [guarded.SETTINGS_CONFIG, guarded.guarded_slot_rows_config(8)],
     }
-    print(f"torch {torch.__version__} on {device}; {args.cases} cases per backend and entry point; seed {args.seed!r}")
+    print(
+        f"torch {torch.__version__} on {device}; {args.cases} cases per backend and entry point; seed {args.seed!r}",
+        flush=True,
+    )
     total = failed = outside = 0
     for name in args.backends:
         if device.type == "cpu":
@@ -111,6 +118,7 @@ def main() -> int:
             windows = args.windows if entry in WINDOWED else None
             chosen = [c for c in configs[entry] if windows is None or c.window_size in windows]
             per_config = max(1, args.cases // max(1, len(configs[entry])) // shards)
+            planned, shown_at = per_config * len(chosen), t0
             for config in chosen:
                 builder = SWAMetadataBuilder(config, device=device, backend=name, platform=platform)
                 ref = guarded.reference_builder(config)
@@ -122,6 +130,15 @@ def main() -> int:
                     n += 1
                     if problems:
                         bad.append(problems[0])
+                    if time.perf_counter() - shown_at > PROGRESS_EVERY_S and n < planned:
+                        # Progress on stderr (the record on stdout stays one line per backend and entry point).
+                        shown_at = time.perf_counter()
+                        print(
+                            f"  ... {name} {entry}: {n}/{planned} cases, {len(bad)} failing so far, "
+                            f"{shown_at - t0:.0f} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 if entry != "settings":  # its builders build no group rows: their buffers were never written
                     outside += _outside(builder, limit)
             total += n
@@ -129,7 +146,7 @@ def main() -> int:
             dt = time.perf_counter() - t0
             part = f" {shard}/{shards}" if shards > 1 else ""
             shown = f" w{','.join(str(c.window_size) for c in chosen)}" if windows else ""
-            print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s{shown}{part}")
+            print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s{shown}{part}", flush=True)
             for line in bad[: args.show]:
                 # The case first, then what differed: a long case summary must not hide the difference.
                 print(f"    {line if len(line) <= 1600 else line[:600] + ' ... ' + line[-1000:]}")

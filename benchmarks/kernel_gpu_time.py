@@ -12,6 +12,7 @@ import random
 import sys
 from pathlib import Path
 
+import quiet_kineto  # noqa: F401 - before torch: the profiler's log lines silenced
 import torch
 import triton
 

@@ -34,6 +34,7 @@ def variant_kernel(source: str):
 
 
 def one() -> None:
+    import quiet_kineto  # noqa: F401 - before torch: the profiler's log lines silenced
     import torch
 
     sys.path.insert(0, str(ROOT))

@@ -17,6 +17,7 @@ import random
 import sys
 from pathlib import Path
 
+import quiet_kineto  # noqa: F401 - before torch: the profiler's log lines silenced
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -115,7 +115,7 @@ for step in $STEPS; do
         done
       done
       wait
-      cat "$OUT"/fuzz_*.part | grep -v Warning > "$OUT/fuzz_guarded.txt"; rm -f "$OUT"/fuzz_*.part
+      cat "$OUT"/fuzz_*.part | grep -v -e Warning -e '^  \.\.\. ' > "$OUT/fuzz_guarded.txt"; rm -f "$OUT"/fuzz_*.part
       grep -E " differ " "$OUT/fuzz_guarded.txt" | sort
       awk '/^total:/ {n += $2; d += $5; o += $10} END {print "all processes: " n " malformed inputs, " d \
         " differ from the reference, " o " indices outside the cache"}' "$OUT/fuzz_guarded.txt" \
@@ -130,7 +130,7 @@ for step in $STEPS; do
           --cases ${MEMCHECK_CASES:-60} --seed memcheck > "$OUT/memcheck_$b.part" 2>&1 &
       done
       wait
-      cat "$OUT"/memcheck_*.part | grep -v Warning > "$OUT/fuzz_memcheck.txt"; rm -f "$OUT"/memcheck_*.part
+      cat "$OUT"/memcheck_*.part | grep -v -e Warning -e '^  \.\.\. ' > "$OUT/fuzz_memcheck.txt"; rm -f "$OUT"/memcheck_*.part
       grep -E "cases|total|ERROR SUMMARY" "$OUT/fuzz_memcheck.txt"
       ;;
     abstep)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import quiet_kineto  # noqa: F401 - before torch: the profiler's log lines silenced
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

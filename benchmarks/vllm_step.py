@@ -41,6 +41,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda", help="torch device (default cuda; cpu: a dry run, no kernel times)")
     args = p.parse_args()
 
+    import quiet_kineto  # noqa: F401 - before torch: the profiler's log lines silenced
     import torch
     from common import (
         count_launches,

@@ -1,4 +1,4 @@
-"""The ``swa-hal`` command: info | build | bench | warmup | matrix.
+"""The ``swa-hal`` command: info | build | bench | warmup | matrix | new-backend.
 
 Run without a command, it prints this help to stderr and exits 2 (a usage error, like any other).
 Reports go to stdout; every error and warning goes to stderr, one line each.
@@ -202,12 +202,17 @@ def cmd_info(args: argparse.Namespace) -> int:
         from .envs import describe
 
         data["env"] = describe()
+    if args.engine is not None:
+        from .integrations.vllm import plugin_report
+
+        data["engine"] = plugin_report()
     if selection is None:
         from .selection import build_candidates
 
         data["backends"] = [c.to_dict() for c in build_candidates(registry, platform)]
     runs = started if started is not None else data["selected"]
     ok = error is None and (args.expect is None or runs == args.expect)
+    ok = ok and (args.engine is None or data["engine"]["active"])
     check = None
     if args.expect is not None and runs != args.expect:
         what = (
@@ -269,7 +274,31 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"    {c['name']:<{width}} priority {c['priority']:>4}  {state}")
     if check is not None:
         print(f"expect: {check}")
+    if args.engine is not None:
+        _print_engine(data["engine"])
     return 0 if ok else 1
+
+
+def _print_engine(report: dict[str, Any]) -> None:
+    """The ``--engine vllm`` section: whether the plugin is active here, and each thing that decides it."""
+    version = report["version"] or "not installed"
+    supported = ", ".join(report["supported"])
+    print(f"engine: vLLM {version} (the plugin supports {supported})")
+    print(f"  entry point:   vllm.general_plugins swa_hal = {report['entry_point'] or 'none'}")
+    allowed = report["vllm_plugins"]
+    print(f"  VLLM_PLUGINS:  {'unset (every general plugin loads)' if allowed is None else repr(allowed)}")
+    ((name, value),) = ((k, v) for k, v in report["switch"].items() if k != "on")
+    print(
+        f"  {name + ':':<14} {'unset' if value is None else repr(value)} ({'on' if report['switch']['on'] else 'off'})"
+    )
+    if report["startup"]:
+        print(f"  start-up line: {report['startup']}")
+    for message in report["messages"]:
+        print(f"  plugin said:   {message}")
+    if report["active"]:
+        print("  active: yes: vllm.plugins.load_general_plugins() registered it (is_registered() is True)")
+    else:
+        print(f"  active: no: {report['reason']}")
 
 
 # -- build --------------------------------------------------------------------------------------
@@ -600,6 +629,20 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- new-backend --------------------------------------------------------------------------------
+
+
+def cmd_new_backend(args: argparse.Namespace) -> int:
+    from .new_backend import PluginNames, write_plugin
+
+    names = PluginNames.of(args.name)
+    folder = write_plugin(args.name, args.dir)
+    print(f"wrote {names.distribution} into {folder}/: package {names.package}, backend and entry point {names.name!r}")
+    print("next: pip install -e the folder (next to swa_hal, installed with its test extra), then, in it:")
+    print(f"  pytest tests   # the conformance kit, which passes as written; swa-hal info --assume vendor={names.name}")
+    return 0
+
+
 # -- entry point --------------------------------------------------------------------------------
 
 
@@ -666,6 +709,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", metavar="FILE", help="config to start the backend with (default: built-in defaults)")
     p.add_argument("--device", default=None, help="probe this device (default: the best one here)")
+    p.add_argument(
+        "--engine",
+        choices=("vllm",),
+        help="also load the engine's plugins as it does at start-up and say whether swa_hal's is active (exit 1 "
+        "unless it is)",
+    )
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("build", help="build metadata for a scenario, check it against the reference")
@@ -695,6 +744,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("matrix", help="the CI job matrix: each target platform and the backend it should select")
     p.add_argument("--json", action="store_true", help='machine-readable output: {"include": [rows]} for CI')
     p.set_defaults(func=cmd_matrix)
+
+    p = sub.add_parser("new-backend", help="write a new backend plugin package, the example plugin renamed")
+    p.add_argument("name", metavar="NAME", help="the backend's name, e.g. acme (package swa_hal_acme)")
+    p.add_argument(
+        "--dir", metavar="PATH", help="the folder to write it into, new or empty (default: ./swa-hal-NAME-backend)"
+    )
+    p.set_defaults(func=cmd_new_backend)
     return parser
 
 

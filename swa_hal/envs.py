@@ -86,7 +86,7 @@ TOOLING_VARIABLES = frozenset(
         "SWA_HAL_FUZZ_EXAMPLES",
         "SWA_HAL_FUZZ_RANDOM",
         "SWA_HAL_SOAK_BUILDS",
-        "SWA_HAL_TEMPLATE_TORCH",
+        "SWA_HAL_DIST_TORCH",
         "SWA_HAL_GPU_RUNNERS",
     }
 )

@@ -227,7 +227,9 @@ def test_version(capsys):
 def test_bare_command_prints_the_usage_to_stderr_and_exits_2(capsys):
     code, out, err = run(capsys)
     assert code == 2 and out == ""
-    assert err.startswith("usage: swa-hal") and all(c in err for c in ("info", "build", "bench", "warmup", "matrix"))
+    assert err.startswith("usage: swa-hal") and all(
+        c in err for c in ("info", "build", "bench", "warmup", "matrix", "new-backend")
+    )
     assert "exits 2" in err  # the help says so
 
 
@@ -563,3 +565,16 @@ def test_the_scenario_format_in_the_backends_guide_is_whole_and_runs(capsys, tmp
     data = json.loads(out)
     assert code == 0 and err == "" and data["mismatches"] == [], err
     assert data["scenario"] == "my_step" and data["split"]["num_decodes"] == 64 and data["split"]["num_prefills"] == 6
+
+
+def test_info_engine_vllm_without_vllm_says_so_and_exits_1(capsys, monkeypatch):
+    """(With vLLM installed, tests/engines/test_vllm.py runs it for real.)"""
+    from swa_hal.integrations import vllm_common
+
+    monkeypatch.setattr(vllm_common, "vllm_version", lambda: None)
+    monkeypatch.setattr("swa_hal.integrations.vllm.vllm_version", lambda: None)
+    code, out, _ = run(capsys, "info", "--engine", "vllm")
+    assert code == 1
+    assert "engine: vLLM not installed (the plugin supports ==0.33.*, ==0.34.*)" in out
+    assert "  entry point:   vllm.general_plugins swa_hal = swa_hal.integrations.vllm:register" in out
+    assert "  active: no: vLLM is not installed in this environment" in out

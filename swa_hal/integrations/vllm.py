@@ -268,6 +268,70 @@ def unregister() -> None:
         _registered = False
 
 
+def plugin_report() -> dict[str, Any]:
+    """Whether the plugin is active in this environment, found as vLLM finds it: its entry point, vLLM's
+    ``VLLM_PLUGINS`` filter, swa_hal's switch, then ``vllm.plugins.load_general_plugins()`` (what vLLM runs in
+    every process) and ``is_registered()``. ``swa-hal info --engine vllm`` prints it (docs/engines.md #is-it-active).
+
+    vLLM 0.34 configures its logging after it loads the plugins, so the start-up line the plugin logs then is
+    shown nowhere: it is captured here (``startup``), with any warning (``messages``)."""
+    import logging
+    from importlib import metadata
+
+    from .vllm_common import SUPPORTED_VLLM as supported
+
+    report: dict[str, Any] = {"engine": "vllm", "supported": list(supported), "active": False}
+    version = vllm_version()
+    report["version"] = version
+    eps = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "swa_hal"]
+    report["entry_point"] = eps[0].value if eps else None
+    allowed = os.environ.get("VLLM_PLUGINS")
+    report["vllm_plugins"] = allowed
+    report["switch"] = {ENV_SWITCH: os.environ.get(ENV_SWITCH), "on": enabled()}
+    reason = None
+    if version is None:
+        reason = "vLLM is not installed in this environment"
+    elif not eps:
+        reason = "no vllm.general_plugins entry point named swa_hal: swa-hal is not installed as a distribution here"
+    elif allowed is not None and "swa_hal" not in allowed.split(","):
+        reason = f"VLLM_PLUGINS={allowed!r} does not name swa_hal, so vLLM does not load it"
+    elif not enabled():
+        reason = f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)}: the plugin leaves vLLM its own builders"
+    messages: list[str] = []
+    if version is not None:
+
+        class Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                messages.append(f"{record.levelname} {record.getMessage()}")
+
+        # Kept here, not passed on: the report shows them (vLLM's handlers are not set up yet anyway).
+        keep, level, propagate = Keep(logging.DEBUG), log.level, log.propagate
+        log.addHandler(keep)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+        try:
+            from vllm.plugins import load_general_plugins
+
+            load_general_plugins()
+        except Exception as exc:  # noqa: BLE001 - what vLLM's own start-up would have raised, reported
+            reason = reason or f"vllm.plugins.load_general_plugins() raised {type(exc).__name__}: {exc}"
+        finally:
+            log.removeHandler(keep)
+            log.setLevel(level)
+            log.propagate = propagate
+    report["registered"] = is_registered()
+    startup = [m.split(" ", 1)[1] for m in messages if m.startswith("INFO swa_hal ")]
+    report["startup"] = startup[0] if startup else None
+    report["messages"] = [m for m in messages if not m.startswith("INFO swa_hal ")]
+    if report["registered"]:
+        report["active"] = True
+        report["step_builds"] = step_builds_active()
+    elif reason is None:
+        reason = "the plugin loaded but did not register" + (f": {report['messages'][0]}" if report["messages"] else "")
+    report["reason"] = reason
+    return report
+
+
 def describe(version: str | None = None) -> tuple[str, str]:
     """(backend, platform): the swa_hal backend this process's device gets, found without building."""
     return _common.auto_backend(backend=options.backend, platform=options.platform)

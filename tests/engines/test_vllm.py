@@ -21,6 +21,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import contextlib
 import dataclasses
+import json
 import logging
 import random
 import subprocess
@@ -651,6 +652,44 @@ def test_fresh_vllm_process_logs_one_line(tmp_path):
     assert "swa_hal backend 'torch'" in lines[0]
     assert "step builds on" in lines[0]
     assert "RESOLVED SwaHalDeepseekV4CPUSparseSWAMetadataBuilder" in text
+
+
+def _info_engine(tmp_path, *argv, **env):
+    """`swa-hal info --engine vllm` in a new process, as a user runs it: vLLM's logging not set up."""
+    full = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "SWA_HAL_VLLM")}
+    full.update(env)
+    cmd = [sys.executable, "-m", "swa_hal.cli", "info", "--engine", "vllm", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=full, timeout=600)
+
+
+def test_info_engine_vllm_says_the_plugin_is_active_with_its_start_up_line(tmp_path):
+    """vLLM 0.34 sets up its logging after it loads the plugins, so load_general_plugins() alone shows no line;
+    `swa-hal info --engine vllm` loads them as vLLM does and reports what the plugin said."""
+    proc = _info_engine(tmp_path, "--json")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    engine = json.loads(proc.stdout)["engine"]
+    assert (engine["version"], engine["active"], engine["registered"]) == (version("vllm"), True, True)
+    assert engine["entry_point"] == "swa_hal.integrations.vllm:register"
+    assert engine["startup"].startswith(f"swa_hal 0.1.0: vLLM {version('vllm')} builds its DeepSeek-V4/V4.1 SWA")
+    assert "through swa_hal backend 'torch'" in engine["startup"] and engine["step_builds"] is True
+    proc = _info_engine(tmp_path)
+    assert proc.returncode == 0
+    assert "  active: yes: vllm.plugins.load_general_plugins() registered it (is_registered() is True)" in proc.stdout
+    assert f"  start-up line: {engine['startup']}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"VLLM_PLUGINS": "some_other_plugin"}, "VLLM_PLUGINS='some_other_plugin' does not name swa_hal"),
+        ({"SWA_HAL_VLLM": "0"}, "SWA_HAL_VLLM=0: the plugin leaves vLLM its own builders"),
+    ],
+)
+def test_info_engine_vllm_says_why_the_plugin_is_not_active(tmp_path, env, reason):
+    proc = _info_engine(tmp_path, **env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"  active: no: {reason}" in proc.stdout, proc.stdout
+    assert "start-up line" not in proc.stdout
 
 
 # -- parity with vLLM's builders --------------------------------------------------------------

@@ -2,7 +2,8 @@
 ``AsyncScheduler`` (async scheduling, as vLLM 0.34 runs by default) and ``KVCacheManager`` with prefix caching,
 chunked prefill, preemption, MTP and DSpark drafts, V4.1's bounded replay and several SWA KV-cache groups per
 step, and its model runner V2 (CUDA-graph padding, nulled and persistent block tables, host upper bounds, the
-MTP drafter's own batches); each step's metadata built by vLLM's own SWA builder and by swa_hal's (torch backend
+MTP drafter's own batches, V4.1's decoder replay sub-batches and its specialized decode's recorded metadata
+builds); each step's metadata built by vLLM's own SWA builder and by swa_hal's (torch backend
 every step, the cuda Triton backend in the interpreter every few steps), field by field equal; the traffic is
 checked to contain what it is for.
 
@@ -150,6 +151,7 @@ def test_adjacent_long_images_traffic_builds_as_vllm_up_to_the_documented_differ
 HYBRID_STEPS = 150
 DSPARK_STEPS = 100
 FULL_STEPS = 100
+SPECIALIZED_STEPS = 100
 
 
 @contextlib.contextmanager
@@ -179,10 +181,15 @@ def check_groups(engine: T.Engine, steps: int) -> None:
 def test_v41_bounded_replay_traffic_with_two_swa_groups_builds_as_vllm(tmp_path):
     """V4.1 with bounded replay (W=8, 4-token blocks, MTP with two drafts): a prefix-cacheable group beside
     two SWA groups, as vLLM's V4.1 model lays out its caches, so vLLM's scheduler rewinds each prefix hit by
-    a window and hands the request its replay_start; V4.1's model state hands the prefills' bounds to
+    a window and hands the request its replay_start; vLLM's V4.1 model state hands the prefills' bounds to
     the builders (and pads the replayed slots of the cacheable group). Both SWA groups, each with its own
-    block table, are compared on every build and draft-step update."""
-    traffic = T.Traffic(variant="v41_w8b4", spec_tokens=2, swa_groups=2, cacheable_group=True, num_blocks=96)
+    block table, are compared on every build and draft-step update.
+
+    Steps of more than 16 tokens run eagerly (past the largest token graph), and there the model state
+    prepares the decoder replay layers' sub-batch (``_prepare_replay_batch``): each prefill trimmed to its
+    last window rows, its window KV start raised to ``seq_len - W`` where trimmed, built by builders vLLM
+    creates for the sub-batch (vLLM's own, swa_hal's of each backend) and compared too."""
+    traffic = T.SUITE["v41_replay"]
     with no_overflow_checks():
         engine = T.run(traffic, HYBRID_STEPS, SEED, tmp=tmp_path)
     c = engine.counts
@@ -192,7 +199,46 @@ def test_v41_bounded_replay_traffic_with_two_swa_groups_builds_as_vllm(tmp_path)
     assert c["preemptions"] >= 1 and c["resumed_after_preemption"] >= 1, dict(c)
     check_drafter(engine, HYBRID_STEPS)
     check_runner(engine, padded_full=False)  # padded FULL steps with bounds: the FULL-graph test below
+    check_replay_batches(engine, HYBRID_STEPS)
     H.COUNTS["traffic:replay_steps"] += c["replay_steps"]
+
+
+def check_replay_batches(engine: T.Engine, steps: int) -> None:
+    """The decoder replay sub-batches were in the traffic: prefills trimmed to their last window rows, window
+    KV starts raised above the scheduler's replay start, each sub-batch compared on every torch build and on
+    the Triton backend's steps, by builders vLLM created for it from each group's backend (two replay
+    groups and the first layer's own: 3 on each side, every one of the side's family)."""
+    c = engine.counts
+    assert c["replay_batches"] >= steps // 15 and c["replay_batch_trimmed_requests"] >= c["replay_batches"], dict(c)
+    assert c["replay_batch_raised_kv_starts"] >= steps // 30, dict(c)
+    assert c["replay_batch_builds:torch"] == c["replay_batches"] and c["replay_batch_builds:cuda"] >= 1, dict(c)
+    assert c["replay_batch_builders:native"] == 3 and c["replay_batch_builders:torch"] == 3, dict(c)
+    assert c["replay_batch_builders:cuda"] == 3, dict(c)
+    for key in ("replay_batches", "replay_batch_trimmed_requests", "replay_batch_raised_kv_starts"):
+        H.COUNTS[f"traffic:{key}"] += c[key]
+
+
+def test_v41_specialized_decode_traffic_builds_as_vllm(tmp_path):
+    """V4.1's specialized decode (``decode_backend=latency_specialized``): vLLM's
+    ``DeepseekV41SpecializedDecodeModelState`` with FlashInfer's SWA builder, bounded replay and the decoder
+    replay layers, MTP with two drafts. At start-up it records the metadata build of every uniform-decode
+    shape its FULL decode graphs serve, on a dummy batch with worst-case host sequence lengths; every FULL
+    uniform-decode step then replays that recording instead of building (vllm_runner.cpu_metadata_graphs:
+    the recorded build re-run on the step's device buffers, its tensors refreshed in place). swa_hal's
+    replayed metadata must equal vLLM's on every such step, as its eager builds do on the others."""
+    with no_overflow_checks():
+        engine = T.run(T.SUITE["v41_specialized_decode"], SPECIALIZED_STEPS, SEED, tmp=tmp_path)
+    c = engine.counts
+    check_groups(engine, SPECIALIZED_STEPS)
+    check_drafter(engine, SPECIALIZED_STEPS)
+    check_runner(engine, padded_full=False)
+    check_replay_batches(engine, SPECIALIZED_STEPS)
+    steps = c["metadata_graph_steps"]
+    assert steps >= SPECIALIZED_STEPS // 4 and c["metadata_graph_replays:torch"] == steps, dict(c)
+    assert c["metadata_graph_replays:native"] == steps and c["metadata_graph_replays:cuda"] >= 1, dict(c)
+    # The stand-in holds for vLLM's own recordable builder: its replays leave no field stale.
+    assert c["metadata_graph_stale_fields:native"] == 0, dict(c)
+    H.COUNTS["traffic:metadata_graph_steps"] += steps
 
 
 @pytest.mark.parametrize("swa_groups", [1, 2])

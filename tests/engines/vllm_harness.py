@@ -614,13 +614,16 @@ def random_layout(rng: random.Random, num_swa: int, form: str = "any") -> StepLa
     return StepLayout(total, tuple(sorted(rng.sample(range(total), num_swa))))
 
 
-def attention_groups(builders: list[Any], layout: StepLayout, spec: Any) -> list[list[Any]]:
-    """vLLM's attention groups for the layout: SWA group ``layout.swa[j]`` built by ``builders[j]``."""
+def attention_groups(builders: list[Any], layout: StepLayout, spec: Any, backend: Any = None) -> list[list[Any]]:
+    """vLLM's attention groups for the layout: SWA group ``layout.swa[j]`` built by ``builders[j]``, of the
+    attention ``backend`` class (whose ``get_builder_cls`` makes the builders of a copy of the group, as
+    vLLM's ``AttentionGroup.create_metadata_builders`` does); None: the builder's class stands in for it."""
     from vllm.v1.worker.utils import AttentionGroup
 
     groups: list[list[Any]] = [[] for _ in range(layout.num_kv_groups)]
     for j, (i, b) in enumerate(zip(layout.swa, builders)):
-        groups[i] = [AttentionGroup(type(b), [f"model.layers.{j}.attn.swa_cache"], spec, i, metadata_builders=[b])]
+        cls = backend if backend is not None else type(b)
+        groups[i] = [AttentionGroup(cls, [f"model.layers.{j}.attn.swa_cache"], spec, i, metadata_builders=[b])]
     return groups
 
 

@@ -22,10 +22,14 @@ What does not run on a CPU, and what stands in for it:
 - The model, sampler and drafter do not run: the caller draws the sampled tokens and accepted drafts and
   hands them to ``postprocess_sampled`` (vLLM's ``post_update`` kernel); the runner's per-request workers
   that only the model reads (sampler, LoRA, logprobs, pooling, PP) are vLLM's "absent" values.
+- V4.1's model states are vLLM's, made by their own constructors over a model stub
+  (``deepseek_v41_model_state``, ``specialized_decode_model_state``): what of them needs CUDA is said there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import inspect
 import types
 from typing import Any
@@ -82,6 +86,144 @@ def cudagraph_manager(vllm_config: Any, mode: Any, decode_query_len: int) -> Any
         cudagraph_utils.get_pp_group, current_platform.get_global_graph_pool = original
     manager._graphs_captured = True
     return manager
+
+
+def deepseek_v41_model_state(vllm_config: Any, replay_layers: Any | None) -> Any:
+    """vLLM's ``DeepseekV41ModelState``, made by its own constructor over a model stub that holds what the
+    constructor reads of the model: no engram layers (``token_lookback_depth`` 0) and the decoder replay
+    layers ``replay_layers`` (vLLM's ``DecoderReplayLayers``, or None where the model has none).
+
+    What does not run on a CPU:
+
+    - The decoder replay CUDA graphs (``DecoderReplayCudaGraphManager``: breakable PIECEWISE graphs of the
+      replay layers) need CUDA graphs; ``cudagraph_decoder_replay`` is off, so the state keeps
+      ``replay_cudagraphs`` None and, as vLLM does without them, prepares a replay batch in eager steps
+      only (with them, PIECEWISE steps of ``decoder_replay_trim_threshold`` tokens or more break out to a
+      replay batch padded to a replay graph's size; the traffic has none of those).
+    - ``_warm_up_replay_kernels`` compiles the replay kernels ahead of their first launch (``warmup``):
+      the interpreter compiles nothing, and the kernels run at their first launch instead.
+    """
+    from vllm.models.deepseek_v41.nvidia.model_state import DeepseekV41ModelState
+
+    use_explicit_copies()
+    vllm_config.compilation_config.cudagraph_decoder_replay = False
+    model = types.SimpleNamespace(token_lookback_depth=0, decoder_replay_layers=replay_layers)
+    state = DeepseekV41ModelState(vllm_config, model, None, CPU)
+    state._warm_up_replay_kernels = lambda input_batch, slot_mappings: None
+    return state
+
+
+SPECIALIZED_DECODE = "vllm.models.deepseek_v41.nvidia.specialized_decode.runtime"
+
+
+def specialized_decode_model_state(vllm_config: Any, replay_layers: Any | None) -> Any:
+    """vLLM's ``DeepseekV41SpecializedDecodeModelState`` (V4.1's ``decode_backend=latency_specialized``),
+    made by its own constructor over the model stub of ``deepseek_v41_model_state``, with its metadata
+    graphs recorded and replayed on a CPU (``cpu_metadata_graphs``).
+
+    What does not run on a CPU:
+
+    - The decode executor: ``build_specialized_decode`` (the stub's answers None) builds CuTe DSL and
+      FlashInfer kernels over the model's weights, and ``warmup.warm_up`` runs them; its module imports the
+      CuTe DSL (``cutlass``), which needs CUDA, so where it does not import a module whose ``warm_up`` does
+      nothing stands in for it. The executor runs the forward only: no attention metadata comes from it.
+    - CUDA graphs of the metadata builds: see ``cpu_metadata_graphs``.
+    """
+    import sys
+
+    warmup = f"{SPECIALIZED_DECODE}.warmup"
+    try:
+        importlib.import_module(warmup)
+    except ImportError:
+        stub = types.ModuleType(warmup)
+        stub.warm_up = lambda decode, vllm_config: None  # type: ignore[attr-defined]
+        sys.modules[warmup] = stub
+    from vllm.models.deepseek_v41.nvidia.specialized_decode.runtime.model_state import (
+        DeepseekV41SpecializedDecodeModelState,
+    )
+
+    use_explicit_copies()
+    vllm_config.compilation_config.cudagraph_decoder_replay = False
+    model = types.SimpleNamespace(
+        token_lookback_depth=0, decoder_replay_layers=replay_layers, build_specialized_decode=lambda: None
+    )
+    state = DeepseekV41SpecializedDecodeModelState(vllm_config, model, None, CPU)
+    state._warm_up_replay_kernels = lambda input_batch, slot_mappings: None
+    state.graphs = cpu_metadata_graphs(vllm_config, state.graphs._decode_query_len)
+    return state
+
+
+class Recording:
+    """A metadata build recorded by ``cpu_metadata_graphs``: ``replay`` runs the recorded build again, with
+    the host arguments it was recorded with (the graph key's counts and the capture batch's worst-case
+    ``seq_lens``), over the device buffers, which now hold the step's values. A CUDA graph replays the
+    kernels at their recorded addresses and the step reads the metadata objects recorded with it, so every
+    tensor the build hands out again must be the recorded one, refreshed in place (or hold the recorded
+    values): ``stale`` lists the fields that are neither."""
+
+    def __init__(self, build: Any, metadata: dict[str, Any]) -> None:
+        self.build = build
+        self.metadata = metadata
+        self.replays = 0
+        self.stale: list[str] = []
+
+    def replay(self) -> None:
+        again = self.build()
+        self.replays += 1
+        for name, recorded in self.metadata.items():
+            for field, value in vars(again[name]).items():
+                kept = getattr(recorded, field, None)
+                if not isinstance(value, torch.Tensor) or not isinstance(kept, torch.Tensor):
+                    continue
+                same = value.data_ptr() == kept.data_ptr() and value.shape == kept.shape
+                if not same and not (value.shape == kept.shape and torch.equal(value.cpu(), kept.cpu())):
+                    self.stale.append(f"{name}.{field}")
+
+
+def cpu_metadata_graphs(vllm_config: Any, decode_query_len: int) -> Any:
+    """vLLM's ``AttnMetadataCudaGraphs`` with its recording done on a CPU: ``capture`` is the one method
+    that needs CUDA (it records the build into a ``torch.cuda.CUDAGraph`` in the global graph pool); here
+    it makes vLLM's warm-up build and its recorded build (both by vLLM's ``_forked_build``, its branches
+    built one after the other: see ``cpu_side_streams``) and keeps a ``Recording`` as the graph, whose
+    ``replay`` vLLM's own ``replay`` calls. The keys, ``can_record`` and ``replay`` are vLLM's."""
+    from vllm.models.deepseek_v41.nvidia.specialized_decode.runtime.metadata_graphs import AttnMetadataCudaGraphs
+
+    class CpuAttnMetadataCudaGraphs(AttnMetadataCudaGraphs):
+        def capture(self, key: Any, attn_groups: Any, block_tables: Any, build_fn: Any) -> dict[str, Any]:
+            self._forked_build(attn_groups, block_tables, build_fn)
+            metadata = self._forked_build(attn_groups, block_tables, build_fn)
+            recording = Recording(lambda: self._forked_build(attn_groups, block_tables, build_fn), metadata)
+            self._graphs[key] = (recording, metadata)
+            return metadata
+
+        def recordings(self) -> list[Recording]:
+            return [graph for graph, _ in self._graphs.values()]
+
+    return CpuAttnMetadataCudaGraphs(vllm_config, decode_query_len)
+
+
+class _NoStream:
+    """A CUDA stream on a CPU: work runs where it is issued, in order."""
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def cpu_side_streams():
+    """vLLM's metadata graphs fork a build's branches onto side CUDA streams (``_forked_build``: the groups
+    of each block-table storage on a branch of their own); on a CPU each branch builds where it is issued,
+    one after the other in vLLM's branch order (the branches share no written buffer, which is what lets
+    vLLM run them at once)."""
+    module = importlib.import_module(f"{SPECIALIZED_DECODE}.metadata_graphs")
+    cuda = types.SimpleNamespace(Stream=_NoStream, stream=lambda stream: contextlib.nullcontext())
+    original = module.torch, module.current_stream
+    module.torch = types.SimpleNamespace(cuda=cuda)
+    module.current_stream = _NoStream
+    try:
+        yield
+    finally:
+        module.torch, module.current_stream = original
 
 
 class Runner:
@@ -214,9 +356,13 @@ class Drafter:
     metadata from ``Speculator._build_uniform_attn_metadata`` over the drafter's attention groups, and at each
     later draft step the positions and ``seq_lens`` one further and ``_update_draft_decode_metadata``.
 
-    Restated here (the draft model does not run): the drafter's prefill (``TargetDependentARSpeculator._prefill``),
-    which leaves each request's position at its last accepted token (``positions[i] = target seq_len - rejected
-    - 1``). Between draft steps, vLLM's own ``update_draft_inputs`` moves positions and ``seq_lens`` on.
+    Before its first decode step, the drafter's prefill, by vLLM's own code: ``prepare_prefill_inputs`` (its
+    Triton kernel: the target's rows less the rejected drafts, each request's last accepted row) and
+    ``TargetDependentARSpeculator._prefill``, which leaves each request's position at its last accepted token.
+    What does not run there is the draft model's forward (``_run_model``, stubbed: zero hidden states) and its
+    sampler (``sample_draft``, stubbed: token 0); neither reaches a position, a sequence length or a slot.
+    The drafter's token inputs (the target's sampled and next prefill tokens) are zeros for the same reason.
+    Between draft steps, vLLM's own ``update_draft_inputs`` moves positions and ``seq_lens`` on.
     """
 
     def __init__(self, runner: Runner, kv_cache_config: Any) -> None:
@@ -239,21 +385,60 @@ class Drafter:
         self.idx_mapping = torch.full((r.max_num_reqs,), -1, dtype=torch.int64)
         self.sample_src_positions = torch.zeros(r.max_num_reqs, dtype=torch.int64)
         self.draft_tokens = torch.zeros(r.max_num_reqs, 1, dtype=torch.int64)
+        # What the drafter's prefill (prepare_prefill_inputs, _prefill) reads and writes besides the buffers.
+        d.idx_mapping = self.idx_mapping
+        d.sample_src_positions = self.sample_src_positions
+        d.draft_tokens = self.draft_tokens
+        d.last_token_indices = torch.zeros(r.max_num_reqs, dtype=torch.int64)
+        d.current_draft_step = torch.tensor(0, dtype=torch.int64)
+        d.hidden_states = torch.zeros(r.max_num_tokens, 1)
+        d.pcp_manager = None
+        d.temperature = d.seeds = d.draft_logits = None
+        d._run_model = self._draft_forward
+        d.sample_draft = lambda hidden, *args: torch.zeros(hidden.shape[0], dtype=torch.int64)
+        self.last_sampled = torch.zeros(r.max_num_reqs, dtype=torch.int64)
+        self.next_prefill_tokens = torch.zeros(r.max_num_reqs, dtype=torch.int32)
         self.runner = runner
         # Its own decode graphs, of one token per request (vLLM's drafter keeps a manager of its own).
         self.cudagraphs = cudagraph_manager(r.vllm_config, r.vllm_config.compilation_config.cudagraph_mode, 1)
 
-    def first_step(self, batch: Any, rejected: list[int]) -> tuple[Any, torch.Tensor]:
-        """The drafter's first decode step after the target's ``batch`` (its requests' rejected drafts):
-        the step's batch descriptor and slot mappings, its inputs in the drafter's buffers."""
+    @staticmethod
+    def _draft_forward(num_tokens: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft model's forward, stubbed: its hidden states (zeros) for ``num_tokens`` rows."""
+        hidden = torch.zeros(num_tokens, 1)
+        return hidden, hidden
+
+    def prefill(self, batch: Any, num_sampled: list[int], rejected: list[int]) -> None:
+        """The drafter's prefill after the target's ``batch`` (per request: its sampled tokens, 0 for a
+        partial prefill, and its rejected drafts), by vLLM's ``prepare_prefill_inputs`` and ``_prefill``:
+        each request's position left at its last accepted token in the drafter's buffers."""
+        from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import prepare_prefill_inputs
+
+        d, n = self.speculator, batch.num_reqs
+        self.idx_mapping[:n].copy_(batch.idx_mapping)
+        prepare_prefill_inputs(
+            d.last_token_indices,
+            d.current_draft_step,
+            d.input_buffers,
+            batch,
+            torch.tensor(num_sampled, dtype=torch.int32),
+            torch.tensor(rejected, dtype=torch.int32),
+            self.last_sampled,
+            self.next_prefill_tokens,
+            d.max_num_reqs,
+        )
+        type(d)._prefill(d, n, batch.num_tokens_after_padding, None, None, None)
+
+    def first_step(self, batch: Any, num_sampled: list[int], rejected: list[int]) -> tuple[Any, torch.Tensor]:
+        """The drafter's prefill (``prefill``) and first decode step after the target's ``batch``: the step's
+        batch descriptor and slot mappings, its inputs in the drafter's buffers."""
         from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
         from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import _prepare_decode_inputs_kernel
 
         d, n = self.speculator, batch.num_reqs
         desc, _ = dispatch_cg_and_sync_dp(self.cudagraphs, n, n, 1, 1, 0)
         num_rejected = torch.tensor(rejected, dtype=torch.int32)
-        # The drafter's prefill leaves each request at its last accepted token.
-        d.input_buffers.positions[:n] = (batch.seq_lens[:n] - num_rejected - 1).to(torch.int64)
+        self.prefill(batch, num_sampled, rejected)
         _prepare_decode_inputs_kernel[(n + 1,)](
             self.draft_tokens[:n, 0],
             self.draft_tokens.stride(0),

@@ -13,7 +13,10 @@ interpreter every ``triton_every`` steps), and every field is compared (``vllm_h
 with two or more drafts, vLLM's drafter's own batches follow (``vllm_runner.Drafter``), built and updated by both.
 DSpark drafts come from a real ``SpeculativeConfig`` too. A hybrid layout puts a prefix-cacheable group
 beside several SWA groups (each with its own block table; swa_hal builds them in one step build, every one
-compared); with V4.1 its SWA groups declare bounded replay, so the scheduler hands out ``replay_start``.
+compared); with V4.1 its SWA groups declare bounded replay, so the scheduler hands out ``replay_start``, and
+vLLM's own V4.1 model state (its decoder replay layers on) prepares the replay sub-batch of every eager step,
+whose metadata both builders build and which is compared too; under V4.1's specialized decode, FULL
+uniform-decode steps replay the metadata builds recorded at start-up.
 
 A long run: ``python tests/engines/vllm_traffic.py --suite 5000 --triton-every 0 --no-overflow-checks`` (in a vLLM
 test environment) runs 5,000 steps of every traffic of ``SUITE``; ``--steps N --variant ...`` runs one. Each
@@ -97,6 +100,18 @@ class Traffic:
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
     # vLLM's engine core with its batch queue (two steps in flight), as vLLM 0.34 runs by default.
     async_scheduling: bool = True
+    # The largest token-keyed CUDA graph (0: the token budget): steps of more tokens run eagerly, as a
+    # step past vLLM's max_cudagraph_capture_size does.
+    max_capture_tokens: int = 0
+    # V4.1 with bounded replay: the model's decoder replay layers (vLLM's ``DecoderReplayLayers``; here every
+    # SWA group's layer, the first group's being the last KV source): in eager steps vLLM's V4.1 model
+    # state prepares their sub-batch of each prefill's last window rows (``_prepare_replay_batch``), with
+    # attention groups and builders of its own, and both builders' metadata of it is compared.
+    decoder_replay: bool = True
+    # V4.1 with bounded replay under its specialized decode (``decode_backend=latency_specialized``): vLLM's
+    # DeepseekV41SpecializedDecodeModelState, FlashInfer's SWA builder (the one that decode runs), the
+    # metadata builds of FULL uniform-decode steps recorded at start-up and replayed on those steps.
+    specialized_decode: bool = False
 
 
 class Engine:
@@ -140,6 +155,7 @@ class Engine:
         vc.scheduler_config.disable_chunked_mm_input = bool(traffic.images)
         self.vc = vc
         self.kv_spec = H.make_kv_spec(v)
+        self.kv_config: Any = None  # set with the groups below
         self.bounded_replay = traffic.cacheable_group and v.version == "deepseek_v41"
         if self.bounded_replay:
             self.kv_spec = dataclasses.replace(self.kv_spec, bounded_replay=True)
@@ -155,6 +171,7 @@ class Engine:
         kv_config = KVCacheConfig(
             num_blocks=traffic.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, hash_block_size=v.block_size
         )
+        self.kv_config = kv_config
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)
         # As vLLM's engine core makes it: with the config's hash lookahead (a drafter's, on some releases).
@@ -221,29 +238,52 @@ class Engine:
             vc,
             CUDAGraphMode[traffic.cudagraph_mode],
             [n for n in (1, 2, 4, 8, 16) if n <= traffic.max_num_seqs],
-            sorted({1, 2, 4, *range(8, traffic.token_budget, 8), traffic.token_budget}),
+            sorted(
+                n
+                for n in {1, 2, 4, *range(8, traffic.token_budget, 8), traffic.token_budget}
+                if n <= (traffic.max_capture_tokens or traffic.token_budget)
+            ),
         )
         self._make_builders()
         self.runner = R.Runner(vc, kv_config, self.state, decode_query_len=self.decode_query_len)
         self.drafter = R.Drafter(self.runner, kv_config) if self.drafts else None
+        if traffic.specialized_decode:
+            # At start-up (vLLM's capture_inner_cudagraphs, after the forward's graphs): the metadata build of
+            # every uniform-decode shape the FULL decode graphs serve, recorded on the runner's persistent
+            # input buffers, block tables and slot mappings (vllm_runner.cpu_metadata_graphs).
+            r = self.runner.runner
+            for side, state in self.states.items():
+                groups = self.native_groups if side == "native" else self.ours[side][1]
+                with self.builder_options(side):
+                    type(state).capture_inner_cudagraphs(state, r.input_buffers, r.block_tables, groups, kv_config)
 
     def _make_builders(self) -> None:
         from vllm.v1.attention.backends.mla import sparse_swa
 
         native_cls = sparse_swa.DeepseekSparseSWAMetadataBuilder
+        native_backend = our_backend = None
         if self.variant.version == "deepseek_v41":
-            # The builder of V4.1's default (FlashMLA) SWA backend on NVIDIA GPUs.
-            from vllm.models.deepseek_v41.nvidia import flashmla
+            # The builder of V4.1's default (FlashMLA) SWA backend on NVIDIA GPUs (FlashInfer's under the
+            # specialized decode), and that backend, whose get_builder_cls (patched by the plugin: swa_hal's
+            # builder) makes the builders of the copies of the groups that V4.1's model state keeps for its
+            # decoder replay sub-batch. vLLM's own builders are made the same way, by a backend that hands
+            # out vLLM's builder, as without the plugin.
+            from vllm.models.deepseek_v41.nvidia import flashinfer_sparse, flashmla
 
             native_cls = flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder
+            our_backend = flashmla.DeepseekSparseSWAFlashMLABackend
+            if self.traffic.specialized_decode:
+                native_cls = flashinfer_sparse.DeepseekSparseSWAFlashInferMetadataBuilder
+                our_backend = flashinfer_sparse.DeepseekSparseSWAFlashInferBackend
+            native_backend = type("VllmFlashMLASWABackend", (), {"get_builder_cls": staticmethod(lambda: native_cls)})
         ours_cls = integ.swa_hal_builder_cls(native_cls)
         natives = [native_cls(self.kv_spec, [name], self.vc, CPU) for name in self.swa_layers]
-        self.native_groups = H.attention_groups(natives, self.layout, self.kv_spec)
+        self.native_groups = H.attention_groups(natives, self.layout, self.kv_spec, native_backend)
         self.ours = {}
         for b in self.backends:
             kw = {"backend": b, **({"platform": TRITON_PLATFORM} if b != "torch" else {})}
             ours = [ours_cls(self.kv_spec, [name], self.vc, CPU, **kw) for name in self.swa_layers]
-            self.ours[b] = (ours, H.attention_groups(ours, self.layout, self.kv_spec))
+            self.ours[b] = (ours, H.attention_groups(ours, self.layout, self.kv_spec, our_backend))
         # The MTP drafter's own attention layers, and so builders of its own (its batches are not the target's).
         self.drafts = self.variant.spec_tokens > 1 and not self.variant.dspark
         if self.drafts:
@@ -254,10 +294,35 @@ class Engine:
                 kw = {"backend": b, **({"platform": TRITON_PLATFORM} if b != "torch" else {})}
                 ours = [ours_cls(self.kv_spec, [name], self.vc, CPU, **kw) for name in self.swa_layers]
                 self.our_draft_groups[b] = H.attention_groups(ours, self.layout, self.kv_spec)
-        # V4.1's model state with bounded replay: the window it replays and the prefix-cacheable groups whose
-        # replayed slots it pads (its _replay, which vLLM reads from the KV-cache config on first use).
-        replay = dict(window=self.variant.window, cacheable=(0,)) if self.bounded_replay else {}
-        self.state = H.model_state(self.variant.version, self.vc, **replay)
+        # V4.1 with bounded replay: vLLM's own DeepseekV41ModelState (vllm_runner.deepseek_v41_model_state),
+        # which reads the window it replays and the prefix-cacheable groups whose replayed slots it pads from
+        # the KV-cache config on first use. One per builder family: a state keeps the replay sub-batch's
+        # attention groups (copies of the first groups it is handed, with builders of their own) and the
+        # sub-batch it last prepared. Their per-request tables (replay starts, rows kept whole) are the
+        # runner's one state's, which add_request fills.
+        self.replay_layers = self.bounded_replay and self.traffic.decoder_replay
+        self.states: dict[str, Any] = {}
+        if self.bounded_replay:
+            from vllm.models.deepseek_v41.decoder_replay_layers import DecoderReplayLayers
+
+            for side in ("native", *self.backends):
+                layers = None
+                if self.replay_layers:
+                    # No forward runs: the layers' run and KV-write callables are never called.
+                    layers = DecoderReplayLayers(
+                        self.variant.window, None, None, set(self.swa_layers), self.swa_layers[0]
+                    )
+                make = (
+                    R.specialized_decode_model_state if self.traffic.specialized_decode else R.deepseek_v41_model_state
+                )
+                self.states[side] = make(self.vc, layers)
+            self.state = self.states["native"]
+            for state in self.states.values():
+                state._replay_start_np = self.state._replay_start_np
+                if self.replay_layers:
+                    state._keeps_rows_np = self.state._keeps_rows_np
+        else:
+            self.state = H.model_state(self.variant.version, self.vc)
         if self.traffic.images:
             self._vision_state()
 
@@ -494,7 +559,7 @@ class Engine:
 
     def build_and_compare(self, step: int, out: Any) -> None:
         batch, desc, ib, tables, slots, ids = self.inputs(out)
-        self.batch = ib
+        self.batch, self.desc = ib, desc
         want = self.native_build(desc, ib, tables, slots)
         md = want[LAYER]
         c = self.counts
@@ -516,6 +581,13 @@ class Engine:
                 c["prefills_after_context"] += 1  # a later chunk, a resumed request or one after a cache hit
         if self.bounded_replay:
             self._count_replay(ids, ib)
+        if self.replay_layers:
+            self._count_replay_batch(ib)
+        # The specialized decode replays a recorded build on FULL uniform-decode steps: its metadata is the
+        # recording's, whose host offsets are the capture batch's own tensor (the key fixes their values).
+        replayed = self.traffic.specialized_decode and self.state.graphs.key(ib, desc.cg_mode) is not None
+        c["metadata_graph_steps"] += replayed
+        fresh = ("query_start_loc_cpu",) if replayed else ()
         c["multi_group_steps"] += len(self.layout.swa) >= 2
         gots = {}
         self.into_chunk = []
@@ -539,11 +611,15 @@ class Engine:
         for backend, (_, groups) in self.ours.items():
             if backend != "torch" and step % self.traffic.triton_every:
                 continue
-            gots[backend] = self.prepare_attn(desc, ib, tables, slots, groups)
-            self._record(step, backend, "build", ids, self.compare(want, gots[backend], batch, tables, slots))
+            gots[backend] = self.prepare_attn(desc, ib, tables, slots, groups, backend)
+            self._record(step, backend, "build", ids, self.compare(want, gots[backend], batch, tables, slots, fresh))
+            if self.replay_layers:
+                self._compare_replay_batch(step, backend, ids, ib, tables)
             if cut and backend == "torch":
                 c["chunk_inside_image_rows_differ"] += bool(self.compare(uncut, gots[backend], batch, tables, slots))
             c[f"builds:{backend}"] += 1
+            if self.traffic.specialized_decode:
+                self._check_recordings(step, backend, ids)
             if len(self.layout.swa) >= 2:
                 # swa_hal's step path: one build for all of the step's SWA groups (its plan holds them all).
                 plan = self.ours[backend][0][0].swa_hal_step[0]
@@ -571,11 +647,30 @@ class Engine:
             for b, (starts, ends) in zip(builders, kept):
                 b.span_starts, b.span_ends = starts, ends
 
-    def prepare_attn(self, desc: Any, ib: Any, tables: Any, slots: torch.Tensor, groups: Any) -> dict[str, Any]:
+    def prepare_attn(
+        self, desc: Any, ib: Any, tables: Any, slots: torch.Tensor, groups: Any, side: str = "native"
+    ) -> dict[str, Any]:
         """The model state's ``prepare_attn`` as ``execute_model`` calls it, in the dispatched graph's mode
-        (V4.1's state gathers the batch's replay bounds from its per-request table itself)."""
-        kv = H.kv_cache_config(self.layout)
-        return type(self.state).prepare_attn(self.state, ib, desc.cg_mode, tables, slots, groups, kv)
+        (V4.1's state gathers the batch's replay bounds from its per-request table itself, and prepares its
+        decoder replay sub-batch). Builders it creates for swa_hal's side (the sub-batch's) take that side's
+        backend from the plugin's options (``configure``), as a user sets them."""
+        state = self.states.get(side, self.state)
+        kv = self.kv_config if self.bounded_replay else H.kv_cache_config(self.layout)
+        with self.builder_options(side):
+            return type(state).prepare_attn(state, ib, desc.cg_mode, tables, slots, groups, kv)
+
+    @contextlib.contextmanager
+    def builder_options(self, side: str):
+        """swa_hal's builders that vLLM creates from now on take ``side``'s backend (the plugin's
+        ``configure``); vLLM's side leaves the options as they are."""
+        if side == "native":
+            yield
+            return
+        previous = integ.configure(backend=side, platform=TRITON_PLATFORM if side != "torch" else None)
+        try:
+            yield
+        finally:
+            integ.configure(backend=previous.backend, platform=previous.platform, validate=previous.validate)
 
     def compare(
         self, want: dict[str, Any], got: dict[str, Any], batch: AttentionBatch, tables, slots, fresh=()
@@ -587,6 +682,82 @@ class Engine:
             prefix = f"group {g}: " if len(self.swa_layers) > 1 else ""
             diffs += [prefix + d for d in H.compare(want[name], got[name], view, fresh=fresh, **self.chunk_args())]
         return diffs
+
+    def _check_recordings(self, step: int, backend: str, ids: list[str]) -> None:
+        """The specialized decode's recorded metadata builds replayed so far on each side, and any field a
+        replay would have left stale (vllm_runner.Recording): a difference on swa_hal's side, counted on
+        vLLM's."""
+        for side in ("native", backend):
+            recordings = self.states[side].graphs.recordings()
+            self.counts[f"metadata_graph_replays:{side}"] = sum(r.replays for r in recordings)
+            stale = [field for r in recordings for field in r.stale]
+            for r in recordings:
+                r.stale.clear()
+            if side == "native":
+                self.counts["metadata_graph_stale_fields:native"] += len(stale)
+            elif stale:
+                self._record(step, side, "metadata graph replay", ids, [f"stale after replay: {stale}"])
+
+    def _count_replay_batch(self, ib: Any) -> None:
+        """The decoder replay sub-batch vLLM's V4.1 model state prepared for this step, if any: its
+        requests trimmed to their last window rows, and those whose window KV start it raised above the
+        scheduler's replay start (a trimmed request holds no replay-layer KV below its kept rows)."""
+        state, c = self.states["native"], self.counts
+        if state.decoder_replay_layers.replay_batch is None:
+            return
+        n = ib.num_reqs
+        kept = np.diff(state._kept_query_start_loc[: n + 1].numpy())
+        query = np.diff(ib.query_start_loc_np[: n + 1])
+        c["replay_batches"] += 1
+        c["replay_batch_rows"] += int(kept.sum())
+        c["replay_batch_trimmed_requests"] += int((kept < query).sum())
+        c["replay_batch_raised_kv_starts"] += int((state._kept_kv_start[:n] > state._replay_start[:n]).sum())
+
+    def _compare_replay_batch(self, step: int, backend: str, ids: list[str], ib: Any, tables: Any) -> None:
+        """The decoder replay sub-batch's metadata (its forward context's), vLLM's builders' against
+        swa_hal's, over the sub-batch's rows, query offsets and slot mappings."""
+        want = self.states["native"].decoder_replay_layers.replay_batch
+        got = self.states[backend].decoder_replay_layers.replay_batch
+        if want is None or got is None:
+            if (want is None) != (got is None):
+                self._record(step, backend, "replay batch", ids, [f"replay batch: {want!r} vs {got!r}"])
+            return
+        state, n = self.states["native"], ib.num_reqs
+        num = int(want.rows.numel())
+        qsl = state._kept_query_start_loc[: n + 1].clone()
+        slots = state._kept_slot_mappings[:, :num]
+        view = AttentionBatch(
+            seq_lens=ib.seq_lens[:n],
+            query_start_loc=qsl,
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=ib.seq_lens_cpu_upper_bound[:n],
+            block_table=tables[self.layout.swa[0]],
+            slot_mapping=slots[self.layout.swa[0]],
+            max_query_len=int(np.diff(qsl.numpy()).max()),
+            num_tokens=num,
+            causal=True,
+        )
+        # Each state hands its builders the sub-batch's offsets and slot mappings in buffers of its own.
+        fresh = ("query_start_loc", "query_start_loc_cpu", "slot_mapping")
+        diffs = self.compare(
+            want.forward_context.attn_metadata, got.forward_context.attn_metadata, view, tables, slots, fresh
+        )
+        self._record(step, backend, "replay batch", ids, diffs)
+        self.counts[f"replay_batch_builds:{backend}"] += 1
+        # The sub-batch's builders, made by vLLM (create_metadata_builders on each group's backend): vLLM's
+        # own on its side, swa_hal's of this backend on the other (the replay groups and the first layer's).
+        for side, ours in (("native", False), (backend, True)):
+            made = [
+                b
+                for kept in self.states[side]._replay_attn_groups
+                for groups in kept
+                for group in groups
+                for b in group.metadata_builders
+            ]
+            right = [integ.is_swa_hal_builder(type(b)) == ours for b in made]
+            if ours:
+                right = [integ.is_swa_hal_builder(type(b)) and b.swa_hal.backend_name == backend for b in made]
+            self.counts[f"replay_batch_builders:{side}"] = len(made) if all(right) else -len(made)
 
     def _count_replay(self, ids: list[str], ib: Any) -> None:
         """Prefills with a replay bound: the first token's window reaching below it (the builders clamp it:
@@ -608,14 +779,14 @@ class Engine:
             return dict(chunk_ratios=(1, 2), has_compressed=(True, False))
         return dict(chunk_ratios=(1, 4, 128), has_compressed=(None,))
 
-    def _draft_steps(self, step: int, rejected: list[int]) -> None:
+    def _draft_steps(self, step: int, num_sampled: list[int], rejected: list[int]) -> None:
         """vLLM's MTP drafter after the target's forward (``vllm_runner.Drafter``): its own uniform decode
         batch of the step's requests, built by vLLM's builders and swa_hal's for the drafter's layers, then
         moved one position per draft step and updated in place (``update_draft_decode_metadata``), every
         group compared after the build and after each update. DSpark drafts all in one forward."""
         ib, d, c = self.batch, self.drafter, self.counts
         n = ib.num_reqs
-        desc, slots = d.first_step(ib, rejected)
+        desc, slots = d.first_step(ib, num_sampled, rejected)
         padded = desc.num_reqs or n
         c["drafter_batches"] += 1
         c["drafter_padded_requests"] += padded - n
@@ -694,7 +865,7 @@ class Engine:
         # The runner's side: its device counts move by each request's query length less its rejected drafts.
         self.runner.postprocess(ib, sampled, rejected)
         if self.drafter is not None and spec:
-            self._draft_steps(self.step_index, rejected)
+            self._draft_steps(self.step_index, [len(s) for s in sampled], rejected)
         ids = list(ib.req_ids)
         kw = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if not H.V034 else {}  # 0.34 derives it
         return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **kw)
@@ -764,6 +935,7 @@ def run(
         if tmp is None:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         stack.enter_context(planner_stub())
+        stack.enter_context(R.cpu_side_streams())
         engine = Engine(traffic, seed, tmp, backends)
         done = idle = 0
         while done < steps:
@@ -777,8 +949,10 @@ def run(
 
 
 # The long run's traffic (``--suite STEPS``): every runner behaviour on (async scheduling, CUDA-graph padding,
-# nulled and stale tables, the drafter's batches) across DeepSeek-V4 and V4.1, no drafts and MTP with 1 to 4
-# drafts, DSpark, V4's own geometry and vision with adjacent images and images longer than the window.
+# nulled and stale tables, the drafter's batches, eager steps past the largest token graph) across DeepSeek-V4
+# and V4.1 (its decoder replay sub-batches, its specialized decode's recorded metadata builds), no drafts and
+# MTP with 1 to 4 drafts, DSpark, V4's own geometry and vision with adjacent images and images longer than
+# the window.
 SUITE = {
     "plain": Traffic(variant="v4_w8b4", num_blocks=20, max_tokens=(20, 80), arrivals=0.9),
     "mtp2": Traffic(variant="v4_mtp2_w6b8"),
@@ -792,7 +966,18 @@ SUITE = {
         suffix_len=(0, 300),
         max_tokens=(40, 200),
     ),
-    "v41_replay": Traffic(variant="v41_w8b4", spec_tokens=2, swa_groups=2, cacheable_group=True, num_blocks=96),
+    "v41_replay": Traffic(
+        variant="v41_w8b4", spec_tokens=2, swa_groups=2, cacheable_group=True, num_blocks=96, max_capture_tokens=16
+    ),
+    "v41_specialized_decode": Traffic(
+        variant="v41_w8b4",
+        spec_tokens=2,
+        swa_groups=2,
+        cacheable_group=True,
+        num_blocks=96,
+        max_capture_tokens=16,
+        specialized_decode=True,
+    ),
     "v41_full_graphs": Traffic(
         variant="v41_w8b4", spec_tokens=1, swa_groups=2, cacheable_group=True, num_blocks=96, cudagraph_mode="FULL"
     ),

@@ -90,6 +90,7 @@ class _RowViews:
         "own_col_flat",
         "own",
         "own_flat",
+        "own_wide",
     )
 
     tables: PageTables
@@ -128,6 +129,7 @@ class _RowViews:
     own_col_flat: torch.Tensor
     own: torch.Tensor
     own_flat: torch.Tensor
+    own_wide: torch.Tensor
 
 
 class _RowSpace:
@@ -154,6 +156,7 @@ class _RowSpace:
         # A row's last column and its entry there (``RowProbe.see_own_slots``).
         self.own_col = torch.empty((rows, 1), dtype=torch.int64, device=device)
         self.own = torch.empty((rows, 1), **i32)
+        self.own_wide = torch.empty(rows, dtype=torch.int64, device=device)  # for an int64 slot_mapping
         # Row i's slots start at i * pages * B; its window at its start's place among them (``_fill_rows``),
         # whose (pages - 1) * B is added here once.
         self.window_base = torch.arange(rows, dtype=torch.int32, device=device) * tables.aligned + (
@@ -186,7 +189,7 @@ class _RowSpace:
         v.first_bad = self.first_bad[:rows]
         v.first_bad_col = v.first_bad[:, None]
         v.terms = self.terms[:, :rows]
-        v.own_col, v.own = self.own_col[:rows], self.own[:rows]
+        v.own_col, v.own, v.own_wide = self.own_col[:rows], self.own[:rows], self.own_wide[:rows]
         v.own_col_flat, v.own_flat = v.own_col.view(-1), v.own.view(-1)
         v.term = v.terms.unbind(0)
         return v
@@ -302,13 +305,17 @@ class RowProbe:
         """Rule 17 for rows whose last entry is their token's own position (causal rows without image
         visibility, once rules 5 and 6 hold): every row's last entry ``out[i, lens[i] - 1]`` is its
         ``slots`` entry, and a row without entries (-1 throughout) has none (-1). Conservative: a row with
-        a slot but no entries (a replay bound past its position) counts as broken. One gather and one
-        comparison."""
+        a slot but no entries (a replay bound past its position) counts as broken. One lookup of each
+        row's last column, one gather and one comparison, of one dtype: an int64 slot_mapping is compared
+        with the entries widened by a copy, since ``torch.equal`` of two dtypes costs several operations."""
         if not self.clean:
             return
         torch.index_select(v.tables.last_col, 0, lens, out=v.own_col_flat)
         torch.gather(out, 1, v.own_col, out=v.own)
-        self.clean = torch.equal(v.own_flat, slots)
+        own = v.own_flat
+        if slots.dtype == torch.int64:
+            own = v.own_wide.copy_(own)
+        self.clean = torch.equal(own, slots)
 
     def see_slots(
         self, table: torch.Tensor, req: torch.Tensor, pos1: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor

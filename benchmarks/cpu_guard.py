@@ -5,7 +5,8 @@ For decode-256, the mixed step and the 16k-token prefill (configs/batches/*.yaml
 DeepSeek-V4-Flash config) it builds one guarded and one unguarded builder on the CPU (``torch``
 backend, no full validation) and times them in turn, ``--rounds`` rounds of ``--iters`` builds each
 (A B A B ...), so both see the same load. It prints per scenario the median host time of each, their
-ratio, and the aten operations of one build (a TorchDispatchMode counter: every aten call, nested
+ratio, the lowest and highest of the rounds' own ratios (each round's medians: the spread the host's
+drifting speed leaves), and the aten operations of one build (a TorchDispatchMode counter: every aten call, nested
 ones included). The header says how many torch threads the process had and how many the builds ran
 with.
 
@@ -69,7 +70,7 @@ def main() -> int:
         f"swa_hal from {Path(swa_hal.__file__).parent.parent}; backend torch on cpu; medians of {args.rounds} x {args.iters} builds, interleaved"
     )
     print(
-        f"{'scenario':<14} {'guarded us':>11} {'unguarded us':>13} {'ratio':>6} "
+        f"{'scenario':<14} {'guarded us':>11} {'unguarded us':>13} {'ratio':>6} {'round ratios':>13} "
         f"{'aten ops g':>11} {'aten ops u':>11} {'build threads':>14}"
     )
     for name in args.scenarios:
@@ -87,15 +88,22 @@ def main() -> int:
             ops[guard] = counter.count
             threads |= counter.threads
         samples: dict[bool, list[float]] = {True: [], False: []}
+        round_ratios = []
         for _ in range(args.rounds):
+            medians = {}
             for guard, b in builders.items():
+                times = []
                 for _ in range(args.iters):
                     t0 = time.perf_counter()
                     b.build(batch)
-                    samples[guard].append(time.perf_counter() - t0)
+                    times.append(time.perf_counter() - t0)
+                samples[guard] += times
+                medians[guard] = statistics.median(times)
+            round_ratios.append(medians[True] / medians[False])
         g, u = (statistics.median(samples[k]) * 1e6 for k in (True, False))
+        spread = f"{min(round_ratios):.2f}-{max(round_ratios):.2f}"
         print(
-            f"{name:<14} {g:>11.1f} {u:>13.1f} {g / u:>6.2f} {ops[True]:>11} {ops[False]:>11} {','.join(map(str, sorted(threads))):>14}"
+            f"{name:<14} {g:>11.1f} {u:>13.1f} {g / u:>6.2f} {spread:>13} {ops[True]:>11} {ops[False]:>11} {','.join(map(str, sorted(threads))):>14}"
         )
     return 0
 

@@ -11,7 +11,7 @@
 # python3 benchmarks/sglang_site.py on one with it first: it writes .device/sglang/ (SGLang's own files of that import
 # chain, and wheels of the packages in it that a GPU machine's image lacks), which those steps then take
 # (CARRIED_SGLANG=DIR for another folder).
-# STEPS="info bench" runs only some steps (fuzz, memcheck, abwindow, abstep, vllmstep, hostfloor and hostprofile run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
+# STEPS="info bench" runs only some steps (fuzz, memcheck, abwindow, abguard, abstep, vllmstep, hostfloor and hostprofile run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
 # SGLWINDOW_ARGS and PYTEST_ARGS pass options on.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out/h200}
@@ -132,6 +132,18 @@ for step in $STEPS; do
       wait
       cat "$OUT"/memcheck_*.part | grep -v -e Warning -e '^  \.\.\. ' > "$OUT/fuzz_memcheck.txt"; rm -f "$OUT"/memcheck_*.part
       grep -E "cases|total|ERROR SUMMARY" "$OUT/fuzz_memcheck.txt"
+      ;;
+    abguard)
+      # The Triton kernel's guard cost, guarded and unguarded, of two source trees in turn (AB_BEFORE, default
+      # .device/before, then this one), AB_ROUNDS rounds, each tree's own kernel_sweep.py (one setting: 4 warps,
+      # 4096-element tiles): the guarded/unguarded ratio of each tree, interleaved.
+      for ((r = 1; r <= ${AB_ROUNDS:-3}; r++)); do
+        for tree in "${AB_BEFORE:-.device/before}" .; do
+          echo "== round $r, swa_hal from $tree"
+          (cd "$tree" && PYTHONPATH="$PWD:$PWD/backends${PYTHONPATH:+:$PYTHONPATH}" WARPS=4 TILES=4096 \
+            timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/kernel_sweep.py 2>&1 | grep -v USDT)
+        done
+      done 2>&1 | tee "$OUT/ab_guard.txt"
       ;;
     abstep)
       # The vLLM step of benchmarks/vllm_step.py with two source trees in turn (AB_BEFORE, default .device/before,

@@ -229,8 +229,8 @@ def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch
 
 # Rows of a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``), one column per
 # request. The rows up to NONE are the quantities that are negative where a rule is broken, in the order the
-# rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports. query_start_loc
-# (R + 1 entries) has its own vector.
+# rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports and the
+# operands of the first four quantities. query_start_loc (R + 1 entries) has its own vector.
 (
     QUERY,
     PREFIX,
@@ -244,20 +244,26 @@ def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch
     SPAN_BAD,
     WIDTH_LEFT,
     NONE,
-    SEQ,
-    FIRST_SPAN,
-    NEED,
-    HOST,
-) = range(16)
-RULE_ROWS = 16
+) = range(12)
+# [P; model left; cap - q] = [S; model limit; cap] - [q; S; q] is one subtraction: q is written twice (QUERY
+# and QUERY_AGAIN, by one subtraction too), so QUERY, SEQ and QUERY_AGAIN, APART apart, are one strided view,
+# and SEQ, MODEL_LIMIT and CAP (S, the bound of rule 16 and the query caps of the host's split) one
+# contiguous block.
+APART = NONE + 1
+SEQ, MODEL_LIMIT, CAP, FIRST_SPAN, NEED, HOST = range(APART, APART + 6)
+QUERY_AGAIN = QUERY + 2 * APART
+RULE_ROWS = QUERY_AGAIN + 1
 # Per checked row: the kind it stands for and the row of the value reported.
 ROW_KINDS = (
     Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
     Violation.SEQ_SHORT,  # P_r = S_r - q_r < 0 (reports S_r)
-    Violation.MODEL_LEN,  # max_model_len - S_r < 0 (reports S_r)
-    # Rule 14, the host split's margins (each reports q_r): a decode's query against min(max_decode_query_len,
-    # max_query_len) and its end against the decode tokens; a prefill's query against max_query_len, its end
-    # against num_tokens and its start against the decode tokens (0 for a decode).
+    # Rule 16: max_model_len - S_r < 0 (reports S_r). In the CPU's first test, the bound is the lower of
+    # max_model_len and the block table's width times the page size: there it also proves rule 5 for rows that
+    # read nothing past seq_len (``TorchGuard.request_quantities``).
+    Violation.MODEL_LEN,
+    # Rule 14, the host split's margins (each reports q_r): a request's query against its cap (a decode's
+    # min(max_decode_query_len, max_query_len), a prefill's max_query_len), a decode's end against the decode
+    # tokens; a prefill's end against num_tokens and its start against the decode tokens (0 for a decode).
     Violation.HOST_SPLIT,  # query margin < 0
     Violation.HOST_SPLIT,  # end margin < 0
     Violation.HOST_SPLIT,  # start margin < 0
@@ -269,6 +275,11 @@ ROW_KINDS = (
     0,
 )
 VALUE_ROWS = (QUERY, SEQ, SEQ, QUERY, QUERY, QUERY, HOST, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
+# Rows only some builds fill, by what fills them: rule 14's ends and starts (the full guard), rule 15's
+# (prefills with a host copy), replay bounds, spans, DSpark widths.
+OPTIONAL_ROWS = ((SPLIT_END, SPLIT_BEGIN), (HOST_SAME, HOST), (BOUND, HEADROOM), (SPAN_BAD,), (WIDTH_LEFT,))
+# Rule 16's bound where it is not checked (draft updates): above every int32 seq_lens.
+NO_MODEL_LIMIT = 1 << 32
 
 
 class _RequestViews:
@@ -276,21 +287,32 @@ class _RequestViews:
 
     Its rules table is its own, not a cut of one table for every count: so the quantities a guarded CPU
     build tests first (``TorchGuard.requests_clean``) are one contiguous block, whose minimum costs a
-    fifth of a strided one's. ``filled``: the rows an earlier build of this count filled (``_clear``)."""
+    fifth of a strided one's. ``filled``: which optional rows the last build of this count filled (``_fill``).
+    ``caps``: the split and bound the CAP and MODEL_LIMIT rows hold; ``split``: this build's (num_decodes,
+    num_decode_tokens, num_tokens); ``qsl_host``: ``qsl`` read on the host (a CPU guard's, else None)."""
 
     __slots__ = (
         "filled",
         "flat_quantities",
         "qsl",
+        "qsl_host",
         "begin",
         "end",
+        "begins",
+        "ends",
         "seq",
         "query",
         "prefix",
-        "model_left",
+        "queries",
+        "operands",
+        "limits",
+        "margins",
+        "cap",
+        "caps",
+        "split",
+        "split_end",
         "host_same",
         "host",
-        "split_margins",
         "split_begin",
         "split_cuts",
         "split_decodes",
@@ -319,15 +341,24 @@ class _RequestViews:
     )
 
     qsl: torch.Tensor
+    qsl_host: Any
     begin: torch.Tensor
     end: torch.Tensor
+    begins: torch.Tensor
+    ends: torch.Tensor
     seq: torch.Tensor
     query: torch.Tensor
     prefix: torch.Tensor
-    model_left: torch.Tensor
+    queries: torch.Tensor
+    operands: torch.Tensor
+    limits: torch.Tensor
+    margins: torch.Tensor
+    cap: torch.Tensor
+    caps: tuple[int, int, int, int] | None
+    split: tuple[int, int, int]
+    split_end: torch.Tensor
     host_same: torch.Tensor
     host: torch.Tensor
-    split_margins: torch.Tensor
     split_begin: torch.Tensor
     split_cuts: HostCache
     split_decodes: int
@@ -340,7 +371,7 @@ class _RequestViews:
     checked: torch.Tensor
     quantities: torch.Tensor
     flat_quantities: torch.Tensor
-    filled: set[int]
+    filled: tuple[bool, ...]
     rules: torch.Tensor
     negative: torch.Tensor
     any: torch.Tensor
@@ -397,6 +428,10 @@ class TorchGuard:
         self.int32_min = torch.tensor(-INT32_LIMIT - 1, dtype=torch.int64, device=device)
         self.none_row = torch.tensor(NONE, dtype=torch.int64, device=device)
         self.at = torch.zeros(1, dtype=torch.int64, device=device)
+        # The first test's minimum (requests_clean), read on the host through numpy (the same memory; the
+        # first test runs on the CPU only).
+        self.lowest = torch.zeros((), dtype=torch.int64, device=device)
+        self._lowest_host: Any = self.lowest.numpy() if device.type == "cpu" else None
         # The chosen candidate, then the build's group (set per call: every candidate of a call shares it).
         self.chosen = torch.zeros((RECORD_LEN, 1), **i32)
         self.chosen_flag, self.chosen_flat = self.chosen[0], self.chosen[:, 0]
@@ -410,8 +445,6 @@ class TorchGuard:
         self._row_views = HostCache(limit=64)
         self._record_views = HostCache(limit=64)
         self._record: tuple[torch.Tensor, torch.Tensor] | None = None
-        # max_model_len as a 0-d tensor (rule 16): a number minus a tensor would be two ops.
-        self._model_len: tuple[int, torch.Tensor] | None = None
 
     def _request_views(self, num_reqs: int) -> _RequestViews:
         v = self._views.get(num_reqs)
@@ -423,12 +456,17 @@ class TorchGuard:
         rules[NONE] = -1
         # Rows some earlier build filled that this one may not (replay bounds, spans, DSpark widths): they
         # are zeroed before a build that does not fill them reads them.
-        v.filled = set()
+        v.filled = (False,) * len(OPTIONAL_ROWS)
         v.qsl = torch.zeros(r + 1, dtype=torch.int64, device=self.device)
+        v.qsl_host = v.qsl.numpy() if self.device.type == "cpu" else None
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
+        v.begins, v.ends = v.begin.expand(2, r), v.end.expand(2, r)
         v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
-        v.model_left, v.host_same, v.host = rules[MODEL_LEFT], rules[HOST_SAME], rules[HOST]
-        v.split_margins, v.split_begin = rules[SPLIT_QUERY : SPLIT_END + 1], rules[SPLIT_BEGIN]
+        v.queries, v.operands = rules[QUERY : QUERY_AGAIN + 1 : 2 * APART], rules[QUERY : QUERY_AGAIN + 1 : APART]
+        v.limits, v.margins = rules[SEQ : CAP + 1], rules[PREFIX : SPLIT_QUERY + 1]
+        v.cap, v.caps, v.split = rules[CAP], None, (0, 0, 0)
+        v.split_end, v.split_begin = rules[SPLIT_END], rules[SPLIT_BEGIN]
+        v.host_same, v.host = rules[HOST_SAME], rules[HOST]
         v.split_cuts, v.split_decodes = HostCache(limit=64), 0
         v.bound, v.headroom = rules[BOUND], rules[HEADROOM]
         v.span_bad, v.first_span = rules[SPAN_BAD], rules[FIRST_SPAN]
@@ -444,12 +482,15 @@ class TorchGuard:
         return v
 
     @staticmethod
-    def _clear(v: _RequestViews, row: int, fill: bool) -> None:
-        if fill:
-            v.filled.add(row)
-        elif row in v.filled:
-            v.rules[row].zero_()
-            v.filled.discard(row)
+    def _fill(v: _RequestViews, fills: tuple[bool, ...]) -> None:
+        """Zero the optional rows (``OPTIONAL_ROWS``) the last build filled and this one does not
+        (``fills``); a build without spans, replay bounds or DSpark rows then reads zeros there."""
+        if fills != v.filled:
+            for rows, was, now in zip(OPTIONAL_ROWS, v.filled, fills):
+                if was and not now:
+                    for row in rows:
+                        v.rules[row].zero_()
+            v.filled = fills
 
     def request_checks(
         self,
@@ -486,33 +527,43 @@ class TorchGuard:
         causal: bool,
         split: SplitFacts,
         values: bool = True,
+        table_positions: int | None = None,
     ) -> None:
         """The first half of ``request_checks``: every request's checked quantities (negative where it
-        breaks a rule), without choosing the first broken rule. ``values=False``: the quantities alone,
-        not the values a violation reports (``requests_clean`` reads no more)."""
+        breaks a rule), without choosing the first broken rule. ``values=False`` (the CPU's first test,
+        ``requests_clean``): rule 14's end and start margins are left to ``requests_clean``, which holds
+        the host's split against two offsets instead of every request's (the rows read 0).
+        ``table_positions`` (the first test's): the block table's width times the page size, which then
+        bounds seq_lens with max_model_len in rule 16's row (negative where a request's last page lies past
+        the table). Rows that read no position at or past their request's seq_len (all but image rows,
+        docs/semantics.md #vision-spans) read no page past the table where it is not negative, so rule 5
+        needs no look at their pages (full validation asks the same of every request)."""
         v = self._request_views(num_reqs)
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
-        torch.sub(v.end, v.begin, out=v.query)
-        self._split_margins(v, num_reqs, split)
+        torch.sub(v.ends, v.begins, out=v.queries)  # q_r, into QUERY and QUERY_AGAIN
+        # seq_lens in int64 (S_r is also the value rules 2 and 16 report, and DSpark widths read it), then
+        # rule 2's P_r = S_r - q_r, rule 16's limit - S_r and rule 14's cap_r - q_r: one subtraction.
+        v.seq.copy_(seq_lens)
+        # Rule 16 is a build's rule, not a draft update's.
+        limit = config.max_model_len if split.build_checks else NO_MODEL_LIMIT
+        if table_positions is not None:
+            limit = min(limit, table_positions)
+        self._limits(v, num_reqs, split, limit)
+        torch.sub(v.limits, v.operands, out=v.margins)
+        v.split = (split.num_decodes, split.num_decode_tokens, split.num_tokens)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
-        if values or not causal:
-            # seq_lens in int64 first: the value rule 2 reports (DSpark widths read it too).
-            v.seq.copy_(seq_lens)
-            torch.sub(v.seq, v.query, out=v.prefix)
-        else:
-            torch.sub(seq_lens, v.query, out=v.prefix)
-        # Rule 16: every request within max_model_len (a build's rule, not a draft update's).
-        self._clear(v, MODEL_LEFT, split.build_checks)
-        if split.build_checks:
-            if self._model_len is None or self._model_len[0] != config.max_model_len:
-                self._model_len = (config.max_model_len, torch.tensor(config.max_model_len, device=self.device))
-            torch.sub(self._model_len[1], seq_lens, out=v.model_left)
         # Rule 15: a prefill's host seq_lens (the plan's, on this device) equal to the device's.
         host = split.host_seq_lens
         held = host is not None and split.num_decodes < num_reqs
-        self._clear(v, HOST_SAME, held)
-        self._clear(v, HOST, held)
+        # Rule 3 holds where rows use the bound: every request of a causal build; the prefills of a DSpark
+        # step (its decode rows ignore the bound, docs/semantics.md #dspark-rows; its prefill rows and gather
+        # lengths do not), as the kernels' prefill and gather programs check it.
+        decodes = 0 if causal else split.num_decodes
+        replay = replay_start is not None and decodes < num_reqs
+        self._fill(v, (values, held, replay, checks_spans, not causal))
+        if values:
+            self._split_ends(v, num_reqs, split)
         if held:
             assert host is not None
             v.host.copy_(host[:num_reqs])
@@ -520,13 +571,6 @@ class TorchGuard:
             if split.num_decodes:
                 v.host_same[: split.num_decodes] = 0
                 v.host[: split.num_decodes] = 0
-        # Rule 3 holds where rows use the bound: every request of a causal build; the prefills of a DSpark
-        # step (its decode rows ignore the bound, docs/semantics.md #dspark-rows; its prefill rows and gather
-        # lengths do not), as the kernels' prefill and gather programs check it.
-        decodes = 0 if causal else split.num_decodes
-        replay = replay_start is not None and decodes < num_reqs
-        self._clear(v, BOUND, replay)
-        self._clear(v, HEADROOM, replay)
         if replay:
             assert replay_start is not None
             v.bound.copy_(replay_start)
@@ -534,49 +578,84 @@ class TorchGuard:
             if decodes:
                 v.bound[:decodes] = 0
                 v.headroom[:decodes] = 0
-        self._clear(v, SPAN_BAD, checks_spans)
         if checks_spans:
             assert spans is not None
             bad_req, first_span = _span_checks(spans, num_reqs)
             torch.mul(bad_req, -1, out=v.span_bad)
             v.first_span.copy_(first_span)
-        self._clear(v, WIDTH_LEFT, not causal)
         if not causal:
             torch.minimum(v.seq, v.query + config.window_size, out=v.need)
             torch.sub(v.need, config.noncausal_index_width, out=v.width_left).neg_()
 
     @staticmethod
-    def _split_margins(v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
-        """Rule 14 into its three rows, in place: the margins of the host's split, negative where the device
-        offsets break it. The query and end margins are written as excesses (``q - cap``) and negated
-        together: a tensor minus a number is one op, a number minus a tensor two."""
-        nd = split.num_decodes
+    def _cuts(v: _RequestViews, nd: int) -> tuple[torch.Tensor, ...]:
+        """The decode and prefill parts of the rows rule 14 reads and writes (slices cost as much as small
+        ops: one set per decode count)."""
         cut = v.split_cuts.get(nd)
-        if cut is None:  # slices cost as much as small ops: one set per decode count
-            q, end, begin = v.query, v.end, v.begin
-            over_q, over_end = v.split_margins[0], v.split_margins[1]
+        if cut is None:
+            end, begin, cap, over_end = v.end, v.begin, v.cap, v.split_end
             cut = v.split_cuts.keep(nd, (
-                q[:nd], q[nd:], end[:nd], end[nd:], begin[nd:],
-                over_q[:nd], over_q[nd:], over_end[:nd], over_end[nd:], v.split_begin[nd:],
+                cap[:nd], cap[nd:], end[:nd], end[nd:], begin[nd:], over_end[:nd], over_end[nd:],
+                v.split_begin[:nd], v.split_begin[nd:],
             ))  # fmt: skip
-        q_dec, q_pre, end_dec, end_pre, begin_pre, oq_dec, oq_pre, oe_dec, oe_pre, b_pre = cut
+        return cut
+
+    def _limits(self, v: _RequestViews, num_reqs: int, split: SplitFacts, model_limit: int) -> None:
+        """Rule 14's query caps into the CAP row (a decode's min(decode_query_max, max_query_len), a
+        prefill's max_query_len) and rule 16's bound into MODEL_LIMIT. Host values: rewritten only when
+        they change (a decode-only server's never do)."""
+        nd = split.num_decodes
+        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len, model_limit)
+        old = v.caps
+        if caps == old:
+            return
+        if old is None or caps[:3] != old[:3]:
+            cap_dec, cap_pre = self._cuts(v, nd)[:2]
+            if nd:
+                cap_dec.fill_(caps[1])
+            if nd < num_reqs:
+                cap_pre.fill_(caps[2])
+        if old is None or model_limit != old[3]:
+            v.rules[MODEL_LIMIT].fill_(model_limit)
+        v.caps = caps
+
+    def _split_ends(self, v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
+        """Rule 14's end and start margins, per request, in place: negative where the device offsets break
+        the host's split (the full guard, which names the request). The end margin is written as an excess
+        (``end - limit``) and negated: a tensor minus a number is one op, a number minus a tensor two."""
+        nd = split.num_decodes
+        _, _, end_dec, end_pre, begin_pre, oe_dec, oe_pre, b_dec, b_pre = self._cuts(v, nd)
         if nd:
             # A decode is inside the decode tokens (so inside num_tokens: the host checked ndt <= T).
-            torch.sub(q_dec, min(split.decode_query_max, split.max_query_len), out=oq_dec)
             torch.sub(end_dec, split.num_decode_tokens, out=oe_dec)
         if nd < num_reqs:
-            torch.sub(q_pre, split.max_query_len, out=oq_pre)
             torch.sub(end_pre, split.num_tokens, out=oe_pre)
             torch.sub(begin_pre, split.num_decode_tokens, out=b_pre)
         if v.split_decodes != nd:  # a decode has no start margin: 0 where the last build had a prefill
-            v.split_begin[:nd].zero_()
+            b_dec.zero_()
             v.split_decodes = nd
-        v.split_margins.neg_()
+        v.split_end.neg_()
 
     def requests_clean(self, num_reqs: int) -> bool:
-        """Whether no request broke a rule, from ``request_quantities``: a host read, so only for a
-        device where reading a value costs no sync (the CPU)."""
-        return num_reqs == 0 or int(self._request_views(num_reqs).flat_quantities.min()) >= 0
+        """Whether no request broke a rule, from ``request_quantities(values=False)``: host reads, so only
+        for a device where reading a value costs no sync (the CPU). Rule 14's ends and starts are held
+        against two offsets: where no request's query is negative (rule 1, in the same minimum) the
+        offsets never decrease, so every decode ends at or before qsl[num_decodes] and every prefill
+        starts at or after it and ends at or before qsl[R]."""
+        v = self._request_views(num_reqs)
+        if num_reqs:
+            torch.min(v.flat_quantities, out=self.lowest)
+            if self._lowest_host.item() < 0:
+                return False
+        nd, ndt, num_tokens = v.split
+        offsets = v.qsl_host
+        decode_end = int(offsets[nd])
+        return decode_end <= ndt and (nd == num_reqs or decode_end >= ndt) and int(offsets[num_reqs]) <= num_tokens
+
+    def scheduled(self, num_reqs: int) -> int:
+        """query_start_loc[R] of the last ``request_quantities``, read on the host (the CPU): the rows at
+        and past it are padding (rule 13)."""
+        return int(self._request_views(num_reqs).qsl_host[num_reqs])
 
     def first_broken(self, num_reqs: int) -> torch.Tensor:
         """The second half of ``request_checks``: each request's first broken rule into its candidate;

@@ -241,12 +241,28 @@ class TorchBackend(Backend):
         # Bounds of 0 (a batch without replay bounds) break no rule: the guard skips rule 3 then.
         checked_replay = None if batch.replay_start is None else replay
         guard = self.guard and probe is None
+        # Whether a row may lie past query_start_loc[R] (padding, whose search finds owner R): unknown
+        # unless the request test read query_start_loc[R].
+        padded = True
         if probe is not None:
             spans = plan.inputs.image_spans if plan.images else None
             self._guard.request_quantities(
-                cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan, values=False
+                cfg,
+                qsl,
+                seq,
+                checked_replay,
+                spans,
+                nreq,
+                causal=plan.causal,
+                split=plan,
+                values=False,
+                table_positions=table.shape[1] * cfg.block_size,
             )
-            if not self._guard.requests_clean(nreq) or self._padding_slots(batch, qsl, nreq, plan.num_tokens):
+            if not self._guard.requests_clean(nreq):
+                return False
+            scheduled = self._guard.scheduled(nreq)
+            padded = scheduled < plan.num_tokens
+            if padded and self._padding_slots(batch, scheduled, plan.num_tokens):
                 return False
             probe.clean = True
         ends = qsl[1:]
@@ -255,7 +271,8 @@ class TorchBackend(Backend):
         # may decrease (a valid batch's ends are sorted already, which an unguarded build trusts).
         searched = torch.sort(ends).values if guard else ends
         torch.searchsorted(searched, s.rows, right=True, out_int32=True, out=s.t2r)
-        s.t2r.remainder_(ws.c[nreq])
+        if padded:  # padding rows' owner R becomes 0 (every owner is then a request)
+            s.t2r.remainder_(ws.c[nreq])
         torch.ge(batch.slot_mapping, ws.const(0, batch.slot_mapping.dtype), out=s.valid)
         # Causal terms serve causal decode rows and every prefill row; DSpark decode rows have their own.
         causal_rows, dspark_rows = plan.causal or npt > 0, not plan.causal
@@ -393,12 +410,11 @@ class TorchBackend(Backend):
             probe.slots = slots
 
     @staticmethod
-    def _padding_slots(batch: AttentionBatch, qsl: torch.Tensor, num_reqs: int, num_tokens: int) -> bool:
-        """Rule 13 for the CPU's first, unguarded build: whether a row past query_start_loc[R] has a slot
-        (a host read, free on the CPU). Read through numpy: the same memory, without torch's per-op
-        dispatch (six ops were a sixth of a guarded decode build's)."""
-        scheduled = max(int(qsl.numpy()[num_reqs]), 0)
-        return bool((batch.slot_mapping.numpy()[scheduled:num_tokens] >= 0).any())
+    def _padding_slots(batch: AttentionBatch, scheduled: int, num_tokens: int) -> bool:
+        """Rule 13 for the CPU's first, unguarded build, where rows [scheduled, num_tokens) are padding
+        (``scheduled``: query_start_loc[R], read by the request test): whether one has a slot (a host
+        read, free on the CPU). Read through numpy: the same memory, without torch's per-op dispatch."""
+        return bool((batch.slot_mapping.numpy()[max(scheduled, 0) : num_tokens] >= 0).any())
 
     @staticmethod
     def _empty_padding(s: _Shape, scheduled: torch.Tensor, ndt: int) -> None:

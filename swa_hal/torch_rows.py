@@ -45,6 +45,8 @@ class PageTables:
         self.slot_offsets1 = torch.arange(1, block_size + 1, dtype=torch.int32, device=device)  # position % B, + 1
         cols = torch.arange(width, device=device)
         self.keep = (cols[None, :] < torch.arange(width + 1, device=device)[:, None]).to(torch.int32)
+        # ``last_col[l]``: the column of a row's last entry, l - 1 (width - 1, where every entry is -1, for l = 0).
+        self.last_col = torch.arange(-1, width, device=device).remainder_(width)
 
 
 class _RowViews:
@@ -84,6 +86,11 @@ class _RowViews:
         "first_bad_col",
         "terms",
         "term",
+        "own_col",
+        "own_col_flat",
+        "own",
+        "own_flat",
+        "own_wide",
     )
 
     tables: PageTables
@@ -118,6 +125,11 @@ class _RowViews:
     first_bad_col: torch.Tensor
     terms: torch.Tensor
     term: tuple[torch.Tensor, ...]
+    own_col: torch.Tensor
+    own_col_flat: torch.Tensor
+    own: torch.Tensor
+    own_flat: torch.Tensor
+    own_wide: torch.Tensor
 
 
 class _RowSpace:
@@ -141,6 +153,10 @@ class _RowSpace:
         self.terms = torch.empty((TERMS, rows), **i32)
         self.flags = torch.empty((3, rows), dtype=torch.bool, device=device)
         self.first_bad = torch.empty(rows, dtype=torch.int64, device=device)
+        # A row's last column and its entry there (``RowProbe.see_own_slots``).
+        self.own_col = torch.empty((rows, 1), dtype=torch.int64, device=device)
+        self.own = torch.empty((rows, 1), **i32)
+        self.own_wide = torch.empty(rows, dtype=torch.int64, device=device)  # for an int64 slot_mapping
         # Row i's slots start at i * pages * B; its window at its start's place among them (``_fill_rows``),
         # whose (pages - 1) * B is added here once.
         self.window_base = torch.arange(rows, dtype=torch.int32, device=device) * tables.aligned + (
@@ -173,6 +189,8 @@ class _RowSpace:
         v.first_bad = self.first_bad[:rows]
         v.first_bad_col = v.first_bad[:, None]
         v.terms = self.terms[:, :rows]
+        v.own_col, v.own, v.own_wide = self.own_col[:rows], self.own[:rows], self.own_wide[:rows]
+        v.own_col_flat, v.own_flat = v.own_col.view(-1), v.own.view(-1)
         v.term = v.terms.unbind(0)
         return v
 
@@ -255,9 +273,12 @@ class RowProbe:
     #guarded-builds). ``clean`` stays True while every row reads pages inside the block table and block
     ids inside ``[0, limit)``; the test is conservative (it counts empty rows too, and the pages of a
     row's request below its first page that the fill reads and skips: ``_fill_rows``), so True means
-    the guarded fill would have emptied no row, and False only that the build must run the full guard."""
+    the guarded fill would have emptied no row, and False only that the build must run the full guard.
+    Rows that read no position past their request's seq_len need no look at their pages: the request
+    test bounds seq_len by the table (``TorchGuard.request_quantities``). Each reduction writes into
+    ``found``, read on the host through numpy (the same memory, no further operation)."""
 
-    __slots__ = ("limit", "clean", "block_size", "slots")
+    __slots__ = ("limit", "clean", "block_size", "slots", "lowest", "highest", "last", "found")
 
     def __init__(self, limit: int, block_size: int):
         self.limit = limit
@@ -265,21 +286,43 @@ class RowProbe:
         self.block_size = block_size
         # The rows' slot_mapping entries of the fill under way (rule 17), set by the backend.
         self.slots: torch.Tensor | None = None
+        found = torch.zeros(3, dtype=torch.int32)
+        self.lowest, self.highest, self.last = found.unbind(0)
+        self.found = found.numpy()
 
     def see_pages(self, last_page: torch.Tensor, table_width: int) -> None:
         """Rule 5: every row's last page inside the table."""
-        self.clean = self.clean and int(last_page.max()) < table_width
+        torch.max(last_page, out=self.last)
+        self.clean = self.clean and self.found[2] < table_width
 
     def see_blocks(self, blocks: torch.Tensor) -> None:
         """Rule 6: every block id the rows' pages hold (a row's pages below its first included) in range."""
-        lowest, highest = torch.aminmax(blocks)
-        self.clean = self.clean and int(lowest) >= 0 and int(highest) < self.limit
+        torch.aminmax(blocks, out=(self.lowest, self.highest))
+        found = self.found
+        self.clean = self.clean and found[0] >= 0 and found[1] < self.limit
+
+    def see_own_slots(self, out: torch.Tensor, lens: torch.Tensor, v: _RowViews, slots: torch.Tensor) -> None:
+        """Rule 17 for rows whose last entry is their token's own position (causal rows without image
+        visibility, once rules 5 and 6 hold): every row's last entry ``out[i, lens[i] - 1]`` is its
+        ``slots`` entry, and a row without entries (-1 throughout) has none (-1). Conservative: a row with
+        a slot but no entries (a replay bound past its position) counts as broken. One lookup of each
+        row's last column, one gather and one comparison, of one dtype: an int64 slot_mapping is compared
+        with the entries widened by a copy, since ``torch.equal`` of two dtypes costs several operations."""
+        if not self.clean:
+            return
+        torch.index_select(v.tables.last_col, 0, lens, out=v.own_col_flat)
+        torch.gather(out, 1, v.own_col, out=v.own)
+        own = v.own_flat
+        if slots.dtype == torch.int64:
+            own = v.own_wide.copy_(own)
+        self.clean = torch.equal(own, slots)
 
     def see_slots(
         self, table: torch.Tensor, req: torch.Tensor, pos1: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor
     ) -> None:
         """Rule 17: every row with entries (a valid token's) holds its own slot in ``slots``, by ``table``
-        at position ``pos1 - 1``. Through numpy: the same memory without torch's per-op dispatch."""
+        at position ``pos1 - 1`` (rows whose last entry is not their own position: ``see_own_slots``
+        otherwise). Through numpy: the same memory without torch's per-op dispatch."""
         if not self.clean:
             return
         block_size = self.block_size
@@ -301,7 +344,9 @@ def _fill_rows(
     guard: RowGuard | None = None,
     lens_in_range: bool = True,
     probe: RowProbe | None = None,
+    past_seq: bool = False,
     own_pos1: torch.Tensor | None = None,
+    own_last: bool = False,
 ) -> None:
     """out[i, j] = slot(req[i], start[i] + j) for j < lens[i], else -1 (``start >= 0``).
 
@@ -315,8 +360,10 @@ def _fill_rows(
     #guarded-builds), rows that read past the table or a block id outside ``[0, guard.limit)`` are emptied
     (their lens zeroed before the columns are laid out) and reported in ``guard``; the pages below a row's
     first are then left out of its block check. ``lens_in_range``: whether every lens lies in [0, width]
-    already. With ``probe``, the pages' last and blocks are only looked at (``RowProbe``). ``own_pos1``: each
-    row's token position + 1, where rule 17 is checked (``RowGuard.slots``, ``RowProbe.slots``).
+    already. With ``probe``, the blocks are only looked at (``RowProbe``), and the last pages too where rows
+    may read past their request's seq_len (``past_seq``: image rows). ``own_pos1``: each row's token
+    position + 1, where rule 17 is checked (``RowGuard.slots``, ``RowProbe.slots``); ``own_last``: whether a
+    row's last entry is that position (the probe then reads it there).
     """
     width = out.shape[1]
     t = v.tables
@@ -334,7 +381,7 @@ def _fill_rows(
     else:
         last.div_(ws.c[block_size], rounding_mode="floor")
     pages = torch.add(v.last_page_col, t.steps_down, out=v.pages)  # last - (pages - 1) .. last
-    if probe is not None:
+    if probe is not None and past_seq:
         probe.see_pages(last, table_width)
     if guard is not None:
         # Rule 5 looks at the last page; rule 6 at the blocks the row reads, from its first page on.
@@ -352,7 +399,7 @@ def _fill_rows(
     torch.index_select(table.view(-1), 0, v.flat_pages, out=v.flat_blocks)
     if probe is not None:
         probe.see_blocks(blocks)
-        if probe.slots is not None and own_pos1 is not None:
+        if probe.slots is not None and own_pos1 is not None and not own_last:
             probe.see_slots(table, req, own_pos1, lens, probe.slots)
     if guard is not None:
         torch.clamp(blocks, 0, guard.limit - 1, out=v.clamped)
@@ -383,6 +430,8 @@ def _fill_rows(
         starts.clamp_(0, v.windows.shape[0] - 1)
     torch.index_select(v.windows, 0, starts, out=out)
     torch.addcmul(ws.c[-1], out, torch.index_select(t.keep, 0, kept, out=v.keep), out=out)
+    if probe is not None and own_last and probe.slots is not None:
+        probe.see_own_slots(out, kept, v, probe.slots)
 
 
 def _own_slot_rule(
@@ -497,7 +546,22 @@ def fill_causal_rows(
     # keeps its first `width` positions (#vision-spans, #engine-parity). Invalid tokens: empty.
     torch.sub(end, start, out=lens).clamp_(0, width)
     torch.where(valid, lens, ws.c[0], out=lens)
-    _fill_rows(block_table, req, start, lens, block_size, out, v, ws, guard, probe=probe, own_pos1=pos1)
+    _fill_rows(
+        block_table,
+        req,
+        start,
+        lens,
+        block_size,
+        out,
+        v,
+        ws,
+        guard,
+        probe=probe,
+        past_seq=right is not None,
+        own_pos1=pos1,
+        # Without image visibility a row's entries end at its own position (its lens never reach the width).
+        own_last=left is None and right is None,
+    )
 
 
 def fill_dspark_rows(

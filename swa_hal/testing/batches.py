@@ -185,3 +185,31 @@ def random_spans(
             spans.append((a, e if departures and rng.random() < 0.5 else max(a, min(hi, e))))
         out[r] = spans
     return out
+
+
+def advance_decodes(batch: AttentionBatch, num_decodes: int, block_size: int) -> None:
+    """An engine's draft step, in place: each of the first ``num_decodes`` requests one position on
+    (``seq_lens`` and its host copy) and each of its tokens' slot that of its new position by the batch's
+    block table, where it had a slot and the table a page (docs/semantics.md #draft-updates). An engine
+    writes the new tokens' slots with the lengths: a build holds its slots to its table (rule 17 of
+    #guarded-builds), so a fresh build of an advanced batch whose slots stayed behind is a broken one."""
+    import torch
+
+    batch.seq_lens[:num_decodes] += 1
+    if batch.seq_lens_cpu is not None:
+        batch.seq_lens_cpu[:num_decodes] += 1
+    qsl = batch.query_start_loc_cpu[: num_decodes + 1].long()
+    rows = int(qsl[-1])
+    if rows <= 0:
+        return
+    ends = qsl[1:]
+    req = torch.repeat_interleave(torch.arange(num_decodes), ends - qsl[:-1])
+    pos = batch.seq_lens[:num_decodes].long().cpu()[req] - ends[req] + torch.arange(rows)
+    table = batch.block_table[:num_decodes].long().cpu()
+    page = pos // block_size
+    inside = (pos >= 0) & (page < table.shape[1])
+    block = table[req, page.clamp(0, table.shape[1] - 1)]
+    slots = batch.slot_mapping[:rows]
+    old = slots.cpu().long()
+    keep = (old >= 0) & inside & (block >= 0)
+    slots.copy_(torch.where(keep, block * block_size + pos % block_size, old).to(slots.dtype))

@@ -10,6 +10,7 @@ import torch
 
 from ..builder import SWAMetadataBuilder
 from ..ragged import RaggedDecodeRows
+from .batches import advance_decodes
 from .fixtures import BackendFixtures, requires
 
 
@@ -30,8 +31,7 @@ class DraftUpdateTests(BackendFixtures):
             batch = make_batch(config, rng, kind, max_context=config.max_model_len - 8, extra_pages=2)
             md = live.build(batch)
             for step in range(1, 8):
-                batch.seq_lens[: md.num_decodes] += 1  # the engine advances decode requests in place
-                batch.seq_lens_cpu[: md.num_decodes] += 1
+                advance_decodes(batch, md.num_decodes, config.block_size)  # the engine's step, in place
                 live.update_draft_decode_metadata(md)
                 want = fresh.build(batch)
                 rows = md.num_decode_tokens

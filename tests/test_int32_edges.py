@@ -80,9 +80,9 @@ LENGTH_EDGES = [
     ("decode seq_len INT32_MIN", lambda: with_seq([INT32_MIN, 9]), (False, True, GATHER), E.BatchRangeError, "seq_lens"),
     # A prefill: S - q = INT32_MIN - 2 (it wrapped to INT32_MAX - 1, a prefix with 5 rows inside int32).
     ("prefill seq_len INT32_MIN + 3", lambda: with_seq([6, INT32_MIN + 3]), (True, False, 0), E.BatchRangeError, "seq_lens"),
-    # p = INT32_MAX - 1: the window's first page, (INT32_MAX - 4) // 4, lies past the table's 2 pages: rule 5
-    # (a row rule: the gather length of the intact prefill is untouched).
-    ("decode seq_len INT32_MAX", lambda: with_seq([INT32_MAX, 9]), (False, True, GATHER), E.BatchCapacityError, "block_table"),
+    # S = INT32_MAX is past max_model_len: rule 16, recorded before rule 5's page past the table's 2 pages (the
+    # window's first page, (INT32_MAX - 4) // 4); a request rule that leaves the intact prefill's gather length.
+    ("decode seq_len INT32_MAX", lambda: with_seq([INT32_MAX, 9]), (False, True, GATHER), E.BatchCapacityError, "seq_lens"),
     # q_0 = 1 - INT32_MIN = 2^31 + 1 > S_0 = 6: rule 2 (not rule 1: query_start_loc does not decrease).
     ("decode query past int32", lambda: with_device_qsl([INT32_MIN, 1, 6]), (False, True, GATHER), E.BatchRangeError, "seq_lens"),
     # rho = INT32_MAX is past P_r (rho - P_r is not computed): rule 3; the broken prefill gets gather length 0.

@@ -189,27 +189,39 @@ def random_spans(
 
 def advance_decodes(batch: AttentionBatch, num_decodes: int, block_size: int) -> None:
     """An engine's draft step, in place: each of the first ``num_decodes`` requests one position on
-    (``seq_lens`` and its host copy) and each of its tokens' slot that of its new position by the batch's
-    block table, where it had a slot and the table a page (docs/semantics.md #draft-updates). An engine
-    writes the new tokens' slots with the lengths: a build holds its slots to its table (rule 17 of
-    #guarded-builds), so a fresh build of an advanced batch whose slots stayed behind is a broken one."""
-    import torch
-
+    (``seq_lens`` and its host copy), its tokens' slots those of their new positions (``hold_own_slots``;
+    docs/semantics.md #draft-updates)."""
     batch.seq_lens[:num_decodes] += 1
     if batch.seq_lens_cpu is not None:
         batch.seq_lens_cpu[:num_decodes] += 1
-    qsl = batch.query_start_loc_cpu[: num_decodes + 1].long()
+    hold_own_slots(batch, block_size, num_decodes)
+
+
+def hold_own_slots(
+    batch: AttentionBatch, block_size: int, num_reqs: int | None = None, *, block_table=None, slot_mapping=None
+) -> None:
+    """Rewrite, in place, the slot of each token of the first ``num_reqs`` requests (all by default) to its
+    own slot by the block table at the batch's current ``seq_lens``, where it had a slot and the table a page.
+    An engine writes the new tokens' slots with the lengths, and a build holds its slots to its table (rule 17
+    of docs/semantics.md #guarded-builds): a test that moves ``seq_lens`` in place moves the slots with them.
+    ``block_table`` / ``slot_mapping``: another group's (default: the batch's own)."""
+    import torch
+
+    table = batch.block_table if block_table is None else block_table
+    slot_mapping = batch.slot_mapping if slot_mapping is None else slot_mapping
+    n = batch.inputs.num_reqs if num_reqs is None else num_reqs
+    qsl = batch.query_start_loc_cpu[: n + 1].long()
     rows = int(qsl[-1])
     if rows <= 0:
         return
     ends = qsl[1:]
-    req = torch.repeat_interleave(torch.arange(num_decodes), ends - qsl[:-1])
-    pos = batch.seq_lens[:num_decodes].long().cpu()[req] - ends[req] + torch.arange(rows)
-    table = batch.block_table[:num_decodes].long().cpu()
+    req = torch.repeat_interleave(torch.arange(n), ends - qsl[:-1])
+    pos = batch.seq_lens[:n].long().cpu()[req] - ends[req] + torch.arange(rows)
+    pages = table[:n].long().cpu()
     page = pos // block_size
-    inside = (pos >= 0) & (page < table.shape[1])
-    block = table[req, page.clamp(0, table.shape[1] - 1)]
-    slots = batch.slot_mapping[:rows]
+    inside = (pos >= 0) & (page < pages.shape[1])
+    block = pages[req, page.clamp(0, pages.shape[1] - 1)]
+    slots = slot_mapping[:rows]
     old = slots.cpu().long()
     keep = (old >= 0) & inside & (block >= 0)
     slots.copy_(torch.where(keep, block * block_size + pos % block_size, old).to(slots.dtype))

@@ -10,6 +10,7 @@ import torch
 from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder
 from swa_hal.ragged import RaggedDecodeRows
 from swa_hal.scenarios import synthesize_batch
+from swa_hal.testing.batches import hold_own_slots
 
 from helpers import CONFIGS
 
@@ -46,6 +47,7 @@ def test_draft_updates_inside_a_cuda_graph(name, report):
             current = [s + step for s in start]
             batch.seq_lens_cpu.copy_(torch.tensor(current, dtype=torch.int32))
             assert batch.seq_lens.cpu().tolist() == current
+            hold_own_slots(batch, config.block_size)  # the engine writes the new positions' slots (rule 17)
             want = fresh.build(batch)
             assert torch.equal(md.decode_swa_indices, want.decode_swa_indices)
             assert torch.equal(md.decode_swa_lens, want.decode_swa_lens)

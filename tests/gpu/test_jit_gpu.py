@@ -72,13 +72,15 @@ def _dummy_args(tokens, key):
         prefill_idx_ptr=torch.empty((tokens, 1, key.PREFILL_WIDTH), **i32), prefill_lens_ptr=lens,
         token_to_req_ptr=torch.zeros(tokens, **i32), is_valid_ptr=torch.zeros(tokens, dtype=torch.bool, device="cuda"),
         gather_lens_ptr=lens, left_ptr=lens, right_ptr=lens, violation_ptr=torch.zeros(5, **i32),
-        qsl_ptr=torch.tensor([0, tokens], **i32), seq_lens_ptr=torch.tensor([tokens], **i32), block_table_ptr=table,
+        qsl_ptr=torch.tensor([0, tokens], **i32), seq_lens_ptr=torch.tensor([tokens], **i32),
+        host_seq_ptr=torch.tensor([tokens], **i32), block_table_ptr=table,
         slot_mapping_ptr=slots, replay_ptr=torch.zeros(1, **i32), span_indptr_ptr=torch.zeros(2, **i32),
         span_starts_ptr=lens, span_ends_ptr=lens, group_inputs_ptr=groups,
         bt_stride=table.stride(0), max_pages=table.shape[1], num_reqs=1, num_tokens=tokens, num_decodes=1,
         num_prefills=0, num_decode_tokens=tokens, num_prefill_tokens=0, decode_clear_end=tokens, dec_progs=1,
         pre_progs=0, clear_progs=0, search_chunks=1, num_groups=1, group_rows=tokens, decode_guess_len=1,
-        prefill_guess_len=1, num_spans=0, max_query_len=tokens, decode_query_max=tokens,
+        prefill_guess_len=1, num_spans=0, max_query_len=tokens, decode_query_max=tokens, max_model_len=1 << 20,
+        build_checks=1,
     )
     return [getattr(args, name) for name in record_fields(RowsArgs)]
 
@@ -106,6 +108,7 @@ def test_compiled_launch_equals_triton_launch_path(report):
             setattr(tensors, name, getattr(args, name))
     # The engine's tensors, where the compiled record holds their addresses.
     tensors.qsl_ptr, tensors.seq_lens_ptr = batch.query_start_loc, batch.seq_lens
+    tensors.host_seq_ptr = batch.seq_lens if plan.host_seq_lens is None else plan.host_seq_lens
     tensors.block_table_ptr, tensors.slot_mapping_ptr = batch.block_table, batch.slot_mapping
     tensors.replay_ptr = plan.replay_start
     tensors.span_indptr_ptr = builder.buffers.no_span_indptr

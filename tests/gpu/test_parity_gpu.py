@@ -16,7 +16,7 @@ from swa_hal import SWAConfig
 from swa_hal import errors as E
 from swa_hal.compare import compare_with_reference
 from swa_hal.scenarios import synthesize_batch
-from swa_hal.testing.batches import KINDS, random_batch
+from swa_hal.testing.batches import KINDS, hold_own_slots, random_batch
 from swa_hal.testing.groups import other_groups, stacked
 
 pytestmark = pytest.mark.gpu
@@ -116,6 +116,8 @@ def test_group_build_captured_in_a_graph(name, form, report):
     for step in range(1, 5):
         batch.seq_lens.add_(1)
         batch.seq_lens_cpu.add_(1)
+        for g in range(len(mds)):  # the engine writes the new positions' slots (rule 17)
+            hold_own_slots(batch, config.block_size, block_table=tables[g], slot_mapping=slots[g])
         graph.replay()
         torch.cuda.synchronize()
         for g, md in enumerate(mds):

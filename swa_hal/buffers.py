@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .config import SWAConfig
-from .guard import RECORD_LEN
+from .rules import RECORD_LEN
 
 
 class MetadataBuffers:

@@ -15,8 +15,9 @@ from . import reference, torch_rows
 from .backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
 from .batch import AttentionBatch
 from .cache import HostCache
-from .guard import TorchGuard, Violation, block_limit
+from .guard import TorchGuard
 from .hookspecs import hookimpl
+from .rules import Violation, block_limit
 
 if TYPE_CHECKING:
     from .buffers import MetadataBuffers

@@ -30,7 +30,7 @@ import torch
 
 from .config import INT32_LIMIT, MAX_ROW_WIDTH
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError, BlockGeometryError
-from .guard import Violation, record_candidate
+from .rules import Violation, record_candidate
 from .slot_ring import SlotRing, build_ring_rows, preflight_ring
 
 if TYPE_CHECKING:

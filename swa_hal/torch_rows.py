@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from .cache import HostCache
+from .rules import Violation
 
-# Row-level rules of a guarded build (the request-level ones live in swa_hal/guard.py), and the key of a
-# guard candidate that broke no rule (keys are requests, far below it).
-PAGES, BLOCK, OWN_SLOT = 5, 6, 17
+# Row-level rules of a guarded build, as plain ints (the keys of the row fill's constants; the request-level
+# rules are the guard's), and the key of a guard candidate that broke no rule (keys are requests, far below it).
+PAGES, BLOCK, OWN_SLOT = int(Violation.PAGES), int(Violation.BLOCK), int(Violation.OWN_SLOT)
 NO_KEY = 1 << 30
 # Rows of the per-request terms (``request_terms``, int32 [TERMS, R]) that window rows gather: causal rows
 # take S_r - qsl[r + 1] and max(replay_start[r], 0), DSpark rows their start and lens.

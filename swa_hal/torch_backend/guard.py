@@ -4,7 +4,7 @@ vectorised torch code, without a host sync.
 ``TorchGuard`` checks the request-level rules (query_start_loc non-decreasing, seq_len >= query_len, replay
 bounds, image spans neither inverted nor negative, seq_len within max_model_len, DSpark row widths, and the
 host copies the plan read held against the device values, rules 14 and 15); the row fills
-(``torch_rows.RowGuard``) check the rows' (block ids inside ``[0, block_limit)`` and the table's width, each
+(``rows.RowGuard``) check the rows' (block ids inside ``[0, block_limit)`` and the table's width, each
 row's slot mapping the token's own slot). It keeps every request's and row's first broken rule as a
 candidate and records the first one in the build's violation record.
 """
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from .cache import HostCache
-from .config import INT32_LIMIT
-from .rules import CANDIDATE_LEN, RECORD_LEN, Violation
-from .torch_rows import NO_KEY
+from ..cache import HostCache
+from ..config import INT32_LIMIT
+from ..rules import CANDIDATE_LEN, RECORD_LEN, Violation
+from .rows import NO_KEY
 
 if TYPE_CHECKING:
-    from .batch import ImageSpans
-    from .config import SWAConfig
+    from ..batch import ImageSpans
+    from ..config import SWAConfig
 
 
 class SplitFacts(Protocol):
@@ -216,7 +216,7 @@ class TorchGuard:
     rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4, 7 and
     14-16, one pass over
     ``rules``: the first negative quantity of a request is its first broken rule), the row fill
-    (``torch_rows.RowGuard``) the rows' (rules 5, 6 and 17). A candidate's key is its request where it broke
+    (``rows.RowGuard``) the rows' (rules 5, 6 and 17). A candidate's key is its request where it broke
     a rule, else ``NO_KEY``; ``record`` keeps the candidate of the lowest key, the first among equal
     keys: the lowest request that broke a rule, with its request-level rule if it broke one, else its
     first broken row.
@@ -328,7 +328,7 @@ class TorchGuard:
         ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
         against ``split``): fills the requests' candidates. Returns the
         bool mask [num_reqs] of the requests that broke a rule (the caller empties their rows:
-        ``torch_rows.empty_requests``)."""
+        ``rows.empty_requests``)."""
         self.request_quantities(
             config, query_start_loc, seq_lens, replay_start, spans, num_reqs, causal=causal, split=split
         )
@@ -503,7 +503,7 @@ class TorchGuard:
         torch.where(v.seen > 0, v.key, self.no_key, out=v.key)
 
     def row_candidates(self, num_reqs: int, offset: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The (kind, value, key) columns of token rows [offset, offset + rows) for ``torch_rows.RowGuard``."""
+        """The (kind, value, key) columns of token rows [offset, offset + rows) for ``rows.RowGuard``."""
         key = (num_reqs, offset, rows)
         views = self._row_views.get(key)
         if views is None:

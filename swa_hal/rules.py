@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 # g broke the rule, else 0).
 COUNT, KIND, REQUEST, VALUE, GROUP = range(5)
 RECORD_LEN = GROUP + 1
+# The kind of a record, or a candidate, that holds no violation (every rule's code is above it).
+NO_VIOLATION = 0
 # A candidate for the record: the record less its group, which is the build's (one per call).
 CANDIDATE_LEN = GROUP
 

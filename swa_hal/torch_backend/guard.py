@@ -17,7 +17,7 @@ import torch
 
 from ..cache import HostCache
 from ..config import INT32_LIMIT
-from ..rules import CANDIDATE_LEN, RECORD_LEN, Violation
+from ..rules import CANDIDATE_LEN, NO_VIOLATION, RECORD_LEN, Violation
 from .rows import NO_KEY
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ ROW_KINDS = (
     Violation.REPLAY,  # P_r - replay_start[r] < 0 (reports replay_start[r])
     Violation.SPAN,  # -1 where a span of the request is bad (reports the first)
     Violation.ROW_WIDTH,  # width - need < 0 (reports need)
-    0,
+    NO_VIOLATION,  # the NONE row
 )
 VALUE_ROWS = (QUERY, SEQ, SEQ, QUERY, QUERY, QUERY, HOST, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
 # Rows only some builds fill, by what fills them: rule 14's ends and starts (the full guard), rule 15's

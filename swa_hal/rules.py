@@ -92,101 +92,123 @@ def violation_error(
     return type(error)(error.field, f"{name}: {error.constraint}", error.index)
 
 
+# Each rule's error: its type (the one full validation raises), its field, which number is its index (the
+# request ``req``, the next offset ``next`` or the row ``value``), and its message, formatted with ``req``,
+# ``next``, ``value``, ``limit`` (``block_limit``) and ``config``.
+_ERRORS: dict[int, tuple[type[BatchValidationError], str, str, str]] = {
+    Violation.QUERY_ORDER: (
+        BatchOrderError,
+        "query_start_loc",
+        "next",
+        "query_start_loc[{next}] is smaller than query_start_loc[{req}] (query length {value}): it must be "
+        "non-decreasing",
+    ),
+    Violation.SEQ_SHORT: (
+        BatchRangeError,
+        "seq_lens",
+        "req",
+        "seq_lens[{req}]={value} is shorter than its query length",
+    ),
+    Violation.REPLAY: (
+        BatchRangeError,
+        "replay_start",
+        "req",
+        "replay_start[{req}]={value} is outside [0, seq_lens[{req}] - query_len]",
+    ),
+    Violation.SPAN: (
+        BatchRangeError,
+        "image_spans",
+        "req",
+        "image_spans[{req}]: span {value} is inverted or starts at a negative position",
+    ),
+    Violation.PAGES: (
+        BatchCapacityError,
+        "block_table",
+        "req",
+        "block_table: request {req}'s window reads page {value}, past the table's width",
+    ),
+    Violation.BLOCK: (
+        BatchRangeError,
+        "block_table",
+        "req",
+        "block_table: request {req}'s window reads block id {value}, outside [0, {limit}) "
+        "(num_kv_blocks={config.num_kv_blocks})",
+    ),
+    Violation.ROW_WIDTH: (
+        SpeculativeModeError,
+        "decode_swa_indices",
+        "req",
+        "request {req}: its row needs {value} entries, wider than the row; refusing to truncate",
+    ),
+    Violation.POOL: (BatchRangeError, "pools", "req", "pools[{req}]={value} is not a row of req_to_token"),
+    Violation.POSITION: (
+        BatchCapacityError,
+        "req_to_token",
+        "req",
+        "req_to_token: row {req}'s window reads position {value}, past the table's width",
+    ),
+    Violation.TOKEN_SLOT: (
+        BatchRangeError,
+        "req_to_token",
+        "req",
+        "req_to_token: row {req}'s window reads token slot {value}, outside [-1, len(slot_map))",
+    ),
+    Violation.CACHE_SLOT: (
+        BatchRangeError,
+        "slot_map",
+        "req",
+        "slot_map: row {req}'s window reads cache slot {value}, outside the cache",
+    ),
+    Violation.RING_SLOT: (BatchRangeError, "pools", "req", "pools[{req}]={value} is not a request slot of the ring"),
+    Violation.PADDING_SLOT: (
+        BatchConsistencyError,
+        "slot_mapping",
+        "value",
+        "slot_mapping[{value}] holds a slot but row {value} is past the scheduled tokens (query_start_loc[-1]); "
+        "padding rows must be -1",
+    ),
+    Violation.HOST_SPLIT: (
+        BatchConsistencyError,
+        "query_start_loc",
+        "req",
+        "request {req}: its {value} query tokens on the device disagree with the split made from the host "
+        "copies (query_start_loc_cpu, max_query_len): a request is at most max_query_len long, a decode at "
+        "most max_decode_query_len and inside the decode tokens, a prefill after them, every request inside "
+        "num_tokens",
+    ),
+    Violation.HOST_SEQ: (
+        BatchConsistencyError,
+        "seq_lens_cpu",
+        "req",
+        "seq_lens_cpu[{req}]={value} differs from seq_lens[{req}] on the device; prefill rows must be exact "
+        "(the chunk plan and prefill_seq_lens_cpu read the host copy)",
+    ),
+    Violation.MODEL_LEN: (
+        BatchCapacityError,
+        "seq_lens",
+        "req",
+        "seq_lens[{req}]={value} exceeds max_model_len={config.max_model_len}",
+    ),
+    Violation.OWN_SLOT: (
+        BatchConsistencyError,
+        "slot_mapping",
+        "value",
+        "slot_mapping[{value}] is not the slot block_table gives request {req}'s token at row {value} "
+        "(block_size={config.block_size}): a block table made for another page size, or a slot mapping of "
+        "another table",
+    ),
+}
+
+
 def _rule_error(kind: int, req: int, value: int, config: SWAConfig) -> BatchValidationError:
     """The typed error of rule ``kind`` broken by request (or row) ``req`` with ``value``."""
     where = " (found by a guarded build, which handed the offending rows out empty)"
-    if kind == Violation.QUERY_ORDER:
-        return BatchOrderError(
-            "query_start_loc",
-            f"query_start_loc[{req + 1}] is smaller than query_start_loc[{req}] (query length "
-            f"{value}): it must be non-decreasing{where}",
-            req + 1,
-        )
-    if kind == Violation.SEQ_SHORT:
-        return BatchRangeError("seq_lens", f"seq_lens[{req}]={value} is shorter than its query length{where}", req)
-    if kind == Violation.REPLAY:
-        return BatchRangeError(
-            "replay_start", f"replay_start[{req}]={value} is outside [0, seq_lens[{req}] - query_len]{where}", req
-        )
-    if kind == Violation.SPAN:
-        return BatchRangeError(
-            "image_spans",
-            f"image_spans[{req}]: span {value} is inverted or starts at a negative position{where}",
-            req,
-        )
-    if kind == Violation.PAGES:
-        return BatchCapacityError(
-            "block_table", f"block_table: request {req}'s window reads page {value}, past the table's width{where}", req
-        )
-    if kind == Violation.BLOCK:
-        return BatchRangeError(
-            "block_table",
-            f"block_table: request {req}'s window reads block id {value}, outside [0, "
-            f"{block_limit(config)}) (num_kv_blocks={config.num_kv_blocks}){where}",
-            req,
-        )
-    if kind == Violation.ROW_WIDTH:
-        return SpeculativeModeError(
-            "decode_swa_indices",
-            f"request {req}: its row needs {value} entries, wider than the row; refusing to truncate{where}",
-            req,
-        )
-    if kind == Violation.POOL:
-        return BatchRangeError("pools", f"pools[{req}]={value} is not a row of req_to_token{where}", req)
-    if kind == Violation.POSITION:
-        return BatchCapacityError(
-            "req_to_token",
-            f"req_to_token: row {req}'s window reads position {value}, past the table's width{where}",
-            req,
-        )
-    if kind == Violation.TOKEN_SLOT:
-        return BatchRangeError(
-            "req_to_token",
-            f"req_to_token: row {req}'s window reads token slot {value}, outside [-1, len(slot_map)){where}",
-            req,
-        )
-    if kind == Violation.CACHE_SLOT:
-        return BatchRangeError(
-            "slot_map", f"slot_map: row {req}'s window reads cache slot {value}, outside the cache{where}", req
-        )
-    if kind == Violation.PADDING_SLOT:
-        return BatchConsistencyError(
-            "slot_mapping",
-            f"slot_mapping[{value}] holds a slot but row {value} is past the scheduled tokens "
-            f"(query_start_loc[-1]); padding rows must be -1{where}",
-            value,
-        )
-    if kind == Violation.HOST_SPLIT:
-        return BatchConsistencyError(
-            "query_start_loc",
-            f"request {req}: its {value} query tokens on the device disagree with the split made from the host "
-            "copies (query_start_loc_cpu, max_query_len): a request is at most max_query_len long, a decode at "
-            "most max_decode_query_len and inside the decode tokens, a prefill after them, every request inside "
-            f"num_tokens{where}",
-            req,
-        )
-    if kind == Violation.HOST_SEQ:
-        return BatchConsistencyError(
-            "seq_lens_cpu",
-            f"seq_lens_cpu[{req}]={value} differs from seq_lens[{req}] on the device; prefill rows must be exact "
-            f"(the chunk plan and prefill_seq_lens_cpu read the host copy){where}",
-            req,
-        )
-    if kind == Violation.MODEL_LEN:
-        return BatchCapacityError(
-            "seq_lens", f"seq_lens[{req}]={value} exceeds max_model_len={config.max_model_len}{where}", req
-        )
-    if kind == Violation.OWN_SLOT:
-        return BatchConsistencyError(
-            "slot_mapping",
-            f"slot_mapping[{value}] is not the slot block_table gives request {req}'s token at row {value} "
-            f"(block_size={config.block_size}): a block table made for another page size, or a slot mapping "
-            f"of another table{where}",
-            value,
-        )
-    if kind == Violation.RING_SLOT:
-        return BatchRangeError("pools", f"pools[{req}]={value} is not a request slot of the ring{where}", req)
-    return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
+    if kind not in _ERRORS:
+        return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
+    error, field, index, message = _ERRORS[kind]
+    numbers = {"req": req, "next": req + 1, "value": value}
+    text = message.format(**numbers, limit=block_limit(config), config=config)
+    return error(field, text + where, numbers[index])
 
 
 def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch.Tensor) -> None:

@@ -294,9 +294,8 @@ class TorchBackend(Backend):
         broken = None
         if guard:
             spans = plan.inputs.image_spans if plan.images else None
-            broken = self._guard.request_checks(
-                cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan
-            )
+            self._guard.request_quantities(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan)
+            broken = self._guard.first_broken(nreq)
             # A request is checked at its rows with a slot: one without any is recorded by no backend.
             self._guard.only_seen(nreq, s.t2r, s.valid)
             # Every row of a request that broke a rule is handed out empty.

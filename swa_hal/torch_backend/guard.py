@@ -213,9 +213,9 @@ class TorchGuard:
 
     Every request and every token row of a build is a candidate for the record: a column of ``table``
     (int32 [4, 1 + R + T]) holds its ``(1, kind, key, value)``, requests from column 1, then the decode
-    rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4, 7 and
-    14-16, one pass over
-    ``rules``: the first negative quantity of a request is its first broken rule), the row fill
+    rows, then the prefill rows (column 0 stands for none). ``request_quantities`` and ``first_broken`` fill the
+    requests' columns (rules 1-4, 7 and 14-16, one pass over ``rules``: the first negative quantity of a
+    request is its first broken rule), the row fill
     (``rows.RowGuard``) the rows' (rules 5, 6 and 17). A candidate's key is its request where it broke
     a rule, else ``NO_KEY``; ``record`` keeps the candidate of the lowest key, the first among equal
     keys: the lowest request that broke a rule, with its request-level rule if it broke one, else its
@@ -311,29 +311,6 @@ class TorchGuard:
                         v.rules[row].zero_()
             v.filled = fills
 
-    def request_checks(
-        self,
-        config: SWAConfig,
-        query_start_loc: torch.Tensor,
-        seq_lens: torch.Tensor,
-        replay_start: torch.Tensor | None,
-        spans: ImageSpans | None,
-        num_reqs: int,
-        *,
-        causal: bool,
-        split: SplitFacts,
-    ) -> torch.Tensor:
-        """Rules 1-4, 7, 14, 15 and 16 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
-        ``seq_lens`` and ``replay_start`` [R] (rule 3 where rows use the bound: every request where
-        ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
-        against ``split``): fills the requests' candidates. Returns the
-        bool mask [num_reqs] of the requests that broke a rule (the caller empties their rows:
-        ``rows.empty_requests``)."""
-        self.request_quantities(
-            config, query_start_loc, seq_lens, replay_start, spans, num_reqs, causal=causal, split=split
-        )
-        return self.first_broken(num_reqs)
-
     def request_quantities(
         self,
         config: SWAConfig,
@@ -348,8 +325,11 @@ class TorchGuard:
         values: bool = True,
         table_positions: int | None = None,
     ) -> None:
-        """The first half of ``request_checks``: every request's checked quantities (negative where it
-        breaks a rule), without choosing the first broken rule. ``values=False`` (the CPU's first test,
+        """Rules 1-4, 7, 14, 15 and 16 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
+        ``seq_lens`` and ``replay_start`` [R] (rule 3 where rows use the bound: every request where
+        ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
+        against ``split``): every request's checked quantities (negative where it breaks a rule), without
+        choosing the first broken rule (``first_broken`` does). ``values=False`` (the CPU's first test,
         ``requests_clean``): rule 14's end and start margins are left to ``requests_clean``, which holds
         the host's split against two offsets instead of every request's (the rows read 0).
         ``table_positions`` (the first test's): the block table's width times the page size, which then
@@ -477,8 +457,9 @@ class TorchGuard:
         return int(self._request_views(num_reqs).qsl_host[num_reqs])
 
     def first_broken(self, num_reqs: int) -> torch.Tensor:
-        """The second half of ``request_checks``: each request's first broken rule into its candidate;
-        returns the bool mask of the requests that broke one."""
+        """After ``request_quantities``: each request's first broken rule into its candidate; returns the
+        bool mask [num_reqs] of the requests that broke one (the caller empties their rows:
+        ``rows.empty_requests``)."""
         v = self._request_views(num_reqs)
         # A request's first broken rule: the first of its checked quantities that is negative.
         torch.lt(v.checked, self.zero64, out=v.negative)

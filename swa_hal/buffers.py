@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .config import SWAConfig
-from .guard import RECORD_LEN
+from .rules import RECORD_LEN
 
 
 class MetadataBuffers:
@@ -79,7 +79,7 @@ class MetadataBuffers:
         self.span_ends = torch.zeros(cap if images else 1, **i32)
         self.no_span_indptr = torch.zeros(seqs + 1, **i32)
         # Guarded builds record their first violation here: count, kind, request, value, group
-        # (swa_hal/guard.py).
+        # (swa_hal/rules.py).
         self.violation = torch.zeros(RECORD_LEN, **i32)
         # DSpark rows are wider than W; allocated on first use (most configs never need them).
         self._noncausal_indices: torch.Tensor | None = None

@@ -30,7 +30,6 @@ from .errors import (
     ConfigError,
     SpeculativeModeError,
 )
-from .guard import violation_error
 from .metadata import SWAMetadata, group_views, shape_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
@@ -41,6 +40,7 @@ from .request_window import (
     preflight_request_window,
     validate_request_window,
 )
+from .rules import violation_error
 from .schedulers import no_schedulers
 from .selection import select_backend
 from .slot_rows import SlotRows, check_outputs, new_slot_rows_outputs, preflight_slot_rows, slot_limit

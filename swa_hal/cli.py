@@ -24,6 +24,8 @@ from . import __version__
 from .platform import PlatformInfo
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .config import SWAConfig
     from .scenarios import Scenario
 
@@ -311,7 +313,28 @@ def _print_engine(report: dict[str, Any]) -> None:
 def _config(args: argparse.Namespace):
     from .config import SWAConfig
 
-    return SWAConfig.from_yaml(args.config) if getattr(args, "config", None) else SWAConfig()
+    return _config_file(args.config) if getattr(args, "config", None) else SWAConfig()
+
+
+def _config_file(path: str | Path) -> SWAConfig:
+    """``SWAConfig.from_yaml(path)``; a scenario given as the config (most of its keys are a scenario's) is
+    said to be one: the config and the scenario were probably swapped (the scenario's loader says the same
+    of a config given as the scenario)."""
+    from .config import SWAConfig, load_yaml_mapping, swapped_hint
+    from .errors import ConfigError
+    from .scenarios import Scenario
+
+    try:
+        return SWAConfig.from_yaml(path)
+    except ConfigError as exc:
+        try:
+            scenario_keys = {f.name for f in dataclasses.fields(Scenario)}
+            hint = swapped_hint(load_yaml_mapping(path, "config"), "scenario", scenario_keys)
+        except ConfigError:
+            hint = ""
+        if not hint:
+            raise
+        raise ConfigError(exc.field, f"{exc.message}{hint}") from None
 
 
 def _differences(given: SWAConfig, named: SWAConfig) -> str:
@@ -331,7 +354,6 @@ def _scenario_config(args: argparse.Namespace, path: str) -> tuple[Scenario, SWA
     settings (a copy, another path to it, a file with other comments) is that config; one with other
     settings is an error naming both and the settings they differ in. What a config is, is its settings,
     never its path: a copy must run where the original does."""
-    from .config import SWAConfig
     from .scenarios import Scenario
 
     given = _config(args) if args.config else None  # a bad --config is reported before a bad scenario
@@ -343,9 +365,9 @@ def _scenario_config(args: argparse.Namespace, path: str) -> tuple[Scenario, SWA
                 f"--batch {path}: scenario {scenario.name!r} names no config (no config: key), so --config is "
                 f"needed: pass --config FILE, or add config: FILE to the scenario"
             )
-        return scenario, SWAConfig.from_yaml(named), str(named)
+        return scenario, _config_file(named), str(named)
     if named is not None:
-        meant = SWAConfig.from_yaml(named)
+        meant = _config_file(named)
         if given != meant:
             raise CliError(
                 f"--config {args.config} does not match --batch {path}: scenario {scenario.name!r} is meant for "

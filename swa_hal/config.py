@@ -7,7 +7,7 @@ import json
 import math
 import numbers
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -191,14 +191,12 @@ AMBIGUOUS_RATIOS = frozenset(
 )
 
 
-def swapped_hint(data: Mapping[Any, Any], other: str) -> str:
+def swapped_hint(data: Mapping[Any, Any], other: str, theirs: Collection[str]) -> str:
     """The end of an "unknown key" error for settings that are the ``other`` kind of file (a scenario given
-    as a config, or a config as a scenario): most of their keys are that kind's, so the two files are
-    probably swapped. Empty otherwise."""
-    from .scenarios import Scenario
-
+    as a config, or a config as a scenario), whose keys are ``theirs``: most of the settings' keys are that
+    kind's, so the two files are probably swapped. Empty otherwise."""
     keys = {k for k in data if isinstance(k, str)} - {"name", "description"}
-    theirs = {f.name for f in dataclasses.fields(Scenario if other == "scenario" else SWAConfig)}
+    theirs = set(theirs)
     if keys and len(keys & theirs) * 2 > len(keys):
         mine = "config" if other == "scenario" else "scenario"
         flag = "--batch" if other == "scenario" else "--config"
@@ -412,7 +410,7 @@ class SWAConfig:
             if key not in known:
                 raise ConfigError(
                     key_name(key),
-                    f"unknown setting in {source} (known: {', '.join(sorted(known))}){swapped_hint(data, 'scenario')}",
+                    f"unknown setting in {source} (known: {', '.join(sorted(known))})",
                 )
             settings[key] = value
         missing = [key for key in REQUIRED_SETTINGS if key not in settings]

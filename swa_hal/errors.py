@@ -12,6 +12,7 @@ class ConfigError(SWAHalError, ValueError):
 
     def __init__(self, field: str, message: str):
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
 
 

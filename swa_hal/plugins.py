@@ -201,7 +201,7 @@ class PluginRegistry:
         try:
             module = importlib.import_module(EMBEDDED_PLUGIN)
         except ImportError:  # running from a source tree that was never installed
-            module = importlib.import_module(".reference_backend", __package__)
+            module = importlib.import_module(".torch_backend", __package__)
         try:
             version: str | None = importlib.metadata.version(BUILTIN_DIST)
         except importlib.metadata.PackageNotFoundError:

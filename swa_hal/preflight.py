@@ -4,7 +4,7 @@ the group table a group build's checked inputs make.
 They read host facts only (dtypes, devices, dimensions, strides, sizes, capacity), never a device
 value, so they cost a few attribute reads and never synchronise. They keep every kernel launch inside
 its inputs and outputs; the rules that need the data are checked by full validation
-(``validation.py``, on request) or by the build itself when it is guarded (``guard.py``,
+(``validation.py``, on request) or by the build itself when it is guarded (``rules.py``,
 docs/semantics.md #guarded-builds). The step's per-request inputs check themselves
 (``StepInputs.preflight``); the checks here are those of each KV-cache group's inputs (a draft update's are the builder's, with
 the same helpers).

@@ -2,7 +2,7 @@
 
 Each function runs on any torch device and loops over neither tokens nor window entries: a row is a
 [rows, width] table of positions, looked up in the block table. No workspaces, caches or guards: the torch
-backend's tuned fills of the same rows live in ``torch_rows.py`` and are held to these bit for bit. Positions
+backend's tuned fills of the same rows live in ``torch_backend/rows.py`` and are held to these bit for bit. Positions
 are int64 here (the config and validation keep every valid one inside int32).
 """
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from .batch import AttentionBatch
-from .config import SWAConfig, key_name, load_yaml_mapping
+from .config import SWAConfig, key_name, load_yaml_mapping, swapped_hint
 from .errors import ConfigError
 
 REPLAY_MODES = ("none", "prefix", "window", "random")
@@ -118,12 +118,8 @@ class Scenario:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(key_name(k) for k in data if k not in known)
         if unknown:
-            from .config import swapped_hint
-
-            raise ConfigError(
-                unknown[0],
-                f"unknown scenario key in {source} (known: {', '.join(sorted(known))}){swapped_hint(data, 'config')}",
-            )
+            hint = swapped_hint(data, "config", {f.name for f in dataclasses.fields(SWAConfig)})
+            raise ConfigError(unknown[0], f"unknown scenario key in {source} (known: {', '.join(sorted(known))}){hint}")
         raw_groups = data.get("groups")
         if not isinstance(raw_groups, list) or not raw_groups:
             raise ConfigError(

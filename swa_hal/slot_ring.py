@@ -17,7 +17,7 @@ import torch
 
 from .config import INT32_LIMIT
 from .errors import BatchCapacityError, BatchShapeError
-from .guard import Violation, record_candidate
+from .rules import Violation, record_candidate
 
 
 @dataclasses.dataclass(frozen=True)

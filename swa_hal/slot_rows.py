@@ -30,7 +30,7 @@ import torch
 
 from .config import INT32_LIMIT, MAX_ROW_WIDTH
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError, BlockGeometryError
-from .guard import Violation, record_candidate
+from .rules import Violation, record_candidate
 from .slot_ring import SlotRing, build_ring_rows, preflight_ring
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ def build_slot_rows(
     limit: int,
 ) -> None:
     """The torch build of token-slot rows into ``out``/``lens`` (no host sync). Guarded: a row that
-    breaks a rule is handed out empty and the lowest such row is recorded in ``record`` (``guard.py``),
+    breaks a rule is handed out empty and the lowest such row is recorded in ``record`` (``rules.py``),
     with its first broken rule; a fixed number of operations whatever the rows."""
     if rows.ring is not None:
         build_ring_rows(rows, window, out, lens, record, guard=guard)
@@ -293,7 +293,7 @@ def build_slot_rows(
     else:
         slot = torch.full((n, width), -1, dtype=slot_map.dtype, device=dev)
     if guard:
-        # Rules 8-11 per row, in order (guard.py): pool, position, token slot, cache slot. Entries past
+        # Rules 8-11 per row, in order (rules.py): pool, position, token slot, cache slot. Entries past
         # lens are -1 here, which both slot rules accept.
         bad_token, _, token_value = _first_bad(token, -1, map_len - 1)
         bad_slot, _, slot_value = _first_bad(slot, -1, limit - 1)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .envs import VARIABLES, env_flag, env_int
-from .guard import violation_error
+from .rules import REQUEST, VALUE, violation_error
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,7 +46,9 @@ MESSAGE = (
 
 def describe(record: list[int], error: BatchValidationError) -> str:
     """The warning ``poll`` logs for ``record`` (``[count, kind, request, value, group]``) and its error."""
-    return MESSAGE.format(name=type(error).__name__, error=error, field=error.field, request=record[2], value=record[3])
+    return MESSAGE.format(
+        name=type(error).__name__, error=error, field=error.field, request=record[REQUEST], value=record[VALUE]
+    )
 
 
 class ViolationWatch:

@@ -30,7 +30,7 @@ class FakeEntryPoint:
 
 
 def spec(name="acme", priority=300, vendor="acme", **kw):
-    kw.setdefault("factory", "swa_hal.reference_backend:TorchBackend")
+    kw.setdefault("factory", "swa_hal.torch_backend:TorchBackend")
     return BackendSpec(
         name=name, priority=priority,
         is_available=kw.pop("is_available", lambda p: Availability.check([] if p.vendor == vendor else [f"needs {vendor}"])),

@@ -58,7 +58,7 @@ BROKEN_BACKEND = """
 import pytest
 
 from swa_hal import Availability, BackendSpec, hookimpl
-from swa_hal.reference_backend import TorchBackend
+from swa_hal.torch_backend import TorchBackend
 from swa_hal.testing import SelectionTests, VectorTests
 
 

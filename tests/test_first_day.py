@@ -67,7 +67,7 @@ class _LongNames:
             BackendSpec(
                 name="acme_accelerator_x_long",
                 priority=1,
-                factory="swa_hal.reference_backend:TorchBackend",
+                factory="swa_hal.torch_backend:TorchBackend",
                 is_available=lambda platform: Availability.check(["needs an Acme device"]),
                 platforms=("vendor=acme",),
                 summary="long names",

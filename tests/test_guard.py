@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from swa_hal import AttentionBatch, ImageSpans, SWAConfig
 from swa_hal import errors as E
-from swa_hal.guard import Violation, block_limit
+from swa_hal.rules import Violation, block_limit
 from swa_hal.slot_rows import slot_limit
 from swa_hal.testing.guarded import (
     GUARDED_CONFIG,

@@ -15,8 +15,8 @@ from test_guard import CFG, FUZZ, MALFORMED, base, malformed_batches
 
 from swa_hal import SWAConfig
 from swa_hal import errors as E
-from swa_hal.guard import TorchGuard
 from swa_hal.testing.batches import KINDS, random_batch
+from swa_hal.torch_backend.guard import TorchGuard
 
 DSPARK = SWAConfig(window_size=7, block_size=3, max_model_len=300, max_num_batched_tokens=96, max_num_seqs=10,
                    num_speculative_tokens=5, speculative_method="dspark")

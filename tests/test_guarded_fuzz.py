@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from swa_hal.errors import SWAHalError
-from swa_hal.guard import Violation
+from swa_hal.rules import Violation
 from swa_hal.testing import guarded as G
 
 CPU = torch.device("cpu")

@@ -21,7 +21,7 @@ from swa_hal import (
     SWAMetadataBuilder,
 )
 from swa_hal.plugins import PluginRegistry, PluginWarning
-from swa_hal.reference_backend import TorchBackend
+from swa_hal.torch_backend import TorchBackend
 
 CPU = PlatformInfo.from_assume("vendor=cpu")
 CONFIG = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4)

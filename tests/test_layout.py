@@ -69,6 +69,26 @@ def test_the_core_imports_no_backend_and_no_test_kit():
     assert "swa_hal.batch" not in _imports("swa_hal.validation")
 
 
+def test_the_rules_stand_on_the_config_and_the_errors_alone():
+    """Every backend, launch contract and the violation watch read the guarded build's rules from one module,
+    which reads nothing of theirs (docs/semantics.md #guarded-builds)."""
+    assert {d for d in _imports("swa_hal.rules") if d.startswith("swa_hal")} == {"swa_hal.config", "swa_hal.errors"}
+    readers = ("swa_hal.kernels.rules", "swa_hal.kernels.rows_launch", "swa_hal.violations", "swa_hal.buffers")
+    for name in readers + ("swa_hal.torch_backend.guard", "swa_hal.torch_backend.rows", "swa_hal.slot_rows"):
+        assert "swa_hal.rules" in _imports(name), f"{name} does not read the rules from swa_hal.rules"
+
+
+def test_the_torch_and_triton_wings_import_nothing_of_each_other():
+    torch_wing = ("swa_hal.torch_backend",)
+    triton_wing = ("swa_hal.triton_backend", "swa_hal.kernels")
+    for name in MODULES:
+        deps = _imports(name)
+        if name.startswith(triton_wing):
+            assert not any(d.startswith(torch_wing) for d in deps), f"{name} imports the torch backend"
+        if name.startswith(torch_wing):
+            assert not any(d.startswith(triton_wing) for d in deps), f"{name} imports the Triton backend"
+
+
 def test_the_cli_never_imports_the_test_kit():
     # Not even lazily: the command line checks builds with swa_hal.compare, which lives in the core.
     for node in ast.walk(ast.parse(MODULES["swa_hal.cli"].read_text())):

@@ -178,7 +178,7 @@ class _UnnamedAcme:
         import sys
         import types
 
-        from swa_hal.reference_backend import TorchBackend
+        from swa_hal.torch_backend import TorchBackend
         from swa_hal.triton_backend import TritonBackend
 
         mod = types.ModuleType("acme_unnamed_backends")

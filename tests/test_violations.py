@@ -14,7 +14,7 @@ from test_guard import CFG as GUARD_CFG
 
 from swa_hal import AttentionBatch
 from swa_hal import errors as E
-from swa_hal.guard import RECORD_LEN, Violation
+from swa_hal.rules import RECORD_LEN, Violation
 from swa_hal.violations import ViolationWatch, describe
 
 # The guard tests' geometry without image tokens.
@@ -158,7 +158,7 @@ def test_unguarded_builds_are_not_polled(caplog):
 
 
 def test_describe_names_field_request_and_value():
-    from swa_hal.guard import violation_error
+    from swa_hal.rules import violation_error
 
     record = [1, int(Violation.BLOCK), 4, 123, 0]
     error = violation_error(record, CFG)
@@ -252,7 +252,7 @@ def test_cuda_path_take_waits_for_the_copy_in_flight(cuda_watch):
 
 
 def watch_error(kind: int, request: int, value: int):
-    from swa_hal.guard import violation_error
+    from swa_hal.rules import violation_error
 
     return violation_error([1, kind, request, value, 0], CFG)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..guard import block_limit
+from ..rules import block_limit
 from .launch import CompileKey, KeyedLaunch, cdiv, record_fields
 from .tiles import next_pow2, tile
 

@@ -1,11 +1,11 @@
-"""The guard's rule codes (``swa_hal.guard.Violation``, docs/semantics.md #guarded-builds) as kernel constants:
+"""The guard's rule codes (``swa_hal.rules.Violation``, docs/semantics.md #guarded-builds) as kernel constants:
 the kernels, the torch reference and ``check()`` read one table."""
 
 from __future__ import annotations
 
 import triton.language as tl
 
-from ..guard import Violation
+from ..rules import Violation
 
 QUERY_ORDER = tl.constexpr(int(Violation.QUERY_ORDER))
 SEQ_SHORT = tl.constexpr(int(Violation.SEQ_SHORT))

@@ -1,6 +1,6 @@
 """swa_hal_example: a vendor-style swa_hal backend, installed as its own distribution.
 
-It targets a made-up accelerator ("vendor=example"): outputs come from swa_hal's reference, then a
+It targets a made-up accelerator ("vendor=example"): outputs come from swa_hal's torch backend, then a
 post-pass adds the ragged (CSR) decode rows this vendor's attention kernel reads. Registration is
 one hook returning one BackendSpec; nothing heavy is imported until the backend is selected.
 """
@@ -17,7 +17,7 @@ SPEC = vendor_backend_spec(
     vendor="example",
     vendor_label="an Example accelerator",
     platforms=("vendor=example",),
-    summary="reference outputs + a ragged (CSR) post-pass (out-of-tree example plugin)",
+    summary="torch backend outputs + a ragged (CSR) post-pass (out-of-tree example plugin)",
     kernels="torch",
 )
 

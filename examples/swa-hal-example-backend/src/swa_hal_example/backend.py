@@ -1,4 +1,4 @@
-"""The example backend: swa_hal's reference backend plus one typed extra, the typical vendor shape.
+"""The example backend: swa_hal's torch backend plus one typed extra, the typical vendor shape.
 
 It keeps the rules every backend keeps: its buffers are allocated once, in ``allocate``; each build and
 each draft-step update writes into them in place (``out=`` and in-place ops, no new tensors); and no
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from swa_hal.reference_backend import TorchBackend
+from swa_hal.torch_backend import TorchBackend
 
 if TYPE_CHECKING:
     from swa_hal.buffers import MetadataBuffers
@@ -68,4 +68,4 @@ class ExampleBackend(TorchBackend):
         return (ExampleRaggedRows(indptr, self._indices),)
 
     def status(self) -> dict[str, str]:
-        return {"kernel": "swa_hal reference + ragged (CSR) rows (example plugin)"}
+        return {"kernel": "swa_hal torch backend + ragged (CSR) rows (example plugin)"}

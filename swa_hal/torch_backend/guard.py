@@ -1,43 +1,28 @@
-"""Guarded builds (docs/semantics.md #guarded-builds): checks that need the data, done by the build itself.
+"""The torch backend's guard (docs/semantics.md #guarded-builds): the rules of ``rules.py`` checked by
+vectorised torch code, without a host sync.
 
-In guard mode the build (the Triton kernel, or the vectorised torch code below) also checks what the
-host preflight cannot see without a sync: query_start_loc non-decreasing, seq_len >= query_len, replay
-bounds, image spans neither inverted nor negative, every block id a window reads inside ``[0, block_limit)`` and inside the block
-table's width, seq_len within max_model_len, each row's slot mapping the token's own slot by the block table, and the
-host copies the plan read held against the device values (rules 14 and 15). A row that breaks a rule is handed out empty (lens 0, all -1), so no index points
-outside the KV cache, and the first violation found is recorded in a small device buffer:
-``[count, kind, request, value, group]`` (group: g + 1 where a group build's group g broke the rule, else
-0). ``SWAMetadataBuilder.check()`` reads it (one sync, when the engine
-chooses) and raises the error full validation would have raised.
+``TorchGuard`` checks the request-level rules (query_start_loc non-decreasing, seq_len >= query_len, replay
+bounds, image spans neither inverted nor negative, seq_len within max_model_len, DSpark row widths, and the
+host copies the plan read held against the device values, rules 14 and 15); the row fills
+(``rows.RowGuard``) check the rows' (block ids inside ``[0, block_limit)`` and the table's width, each
+row's slot mapping the token's own slot). It keeps every request's and row's first broken rule as a
+candidate and records the first one in the build's violation record.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from .cache import HostCache
-from .config import INT32_LIMIT
-from .errors import (
-    BatchCapacityError,
-    BatchConsistencyError,
-    BatchOrderError,
-    BatchRangeError,
-    BatchValidationError,
-    SpeculativeModeError,
-)
-from .torch_rows import NO_KEY
+from ..cache import HostCache
+from ..config import INT32_LIMIT
+from ..rules import CANDIDATE_LEN, NO_VIOLATION, RECORD_LEN, Violation
+from .rows import NO_KEY
 
 if TYPE_CHECKING:
-    from .batch import ImageSpans
-    from .config import SWAConfig
-
-RECORD_LEN = 5  # count, kind, request, value, group (g + 1 in a group build, else 0)
-# A candidate of the torch guard's table: the record less its group, which is the build's (one per call).
-CANDIDATE_LEN = 4
+    from ..batch import ImageSpans
+    from ..config import SWAConfig
 
 
 class SplitFacts(Protocol):
@@ -57,172 +42,6 @@ class SplitFacts(Protocol):
     def host_seq_lens(self) -> torch.Tensor | None: ...
     @property
     def build_checks(self) -> bool: ...
-
-
-class Violation(enum.IntEnum):
-    """The rules a guarded build checks, in the order a row is checked (the first broken one is kept)."""
-
-    QUERY_ORDER = 1  # query_start_loc[r + 1] < query_start_loc[r]
-    SEQ_SHORT = 2  # seq_lens[r] < query_len[r]
-    REPLAY = 3  # replay_start[r] outside [0, seq_lens[r] - query_len[r]]
-    SPAN = 4  # an image span inverted (start > end) or starting at a negative position
-    PAGES = 5  # a window reads a page past the block table's width
-    BLOCK = 6  # a window reads a block id outside [0, block_limit)
-    ROW_WIDTH = 7  # a row needs more entries than its width (a DSpark block too long for its row)
-    # Token-slot rows (docs/semantics.md #token-slot-rows); "request" is then the row.
-    POOL = 8  # a row's pool index outside req_to_token's rows
-    POSITION = 9  # a row reads a position past req_to_token's width
-    TOKEN_SLOT = 10  # a token slot outside [-1, len(slot_map))
-    CACHE_SLOT = 11  # a cache slot outside [-1, slot_limit)
-    # Ring rows (docs/semantics.md #ring-rows); "request" is the row.
-    RING_SLOT = 12  # a row's request slot outside the ring's slots
-    # Builds again, what the host trusted (13 is checked first at a row, 14 after rule 2).
-    PADDING_SLOT = 13  # a row past query_start_loc[R] (padding) holds a slot; the value is the row
-    HOST_SPLIT = 14  # a request's device offsets disagree with the host's split (max_query_len, decode part)
-    HOST_SEQ = 15  # a prefill's seq_lens_cpu[r] differs from seq_lens[r] (the chunk plan reads the host copy)
-    MODEL_LEN = 16  # seq_lens[r] past max_model_len (checked after rule 2)
-    OWN_SLOT = 17  # slot_mapping[t] is not the token's own slot by the block table (checked after 5 and 6)
-
-
-def block_limit(config: SWAConfig) -> int:
-    """Block ids a window may read lie in [0, block_limit): the KV cache's pages when the config knows
-    them, else every id whose slots fit FlashMLA's int32 slot encoding."""
-    # Capped at INT32_LIMIT so the bound itself is an int32 value (block ids are int32).
-    if config.num_kv_blocks is not None:
-        return min(config.num_kv_blocks, INT32_LIMIT)
-    return min((INT32_LIMIT + 1) // config.block_size, INT32_LIMIT)
-
-
-def violation_error(
-    record: list[int], config: SWAConfig, group_names: Sequence[int] | None = None
-) -> BatchValidationError | None:
-    """The typed error a recorded violation stands for (the type full validation raises), or None. A
-    violation a group build's group g recorded names the group: ``group g``, or ``KV-cache group
-    group_names[g]`` where the builder serves an engine that numbers its groups otherwise."""
-    count, kind, req, value, group = record
-    if count == 0:
-        return None
-    error = _rule_error(kind, req, value, config)
-    if group == 0:
-        return error
-    g = group - 1
-    name = f"KV-cache group {group_names[g]}" if group_names is not None and g < len(group_names) else f"group {g}"
-    return type(error)(error.field, f"{name}: {error.constraint}", error.index)
-
-
-def _rule_error(kind: int, req: int, value: int, config: SWAConfig) -> BatchValidationError:
-    """The typed error of rule ``kind`` broken by request (or row) ``req`` with ``value``."""
-    where = " (found by a guarded build, which handed the offending rows out empty)"
-    if kind == Violation.QUERY_ORDER:
-        return BatchOrderError(
-            "query_start_loc",
-            f"query_start_loc[{req + 1}] is smaller than query_start_loc[{req}] (query length "
-            f"{value}): it must be non-decreasing{where}",
-            req + 1,
-        )
-    if kind == Violation.SEQ_SHORT:
-        return BatchRangeError("seq_lens", f"seq_lens[{req}]={value} is shorter than its query length{where}", req)
-    if kind == Violation.REPLAY:
-        return BatchRangeError(
-            "replay_start", f"replay_start[{req}]={value} is outside [0, seq_lens[{req}] - query_len]{where}", req
-        )
-    if kind == Violation.SPAN:
-        return BatchRangeError(
-            "image_spans",
-            f"image_spans[{req}]: span {value} is inverted or starts at a negative position{where}",
-            req,
-        )
-    if kind == Violation.PAGES:
-        return BatchCapacityError(
-            "block_table", f"block_table: request {req}'s window reads page {value}, past the table's width{where}", req
-        )
-    if kind == Violation.BLOCK:
-        return BatchRangeError(
-            "block_table",
-            f"block_table: request {req}'s window reads block id {value}, outside [0, "
-            f"{block_limit(config)}) (num_kv_blocks={config.num_kv_blocks}){where}",
-            req,
-        )
-    if kind == Violation.ROW_WIDTH:
-        return SpeculativeModeError(
-            "decode_swa_indices",
-            f"request {req}: its row needs {value} entries, wider than the row; refusing to truncate{where}",
-            req,
-        )
-    if kind == Violation.POOL:
-        return BatchRangeError("pools", f"pools[{req}]={value} is not a row of req_to_token{where}", req)
-    if kind == Violation.POSITION:
-        return BatchCapacityError(
-            "req_to_token",
-            f"req_to_token: row {req}'s window reads position {value}, past the table's width{where}",
-            req,
-        )
-    if kind == Violation.TOKEN_SLOT:
-        return BatchRangeError(
-            "req_to_token",
-            f"req_to_token: row {req}'s window reads token slot {value}, outside [-1, len(slot_map)){where}",
-            req,
-        )
-    if kind == Violation.CACHE_SLOT:
-        return BatchRangeError(
-            "slot_map", f"slot_map: row {req}'s window reads cache slot {value}, outside the cache{where}", req
-        )
-    if kind == Violation.PADDING_SLOT:
-        return BatchConsistencyError(
-            "slot_mapping",
-            f"slot_mapping[{value}] holds a slot but row {value} is past the scheduled tokens "
-            f"(query_start_loc[-1]); padding rows must be -1{where}",
-            value,
-        )
-    if kind == Violation.HOST_SPLIT:
-        return BatchConsistencyError(
-            "query_start_loc",
-            f"request {req}: its {value} query tokens on the device disagree with the split made from the host "
-            "copies (query_start_loc_cpu, max_query_len): a request is at most max_query_len long, a decode at "
-            "most max_decode_query_len and inside the decode tokens, a prefill after them, every request inside "
-            f"num_tokens{where}",
-            req,
-        )
-    if kind == Violation.HOST_SEQ:
-        return BatchConsistencyError(
-            "seq_lens_cpu",
-            f"seq_lens_cpu[{req}]={value} differs from seq_lens[{req}] on the device; prefill rows must be exact "
-            f"(the chunk plan and prefill_seq_lens_cpu read the host copy){where}",
-            req,
-        )
-    if kind == Violation.MODEL_LEN:
-        return BatchCapacityError(
-            "seq_lens", f"seq_lens[{req}]={value} exceeds max_model_len={config.max_model_len}{where}", req
-        )
-    if kind == Violation.OWN_SLOT:
-        return BatchConsistencyError(
-            "slot_mapping",
-            f"slot_mapping[{value}] is not the slot block_table gives request {req}'s token at row {value} "
-            f"(block_size={config.block_size}): a block table made for another page size, or a slot mapping "
-            f"of another table{where}",
-            value,
-        )
-    if kind == Violation.RING_SLOT:
-        return BatchRangeError("pools", f"pools[{req}]={value} is not a request slot of the ring{where}", req)
-    return BatchValidationError("batch", f"unknown guard violation kind {kind} at request {req}{where}", req)
-
-
-def flag_first(
-    kind: torch.Tensor, value: torch.Tensor, cond: torch.Tensor, code: Violation, what: torch.Tensor
-) -> None:
-    """Keep each item's first broken rule: where none is set yet and ``cond`` holds, (kind, value) take
-    (code, what). In place, vectorised."""
-    new = (kind == 0) & cond
-    kind.masked_fill_(new, int(code))
-    torch.where(new, what, value, out=value)
-
-
-def record_candidate(record: torch.Tensor, found: torch.Tensor, candidate: torch.Tensor) -> None:
-    """Record ``candidate`` (count, kind, request, value) where ``found`` (bool [1]) and ``record`` holds no
-    violation yet. A token-slot call is no group build: the group entry stays 0 (a record with count 0
-    is all zeros). No host sync."""
-    head = record[:CANDIDATE_LEN]
-    torch.where(record[:1] < found.to(record.dtype), candidate.to(record.dtype), head, out=head)
 
 
 # -- the torch backend's guard -----------------------------------------------------------------------------
@@ -272,7 +91,7 @@ ROW_KINDS = (
     Violation.REPLAY,  # P_r - replay_start[r] < 0 (reports replay_start[r])
     Violation.SPAN,  # -1 where a span of the request is bad (reports the first)
     Violation.ROW_WIDTH,  # width - need < 0 (reports need)
-    0,
+    NO_VIOLATION,  # the NONE row
 )
 VALUE_ROWS = (QUERY, SEQ, SEQ, QUERY, QUERY, QUERY, HOST, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
 # Rows only some builds fill, by what fills them: rule 14's ends and starts (the full guard), rule 15's
@@ -394,10 +213,10 @@ class TorchGuard:
 
     Every request and every token row of a build is a candidate for the record: a column of ``table``
     (int32 [4, 1 + R + T]) holds its ``(1, kind, key, value)``, requests from column 1, then the decode
-    rows, then the prefill rows (column 0 stands for none). ``request_checks`` fills the requests' columns (rules 1-4, 7 and
-    14-16, one pass over
-    ``rules``: the first negative quantity of a request is its first broken rule), the row fill
-    (``torch_rows.RowGuard``) the rows' (rules 5, 6 and 17). A candidate's key is its request where it broke
+    rows, then the prefill rows (column 0 stands for none). ``request_quantities`` and ``first_broken`` fill the
+    requests' columns (rules 1-4, 7 and 14-16, one pass over ``rules``: the first negative quantity of a
+    request is its first broken rule), the row fill
+    (``rows.RowGuard``) the rows' (rules 5, 6 and 17). A candidate's key is its request where it broke
     a rule, else ``NO_KEY``; ``record`` keeps the candidate of the lowest key, the first among equal
     keys: the lowest request that broke a rule, with its request-level rule if it broke one, else its
     first broken row.
@@ -492,29 +311,6 @@ class TorchGuard:
                         v.rules[row].zero_()
             v.filled = fills
 
-    def request_checks(
-        self,
-        config: SWAConfig,
-        query_start_loc: torch.Tensor,
-        seq_lens: torch.Tensor,
-        replay_start: torch.Tensor | None,
-        spans: ImageSpans | None,
-        num_reqs: int,
-        *,
-        causal: bool,
-        split: SplitFacts,
-    ) -> torch.Tensor:
-        """Rules 1-4, 7, 14, 15 and 16 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
-        ``seq_lens`` and ``replay_start`` [R] (rule 3 where rows use the bound: every request where
-        ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
-        against ``split``): fills the requests' candidates. Returns the
-        bool mask [num_reqs] of the requests that broke a rule (the caller empties their rows:
-        ``torch_rows.empty_requests``)."""
-        self.request_quantities(
-            config, query_start_loc, seq_lens, replay_start, spans, num_reqs, causal=causal, split=split
-        )
-        return self.first_broken(num_reqs)
-
     def request_quantities(
         self,
         config: SWAConfig,
@@ -529,8 +325,11 @@ class TorchGuard:
         values: bool = True,
         table_positions: int | None = None,
     ) -> None:
-        """The first half of ``request_checks``: every request's checked quantities (negative where it
-        breaks a rule), without choosing the first broken rule. ``values=False`` (the CPU's first test,
+        """Rules 1-4, 7, 14, 15 and 16 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
+        ``seq_lens`` and ``replay_start`` [R] (rule 3 where rows use the bound: every request where
+        ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
+        against ``split``): every request's checked quantities (negative where it breaks a rule), without
+        choosing the first broken rule (``first_broken`` does). ``values=False`` (the CPU's first test,
         ``requests_clean``): rule 14's end and start margins are left to ``requests_clean``, which holds
         the host's split against two offsets instead of every request's (the rows read 0).
         ``table_positions`` (the first test's): the block table's width times the page size, which then
@@ -658,8 +457,9 @@ class TorchGuard:
         return int(self._request_views(num_reqs).qsl_host[num_reqs])
 
     def first_broken(self, num_reqs: int) -> torch.Tensor:
-        """The second half of ``request_checks``: each request's first broken rule into its candidate;
-        returns the bool mask of the requests that broke one."""
+        """After ``request_quantities``: each request's first broken rule into its candidate; returns the
+        bool mask [num_reqs] of the requests that broke one (the caller empties their rows:
+        ``rows.empty_requests``)."""
         v = self._request_views(num_reqs)
         # A request's first broken rule: the first of its checked quantities that is negative.
         torch.lt(v.checked, self.zero64, out=v.negative)
@@ -684,7 +484,7 @@ class TorchGuard:
         torch.where(v.seen > 0, v.key, self.no_key, out=v.key)
 
     def row_candidates(self, num_reqs: int, offset: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The (kind, value, key) columns of token rows [offset, offset + rows) for ``torch_rows.RowGuard``."""
+        """The (kind, value, key) columns of token rows [offset, offset + rows) for ``rows.RowGuard``."""
         key = (num_reqs, offset, rows)
         views = self._row_views.get(key)
         if views is None:

@@ -1,8 +1,10 @@
-"""The pure-PyTorch backend: the reference itself, writing into the builder's buffers.
+"""The torch backend: the builds of docs/semantics.md in vectorised PyTorch, writing into the builder's
+buffers through the tuned row fills of ``rows.py`` and guarded by ``guard.py`` (the plain oracle they are
+held to bit for bit is ``swa_hal/reference.py``).
 
 It runs on any torch device and is the embedded default: the plugin ``swa_hal_torch`` registers it
 through the entry-point group like any other backend, and when that entry point is missing (a
-source checkout that was never installed) the registry registers this module directly.
+source checkout that was never installed) the registry registers this package directly.
 """
 
 from __future__ import annotations
@@ -11,18 +13,29 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import reference, torch_rows
-from .backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
-from .batch import AttentionBatch
-from .cache import HostCache
-from .guard import TorchGuard, Violation, block_limit
-from .hookspecs import hookimpl
+from .. import reference
+from ..backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
+from ..batch import AttentionBatch
+from ..cache import HostCache
+from ..hookspecs import hookimpl
+from ..rules import Violation, block_limit
+from .guard import TorchGuard
+from .rows import (
+    TERMS,
+    RowGuard,
+    RowProbe,
+    RowWorkspace,
+    empty_requests,
+    fill_causal_rows,
+    fill_dspark_rows,
+    request_terms,
+)
 
 if TYPE_CHECKING:
-    from .buffers import MetadataBuffers
-    from .metadata import SWAMetadata
-    from .request_window import RequestWindowLayout, RequestWindowRows
-    from .slot_rows import SlotRows
+    from ..buffers import MetadataBuffers
+    from ..metadata import SWAMetadata
+    from ..request_window import RequestWindowLayout, RequestWindowRows
+    from ..slot_rows import SlotRows
 
 
 class one_thread:
@@ -116,8 +129,8 @@ class _Shape:
     dec_right: torch.Tensor
     terms: dict[bool, torch.Tensor]
     term_rows: dict[bool, tuple[torch.Tensor, ...]]
-    dec_guard: torch_rows.RowGuard | None
-    pre_guard: torch_rows.RowGuard | None
+    dec_guard: RowGuard | None
+    pre_guard: RowGuard | None
     num_prefills: int
     prefill_reqs: slice
     dec_tokens: torch.Tensor
@@ -125,8 +138,8 @@ class _Shape:
 
 
 class TorchBackend(Backend):
-    """The reference's rows, written into the builder's buffers with plain torch ops on any device: the
-    embedded default and the backend every other one is held to. Its builds read device values on the host
+    """The rows of docs/semantics.md, written into the builder's buffers with vectorised torch ops on any
+    device: the embedded default. Its builds read device values on the host
     (so it claims no CUDA graphs)."""
 
     name = "torch"
@@ -139,15 +152,15 @@ class TorchBackend(Backend):
     def allocate(self, buffers: MetadataBuffers) -> None:
         cfg = self.config
         width = max(cfg.prefill_index_width, cfg.noncausal_index_width)
-        self._workspace = torch_rows.RowWorkspace(buffers.capacity, width, self.device)
+        self._workspace = RowWorkspace(buffers.capacity, width, self.device)
         seqs = cfg.max_num_seqs
-        # The per-request terms the rows gather (torch_rows.request_terms): causal and DSpark rows.
+        # The per-request terms the rows gather (request_terms): causal and DSpark rows.
         self._terms = {}
         for causal in (True, False):
-            self._terms[causal] = torch.zeros((torch_rows.TERMS, seqs), dtype=torch.int32, device=self.device)
+            self._terms[causal] = torch.zeros((TERMS, seqs), dtype=torch.int32, device=self.device)
         self._guard = TorchGuard(seqs, buffers.capacity, self.device)
         self._limit = block_limit(cfg)
-        self._probe = torch_rows.RowProbe(self._limit, cfg.block_size)
+        self._probe = RowProbe(self._limit, cfg.block_size)
         self._shapes = HostCache(limit=256)  # kept as the host cache keeps (swa_hal/cache.py)
 
     def _shape(self, plan: BuildPlan, buffers: MetadataBuffers) -> _Shape:
@@ -187,8 +200,8 @@ class TorchBackend(Backend):
         s.term_rows = {causal: terms.unbind(0) for causal, terms in s.terms.items()}
         if self.guard:
             g = self._guard
-            s.dec_guard = torch_rows.RowGuard(self._limit, *g.row_candidates(nreq, 0, ndt)) if ndt else None
-            s.pre_guard = torch_rows.RowGuard(self._limit, *g.row_candidates(nreq, ndt, npt)) if npt else None
+            s.dec_guard = RowGuard(self._limit, *g.row_candidates(nreq, 0, ndt)) if ndt else None
+            s.pre_guard = RowGuard(self._limit, *g.row_candidates(nreq, ndt, npt)) if npt else None
         else:
             s.dec_guard = s.pre_guard = None
         s.num_prefills = plan.num_prefills
@@ -200,7 +213,7 @@ class TorchBackend(Backend):
     ) -> torch.Tensor:
         terms = s.terms[causal]
         window = self.config.window_size
-        torch_rows.request_terms(
+        request_terms(
             qsl,
             seq,
             terms.shape[1],
@@ -227,9 +240,7 @@ class TorchBackend(Backend):
         if not (probed and self._build(plan, batch, buffers, probe=self._probe)):
             self._build(plan, batch, buffers, probe=None)
 
-    def _build(
-        self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers, probe: torch_rows.RowProbe | None
-    ) -> bool:
+    def _build(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers, probe: RowProbe | None) -> bool:
         """One build; with ``probe``, unguarded once the request checks pass, and False (the outputs are
         partly written) as soon as a rule may have broken."""
         ws, cfg = self._workspace, self.config
@@ -283,16 +294,15 @@ class TorchBackend(Backend):
         broken = None
         if guard:
             spans = plan.inputs.image_spans if plan.images else None
-            broken = self._guard.request_checks(
-                cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan
-            )
+            self._guard.request_quantities(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan)
+            broken = self._guard.first_broken(nreq)
             # A request is checked at its rows with a slot: one without any is recorded by no backend.
             self._guard.only_seen(nreq, s.t2r, s.valid)
             # Every row of a request that broke a rule is handed out empty.
             if causal_rows:
-                torch_rows.empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)
+                empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)
             if dspark_rows:
-                torch_rows.empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
+                empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
         dec_guard, pre_guard = (s.dec_guard, s.pre_guard) if guard else (None, None)
         # Rule 17 (builds, not draft updates): each part's rows hold their slot_mapping entries.
         own_slots = plan.build_checks and (guard or probe is not None)
@@ -306,7 +316,7 @@ class TorchBackend(Backend):
         self._own_slots(dec_guard, probe, dec_slots, s.dec_tokens)
         if ndt:
             if plan.causal:
-                torch_rows.fill_causal_rows(
+                fill_causal_rows(
                     table,
                     s.dec_req,
                     s.dec_valid,
@@ -325,7 +335,7 @@ class TorchBackend(Backend):
                 own_pos1 = None
                 if dec_slots is not None:  # p + 1 = S_r - qsl[r + 1] + t + 1
                     own_pos1 = torch.sub(seq, ends).index_select(0, s.dec_req).add_(s.dec_rows1)
-                torch_rows.fill_dspark_rows(
+                fill_dspark_rows(
                     table,
                     s.dec_req,
                     s.dec_valid,
@@ -359,7 +369,7 @@ class TorchBackend(Backend):
                     out_left=s.pre_left,
                     out_right=s.pre_right,
                 )
-            torch_rows.fill_causal_rows(
+            fill_causal_rows(
                 table,
                 s.pre_req,
                 s.pre_valid,
@@ -398,8 +408,8 @@ class TorchBackend(Backend):
 
     @staticmethod
     def _own_slots(
-        guard: torch_rows.RowGuard | None,
-        probe: torch_rows.RowProbe | None,
+        guard: RowGuard | None,
+        probe: RowProbe | None,
         slots: torch.Tensor | None,
         tokens: torch.Tensor,
     ) -> None:
@@ -457,17 +467,17 @@ class TorchBackend(Backend):
             return super().compute_request_window(rows)
 
     def status(self) -> dict[str, str]:
-        return {"kernel": "PyTorch reference (vectorized, any device)"}
+        return {"kernel": "PyTorch (vectorized, any device)"}
 
 
 TORCH_SPEC = BackendSpec(
     name="torch",
     priority=0,
-    factory="swa_hal.reference_backend:TorchBackend",
+    factory="swa_hal.torch_backend:TorchBackend",
     is_available=lambda platform: Availability.yes(),
     vendors=("cpu",),
     platforms=("vendor=cpu",),
-    summary="pure-PyTorch reference on any device; the fallback everywhere",
+    summary="pure PyTorch on any device; the fallback everywhere",
     kernels="torch",
 )
 

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cache import HostCache
+from ..cache import HostCache
+from ..rules import Violation
 
-# Row-level rules of a guarded build (the request-level ones live in swa_hal/guard.py), and the key of a
-# guard candidate that broke no rule (keys are requests, far below it).
-PAGES, BLOCK, OWN_SLOT = 5, 6, 17
+# Row-level rules of a guarded build, as plain ints (the keys of the row fill's constants; the request-level
+# rules are the guard's), and the key of a guard candidate that broke no rule (keys are requests, far below it).
+PAGES, BLOCK, OWN_SLOT = int(Violation.PAGES), int(Violation.BLOCK), int(Violation.OWN_SLOT)
 NO_KEY = 1 << 30
 # Rows of the per-request terms (``request_terms``, int32 [TERMS, R]) that window rows gather: causal rows
 # take S_r - qsl[r + 1] and max(replay_start[r], 0), DSpark rows their start and lens.
@@ -248,10 +249,10 @@ class RowGuard:
 
     A non-empty row that reads a page past the block table's width (5) or a block id outside
     ``[0, limit)`` (6) is emptied, and so is every row whose request's key (the third request term,
-    swa_hal/guard.py) says the request broke a request-level rule. Per row, ``kind`` and ``value``
+    ``guard.py``) says the request broke a request-level rule. Per row, ``kind`` and ``value``
     receive the row's rule and value where it broke one (the first page past the table, or the first
     bad block id; unspecified elsewhere), and ``key`` its request where it was emptied by a rule, else
-    ``NO_KEY``. The guard's record takes the lowest key (guard.py).
+    ``NO_KEY``. The guard's record takes the lowest key (``guard.py``).
 
     Rule 17 where the backend sets ``slots`` for a build (the rows' slot_mapping entries, int64 [n]) with
     ``tokens`` (the rows' token indices, the value reported): a row that broke no rule and has entries reads

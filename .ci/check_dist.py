@@ -258,26 +258,28 @@ def check_install(wheel: Path, version: str, torch: list[str], problems: list[st
             run(info, work, problems, "swa-hal info --expect acme (the plugin swa-hal new-backend wrote)")
             # Its own tests (the kit, against its backend) pass before a line of it is changed.
             tests = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
-            proc = run(tests, plugin, problems, "the tests of the plugin swa-hal new-backend wrote")
-            if proc:
-                summary = proc.stdout.strip().splitlines()[-1]
-                passed = re.search(r"(\d+) passed", summary)
-                if not passed or int(passed.group(1)) < 100:
-                    problems.append(f"install: the written plugin's tests ran too few: {summary}")
-                else:
-                    say(f"the written plugin's tests: {summary}")
+            kit_ran(
+                run(tests, plugin, problems, "the tests of the plugin swa-hal new-backend wrote"),
+                "the written plugin's tests",
+                problems,
+            )
         say("running the conformance kit against the torch backend there")
         kit = "-m pytest -q -p no:cacheprovider -p swa_hal.testing.plugin --pyargs swa_hal.testing.suite"
         kit += " --swa-hal-backend torch"
-        proc = run([python, *kit.split()], work, problems, "the conformance kit")
-        if proc:
-            summary = proc.stdout.strip().splitlines()[-1]
-            passed = re.search(r"(\d+) passed", summary)
-            # The kit is well over a hundred tests for the torch backend: fewer means it did not run.
-            if not passed or int(passed.group(1)) < 100:
-                problems.append(f"install: the conformance kit ran too few tests: {summary}")
-            else:
-                say(f"the kit: {summary}")
+        kit_ran(run([python, *kit.split()], work, problems, "the conformance kit"), "the kit", problems)
+
+
+def kit_ran(proc: subprocess.CompletedProcess | None, what: str, problems: list[str]) -> None:
+    """Whether a kit-based pytest run ran the kit: it is well over a hundred tests for one backend, so fewer
+    means it did not run."""
+    if proc is None:
+        return
+    summary = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    if not passed or int(passed.group(1)) < 100:
+        problems.append(f"install: {what} ran too few tests: {summary}")
+    else:
+        say(f"{what}: {summary}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,7 +69,8 @@ def test_runtime_ints_never_specialise_and_engine_tensors_never_assume_alignment
     assert sorted(option(kernel, "do_not_specialize")) == sorted(runtime)
     assert sorted(option(kernel, "do_not_specialize_on_alignment")) == sorted(launch.ENGINE)
     if launch is rows_launch.RowsLaunch:
-        inputs = ["qsl_ptr", "seq_lens_ptr", "block_table_ptr", "slot_mapping_ptr", "replay_ptr",
+        # host_seq_ptr: the builder's copy of the host seq_lens, or seq_lens itself where a build holds none.
+        inputs = ["qsl_ptr", "seq_lens_ptr", "host_seq_ptr", "block_table_ptr", "slot_mapping_ptr", "replay_ptr",
                   "span_indptr_ptr", "span_starts_ptr", "span_ends_ptr"]
         assert sorted(launch.ENGINE) == sorted(inputs)
 

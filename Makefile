@@ -158,7 +158,7 @@ $(NEXT_STAMP): $(NEXT_BIN)/python pyproject.toml $(EXAMPLE)/pyproject.toml
 	@echo "make test-torch-next: [2/4] swa_hal (editable)"
 	$(NEXT_PIP) install -q --no-deps -e .
 	@echo "make test-torch-next: [3/4] swa_hal's dependencies and test tools"
-	$(NEXT_PIP) install -q pluggy pyyaml packaging "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" "tqdm>=4.60" "setuptools>=64"
+	$(NEXT_PIP) install -q pluggy pyyaml packaging "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" "tqdm>=4.60" "setuptools>=77" "build>=1.2"
 	@echo "make test-torch-next: [4/4] the example plugin"
 	$(NEXT_PIP) install -q --no-deps ./$(EXAMPLE)
 	touch $@

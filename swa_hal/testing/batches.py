@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import torch
+
 from ..batch import AttentionBatch
 from ..config import SWAConfig
 from ..scenarios import synthesize_batch
@@ -205,8 +207,6 @@ def hold_own_slots(
     An engine writes the new tokens' slots with the lengths, and a build holds its slots to its table (rule 17
     of docs/semantics.md #guarded-builds): a test that moves ``seq_lens`` in place moves the slots with them.
     ``block_table`` / ``slot_mapping``: another group's (default: the batch's own)."""
-    import torch
-
     table = batch.block_table if block_table is None else block_table
     slot_mapping = batch.slot_mapping if slot_mapping is None else slot_mapping
     n = batch.inputs.num_reqs if num_reqs is None else num_reqs

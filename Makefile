@@ -133,17 +133,18 @@ test-vllm: $(VLLM_STAMP)
 # move to: torch 2.15.0 with triton 3.9.0 (and numpy 2.4, which 3.9's interpreter runs), in .venv-torch-2.15.0.
 # torch 2.15.0 on the registry is a CUDA build that runs on the CPU, but it does not import without its CUDA
 # libraries (libtorch_python links libtorch_cuda, which links cuDNN, cuBLAS, NCCL, ...): they come with it,
-# about 2.9 GB of wheels (a minute or two to fetch, once per machine's pip cache). No vLLM there: vLLM 0.34
+# about 2.9 GB of wheels (a minute or two to fetch). pip keeps no cache of them (PIP_NO_CACHE_DIR): the
+# environment is made once, and a small disk has no room for 3 GB more. No vLLM there: vLLM 0.34
 # pins torch 2.14, and VLLM_CORE_TESTS import none of it. The test tools come by name (the `test` extra pins
 # `make test`'s triton 3.6). A machine's pip configuration may cap torch below 2.15 (this project's machines
 # cap it at the builds on their disk): the pins here are exact, so these installs read no pip configuration.
-# Measured on a 2-core machine shared with other work: the install 4 min 15 s (wheels in pip's cache; ~3 GB
-# more to fetch on a fresh machine), the suite 3298 tests in 19 min of wall time, 8 min of CPU.
+# Measured on a 2-core machine shared with other work: the install 4 min 15 s (~3 GB to fetch on a fresh
+# machine; 5.4 GB on disk), the suite 3298 tests in 19 min of wall time, 8 min of CPU.
 NEXT_TORCH ?= 2.15.0
 NEXT_TRITON ?= 3.9.0
 NEXT_VENV := .venv-torch-$(NEXT_TORCH)
 NEXT_BIN := $(NEXT_VENV)/bin
-NEXT_PIP := PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT= $(NEXT_BIN)/python -m pip
+NEXT_PIP := PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT= PIP_NO_CACHE_DIR=1 $(NEXT_BIN)/python -m pip
 NEXT_STAMP := $(NEXT_VENV)/.swa-hal-installed
 
 .PHONY: test-torch-next

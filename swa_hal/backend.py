@@ -150,8 +150,8 @@ class BuildPlan(NamedTuple):
     # request's at most max_query_len, a decode's at most decode_query_max (max_decode_query_len).
     max_query_len: int = INT32_LIMIT
     decode_query_max: int = INT32_LIMIT
-    # A group build's rows of the kernel's group table (docs/semantics.md #group-builds), from its
-    # host preflight; empty for a single build.
+    # Each group's row of the kernel's group table (docs/semantics.md #group-builds), from the build's
+    # host preflight: one row for a single build (a group of one).
     group_rows: tuple[tuple[int, int, int, int], ...] = ()
     # Rule 15 (docs/semantics.md #guarded-builds): the prefills' seq_lens_cpu where a guarded build holds
     # them against seq_lens, on the build's device (entries [num_decodes, num_reqs) meaningful); None where
@@ -274,15 +274,23 @@ class Backend:
         slots: Sequence[torch.Tensor],
         buffers: MetadataBuffers,
     ) -> None:
-        """Fill every KV-cache group's outputs (docs/semantics.md #group-builds): group g reads
-        ``tables[g]`` and ``slots[g]`` and writes ``buffers.group(g)`` (a violation it records names group g:
-        ``in_group_build``). Default: one ``compute`` per group; backends that can do all groups in one
-        launch override it."""
+        """Fill every KV-cache group's outputs (docs/semantics.md #group-builds); the builder's one entry
+        point, a single build being a group of one (``batch`` holds group 0's table and slot mapping). Group
+        g reads ``tables[g]`` and ``slots[g]`` and writes ``buffers.group(g)``; where there are two groups
+        or more, a violation it records names group g (``in_group_build``). Default: one ``compute`` per
+        group; backends that can do all groups in one launch override it."""
+        if len(tables) == 1:
+            self.compute(plan, batch, buffers)
+            return
         for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
             self.compute(plan, batch.with_group(table, slot_mapping), buffers.in_group_build(g))
 
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
-        """The draft-step update of a group build: default, one ``recompute_decode_rows`` per group."""
+        """The draft-step update of a group build: default, one ``recompute_decode_rows`` per group (with
+        ``buffers`` for a group of one, as ``compute_groups``)."""
+        if len(metadatas) == 1:
+            self.recompute_decode_rows(metadatas[0], buffers)
+            return
         for g, metadata in enumerate(metadatas):
             self.recompute_decode_rows(metadata, buffers.in_group_build(g))
 

@@ -33,7 +33,7 @@ from .errors import (
 from .metadata import SWAMetadata, group_views, shape_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
-from .preflight import GroupRow, check_group, group_inputs, preflight_tensor, refuse_host_copy
+from .preflight import GroupInputs, group_inputs, preflight_tensor, refuse_host_copy, single_group
 from .request_window import (
     RequestWindowLayout,
     RequestWindowRows,
@@ -48,9 +48,6 @@ from .split import split_decodes_and_prefills
 from .step_inputs import StepInputs
 from .validation import validate_batch
 from .violations import ViolationWatch
-
-# A single build's table and slot mapping, as its errors name them.
-SINGLE = ("block_table", "slot_mapping")
 
 
 def debug_mode() -> bool:
@@ -198,7 +195,8 @@ class SWAMetadataBuilder:
         setting for this build (full validation syncs); the O(1) preflight always runs, and a guarded
         build records what it emptied for ``check()``."""
         with self._lock("build"):
-            return self._build(batch, validate)[0]
+            _argument("batch", batch, AttentionBatch)
+            return self._build(batch, validate, single_group, batch.block_table, batch.slot_mapping)[0]
 
     def check(self) -> None:
         """Raise the error of the first violation a guarded build recorded since the last check, as
@@ -248,19 +246,21 @@ class SWAMetadataBuilder:
         (``batch.block_table`` and ``batch.slot_mapping`` are not read). Needs
         ``SWAConfig.num_kv_groups >= G``."""
         with self._lock("build_groups"):
-            return self._build(batch, validate, block_tables, slot_mappings)
+            _argument("batch", batch, AttentionBatch)
+            return self._build(batch, validate, group_inputs, block_tables, slot_mappings)
 
     def _build(
         self,
         batch: AttentionBatch,
         validate: bool | None,
-        block_tables: Sequence[torch.Tensor] | torch.Tensor | None = None,
-        slot_mappings: Sequence[torch.Tensor] | torch.Tensor | None = None,
+        find_groups: Callable[..., GroupInputs],
+        block_tables: Sequence[torch.Tensor] | torch.Tensor,
+        slot_mappings: Sequence[torch.Tensor] | torch.Tensor,
     ) -> list[SWAMetadata]:
-        """A build of every group of a step; a single build (``block_tables`` None: the batch's own table
-        and slot mapping) is a group build of one. The step's inputs are checked once, then each group's:
-        the O(1) preflight, or full validation (it syncs) of each group's batch, naming the group."""
-        _argument("batch", batch, AttentionBatch)
+        """A build of every KV-cache group of a step; a single build is a group build of one (its groups
+        found by ``preflight.single_group``, a group build's by ``preflight.group_inputs``: one signature).
+        The step's inputs are checked once, then each group's: the O(1) preflight, or full validation (it
+        syncs) of each group's batch, naming the group where the build names its groups."""
         inputs = batch.inputs
         full = validate if validate is not None else self.validate
         if full:  # the request count is read off the host offsets before validation checks the rest
@@ -268,36 +268,27 @@ class SWAMetadataBuilder:
             num_reqs = inputs.num_reqs
         else:
             num_reqs = inputs.preflight(self.config, self.buffers.capacity, self._device_index)
-        rows: tuple[GroupRow, ...] = ()
-        if block_tables is None:  # a single build: the batch's own table and slot mapping, a group of one
-            if full:
-                self._validate(batch)
-            table, slot_mapping = batch.block_table, batch.slot_mapping
-            check_group(table, slot_mapping, num_reqs, inputs.num_tokens, self._device_index, names=SINGLE)
-            tables: Sequence[torch.Tensor] = (table,)
-            slots: Sequence[torch.Tensor] = (slot_mapping,)
-        else:
-            found = group_inputs(
-                block_tables,
-                slot_mappings,  # type: ignore[arg-type]
-                num_reqs,
-                inputs.num_tokens,
-                self._device_index,
-                self.config.num_kv_groups,
-                self._cache,
-            )
-            tables, slots, rows = found
-            if full:
-                for g, (t, s) in enumerate(zip(tables, slots)):
-                    try:
-                        self._validate(batch.with_group(t, s))
-                    except BatchValidationError as exc:  # name the group whose inputs broke the rule
-                        raise type(exc)(exc.field, f"group {g}: {exc.constraint}", exc.index) from exc
-        plan, query = self._plan(inputs, num_reqs, len(tables), rows)
-        if block_tables is None:
-            self.backend.compute(plan, batch, self.buffers)
-        else:
-            self.backend.compute_groups(plan, batch.with_group(tables[0], slots[0]), tables, slots, self.buffers)
+        found = find_groups(
+            block_tables,
+            slot_mappings,
+            num_reqs,
+            inputs.num_tokens,
+            self._device_index,
+            self.config.num_kv_groups,
+            self._cache,
+        )
+        tables, slots = found.tables, found.slots
+        first = batch.with_group(tables[0], slots[0])
+        if full:
+            for g, (t, s) in enumerate(zip(tables, slots)):
+                try:
+                    self._validate(batch.with_group(t, s))
+                except BatchValidationError as exc:
+                    if not found.named:
+                        raise
+                    raise type(exc)(exc.field, f"group {g}: {exc.constraint}", exc.index) from exc
+        plan, query = self._plan(inputs, num_reqs, found)
+        self.backend.compute_groups(plan, first, tables, slots, self.buffers)
         return self._metadatas(inputs, plan, query, tables, slots)
 
     def _validate(self, batch: AttentionBatch) -> None:
@@ -342,9 +333,7 @@ class SWAMetadataBuilder:
         with self._lock("build_request_window"):
             return self.backend.compute_request_window(rows)
 
-    def _plan(
-        self, inputs: StepInputs, num_reqs: int, groups: int, group_rows: tuple[GroupRow, ...] = ()
-    ) -> tuple[BuildPlan, Any]:
+    def _plan(self, inputs: StepInputs, num_reqs: int, groups: GroupInputs) -> tuple[BuildPlan, Any]:
         """The host side of a build: the split (docs/semantics.md #split) from host values only."""
         num_tokens = inputs.num_tokens
         mql = inputs.max_query_len
@@ -366,15 +355,11 @@ class SWAMetadataBuilder:
         width = self.config.window_size if causal else self._noncausal_width(inputs, nd)
         # Decode lens rows ever written, per group; a build zeroes [num_decode_tokens, that) (#fixed-buffers).
         high = self._lens_high_water
-        if groups == 1:
-            clear_end = high[0]
-            if ndt > clear_end:
-                high[0] = ndt
-        else:
-            clear_end = max(high[:groups])
-            for g in range(groups):
-                if ndt > high[g]:
-                    high[g] = ndt
+        count = len(groups.rows)
+        clear_end = max(high[:count])
+        for g in range(count):
+            if ndt > high[g]:
+                high[g] = ndt
         replay = inputs.replay_start
         if replay is None:
             zeros = self.buffers.no_replay_start
@@ -416,7 +401,7 @@ class SWAMetadataBuilder:
             prefill_guess_len=pre_guess,
             max_query_len=mql,
             decode_query_max=min(mql, threshold),
-            group_rows=group_rows,
+            group_rows=groups.rows,
             host_seq_lens=host_seq,
         )
         return plan, query

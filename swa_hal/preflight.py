@@ -95,6 +95,24 @@ def refuse_table_reach(field: str, num_reqs: int, row_stride: int, width: int) -
         )
 
 
+def check_unbounded_padding(num_bounds: int, num_reqs: int, query_start_loc_cpu: torch.Tensor) -> None:
+    """docs/semantics.md #bounded-replay: ``replay_start`` may stop before the last request only where every
+    request after it is a padding request (no query tokens), as in a CUDA-graph step padded to a captured
+    request count. Two host reads; raises ``BatchShapeError`` naming the first request past the bounds that
+    has query tokens."""
+    qsl = query_start_loc_cpu
+    if qsl[num_bounds] == qsl[num_reqs]:
+        return
+    query = (qsl[num_bounds + 1 : num_reqs + 1] - qsl[num_bounds:num_reqs]).tolist()
+    first = num_bounds + next(i for i, q in enumerate(query) if q != 0)
+    raise BatchShapeError(
+        "replay_start",
+        f"replay_start has {num_bounds} entries for {num_reqs} requests, and request {first} past them has "
+        f"{query[first - num_bounds]} query tokens: only padding requests (no query tokens) may go without a bound",
+        first,
+    )
+
+
 # -- group inputs ------------------------------------------------------------------------------------
 
 # Address of group g's block table, address of its slot mapping, the table's row stride and width
@@ -103,9 +121,33 @@ GroupRow = tuple[int, int, int, int]
 
 
 class GroupInputs(NamedTuple):
+    """A build's checked per-group inputs: each group's block table and slot mapping and its row of the
+    kernel's group table. ``named``: whether errors and violations name the group (a ``build_groups``
+    call's, even of one group; a single build's are named as the batch's own fields)."""
+
     tables: Sequence[torch.Tensor]
     slots: Sequence[torch.Tensor]
     rows: tuple[GroupRow, ...]
+    named: bool = True
+
+
+# A single build's table and slot mapping, as errors name them.
+SINGLE = ("block_table", "slot_mapping")
+
+
+def single_group(
+    table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_reqs: int,
+    num_tokens: int,
+    device_index: int,
+    max_groups: int,
+    cache: HostCache,
+) -> GroupInputs:
+    """A single build's block table and slot mapping (the batch's own) checked and described as a group
+    of one: ``group_inputs``'s signature, so a build takes either without a branch."""
+    stride, width = check_group(table, slot_mapping, num_reqs, num_tokens, device_index, names=SINGLE)
+    return GroupInputs((table,), (slot_mapping,), ((table.data_ptr(), slot_mapping.data_ptr(), stride, width),), False)
 
 
 def group_inputs(
@@ -120,7 +162,7 @@ def group_inputs(
     """Check a group build's per-group inputs (the step's are ``StepInputs.preflight``'s) and describe
     them. ``block_tables``: a list of int32 [R', P_g] tensors, or one int32 [G, R', P] tensor;
     ``slot_mappings``: a list of int64 [T] tensors, or one int64 [G, T] tensor (with listed tables too).
-    Host facts only. (A single build's table and slot mapping: ``check_group``.)"""
+    Host facts only. (A single build's table and slot mapping: ``single_group``.)"""
     if isinstance(slot_mappings, torch.Tensor) and not isinstance(block_tables, torch.Tensor):
         found = _mixed(block_tables, slot_mappings, num_reqs, num_tokens, device_index, cache)
     elif isinstance(block_tables, torch.Tensor) or isinstance(slot_mappings, torch.Tensor):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from .errors import BatchCapacityError, BatchDtypeError, BatchShapeError
-from .preflight import preflight_tensor, refuse_host_copy
+from .preflight import check_unbounded_padding, preflight_tensor, refuse_host_copy
 
 if TYPE_CHECKING:
     from .config import SWAConfig
@@ -168,24 +168,6 @@ class StepInputs(NamedTuple):
                     f"image_spans.ends has {spans.ends.shape[0]} entries but starts has {spans.starts.shape[0]}",
                 )
         return num_reqs
-
-
-def check_unbounded_padding(num_bounds: int, num_reqs: int, query_start_loc_cpu: torch.Tensor) -> None:
-    """docs/semantics.md #bounded-replay: ``replay_start`` may stop before the last request only where every
-    request after it is a padding request (no query tokens), as in a CUDA-graph step padded to a captured
-    request count. Two host reads; raises ``BatchShapeError`` naming the first request past the bounds that
-    has query tokens."""
-    qsl = query_start_loc_cpu
-    if qsl[num_bounds] == qsl[num_reqs]:
-        return
-    query = (qsl[num_bounds + 1 : num_reqs + 1] - qsl[num_bounds:num_reqs]).tolist()
-    first = num_bounds + next(i for i, q in enumerate(query) if q != 0)
-    raise BatchShapeError(
-        "replay_start",
-        f"replay_start has {num_bounds} entries for {num_reqs} requests, and request {first} past them has "
-        f"{query[first - num_bounds]} query tokens: only padding requests (no query tokens) may go without a bound",
-        first,
-    )
 
 
 # The field names, in order: what a batch reads through to.

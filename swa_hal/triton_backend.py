@@ -247,6 +247,7 @@ class TritonBackend(Backend):
             self._group_table = rows
 
     def compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
+        # The one-group build (builds reach the backend through compute_groups).
         self._launch(plan, batch.block_table, batch.slot_mapping, buffers)
 
     def compute_groups(
@@ -257,9 +258,12 @@ class TritonBackend(Backend):
         slots: Sequence[torch.Tensor],
         buffers: MetadataBuffers,
     ) -> None:
-        """Every group in one launch (docs/semantics.md #group-builds)."""
-        self._write_group_table(plan.group_rows or group_rows(tables, slots), buffers)
-        self._launch(plan, tables[0], slots[0], buffers, len(tables))
+        """Every group in one launch (docs/semantics.md #group-builds), from the group table rows the
+        build's preflight made (``plan.group_rows``); one group reads its table and slot mapping directly."""
+        groups = len(plan.group_rows)
+        if groups > 1:
+            self._write_group_table(plan.group_rows, buffers)
+        self._launch(plan, tables[0], slots[0], buffers, groups)
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         # The build kernel with its decode programs only: token_to_req, is_valid and the rows.

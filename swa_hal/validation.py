@@ -24,9 +24,9 @@ from .errors import (
     BatchShapeError,
     SpeculativeModeError,
 )
+from .preflight import check_unbounded_padding
 from .reference import image_visibility, token_to_req
 from .split import split_decodes_and_prefills
-from .step_inputs import check_unbounded_padding
 
 if TYPE_CHECKING:
     from .batch import AttentionBatch

@@ -156,3 +156,26 @@ def test_keys_depend_on_the_config_only():
                         device_type="cuda")
     assert (few.SEARCH_BLOCK, many.SEARCH_BLOCK) == (16, 512)
     assert len(rows_launch.rows_keys(CONFORMANCE_CONFIGS["v4_dspark"], clamp=True, device_type="cuda")) == 2
+
+
+def _jit_functions():
+    """Every ``@triton.jit`` function of swa_hal's kernels: (file, name, parameters, lines)."""
+    import ast
+    from pathlib import Path
+
+    import swa_hal.kernels
+
+    for path in sorted(Path(swa_hal.kernels.__file__).parent.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+                yield path.name, node.name, len(node.args.args), node.end_lineno - node.lineno + 1
+
+
+def test_no_triton_helper_takes_over_25_parameters_or_150_lines():
+    """docs/kernels.md #reading-a-kernel: a kernel's helpers are pieces a reader can hold; the kernels
+    themselves (``*_kernel``, the launch contract's argument lists) are exempt from the parameter count."""
+    found = list(_jit_functions())
+    helpers = [(f, n, p, lines) for f, n, p, lines in found if not n.endswith("_kernel")]
+    assert len(helpers) >= 20, found  # the scan sees the helpers
+    assert [h for h in helpers if h[2] > 25 or h[3] > 150] == []
+    assert [k for k in found if k[1].endswith("_kernel") and k[3] > 200] == []

@@ -6,7 +6,7 @@ object, which owns the dispatch. Importable without Triton.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -87,16 +87,23 @@ def request_window_key(
     )
 
 
-# A call's facts: (has_floors, dtypes), ``request_window_key``'s arguments besides the window and the
-# device type.
-RequestWindowFacts = tuple[bool, tuple[torch.dtype, ...]]
+class RequestWindowFacts(NamedTuple):
+    """What a request-window call brings that its compile key depends on: ``request_window_key``'s
+    arguments besides the window and the device type."""
+
+    has_floors: bool
+    dtypes: tuple[torch.dtype, ...]  # req, pos, floors
 
 
 def request_window_facts() -> list[RequestWindowFacts]:
     """The request-window calls an engine makes (SGLang's ``window_layout``): with and without floors,
     the inputs all int32 or all int64 (absent floors read ``pos`` in their place). Any config: the
     layout's key depends on the window alone, and SGLang's adapter builds with a config of its window."""
-    return [(floors, (dtype,) * 3) for dtype in (torch.int32, torch.int64) for floors in (False, True)]
+    return [
+        RequestWindowFacts(has_floors=floors, dtypes=(dtype,) * 3)
+        for dtype in (torch.int32, torch.int64)
+        for floors in (False, True)
+    ]
 
 
 class RequestWindowLaunch(KeyedLaunch[RequestWindowKey]):
@@ -110,9 +117,8 @@ class RequestWindowLaunch(KeyedLaunch[RequestWindowKey]):
     ENGINE = REQUEST_WINDOW_ENGINE
 
     def dispatch(self, facts: RequestWindowFacts) -> RequestWindowKey:
-        has_floors, dtypes = facts
         return request_window_key(
-            self.config.window_size, has_floors=has_floors, device_type=self.device_type, dtypes=dtypes
+            self.config.window_size, has_floors=facts.has_floors, device_type=self.device_type, dtypes=facts.dtypes
         )
 
     def warmup_facts(self, guard: bool) -> list[RequestWindowFacts]:

@@ -6,7 +6,7 @@ config can launch, its argument record, and the launch object, which owns the di
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -177,8 +177,12 @@ def rows_key(
     )
 
 
-# A build's facts: (causal, guard, grouped).
-RowsFacts = tuple[bool, bool, bool]
+class RowsFacts(NamedTuple):
+    """What a build brings that its compile key depends on (``RowsLaunch.dispatch``)."""
+
+    causal: bool  # causal rows, or DSpark's (docs/semantics.md #dspark-rows)
+    guard: bool  # a guarded build (docs/semantics.md #guarded-builds)
+    grouped: bool  # two KV-cache groups or more, read through the group table
 
 
 def rows_facts(config: SWAConfig, guard: bool) -> list[RowsFacts]:
@@ -186,7 +190,7 @@ def rows_facts(config: SWAConfig, guard: bool) -> list[RowsFacts]:
     too, with decode programs only), the DSpark build when DSpark is configured, and both again as group
     builds when the config has more than one KV-cache group."""
     return [
-        (causal, guard, grouped)
+        RowsFacts(causal=causal, guard=guard, grouped=grouped)
         for grouped in ((False, True) if config.num_kv_groups > 1 else (False,))
         for causal in ((True, False) if config.is_dspark else (True,))
     ]
@@ -210,9 +214,13 @@ class RowsLaunch(KeyedLaunch[RowsKey]):
     ENGINE = ROWS_ENGINE
 
     def dispatch(self, facts: RowsFacts) -> RowsKey:
-        causal, guard, grouped = facts
         return rows_key(
-            self.config, causal=causal, clamp=self.clamp, device_type=self.device_type, guard=guard, grouped=grouped
+            self.config,
+            causal=facts.causal,
+            clamp=self.clamp,
+            device_type=self.device_type,
+            guard=facts.guard,
+            grouped=facts.grouped,
         )
 
     def warmup_facts(self, guard: bool) -> list[RowsFacts]:

@@ -6,7 +6,7 @@ dispatch. Importable without Triton.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -106,9 +106,19 @@ def slot_rows_key(
     )
 
 
-# A call's facts: (width, block, has_floors, ring, guard, slot_limit, dtypes), ``slot_rows_key``'s
-# arguments besides the window, the clamping and the device type (the config's and the backend's).
-SlotRowsFacts = tuple[int, int, bool, int, bool, int, tuple[torch.dtype, ...]]
+class SlotRowsFacts(NamedTuple):
+    """What a token-slot call brings that its compile key depends on: ``slot_rows_key``'s arguments
+    besides the window, the clamping and the device type (the config's and the backend's)."""
+
+    width: int  # the rows' width
+    block: int  # DSpark's block of draft tokens per request (0: causal rows)
+    has_floors: bool
+    ring: int  # the ring's size in slots (0: rows over the paged pool)
+    guard: bool
+    slot_limit: int
+    dtypes: tuple[torch.dtype, ...]  # row ends, pools, floors, req_to_token, slot map, block slots
+
+
 _I32, _I64 = torch.int32, torch.int64
 # Absent inputs read the violation record (int32) in their place (``TritonBackend.compute_slot_rows``).
 _ABSENT = _I32
@@ -127,26 +137,38 @@ def slot_rows_facts(config: SWAConfig, guard: bool) -> list[SlotRowsFacts]:
 
     Rows of another alignment (``page_index_aligned_size``) or ring are compiled at their first call."""
     limit, window = slot_limit(config), config.window_size
-    facts: list[SlotRowsFacts] = [
-        (
-            dspark_index_width(window, 0),
-            0,
-            floors is not None,
-            0,
-            guard,
-            limit,
-            (_I32, _I64, floors or _ABSENT, _I32, _I64, _ABSENT),
+    causal_width = dspark_index_width(window, 0)
+    facts = [
+        SlotRowsFacts(
+            width=causal_width,
+            block=0,
+            has_floors=floors is not None,
+            ring=0,
+            guard=guard,
+            slot_limit=limit,
+            dtypes=(_I32, _I64, floors or _ABSENT, _I32, _I64, _ABSENT),
         )
         for floors in (None, _I32, _I64)
     ]
     if config.is_dspark:
         block = config.num_speculative_tokens
         width = dspark_index_width(window, block)
-        ring = cdiv(window + block, config.block_size) * config.block_size
+        ring_size = cdiv(window + block, config.block_size) * config.block_size
         for floors in (None, _I64):
-            has, floor = floors is not None, floors or _ABSENT
-            facts.append((width, block, has, 0, guard, limit, (_I32, _I64, floor, _I32, _I64, _I64)))
-            facts.append((width, block, has, ring, guard, limit, (_I32, _I64, floor, _ABSENT, _ABSENT, _ABSENT)))
+            floor = floors or _ABSENT
+            # Over the paged pool (reading the block's own slots), then over the draft's ring.
+            for ring, read in ((0, (_I32, _I64, _I64)), (ring_size, (_ABSENT, _ABSENT, _ABSENT))):
+                facts.append(
+                    SlotRowsFacts(
+                        width=width,
+                        block=block,
+                        has_floors=floors is not None,
+                        ring=ring,
+                        guard=guard,
+                        slot_limit=limit,
+                        dtypes=(_I32, _I64, floor, *read),
+                    )
+                )
     return facts
 
 
@@ -159,18 +181,17 @@ class SlotRowsLaunch(KeyedLaunch[SlotRowsKey]):
     ENGINE = SLOT_ROWS_ENGINE
 
     def dispatch(self, facts: SlotRowsFacts) -> SlotRowsKey:
-        width, block, has_floors, ring, guard, limit, dtypes = facts
         return slot_rows_key(
             self.config.window_size,
-            width,
-            block,
-            has_floors=has_floors,
-            guard=guard,
-            slot_limit=limit,
+            facts.width,
+            facts.block,
+            has_floors=facts.has_floors,
+            guard=facts.guard,
+            slot_limit=facts.slot_limit,
             clamp=self.clamp,
             device_type=self.device_type,
-            dtypes=dtypes,
-            ring=ring,
+            dtypes=facts.dtypes,
+            ring=facts.ring,
         )
 
     def warmup_facts(self, guard: bool) -> list[SlotRowsFacts]:

@@ -300,11 +300,12 @@ def _flag(kind, value, cond, code: tl.constexpr, what):
 
 
 @triton.jit
-def _split_broken(req, begin, end, query, num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max):
+def _split_broken(req, begin, end, query, plan):
     """Rule 14: the request's device offsets disagree with the split the host made from its copies
     (docs/semantics.md #guarded-builds): longer than max_query_len, ending past the batch's tokens, a
     decode longer than max_decode_query_len or ending past the decode tokens, a prefill starting before
-    them. Compared, never subtracted."""
+    them. Compared, never subtracted. ``plan``: the host's split (``_window_rows``)."""
+    num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, _, _ = plan
     decode = req < num_decodes
     broken = (query > max_query_len) | (end > num_tokens)
     broken |= decode & ((query > decode_query_max) | (end > num_decode_tokens))
@@ -330,19 +331,28 @@ def _record(violation_ptr, kind, req, value, rows, group):
 
 @triton.jit
 def _page_block(
-    row_table,
-    pk,
-    need,
-    max_pages,
+    facts,
     kind,
     value,
+    K: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_LIMIT: tl.constexpr,
     GUARD: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
-    """The block of each row's page ``pk`` (0 where the row does not reach it: not ``need``), with the
-    guard's checks of the page (rule 5) and of the block id (rule 6)."""
+    """The block of each row's K-th page (0 where the row does not reach it), with the guard's checks of
+    the page (rule 5) and of the block id (rule 6). The row reads its K-th page when it reaches past its
+    first K pages, off + lens > K * B: compared as lens > K * B - off, relative to the first page, since
+    the page's first position, (first_page + K) * B, lies past int32 for a page after the last int32 page
+    (it wrapped below the row's end, and a valid row on the last page read, or was emptied for, the page
+    past it). ``facts``: (the row's table entries, its first page, its offset there, its length, the
+    table's width)."""
+    row_table, first_page, off, lens, max_pages = facts
+    pk = first_page + K
+    if K == 0:
+        need = lens > 0
+    else:
+        need = lens > K * BLOCK_SIZE - off
     if GUARD:
         in_table = (pk >= 0) & (pk < max_pages)
         kind, value = _flag(kind, value, need & ~in_table, PAGES, pk)
@@ -358,198 +368,31 @@ def _page_block(
 
 
 @triton.jit
-def _window_rows(
-    out_idx_ptr,
-    out_lens_ptr,
-    token_to_req_ptr,
-    is_valid_ptr,
-    left_ptr,
-    right_ptr,
-    violation_ptr,
-    qsl_ptr,
-    seq_lens_ptr,
-    host_seq_ptr,
-    block_table_ptr,
-    slot_mapping_ptr,
-    replay_ptr,
-    span_indptr_ptr,
-    span_starts_ptr,
-    span_ends_ptr,
-    bt_stride,
+def _from_page(base, cols, off, bk, K: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Entry c of a row lies on its K-th page from column K * B - off on: its slot there is base_K + c,
+    base_K = off + (block_K - K) * B. (Each per-row value spread over the columns is one conversion.)"""
+    return tl.where(cols[None, :] >= K * BLOCK_SIZE - off[:, None], (off + (bk - K) * BLOCK_SIZE)[:, None], base)
+
+
+@triton.jit
+def _row_bases(
+    row_table,
+    start,
+    lens,
     max_pages,
-    num_reqs,
-    num_tokens,
-    search_chunks,
-    row0,
-    n_rows,
-    token_offset,
-    record_group,
-    guess_req,
-    guess_len,
-    num_spans,
-    num_decodes,
-    num_decode_tokens,
-    max_query_len,
-    decode_query_max,
-    max_model_len,
-    build_checks,
-    WINDOW: tl.constexpr,
-    WIDTH: tl.constexpr,
+    kind,
+    value,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_W: tl.constexpr,
-    SEARCH_BLOCK: tl.constexpr,
-    NONCAUSAL: tl.constexpr,
-    IMAGES: tl.constexpr,
-    CLEAR_IMAGES: tl.constexpr,
-    MAX_IMAGE: tl.constexpr,
-    GUARD: tl.constexpr,
     BLOCK_LIMIT: tl.constexpr,
     ROW_PAGES: tl.constexpr,
-    EAGER_PADDING: tl.constexpr,
-    CHECK_HOST_SEQ: tl.constexpr,
+    GUARD: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
-    rows = row0 + tl.arange(0, BLOCK_T)
-    row_ok = rows < n_rows
-    tok = token_offset + rows
-    tok_at = tok
-    rows_at = rows
-    if CLAMP:
-        tok_at = tl.minimum(tok, num_tokens - 1)
-        rows_at = tl.minimum(rows, n_rows - 1)
-
-    # Issued before the owner check: a load after a block-wide reduction waits for it.
-    slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
-    req, begin, end, seq, bound = _owner_of(
-        tok,
-        row_ok,
-        qsl_ptr,
-        seq_lens_ptr,
-        replay_ptr,
-        num_reqs,
-        search_chunks,
-        guess_req,
-        token_offset,
-        guess_len,
-        BLOCK_T,
-        SEARCH_BLOCK,
-        EAGER_PADDING,
-        GUARD,
-        CLAMP,
-    )
-    valid = slot >= 0
-    # Per-request outputs are shared by every KV-cache group: the first group (record_group 0 in a plain
-    # build, 1 in a group build) writes them. A select rather than `row_ok & (record_group <= 1)`: Triton's
-    # interpreter widens a scalar comparison to int32 when it meets a block, and triton 3.9's refuses an
-    # int32 mask (docs/kernels.md #triton-versions); compiled, both are one predicate.
-    shared = tl.where(record_group <= 1, row_ok, False)
-    tl.store(token_to_req_ptr + tok_at, req, mask=shared)
-    tl.store(is_valid_ptr + tok_at, valid, mask=row_ok)
-
-    kind = tl.zeros([BLOCK_T], dtype=tl.int32)
-    value = tl.zeros([BLOCK_T], dtype=tl.int32)
-    checked = row_ok & valid
-    query = end - begin
-    prefix = seq - query
-    if GUARD:
-        # A row past the scheduled tokens (padding) has no request: a slot there is the engine's mistake,
-        # and request 0's window would be handed out for it (its value: the row's token).
-        kind, value = _flag(kind, value, checked & (tok >= tl.load(qsl_ptr + num_reqs)), PADDING_SLOT, tok)
-        kind, value = _flag(kind, value, checked & (end < begin), QUERY_ORDER, query)
-        # S_r < q_r compared, not S_r - q_r < 0: the difference leaves int32 at the edges (S_r near
-        # INT32_MIN) and wraps to a prefix >= 0. A query below 0 with end >= begin wrapped (begin near
-        # INT32_MIN): it is past int32, longer than any S_r.
-        kind, value = _flag(kind, value, checked & ((seq < query) | (query < 0)), SEQ_SHORT, seq)
-        kind, value = _flag(kind, value, checked & (seq > max_model_len), MODEL_LEN, seq)
-        # The split was made on the host from the host copies; the rows follow the device offsets. A
-        # request whose device offsets the split does not admit breaks rule 14 (its value: the query).
-        kind, value = _flag(
-            kind,
-            value,
-            checked
-            & _split_broken(
-                req, begin, end, query, num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max
-            ),
-            HOST_SPLIT,
-            query,
-        )
-        if CHECK_HOST_SEQ:
-            # Rule 15 (prefill programs; a decode program's row of a prefill broke rule 14 already): the
-            # chunk plan reads a prefill's host seq_lens, which must be the device's (its value: the host's).
-            # host_seq_ptr is seq_lens itself where there is no host copy to hold (equal by construction).
-            host = tl.load(host_seq_ptr + req, mask=checked, other=0)
-            kind, value = _flag(kind, value, checked & (req >= num_decodes) & (host != seq), HOST_SEQ, host)
-    if NONCAUSAL:
-        # DSpark rows ignore the replay bound (docs/semantics.md #dspark-rows).
-        start = tl.maximum(prefix - WINDOW, 0)
-        lens = seq - start
-        if GUARD:
-            # A prefill's bound still holds (rule 3): a decode row a broken query_start_loc gave to a
-            # prefill is emptied with that prefill's rows, as the reference empties every row of it.
-            broken_bound = (req >= num_decodes) & ((bound < 0) | (bound > prefix))
-            kind, value = _flag(kind, value, checked & broken_bound, REPLAY, bound)
-    else:
-        pos = seq - end + tok  # P_r + (t - qsl[r])
-        last = pos
-        if IMAGES:
-            left, right, bad_span = _image_visibility(
-                pos,
-                req,
-                row_ok,
-                seq,
-                span_indptr_ptr,
-                span_starts_ptr,
-                span_ends_ptr,
-                num_spans,
-                BLOCK_T,
-                MAX_IMAGE,
-                GUARD,
-            )
-            tl.store(left_ptr + tok_at, left, mask=shared)
-            tl.store(right_ptr + tok_at, right, mask=shared)
-            start = tl.maximum(pos - (WINDOW - 1) - tl.maximum(left - (WINDOW - 1), 0), 0)
-            last = pos + right
-        else:
-            start = tl.maximum(pos - (WINDOW - 1), 0)
-        start = tl.maximum(start, bound)
-        # Never negative: a replay bound past p leaves an empty row.
-        lens = tl.maximum(last + 1 - start, 0)
-        if GUARD:
-            kind, value = _flag(kind, value, checked & ((bound < 0) | (bound > prefix)), REPLAY, bound)
-            if IMAGES:
-                kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
-    if CLEAR_IMAGES:
-        # Decode rows (the decode programs', which never work out images), causal or DSpark, see no image:
-        # their visibility is cleared and their spans checked.
-        bad_span = _decode_without_images(
-            left_ptr,
-            right_ptr,
-            tok_at,
-            shared,
-            seq - end + tok,
-            req,
-            row_ok,
-            seq,
-            span_indptr_ptr,
-            span_starts_ptr,
-            span_ends_ptr,
-            num_spans,
-            BLOCK_T,
-            MAX_IMAGE,
-            GUARD,
-        )
-        if GUARD:
-            kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
-    if GUARD and NONCAUSAL:
-        kind, value = _flag(kind, value, checked & (lens > WIDTH), ROW_WIDTH, lens)
-    # Never longer than the row: what is handed out stays inside it whatever the input. A causal row that
-    # needs more (an image longer than M + W where M > W) keeps its first WIDTH positions, as the
-    # reference does (docs/semantics.md #vision-spans).
-    lens = tl.where(checked, tl.minimum(lens, WIDTH), 0)
-
+    """Each entry's slot minus its column (``base``, [BLOCK_T, BLOCK_W]): entry c of a row is
+    ``base + c``. Reads the row's pages' blocks, with rules 5 and 6 checked on them (guarded)."""
     cols = tl.arange(0, BLOCK_W)
-    row_table = block_table_ptr + req * bt_stride
     if ROW_PAGES <= 4:
         # A row spans at most ROW_PAGES pages: load each page's block once per row. Entry c (position
         # start + c) on the row's page k is base_k + c with base_k = start + (block_k - page_k) *
@@ -560,62 +403,21 @@ def _window_rows(
         # for it, so interleaving them would make the pages dependent rounds of loads.
         first_page = start // BLOCK_SIZE
         off = start - first_page * BLOCK_SIZE
-        # The row reads page k when it reaches past its first k pages, off + lens > k * B: compared as
-        # lens > k * B - off, relative to the first page, since the page's first position,
-        # (first_page + k) * B, lies past int32 for a page after the last int32 page (it wrapped below the
-        # row's end, and a valid row on the last page read, or was emptied for, the page past it).
-        bk0, kind, value = _page_block(
-            row_table, first_page, lens > 0, max_pages, kind, value, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP
-        )
+        facts = (row_table, first_page, off, lens, max_pages)
+        bk0, kind, value = _page_block(facts, kind, value, 0, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP)
         if ROW_PAGES > 1:
-            bk1, kind, value = _page_block(
-                row_table,
-                first_page + 1,
-                lens > BLOCK_SIZE - off,
-                max_pages,
-                kind,
-                value,
-                BLOCK_SIZE,
-                BLOCK_LIMIT,
-                GUARD,
-                CLAMP,
-            )
+            bk1, kind, value = _page_block(facts, kind, value, 1, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP)
         if ROW_PAGES > 2:
-            bk2, kind, value = _page_block(
-                row_table,
-                first_page + 2,
-                lens > 2 * BLOCK_SIZE - off,
-                max_pages,
-                kind,
-                value,
-                BLOCK_SIZE,
-                BLOCK_LIMIT,
-                GUARD,
-                CLAMP,
-            )
+            bk2, kind, value = _page_block(facts, kind, value, 2, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP)
         if ROW_PAGES > 3:
-            bk3, kind, value = _page_block(
-                row_table,
-                first_page + 3,
-                lens > 3 * BLOCK_SIZE - off,
-                max_pages,
-                kind,
-                value,
-                BLOCK_SIZE,
-                BLOCK_LIMIT,
-                GUARD,
-                CLAMP,
-            )
-        # base_k = off + (block_k - k) * BLOCK_SIZE; entry c is on page k from column k * BLOCK_SIZE - off.
-        # (Each per-row value spread over the columns is one conversion: off is spread once for all pages.)
-        off_t = off[:, None]
+            bk3, kind, value = _page_block(facts, kind, value, 3, BLOCK_SIZE, BLOCK_LIMIT, GUARD, CLAMP)
         base = tl.zeros([BLOCK_T, BLOCK_W], dtype=tl.int32) + (off + bk0 * BLOCK_SIZE)[:, None]
         if ROW_PAGES > 1:
-            base = tl.where(cols[None, :] >= BLOCK_SIZE - off_t, (off + (bk1 - 1) * BLOCK_SIZE)[:, None], base)
+            base = _from_page(base, cols, off, bk1, 1, BLOCK_SIZE)
         if ROW_PAGES > 2:
-            base = tl.where(cols[None, :] >= 2 * BLOCK_SIZE - off_t, (off + (bk2 - 2) * BLOCK_SIZE)[:, None], base)
+            base = _from_page(base, cols, off, bk2, 2, BLOCK_SIZE)
         if ROW_PAGES > 3:
-            base = tl.where(cols[None, :] >= 3 * BLOCK_SIZE - off_t, (off + (bk3 - 3) * BLOCK_SIZE)[:, None], base)
+            base = _from_page(base, cols, off, bk3, 3, BLOCK_SIZE)
     else:
         pos2 = start[:, None] + cols[None, :]
         read = cols[None, :] < lens[:, None]
@@ -636,24 +438,229 @@ def _window_rows(
             block_at = tl.sum(tl.where(cols[None, :] == first_bad[:, None], block, 0), axis=1)
             kind, value = _flag(kind, value, first_bad < BLOCK_W, BLOCK, block_at)
         base = start[:, None] + (block - page) * BLOCK_SIZE
+    return base, kind, value
+
+
+@triton.jit
+def _request_rules(kind, value, checked, tok, req, begin, end, seq, requests, plan, CHECK_HOST_SEQ: tl.constexpr):
+    """The request-level rules a guarded build checks at each row with a slot (docs/semantics.md
+    #guarded-builds): 13 (a slot past the scheduled tokens), 1, 2, 16, 14 and, in prefill programs, 15."""
+    qsl_ptr, _, host_seq_ptr, _, num_reqs, _ = requests
+    num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, max_model_len, _ = plan
+    query = end - begin
+    # A row past the scheduled tokens (padding) has no request: a slot there is the engine's mistake,
+    # and request 0's window would be handed out for it (its value: the row's token).
+    kind, value = _flag(kind, value, checked & (tok >= tl.load(qsl_ptr + num_reqs)), PADDING_SLOT, tok)
+    kind, value = _flag(kind, value, checked & (end < begin), QUERY_ORDER, query)
+    # S_r < q_r compared, not S_r - q_r < 0: the difference leaves int32 at the edges (S_r near
+    # INT32_MIN) and wraps to a prefix >= 0. A query below 0 with end >= begin wrapped (begin near
+    # INT32_MIN): it is past int32, longer than any S_r.
+    kind, value = _flag(kind, value, checked & ((seq < query) | (query < 0)), SEQ_SHORT, seq)
+    kind, value = _flag(kind, value, checked & (seq > max_model_len), MODEL_LEN, seq)
+    # The split was made on the host from the host copies; the rows follow the device offsets. A
+    # request whose device offsets the split does not admit breaks rule 14 (its value: the query).
+    kind, value = _flag(kind, value, checked & _split_broken(req, begin, end, query, plan), HOST_SPLIT, query)
+    if CHECK_HOST_SEQ:
+        # Rule 15 (prefill programs; a decode program's row of a prefill broke rule 14 already): the
+        # chunk plan reads a prefill's host seq_lens, which must be the device's (its value: the host's).
+        # host_seq_ptr is seq_lens itself where there is no host copy to hold (equal by construction).
+        host = tl.load(host_seq_ptr + req, mask=checked, other=0)
+        kind, value = _flag(kind, value, checked & (req >= num_decodes) & (host != seq), HOST_SEQ, host)
+    return kind, value
+
+
+@triton.jit
+def _row_window(
+    kind,
+    value,
+    checked,
+    shared,
+    row_ok,
+    tok,
+    tok_at,
+    req,
+    begin,
+    end,
+    seq,
+    bound,
+    num_decodes,
+    visibility,
+    spans,
+    WINDOW: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    NONCAUSAL: tl.constexpr,
+    IMAGES: tl.constexpr,
+    CLEAR_IMAGES: tl.constexpr,
+    MAX_IMAGE: tl.constexpr,
+    GUARD: tl.constexpr,
+):
+    """Each row's window, (start, lens) before the row's width caps it: causal (from its replay bound,
+    widened by image visibility in prefill programs of a vision model, docs/semantics.md #vision-spans)
+    or DSpark (#dspark-rows); with the guard's rules 3 and 4. ``visibility``: the left and right outputs;
+    ``spans``: the image span CSR and its span count."""
+    left_ptr, right_ptr = visibility
+    span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans = spans
+    prefix = seq - (end - begin)
+    pos = seq - end + tok  # P_r + (t - qsl[r])
+    if NONCAUSAL:
+        # DSpark rows ignore the replay bound (docs/semantics.md #dspark-rows).
+        start = tl.maximum(prefix - WINDOW, 0)
+        lens = seq - start
+        if GUARD:
+            # A prefill's bound still holds (rule 3): a decode row a broken query_start_loc gave to a
+            # prefill is emptied with that prefill's rows, as the reference empties every row of it.
+            broken_bound = (req >= num_decodes) & ((bound < 0) | (bound > prefix))
+            kind, value = _flag(kind, value, checked & broken_bound, REPLAY, bound)
+    else:
+        last = pos
+        if IMAGES:
+            left, right, bad_span = _image_visibility(
+                pos, req, row_ok, seq, span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans, BLOCK_T,
+                MAX_IMAGE, GUARD,
+            )  # fmt: skip
+            tl.store(left_ptr + tok_at, left, mask=shared)
+            tl.store(right_ptr + tok_at, right, mask=shared)
+            start = tl.maximum(pos - (WINDOW - 1) - tl.maximum(left - (WINDOW - 1), 0), 0)
+            last = pos + right
+        else:
+            start = tl.maximum(pos - (WINDOW - 1), 0)
+        start = tl.maximum(start, bound)
+        # Never negative: a replay bound past p leaves an empty row.
+        lens = tl.maximum(last + 1 - start, 0)
+        if GUARD:
+            kind, value = _flag(kind, value, checked & ((bound < 0) | (bound > prefix)), REPLAY, bound)
+            if IMAGES:
+                kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
+    if CLEAR_IMAGES:
+        # Decode rows (the decode programs', which never work out images), causal or DSpark, see no image:
+        # their visibility is cleared and their spans checked.
+        bad_span = _decode_without_images(
+            left_ptr, right_ptr, tok_at, shared, pos, req, row_ok, seq, span_indptr_ptr, span_starts_ptr,
+            span_ends_ptr, num_spans, BLOCK_T, MAX_IMAGE, GUARD,
+        )  # fmt: skip
+        if GUARD:
+            kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
+    return start, lens, kind, value
+
+
+@triton.jit
+def _own_slot(kind, value, checked, lens, own_pos, tok, slot, row_table, max_pages, build_checks,
+              BLOCK_SIZE: tl.constexpr, CLAMP: tl.constexpr):  # fmt: skip
+    """Rule 17 (builds, not draft updates: build_checks): a row that broke no rule yet reads its token's
+    own position, on a page inside the table whose block id is in range (rules 5 and 6), and the slot
+    there must be the token's slot_mapping entry; a table made for another page size, or a slot mapping
+    of another table, gives another (its value: the token's row)."""
+    own_page = own_pos // BLOCK_SIZE
+    own_ok = checked & (kind == 0) & (lens > 0) & (own_pos >= 0) & (own_page < max_pages)
+    # A select, not `& (build_checks != 0)`: a scalar test joined to a block is an int32 mask in Triton's
+    # interpreter, which triton 3.9 refuses (docs/kernels.md #triton-versions).
+    own_ok = tl.where(build_checks != 0, own_ok, False)
+    if CLAMP:
+        own_page = tl.minimum(tl.maximum(own_page, 0), max_pages - 1)
+    own_block = tl.load(row_table + own_page, mask=own_ok, other=0)
+    own_slot = own_block.to(tl.int64) * BLOCK_SIZE + (own_pos - own_page * BLOCK_SIZE)
+    return _flag(kind, value, own_ok & (own_slot != slot), OWN_SLOT, tok)
+
+
+@triton.jit
+def _window_rows(
+    out,
+    shared_out,
+    requests,
+    table,
+    spans,
+    plan,
+    part,
+    record_group,
+    WINDOW: tl.constexpr,
+    WIDTH: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
+    NONCAUSAL: tl.constexpr,
+    IMAGES: tl.constexpr,
+    CLEAR_IMAGES: tl.constexpr,
+    MAX_IMAGE: tl.constexpr,
+    GUARD: tl.constexpr,
+    BLOCK_LIMIT: tl.constexpr,
+    ROW_PAGES: tl.constexpr,
+    EAGER_PADDING: tl.constexpr,
+    CHECK_HOST_SEQ: tl.constexpr,
+    CLAMP: tl.constexpr,
+):
+    """One program's block of decode or prefill rows (docs/semantics.md #causal-rows, #dspark-rows): each
+    row's owner, its per-token helpers, its window's entries and length, guarded where GUARD. The launch
+    facts come in named tuples of the kernel's arguments (``swa_metadata_kernel``):
+
+      out         (indices, lens) of this part's rows
+      shared_out  (token_to_req, is_valid, left, right, violation record): per token, shared by the groups
+      requests    (query_start_loc, seq_lens, host seq_lens, replay bounds, num_reqs, search_chunks)
+      table       (block table, slot mapping, the table's row stride, its width)
+      spans       (span indptr, starts, ends, span count)
+      plan        the host's split and bounds: (num_tokens, num_decodes, num_decode_tokens,
+                  max_query_len, decode_query_max, max_model_len, build_checks)
+      part        (first row, row count, token offset, guessed first request, guessed query length)
+    """
+    out_idx_ptr, out_lens_ptr = out
+    token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr, violation_ptr = shared_out
+    qsl_ptr, seq_lens_ptr, _, replay_ptr, num_reqs, search_chunks = requests
+    block_table_ptr, slot_mapping_ptr, bt_stride, max_pages = table
+    num_tokens, num_decodes, _, _, _, _, build_checks = plan
+    row0, n_rows, token_offset, guess_req, guess_len = part
+    rows = row0 + tl.arange(0, BLOCK_T)
+    row_ok = rows < n_rows
+    tok = token_offset + rows
+    tok_at = tok
+    rows_at = rows
+    if CLAMP:
+        tok_at = tl.minimum(tok, num_tokens - 1)
+        rows_at = tl.minimum(rows, n_rows - 1)
+
+    # Issued before the owner check: a load after a block-wide reduction waits for it.
+    slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
+    req, begin, end, seq, bound = _owner_of(
+        tok, row_ok, qsl_ptr, seq_lens_ptr, replay_ptr, num_reqs, search_chunks, guess_req, token_offset, guess_len,
+        BLOCK_T, SEARCH_BLOCK, EAGER_PADDING, GUARD, CLAMP,
+    )  # fmt: skip
+    valid = slot >= 0
+    # Per-request outputs are shared by every KV-cache group: the first group (record_group 0 in a plain
+    # build, 1 in a group build) writes them. A select rather than `row_ok & (record_group <= 1)`: Triton's
+    # interpreter widens a scalar comparison to int32 when it meets a block, and triton 3.9's refuses an
+    # int32 mask (docs/kernels.md #triton-versions); compiled, both are one predicate.
+    shared = tl.where(record_group <= 1, row_ok, False)
+    tl.store(token_to_req_ptr + tok_at, req, mask=shared)
+    tl.store(is_valid_ptr + tok_at, valid, mask=row_ok)
+
+    kind = tl.zeros([BLOCK_T], dtype=tl.int32)
+    value = tl.zeros([BLOCK_T], dtype=tl.int32)
+    checked = row_ok & valid
     if GUARD:
-        # Rule 17 (builds, not draft updates: build_checks): a row that broke no rule yet reads its token's
-        # own position, on a page inside the table whose block id is in range (rules 5 and 6), and the
-        # slot there must be the token's slot_mapping entry; a table made for another page size, or a slot
-        # mapping of another table, gives another (its value: the token's row).
-        own_pos = seq - end + tok
-        own_page = own_pos // BLOCK_SIZE
-        own_ok = checked & (kind == 0) & (lens > 0) & (own_pos >= 0) & (own_page < max_pages)
-        # A select, not `& (build_checks != 0)`: a scalar test joined to a block is an int32 mask in Triton's
-        # interpreter, which triton 3.9 refuses (docs/kernels.md #triton-versions).
-        own_ok = tl.where(build_checks != 0, own_ok, False)
-        if CLAMP:
-            own_page = tl.minimum(tl.maximum(own_page, 0), max_pages - 1)
-        own_block = tl.load(row_table + own_page, mask=own_ok, other=0)
-        own_slot = own_block.to(tl.int64) * BLOCK_SIZE + (own_pos - own_page * BLOCK_SIZE)
-        kind, value = _flag(kind, value, own_ok & (own_slot != slot), OWN_SLOT, tok)
+        kind, value = _request_rules(kind, value, checked, tok, req, begin, end, seq, requests, plan, CHECK_HOST_SEQ)
+    start, lens, kind, value = _row_window(
+        kind, value, checked, shared, row_ok, tok, tok_at, req, begin, end, seq, bound, num_decodes,
+        (left_ptr, right_ptr), spans, WINDOW, BLOCK_T, NONCAUSAL, IMAGES, CLEAR_IMAGES, MAX_IMAGE, GUARD,
+    )  # fmt: skip
+    if GUARD and NONCAUSAL:
+        kind, value = _flag(kind, value, checked & (lens > WIDTH), ROW_WIDTH, lens)
+    # Never longer than the row: what is handed out stays inside it whatever the input. A causal row that
+    # needs more (an image longer than M + W where M > W) keeps its first WIDTH positions, as the
+    # reference does (docs/semantics.md #vision-spans).
+    lens = tl.where(checked, tl.minimum(lens, WIDTH), 0)
+
+    row_table = block_table_ptr + req * bt_stride
+    base, kind, value = _row_bases(
+        row_table, start, lens, max_pages, kind, value, BLOCK_SIZE, BLOCK_T, BLOCK_W, BLOCK_LIMIT, ROW_PAGES, GUARD,
+        CLAMP,
+    )  # fmt: skip
+    if GUARD:
+        kind, value = _own_slot(
+            kind, value, checked, lens, seq - end + tok, tok, slot, row_table, max_pages, build_checks, BLOCK_SIZE,
+            CLAMP,
+        )  # fmt: skip
         # A broken row is handed out empty: zeroing its lens empties it entry by entry for free.
         lens = tl.where(kind > 0, 0, lens)
+    cols = tl.arange(0, BLOCK_W)
     idx = tl.where(cols[None, :] < lens[:, None], base + cols[None, :], -1)
 
     cols_at = cols
@@ -668,6 +675,67 @@ def _window_rows(
     if GUARD:
         # After the stores: its block-wide reduction would otherwise hold them back.
         _record(violation_ptr, kind, req, value, rows, record_group)
+
+
+@triton.jit
+def _gather_lens(
+    gather_lens_ptr,
+    program,
+    num_prefills,
+    requests,
+    spans,
+    plan,
+    WINDOW: tl.constexpr,
+    GATHER_BLOCK: tl.constexpr,
+    MAX_IMAGE: tl.constexpr,
+    GUARD: tl.constexpr,
+    CLAMP: tl.constexpr,
+):
+    """The prefills' gather lengths (docs/semantics.md #prefill-metadata), GATHER_BLOCK prefills per
+    program (``program``: this one's index among the gather programs), shared by the KV-cache groups;
+    ``requests``, ``spans`` and ``plan`` as ``_window_rows`` takes them."""
+    qsl_ptr, seq_lens_ptr, host_seq_ptr, replay_ptr, _, _ = requests
+    span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans = spans
+    _, num_decodes, _, _, _, max_model_len, _ = plan
+    i = program * GATHER_BLOCK + tl.arange(0, GATHER_BLOCK)
+    real = i < num_prefills
+    if CLAMP:
+        i = tl.minimum(i, num_prefills - 1)
+    req = num_decodes + i
+    seq = tl.load(seq_lens_ptr + req, mask=real, other=0)
+    begin = tl.load(qsl_ptr + req, mask=real, other=0)
+    end = tl.load(qsl_ptr + req + 1, mask=real, other=0)
+    query = end - begin
+    bound = tl.load(replay_ptr + req, mask=real, other=0)
+    visible = tl.minimum(tl.maximum(seq - query - bound, 0), WINDOW - 1)
+    gather = query + visible
+    if GUARD:
+        # A prefill that broke a rule gets gather length 0. Its violation is recorded by the row programs,
+        # at its rows with a slot, as the reference does: a prefill without any records nothing
+        # (docs/semantics.md #guarded-builds). Compared, not subtracted (the row programs' rules 1 and
+        # 2): a query that wrapped is past int32.
+        broken = (end < begin) | (seq < query) | (query < 0)  # QUERY_ORDER, SEQ_SHORT
+        broken |= seq > max_model_len  # MODEL_LEN
+        broken |= _split_broken(req, begin, end, query, plan)  # HOST_SPLIT
+        broken |= tl.load(host_seq_ptr + req, mask=real, other=0) != seq  # HOST_SEQ
+        broken |= (bound < 0) | (bound > seq - query)  # REPLAY
+        if MAX_IMAGE > 0:
+            bad_span = _image_visibility(
+                tl.zeros([GATHER_BLOCK], dtype=tl.int32),
+                req,
+                real,
+                seq,
+                span_indptr_ptr,
+                span_starts_ptr,
+                span_ends_ptr,
+                num_spans,
+                GATHER_BLOCK,
+                MAX_IMAGE,
+                GUARD,
+            )[2]
+            broken |= bad_span != NO_SPAN  # SPAN
+        gather = tl.where(broken, 0, gather)
+    tl.store(gather_lens_ptr + i, gather, mask=real)
 
 
 # Runtime ints never specialise (value 1, multiples of 16) and engine tensors are never assumed aligned:
@@ -743,6 +811,11 @@ def swa_metadata_kernel(
 ):
     pid = tl.program_id(0)
     group_progs = dec_progs + pre_progs + clear_progs
+    # What the row programs and the gather programs both read (``_window_rows``): the requests' inputs, the
+    # image spans, the host's split and bounds.
+    requests = (qsl_ptr, seq_lens_ptr, host_seq_ptr, replay_ptr, num_reqs, search_chunks)
+    spans = (span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans)
+    plan = (num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, max_model_len, build_checks)
     if pid < num_groups * group_progs:
         # One KV-cache group's rows (docs/semantics.md #group-builds): groups share the split,
         # seq_lens, query_start_loc and replay bounds; each has its own block table and slot mapping.
@@ -771,43 +844,19 @@ def swa_metadata_kernel(
             record_group = g + 1
         else:
             record_group = g
-        # Decode and prefill rows: the same function, by keyword (the two calls differ in nine arguments).
+        # Decode and prefill rows: the same function, its launch facts in named tuples (``_window_rows``).
+        shared_out = (token_to_req_ptr, valid_out, left_ptr, right_ptr, violation_ptr)
+        kv = (table, slots, stride, pages)
         if local < dec_progs:
             _window_rows(
-                out_idx_ptr=dec_idx,
-                out_lens_ptr=dec_lens,
-                token_to_req_ptr=token_to_req_ptr,
-                is_valid_ptr=valid_out,
-                left_ptr=left_ptr,
-                right_ptr=right_ptr,
-                violation_ptr=violation_ptr,
-                qsl_ptr=qsl_ptr,
-                seq_lens_ptr=seq_lens_ptr,
-                host_seq_ptr=host_seq_ptr,
-                block_table_ptr=table,
-                slot_mapping_ptr=slots,
-                replay_ptr=replay_ptr,
-                span_indptr_ptr=span_indptr_ptr,
-                span_starts_ptr=span_starts_ptr,
-                span_ends_ptr=span_ends_ptr,
-                bt_stride=stride,
-                max_pages=pages,
-                num_reqs=num_reqs,
-                num_tokens=num_tokens,
-                search_chunks=search_chunks,
-                row0=local * BLOCK_T,
-                n_rows=num_decode_tokens,
-                token_offset=0,
+                out=(dec_idx, dec_lens),
+                shared_out=shared_out,
+                requests=requests,
+                table=kv,
+                spans=spans,
+                plan=plan,
+                part=(local * BLOCK_T, num_decode_tokens, 0, 0, decode_guess_len),
                 record_group=record_group,
-                guess_req=0,
-                guess_len=decode_guess_len,
-                num_spans=num_spans,
-                num_decodes=num_decodes,
-                num_decode_tokens=num_decode_tokens,
-                max_query_len=max_query_len,
-                decode_query_max=decode_query_max,
-                max_model_len=max_model_len,
-                build_checks=build_checks,
                 WINDOW=WINDOW,
                 WIDTH=DECODE_WIDTH,
                 BLOCK_SIZE=BLOCK_SIZE,
@@ -827,40 +876,20 @@ def swa_metadata_kernel(
             )
         elif local < dec_progs + pre_progs:
             _window_rows(
-                out_idx_ptr=prefill_idx_ptr + rows_at * PREFILL_WIDTH,
-                out_lens_ptr=prefill_lens_ptr + rows_at,
-                token_to_req_ptr=token_to_req_ptr,
-                is_valid_ptr=valid_out,
-                left_ptr=left_ptr,
-                right_ptr=right_ptr,
-                violation_ptr=violation_ptr,
-                qsl_ptr=qsl_ptr,
-                seq_lens_ptr=seq_lens_ptr,
-                host_seq_ptr=host_seq_ptr,
-                block_table_ptr=table,
-                slot_mapping_ptr=slots,
-                replay_ptr=replay_ptr,
-                span_indptr_ptr=span_indptr_ptr,
-                span_starts_ptr=span_starts_ptr,
-                span_ends_ptr=span_ends_ptr,
-                bt_stride=stride,
-                max_pages=pages,
-                num_reqs=num_reqs,
-                num_tokens=num_tokens,
-                search_chunks=search_chunks,
-                row0=(local - dec_progs) * BLOCK_TP,
-                n_rows=num_prefill_tokens,
-                token_offset=num_decode_tokens,
+                out=(prefill_idx_ptr + rows_at * PREFILL_WIDTH, prefill_lens_ptr + rows_at),
+                shared_out=shared_out,
+                requests=requests,
+                table=kv,
+                spans=spans,
+                plan=plan,
+                part=(
+                    (local - dec_progs) * BLOCK_TP,
+                    num_prefill_tokens,
+                    num_decode_tokens,
+                    num_decodes,
+                    prefill_guess_len,
+                ),
                 record_group=record_group,
-                guess_req=num_decodes,
-                guess_len=prefill_guess_len,
-                num_spans=num_spans,
-                num_decodes=num_decodes,
-                num_decode_tokens=num_decode_tokens,
-                max_query_len=max_query_len,
-                decode_query_max=decode_query_max,
-                max_model_len=max_model_len,
-                build_checks=build_checks,
                 WINDOW=WINDOW,
                 WIDTH=PREFILL_WIDTH,
                 BLOCK_SIZE=BLOCK_SIZE,
@@ -886,44 +915,16 @@ def swa_metadata_kernel(
                 rows = tl.minimum(rows, decode_clear_end - 1)
             tl.store(dec_lens + rows, tl.zeros([CLEAR_BLOCK], dtype=tl.int32), mask=stale)
     else:
-        i = (pid - num_groups * group_progs) * GATHER_BLOCK + tl.arange(0, GATHER_BLOCK)
-        real = i < num_prefills
-        if CLAMP:
-            i = tl.minimum(i, num_prefills - 1)
-        req = num_decodes + i
-        seq = tl.load(seq_lens_ptr + req, mask=real, other=0)
-        begin = tl.load(qsl_ptr + req, mask=real, other=0)
-        end = tl.load(qsl_ptr + req + 1, mask=real, other=0)
-        query = end - begin
-        bound = tl.load(replay_ptr + req, mask=real, other=0)
-        visible = tl.minimum(tl.maximum(seq - query - bound, 0), WINDOW - 1)
-        gather = query + visible
-        if GUARD:
-            # A prefill that broke a rule gets gather length 0. Its violation is recorded by the row programs,
-            # at its rows with a slot, as the reference does: a prefill without any records nothing
-            # (docs/semantics.md #guarded-builds). Compared, not subtracted (the row programs' rules 1 and
-            # 2): a query that wrapped is past int32.
-            broken = (end < begin) | (seq < query) | (query < 0)  # QUERY_ORDER, SEQ_SHORT
-            broken |= seq > max_model_len  # MODEL_LEN
-            broken |= _split_broken(
-                req, begin, end, query, num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max
-            )  # HOST_SPLIT
-            broken |= tl.load(host_seq_ptr + req, mask=real, other=0) != seq  # HOST_SEQ
-            broken |= (bound < 0) | (bound > seq - query)  # REPLAY
-            if MAX_IMAGE > 0:
-                bad_span = _image_visibility(
-                    tl.zeros([GATHER_BLOCK], dtype=tl.int32),
-                    req,
-                    real,
-                    seq,
-                    span_indptr_ptr,
-                    span_starts_ptr,
-                    span_ends_ptr,
-                    num_spans,
-                    GATHER_BLOCK,
-                    MAX_IMAGE,
-                    GUARD,
-                )[2]
-                broken |= bad_span != NO_SPAN  # SPAN
-            gather = tl.where(broken, 0, gather)
-        tl.store(gather_lens_ptr + i, gather, mask=real)
+        _gather_lens(
+            gather_lens_ptr,
+            pid - num_groups * group_progs,
+            num_prefills,
+            requests,
+            spans,
+            plan,
+            WINDOW,
+            GATHER_BLOCK,
+            MAX_IMAGE,
+            GUARD,
+            CLAMP,
+        )

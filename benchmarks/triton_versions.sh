@@ -16,10 +16,9 @@
 #             took 4-5 on the H200, too long for one call of 10)
 #   kernels   the kernels' GPU times (benchmarks/kernel_sweep.py: decode-256, the 16k-row prefill and a mixed
 #             batch, guarded and not), REPS rounds, every release once a round, each round in another order
-#             (3.6 3.8 3.9, then 3.8 3.9 3.6, ...), then each release's medians and its ratio to the first
+#             (3.6 3.8 3.9, then 3.8 3.9 3.6, ...), then each release's medians and its ratio to the first;
+#             with AB_KERNEL=FILE (another version of kernels/swa_metadata.py) both kernels, this one's ratio to it
 #   ab        bench_build.py --targets only (kernel and host times), alternated the same way (not by default)
-#   abkernel  this tree's build kernel against another version of it (AB_KERNEL=FILE, same signature), both timed
-#             by kernel_sweep.py on every release, alternated the same way (not by default)
 #   settings  the kernels' tile and warp settings (SWEEP=...) on one release (not by default; see the step)
 #
 # What to carry (the machine has no network access): the trimmed triton wheels in .whl/triton/ (git ignores
@@ -103,73 +102,43 @@ for step in $STEPS; do
       ;;
     kernels)
       # One kernel_sweep.py process per release and round, at the kernels' default settings (4 warps, the
-      # default tiles): each prints one line of GPU times (us), prefixed here with its release.
+      # default tiles): each prints one line of GPU times (us), prefixed here with its release. With
+      # AB_KERNEL=FILE (another version of kernels/swa_metadata.py, same signature) each run also times that
+      # kernel (KERNELS=, its own process), and the summary is this tree's kernel against it per release.
       for ((k = 0; k < REPS; k++)); do
         for r in $(order "$k"); do
-          on "$r" env WARPS=4 TILES=4096 timeout "${BENCH_TIMEOUT:-200}" python3 benchmarks/kernel_sweep.py 2>&1 \
-            | grep "^kernel " | sed "s/^/triton $r round $((k + 1)): /"
+          on "$r" env WARPS=4 TILES=4096 KERNELS="${AB_KERNEL:-}" timeout "${BENCH_TIMEOUT:-200}" \
+            python3 benchmarks/kernel_sweep.py 2>&1 | grep "^kernel " | sed "s/^/triton $r round $((k + 1)): /"
         done
       done | tee "$OUT/kernels.txt"
       python3 - "$OUT/kernels.txt" "${sides[@]}" <<'EOF' | tee -a "$OUT/kernels.txt"
 import re, statistics, sys
 path, *sides = sys.argv[1:]
-times = {}  # (shape, release) -> [us]
-for line in open(path):
-    m = re.match(r"triton (\S+) round \d+: .*?: (.*)", line)
-    if not m:
-        continue
-    for part in m.group(2).split("; "):
-        shape = re.match(r"(.*) (\d+\.\d+) us", part)
-        if shape:
-            times.setdefault((shape.group(1).strip(), m.group(1)), []).append(float(shape.group(2)))
-shapes = list(dict.fromkeys(s for s, _ in times))
-print("\nmedian kernel us per release (ratio to triton " + sides[0] + ")")
-print(f"{'shape':<34}" + "".join(f"{'triton ' + r:>22}" for r in sides))
-for shape in shapes:
-    base = statistics.median(times.get((shape, sides[0]), [float("nan")]))
-    cells = []
-    for r in sides:
-        t = times.get((shape, r))
-        cells.append(f"{'-':>22}" if not t else f"{statistics.median(t):>10.2f} ({statistics.median(t) / base:5.3f}x)")
-    print(f"{shape:<34}" + "".join(f"{c:>22}" for c in cells))
-EOF
-      ;;
-    abkernel)
-      # This tree's build kernel against another version of kernels/swa_metadata.py (AB_KERNEL, same signature) on
-      # every release: each round every release in turn (rotated), one kernel_sweep.py run timing both kernels
-      # (KERNELS=, each in its own process), then each release's medians, this / other. Not by default.
-      for ((k = 0; k < REPS; k++)); do
-        for r in $(order "$k"); do
-          on "$r" env WARPS=4 TILES=4096 KERNELS="${AB_KERNEL:?AB_KERNEL=path of the other kernels/swa_metadata.py}" \
-            timeout "${BENCH_TIMEOUT:-200}" python3 benchmarks/kernel_sweep.py 2>&1 | grep "^kernel " \
-            | sed "s/^/triton $r round $((k + 1)): /"
-        done
-      done | tee "$OUT/ab_kernel.txt"
-      python3 - "$OUT/ab_kernel.txt" "${sides[@]}" <<'EOF' | tee -a "$OUT/ab_kernel.txt"
-import re, statistics, sys
-path, *sides = sys.argv[1:]
-times = {}  # (shape, release, kernel) -> [us]
+times = {}  # (shape, release, kernel: this tree's or the other) -> [us]
 for line in open(path):
     m = re.match(r"triton (\S+) round \d+: kernel (\S+) .*?: (.*)", line)
     if not m:
         continue
+    kernel = "this" if m.group(2) == "current" else "other"
     for part in m.group(3).split("; "):
         shape = re.match(r"(.*) (\d+\.\d+) us", part)
         if shape:
-            kernel = "this" if m.group(2) == "current" else "other"
             times.setdefault((shape.group(1).strip(), m.group(1), kernel), []).append(float(shape.group(2)))
 shapes = list(dict.fromkeys(s for s, _, _ in times))
-print("\nmedian kernel us per release: this tree's kernel / the other (AB_KERNEL), and the ratio")
+other = any(k == "other" for _, _, k in times)
+print("\nmedian kernel us per release, " + ("this tree's kernel / the other (AB_KERNEL)" if other else
+      "and the ratio to triton " + sides[0]))
 print(f"{'shape':<34}" + "".join(f"{'triton ' + r:>28}" for r in sides))
 for shape in shapes:
     cells = []
     for r in sides:
-        this, other = times.get((shape, r, "this")), times.get((shape, r, "other"))
-        if not this or not other:
+        this = times.get((shape, r, "this"))
+        base = times.get((shape, r, "other") if other else (shape, sides[0], "this"))
+        if not this or not base:
             cells.append(f"{'-':>28}")
             continue
-        a, b = statistics.median(this), statistics.median(other)
-        cells.append(f"{a:>7.2f} / {b:<7.2f} ({a / b:5.3f}x)")
+        a, b = statistics.median(this), statistics.median(base)
+        cells.append((f"{a:>7.2f} / {b:<7.2f}" if other else f"{a:>10.2f}") + f" ({a / b:5.3f}x)")
     print(f"{shape:<34}" + "".join(f"{c:>28}" for c in cells))
 EOF
       ;;

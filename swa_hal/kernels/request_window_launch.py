@@ -117,9 +117,7 @@ class RequestWindowLaunch(KeyedLaunch[RequestWindowKey]):
     ENGINE = REQUEST_WINDOW_ENGINE
 
     def dispatch(self, facts: RequestWindowFacts) -> RequestWindowKey:
-        return request_window_key(
-            self.config.window_size, has_floors=facts.has_floors, device_type=self.device_type, dtypes=facts.dtypes
-        )
+        return request_window_key(self.config.window_size, device_type=self.device_type, **facts._asdict())
 
     def warmup_facts(self, guard: bool) -> list[RequestWindowFacts]:
         return request_window_facts()  # the kernel has no guarded variant

@@ -199,8 +199,7 @@ def rows_facts(config: SWAConfig, guard: bool) -> list[RowsFacts]:
 def rows_keys(config: SWAConfig, *, clamp: bool, device_type: str, guard: bool = False) -> list[RowsKey]:
     """The keys of ``rows_facts``, without Triton (``RowsLaunch.warmup_keys`` is the launch's own)."""
     return [
-        rows_key(config, causal=causal, clamp=clamp, device_type=device_type, guard=guard, grouped=grouped)
-        for causal, guard, grouped in rows_facts(config, guard)
+        rows_key(config, clamp=clamp, device_type=device_type, **facts._asdict()) for facts in rows_facts(config, guard)
     ]
 
 
@@ -214,14 +213,7 @@ class RowsLaunch(KeyedLaunch[RowsKey]):
     ENGINE = ROWS_ENGINE
 
     def dispatch(self, facts: RowsFacts) -> RowsKey:
-        return rows_key(
-            self.config,
-            causal=facts.causal,
-            clamp=self.clamp,
-            device_type=self.device_type,
-            guard=facts.guard,
-            grouped=facts.grouped,
-        )
+        return rows_key(self.config, clamp=self.clamp, device_type=self.device_type, **facts._asdict())
 
     def warmup_facts(self, guard: bool) -> list[RowsFacts]:
         return rows_facts(self.config, guard)

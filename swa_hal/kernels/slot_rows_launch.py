@@ -181,18 +181,7 @@ class SlotRowsLaunch(KeyedLaunch[SlotRowsKey]):
     ENGINE = SLOT_ROWS_ENGINE
 
     def dispatch(self, facts: SlotRowsFacts) -> SlotRowsKey:
-        return slot_rows_key(
-            self.config.window_size,
-            facts.width,
-            facts.block,
-            has_floors=facts.has_floors,
-            guard=facts.guard,
-            slot_limit=facts.slot_limit,
-            clamp=self.clamp,
-            device_type=self.device_type,
-            dtypes=facts.dtypes,
-            ring=facts.ring,
-        )
+        return slot_rows_key(self.config.window_size, clamp=self.clamp, device_type=self.device_type, **facts._asdict())
 
     def warmup_facts(self, guard: bool) -> list[SlotRowsFacts]:
         return slot_rows_facts(self.config, guard)

@@ -202,17 +202,7 @@ def _capped_distance(hi, lo, CAP: tl.constexpr):
 
 @triton.jit
 def _image_visibility(
-    pos,
-    req,
-    row_ok,
-    seq,
-    span_indptr_ptr,
-    span_starts_ptr,
-    span_ends_ptr,
-    num_spans,
-    BLOCK_T: tl.constexpr,
-    MAX_IMAGE: tl.constexpr,
-    GUARD: tl.constexpr,
+    pos, req, row_ok, seq, spans, BLOCK_T: tl.constexpr, MAX_IMAGE: tl.constexpr, GUARD: tl.constexpr
 ):
     """Per row: (left, right) inside the last listed image span of its request holding pos, and
     (guarded) the first span of its request that breaks a rule (inverted, or starting below 0), or NO_SPAN.
@@ -220,7 +210,9 @@ def _image_visibility(
     right stops at the request's last position seq - 1 (a span past it: a chunk that ends inside its
     image; docs/semantics.md #vision-spans): min(min(e, seq - 1) - pos, MAX_IMAGE), 0 where pos is past
     seq - 1 (only where the offsets decrease). Where pos < seq, seq - 1 does not wrap and min(e, seq - 1)
-    >= pos inside the span, so the capped distance is exact."""
+    >= pos inside the span, so the capped distance is exact. ``spans``: the span CSR (indptr, starts, ends) and
+    its span count."""
+    span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans = spans
     lo = tl.load(span_indptr_ptr + req, mask=row_ok, other=0)
     hi = tl.load(span_indptr_ptr + req + 1, mask=row_ok, other=0)
     left = tl.zeros([BLOCK_T], dtype=tl.int32)
@@ -251,44 +243,20 @@ def _image_visibility(
 
 @triton.jit
 def _decode_without_images(
-    left_ptr,
-    right_ptr,
-    tok_at,
-    shared,
-    pos,
-    req,
-    row_ok,
-    seq,
-    span_indptr_ptr,
-    span_starts_ptr,
-    span_ends_ptr,
-    num_spans,
-    BLOCK_T: tl.constexpr,
-    MAX_IMAGE: tl.constexpr,
+    visibility, tok_at, shared, pos, req, row_ok, seq, spans, BLOCK_T: tl.constexpr, MAX_IMAGE: tl.constexpr,
     GUARD: tl.constexpr,
-):
+):  # fmt: skip
     """Decode rows (causal or DSpark) of a vision model see no image: their visibility is 0. Guarded, the
     first span of the row's request that breaks rule 4, else NO_SPAN: the rule holds for every request,
     decodes included (decode rows never use spans, but the request is malformed; docs/semantics.md
-    #guarded-builds)."""
+    #guarded-builds). ``visibility``: the left and right outputs."""
+    left_ptr, right_ptr = visibility
     zero = tl.zeros([BLOCK_T], dtype=tl.int32)
     tl.store(left_ptr + tok_at, zero, mask=shared)
     tl.store(right_ptr + tok_at, zero, mask=shared)
     bad_span = tl.full([BLOCK_T], NO_SPAN, dtype=tl.int32)
     if GUARD:
-        bad_span = _image_visibility(
-            pos,
-            req,
-            row_ok,
-            seq,
-            span_indptr_ptr,
-            span_starts_ptr,
-            span_ends_ptr,
-            num_spans,
-            BLOCK_T,
-            MAX_IMAGE,
-            GUARD,
-        )[2]
+        bad_span = _image_visibility(pos, req, row_ok, seq, spans, BLOCK_T, MAX_IMAGE, GUARD)[2]
     return bad_span
 
 
@@ -499,7 +467,6 @@ def _row_window(
     or DSpark (#dspark-rows); with the guard's rules 3 and 4. ``visibility``: the left and right outputs;
     ``spans``: the image span CSR and its span count."""
     left_ptr, right_ptr = visibility
-    span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans = spans
     prefix = seq - (end - begin)
     pos = seq - end + tok  # P_r + (t - qsl[r])
     if NONCAUSAL:
@@ -514,10 +481,7 @@ def _row_window(
     else:
         last = pos
         if IMAGES:
-            left, right, bad_span = _image_visibility(
-                pos, req, row_ok, seq, span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans, BLOCK_T,
-                MAX_IMAGE, GUARD,
-            )  # fmt: skip
+            left, right, bad_span = _image_visibility(pos, req, row_ok, seq, spans, BLOCK_T, MAX_IMAGE, GUARD)
             tl.store(left_ptr + tok_at, left, mask=shared)
             tl.store(right_ptr + tok_at, right, mask=shared)
             start = tl.maximum(pos - (WINDOW - 1) - tl.maximum(left - (WINDOW - 1), 0), 0)
@@ -535,9 +499,8 @@ def _row_window(
         # Decode rows (the decode programs', which never work out images), causal or DSpark, see no image:
         # their visibility is cleared and their spans checked.
         bad_span = _decode_without_images(
-            left_ptr, right_ptr, tok_at, shared, pos, req, row_ok, seq, span_indptr_ptr, span_starts_ptr,
-            span_ends_ptr, num_spans, BLOCK_T, MAX_IMAGE, GUARD,
-        )  # fmt: skip
+            visibility, tok_at, shared, pos, req, row_ok, seq, spans, BLOCK_T, MAX_IMAGE, GUARD
+        )
         if GUARD:
             kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
     return start, lens, kind, value
@@ -695,7 +658,6 @@ def _gather_lens(
     program (``program``: this one's index among the gather programs), shared by the KV-cache groups;
     ``requests``, ``spans`` and ``plan`` as ``_window_rows`` takes them."""
     qsl_ptr, seq_lens_ptr, host_seq_ptr, replay_ptr, _, _ = requests
-    span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans = spans
     _, num_decodes, _, _, _, max_model_len, _ = plan
     i = program * GATHER_BLOCK + tl.arange(0, GATHER_BLOCK)
     real = i < num_prefills
@@ -720,19 +682,8 @@ def _gather_lens(
         broken |= tl.load(host_seq_ptr + req, mask=real, other=0) != seq  # HOST_SEQ
         broken |= (bound < 0) | (bound > seq - query)  # REPLAY
         if MAX_IMAGE > 0:
-            bad_span = _image_visibility(
-                tl.zeros([GATHER_BLOCK], dtype=tl.int32),
-                req,
-                real,
-                seq,
-                span_indptr_ptr,
-                span_starts_ptr,
-                span_ends_ptr,
-                num_spans,
-                GATHER_BLOCK,
-                MAX_IMAGE,
-                GUARD,
-            )[2]
+            no_pos = tl.zeros([GATHER_BLOCK], dtype=tl.int32)
+            bad_span = _image_visibility(no_pos, req, real, seq, spans, GATHER_BLOCK, MAX_IMAGE, GUARD)[2]
             broken |= bad_span != NO_SPAN  # SPAN
         gather = tl.where(broken, 0, gather)
     tl.store(gather_lens_ptr + i, gather, mask=real)

@@ -109,3 +109,23 @@ def test_every_cited_section_of_the_semantics_exists():
     assert len(cited) > 10
     missing = {a: str(p) for a, p in cited.items() if a not in anchors}
     assert not missing, missing
+
+
+def test_the_per_request_input_files_docs_list_are_the_files_that_name_replay_start():
+    """docs/kernels.md #adding-a-per-request-input lists the core files ``replay_start`` (the worked example, with
+    every kind of file an input can need) names: the list and the package's own files agree, so the guide's
+    count of what a new input touches cannot drift from the code."""
+    root = ROOT
+    docs = (root / "docs" / "kernels.md").read_text()
+    section = docs[docs.index("## Adding a per-request input") :]
+    listed_part = section[section.index("names exactly these core files") : section.index("Outside the core")]
+    listed = set(re.findall(r"`(swa_hal/[\w/]+\.py)`", listed_part))
+    name = re.compile(r"(?<![A-Za-z0-9_])(?:no_|padded_)?replay_(?:start|ptr)\b")
+    outside = ("swa_hal/integrations/", "swa_hal/testing/", "swa_hal/cli.py", "swa_hal/compare.py", "swa_hal/scenarios.py")
+    naming = {
+        str(p.relative_to(root))
+        for p in (root / "swa_hal").rglob("*.py")
+        if not str(p.relative_to(root)).startswith(outside) and name.search(p.read_text())
+    }
+    assert len(listed) == 16, sorted(listed)
+    assert naming == listed, (sorted(naming - listed), sorted(listed - naming))

@@ -247,7 +247,7 @@ class TritonBackend(Backend):
             self._group_table = rows
 
     def compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
-        # The one-group build (builds reach the backend through compute_groups).
+        # A build of one group (compute_groups calls it, so a subclass's compute serves single builds).
         self._launch(plan, batch.block_table, batch.slot_mapping, buffers)
 
     def compute_groups(
@@ -259,10 +259,12 @@ class TritonBackend(Backend):
         buffers: MetadataBuffers,
     ) -> None:
         """Every group in one launch (docs/semantics.md #group-builds), from the group table rows the
-        build's preflight made (``plan.group_rows``); one group reads its table and slot mapping directly."""
+        build's preflight made (``plan.group_rows``); one group is ``compute``'s, as the default has it."""
         groups = len(plan.group_rows)
-        if groups > 1:
-            self._write_group_table(plan.group_rows, buffers)
+        if groups == 1:
+            self.compute(plan, batch, buffers)
+            return
+        self._write_group_table(plan.group_rows, buffers)
         self._launch(plan, tables[0], slots[0], buffers, groups)
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:

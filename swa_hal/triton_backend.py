@@ -273,6 +273,9 @@ class TritonBackend(Backend):
 
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
         first = metadatas[0]
+        if len(metadatas) == 1:  # as compute_groups: one group is recompute_decode_rows's
+            self.recompute_decode_rows(first, buffers)
+            return
         self._write_group_table(
             group_rows([m.block_table for m in metadatas], [m.slot_mapping for m in metadatas]), buffers
         )

@@ -23,8 +23,6 @@ from .errors import (
     BatchCapacityError,
     BatchDeviceError,
     BatchDtypeError,
-    BatchOrderError,
-    BatchRangeError,
     BatchShapeError,
     BatchValidationError,
     ConfigError,
@@ -44,7 +42,7 @@ from .rules import violation_error
 from .schedulers import no_schedulers
 from .selection import select_backend
 from .slot_rows import SlotRows, check_outputs, new_slot_rows_outputs, preflight_slot_rows, slot_limit
-from .split import split_decodes_and_prefills
+from .split import refuse_host_split, split_decodes_and_prefills
 from .step_inputs import StepInputs
 from .validation import validate_batch
 from .violations import ViolationWatch
@@ -732,13 +730,3 @@ def _same_build(metadatas: Sequence[SWAMetadata]) -> None:
                     f"group 0 {getattr(first, field)!r}: a grouped update takes the metadata of one build_groups()",
                     g,
                 )
-
-
-def refuse_host_split(qsl: np.ndarray, num_decode_tokens: int, num_tokens: int) -> None:
-    """The typed error for a host copy of query_start_loc the split cannot use (docs/semantics.md #split)."""
-    if qsl[0] != 0:
-        raise BatchOrderError("query_start_loc_cpu", f"query_start_loc_cpu[0]={int(qsl[0])}; it must start at 0", 0)
-    raise BatchRangeError(
-        "query_start_loc_cpu",
-        f"query_start_loc_cpu puts the decode part's end at {num_decode_tokens}, outside [0, num_tokens={num_tokens}]",
-    )

@@ -6,6 +6,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .errors import BatchOrderError, BatchRangeError
+
 
 class Split(NamedTuple):
     num_decodes: int
@@ -39,3 +41,13 @@ def split_decodes_and_prefills(
         return Split(num_reqs, 0, num_tokens, 0)
     decode_tokens = int(qsl[first])
     return Split(first, num_reqs - first, decode_tokens, num_tokens - decode_tokens)
+
+
+def refuse_host_split(qsl: np.ndarray, num_decode_tokens: int, num_tokens: int) -> None:
+    """The typed error for a host copy of query_start_loc the split cannot use (docs/semantics.md #split)."""
+    if qsl[0] != 0:
+        raise BatchOrderError("query_start_loc_cpu", f"query_start_loc_cpu[0]={int(qsl[0])}; it must start at 0", 0)
+    raise BatchRangeError(
+        "query_start_loc_cpu",
+        f"query_start_loc_cpu puts the decode part's end at {num_decode_tokens}, outside [0, num_tokens={num_tokens}]",
+    )

@@ -151,7 +151,7 @@ class BuildPlan(NamedTuple):
     max_query_len: int = INT32_LIMIT
     decode_query_max: int = INT32_LIMIT
     # Each group's row of the kernel's group table (docs/semantics.md #group-builds), from the build's
-    # host preflight: one row for a single build (a group of one).
+    # host preflight where there are several groups (a single build, a group of one, has none).
     group_rows: tuple[tuple[int, int, int, int], ...] = ()
     # Rule 15 (docs/semantics.md #guarded-builds): the prefills' seq_lens_cpu where a guarded build holds
     # them against seq_lens, on the build's device (entries [num_decodes, num_reqs) meaningful); None where

@@ -76,7 +76,10 @@ class AttentionBatch:
 
     def with_group(self, block_table: torch.Tensor, slot_mapping: torch.Tensor) -> AttentionBatch:
         """This step with one KV-cache group's block table and slot mapping (docs/semantics.md
-        #group-builds): the same ``inputs`` object (once per group build)."""
+        #group-builds): the same ``inputs`` object (once per group build); this batch itself where they are
+        its own (a single build, a group of one)."""
+        if block_table is self.block_table and slot_mapping is self.slot_mapping:
+            return self
         return AttentionBatch(inputs=self.inputs, block_table=block_table, slot_mapping=slot_mapping)
 
     def to(self, device: str | torch.device) -> AttentionBatch:

@@ -353,11 +353,16 @@ class SWAMetadataBuilder:
         width = self.config.window_size if causal else self._noncausal_width(inputs, nd)
         # Decode lens rows ever written, per group; a build zeroes [num_decode_tokens, that) (#fixed-buffers).
         high = self._lens_high_water
-        count = len(groups.rows)
-        clear_end = max(high[:count])
-        for g in range(count):
-            if ndt > high[g]:
-                high[g] = ndt
+        count = len(groups.tables)
+        if count == 1:  # one group, one mark (the loop below costs a single build 0.5 us)
+            clear_end = high[0]
+            if ndt > clear_end:
+                high[0] = ndt
+        else:
+            clear_end = max(high[:count])
+            for g in range(count):
+                if ndt > high[g]:
+                    high[g] = ndt
         replay = inputs.replay_start
         if replay is None:
             zeros = self.buffers.no_replay_start

@@ -121,9 +121,10 @@ GroupRow = tuple[int, int, int, int]
 
 
 class GroupInputs(NamedTuple):
-    """A build's checked per-group inputs: each group's block table and slot mapping and its row of the
-    kernel's group table. ``named``: whether errors and violations name the group (a ``build_groups``
-    call's, even of one group; a single build's are named as the batch's own fields)."""
+    """A build's checked per-group inputs: each group's block table and slot mapping and, where there are
+    several, each one's row of the kernel's group table (a single build has none: its one group is read
+    directly). ``named``: whether errors name the group (a ``build_groups`` call's, even of one group; a
+    single build's are named as the batch's own fields)."""
 
     tables: Sequence[torch.Tensor]
     slots: Sequence[torch.Tensor]
@@ -146,8 +147,8 @@ def single_group(
 ) -> GroupInputs:
     """A single build's block table and slot mapping (the batch's own) checked and described as a group
     of one: ``group_inputs``'s signature, so a build takes either without a branch."""
-    stride, width = check_group(table, slot_mapping, num_reqs, num_tokens, device_index, names=SINGLE)
-    return GroupInputs((table,), (slot_mapping,), ((table.data_ptr(), slot_mapping.data_ptr(), stride, width),), False)
+    check_group(table, slot_mapping, num_reqs, num_tokens, device_index, names=SINGLE)
+    return GroupInputs((table,), (slot_mapping,), (), False)
 
 
 def group_inputs(

@@ -16,9 +16,9 @@ from .config import INT32_LIMIT
 from .envs import env_flag
 from .errors import BackendUnavailableError
 from .kernels.launch import CompileKey, KeyedLaunch, record_fields
-from .kernels.request_window_launch import RequestWindowArgs, RequestWindowFacts
+from .kernels.request_window_launch import RequestWindowArgs
 from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsFacts, RowsKey
-from .kernels.slot_rows_launch import SlotRowsArgs, SlotRowsFacts
+from .kernels.slot_rows_launch import SlotRowsArgs
 from .preflight import group_rows
 from .request_window import RequestWindowLayout
 
@@ -234,7 +234,7 @@ class TritonBackend(Backend):
         buffers: MetadataBuffers,
         groups: int = 1,
     ) -> None:
-        key = self._rows.key_for(RowsFacts(causal=plan.causal, guard=self.guard, grouped=groups > 1))
+        key = self._rows.key_for((plan.causal, self.guard, groups > 1))  # RowsFacts' values (KeyedLaunch)
         args = self.rows_args(key, plan, table, slots, buffers, groups)
         self._rows(key, args.programs(), args)
 
@@ -260,12 +260,11 @@ class TritonBackend(Backend):
     ) -> None:
         """Every group in one launch (docs/semantics.md #group-builds), from the group table rows the
         build's preflight made (``plan.group_rows``); one group is ``compute``'s, as the default has it."""
-        groups = len(plan.group_rows)
-        if groups == 1:
+        if len(tables) == 1:
             self.compute(plan, batch, buffers)
             return
         self._write_group_table(plan.group_rows, buffers)
-        self._launch(plan, tables[0], slots[0], buffers, groups)
+        self._launch(plan, tables[0], slots[0], buffers, len(tables))
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         # The build kernel with its decode programs only: token_to_req, is_valid and the rows.
@@ -299,17 +298,8 @@ class TritonBackend(Backend):
         ring, num_pools = (0, rt.shape[0]) if rows.ring is None else (rows.ring.size, rows.ring.slots)
         dtypes = (rows.row_ends.dtype, rows.pools.dtype, floors.dtype, rt.dtype, slot_map.dtype, block_slots.dtype)
         launch = self._slot_rows
-        key = launch.key_for(
-            SlotRowsFacts(
-                width=out.shape[1],
-                block=rows.block,
-                has_floors=rows.floors is not None,
-                ring=ring,
-                guard=self.guard,
-                slot_limit=limit,
-                dtypes=dtypes,
-            )
-        )
+        # SlotRowsFacts' values, in order (KeyedLaunch): width, block, has_floors, ring, guard, slot_limit, dtypes.
+        key = launch.key_for((out.shape[1], rows.block, rows.floors is not None, ring, self.guard, limit, dtypes))
         ptr = launch.pointer
         # One record, every field set here by name (a 14-keyword construction per call costs more).
         args = self._slot_record
@@ -339,11 +329,8 @@ class TritonBackend(Backend):
         # Absent floors read pos instead (never, with the flag off).
         floors = rows.pos if rows.floors is None else rows.floors
         launch = self._request_window
-        key = launch.key_for(
-            RequestWindowFacts(
-                has_floors=rows.floors is not None, dtypes=(rows.req.dtype, rows.pos.dtype, floors.dtype)
-            )
-        )
+        # RequestWindowFacts' values, in order (KeyedLaunch): has_floors, dtypes.
+        key = launch.key_for((rows.floors is not None, (rows.req.dtype, rows.pos.dtype, floors.dtype)))
         out, block = _new_layout(padded, groups * window, window, self.device)
         # One record, every field set here by name (as the token-slot rows' record); the outputs are one
         # block, whose fields the kernel finds at their places in it.

@@ -341,7 +341,12 @@ class KeyedLaunch(TritonLaunch, Generic[KeyT]):
     facts, since the builder may switch it between calls.
 
     ``keys`` memoises the dispatch (``key_for``: one lookup, the dispatch only on a miss). ``warmup_keys``
-    goes through ``key_for``, so a warmed variant is the very key a call finds."""
+    goes through ``key_for``, so a warmed variant is the very key a call finds. ``Facts``: the NamedTuple of a
+    call's facts; ``dispatch`` reads them by name. A hot call may hand ``key_for`` the plain tuple of their
+    values, in ``Facts``' order (it hashes and compares as the NamedTuple does), and ``key_for`` names it on a
+    miss: a NamedTuple made per call costs about 0.4 us of a build's 10 us host path."""
+
+    Facts: ClassVar[type]
 
     def __init__(self, device: torch.device, config: SWAConfig, *, clamp: bool = False):
         super().__init__(device)
@@ -354,14 +359,14 @@ class KeyedLaunch(TritonLaunch, Generic[KeyT]):
         """The compile key of a call with these facts (uncached: see ``key_for``)."""
         raise NotImplementedError
 
-    def warmup_facts(self, guard: bool) -> Sequence[Hashable]:
+    def warmup_facts(self, guard: bool) -> Sequence[tuple[Any, ...]]:
         """The facts of every call an engine with this config can make, guarded or not as ``guard``."""
         raise NotImplementedError
 
-    def key_for(self, facts: Hashable) -> KeyT:
+    def key_for(self, facts: tuple[Any, ...]) -> KeyT:
         key = self.keys.get(facts)
         if key is None:
-            key = self.keys.keep(facts, self.dispatch(facts))
+            key = self.keys.keep(facts, self.dispatch(self.Facts(*facts)))
         return key
 
     def warmup_keys(self, guard: bool) -> list[KeyT]:

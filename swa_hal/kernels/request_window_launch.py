@@ -113,6 +113,7 @@ class RequestWindowLaunch(KeyedLaunch[RequestWindowKey]):
     KERNEL = "swa_hal.kernels.request_window:request_window_kernel"
     Args = RequestWindowArgs
     POINTERS = REQUEST_WINDOW_POINTERS
+    Facts = RequestWindowFacts
     INT64 = ("zero_row",)  # any int64 ring row (docs/semantics.md #request-window-layouts)
     ENGINE = REQUEST_WINDOW_ENGINE
 

@@ -210,6 +210,7 @@ class RowsLaunch(KeyedLaunch[RowsKey]):
     KERNEL = "swa_hal.kernels.swa_metadata:swa_metadata_kernel"
     Args = RowsArgs
     POINTERS = ROWS_POINTERS
+    Facts = RowsFacts
     ENGINE = ROWS_ENGINE
 
     def dispatch(self, facts: RowsFacts) -> RowsKey:

@@ -178,6 +178,7 @@ class SlotRowsLaunch(KeyedLaunch[SlotRowsKey]):
     KERNEL = "swa_hal.kernels.slot_rows:slot_rows_kernel"
     Args = SlotRowsArgs
     POINTERS = SLOT_ROWS_POINTERS
+    Facts = SlotRowsFacts
     ENGINE = SLOT_ROWS_ENGINE
 
     def dispatch(self, facts: SlotRowsFacts) -> SlotRowsKey:

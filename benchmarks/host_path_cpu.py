@@ -55,7 +55,9 @@ def main() -> None:
                 builder.build(batch)
             times.append((time.perf_counter() - t0) / args.iters * 1e6)
         out.append(f"{'guarded' if guard else 'unguarded'} {statistics.median(times):.2f} us")
-    print(f"swa_hal from {Path(swa_hal.__file__).parent.parent}: decode-256 host path, launch a no-op: " + "; ".join(out))
+    print(
+        f"swa_hal from {Path(swa_hal.__file__).parent.parent}: decode-256 host path, launch a no-op: " + "; ".join(out)
+    )
 
 
 if __name__ == "__main__":

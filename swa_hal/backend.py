@@ -275,22 +275,39 @@ class Backend:
         buffers: MetadataBuffers,
     ) -> None:
         """Fill every KV-cache group's outputs (docs/semantics.md #group-builds); the builder's one entry
-        point, a single build being a group of one (``batch`` holds group 0's table and slot mapping). Group
-        g reads ``tables[g]`` and ``slots[g]`` and writes ``buffers.group(g)``; where there are two groups
-        or more, a violation it records names group g (``in_group_build``). Default: one ``compute`` per
-        group; backends that can do all groups in one launch override it."""
+        point, a single build being a group of one (``batch`` holds group 0's table and slot mapping). One
+        group is ``compute``'s, two or more ``compute_several``'s, so a backend's ``compute`` serves every
+        single build."""
         if len(tables) == 1:
             self.compute(plan, batch, buffers)
-            return
+        else:
+            self.compute_several(plan, batch, tables, slots, buffers)
+
+    def compute_several(
+        self,
+        plan: BuildPlan,
+        batch: AttentionBatch,
+        tables: Sequence[torch.Tensor],
+        slots: Sequence[torch.Tensor],
+        buffers: MetadataBuffers,
+    ) -> None:
+        """A build of two KV-cache groups or more: group g reads ``tables[g]`` and ``slots[g]`` and writes
+        ``buffers.group(g)``; a violation it records names group g (``in_group_build``). Default: one
+        ``compute`` per group; backends that can do all groups in one launch override it."""
         for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
             self.compute(plan, batch.with_group(table, slot_mapping), buffers.in_group_build(g))
 
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
-        """The draft-step update of a group build: default, one ``recompute_decode_rows`` per group (with
-        ``buffers`` for a group of one, as ``compute_groups``)."""
+        """The draft-step update of a group build, as ``compute_groups``: one group is
+        ``recompute_decode_rows``'s, two or more ``recompute_several``'s."""
         if len(metadatas) == 1:
             self.recompute_decode_rows(metadatas[0], buffers)
-            return
+        else:
+            self.recompute_several(metadatas, buffers)
+
+    def recompute_several(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
+        """The draft-step update of two KV-cache groups or more: default, one ``recompute_decode_rows`` per
+        group."""
         for g, metadata in enumerate(metadatas):
             self.recompute_decode_rows(metadata, buffers.in_group_build(g))
 

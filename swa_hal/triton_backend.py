@@ -247,10 +247,9 @@ class TritonBackend(Backend):
             self._group_table = rows
 
     def compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
-        # A build of one group (compute_groups calls it, so a subclass's compute serves single builds).
         self._launch(plan, batch.block_table, batch.slot_mapping, buffers)
 
-    def compute_groups(
+    def compute_several(
         self,
         plan: BuildPlan,
         batch: AttentionBatch,
@@ -259,10 +258,7 @@ class TritonBackend(Backend):
         buffers: MetadataBuffers,
     ) -> None:
         """Every group in one launch (docs/semantics.md #group-builds), from the group table rows the
-        build's preflight made (``plan.group_rows``); one group is ``compute``'s, as the default has it."""
-        if len(tables) == 1:
-            self.compute(plan, batch, buffers)
-            return
+        build's preflight made (``plan.group_rows``)."""
         self._write_group_table(plan.group_rows, buffers)
         self._launch(plan, tables[0], slots[0], buffers, len(tables))
 
@@ -270,11 +266,8 @@ class TritonBackend(Backend):
         # The build kernel with its decode programs only: token_to_req, is_valid and the rows.
         self._launch(update_plan(metadata), metadata.block_table, metadata.slot_mapping, buffers)
 
-    def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
+    def recompute_several(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:
         first = metadatas[0]
-        if len(metadatas) == 1:  # as compute_groups: one group is recompute_decode_rows's
-            self.recompute_decode_rows(first, buffers)
-            return
         self._write_group_table(
             group_rows([m.block_table for m in metadatas], [m.slot_mapping for m in metadatas]), buffers
         )

@@ -9,7 +9,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.swa-hal-installed
 EXAMPLE := examples/swa-hal-example-backend
 
-.PHONY: run test lint bench install clean matrix dist check-dist plugin-template
+.PHONY: run test test-slow lint bench install clean matrix dist check-dist plugin-template
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +32,15 @@ run: $(STAMP)
 
 # One pytest-xdist worker per core (TEST_WORKERS=0: in this process), work-stealing so the long property
 # tests do not end up queued behind each other; each worker runs torch on one thread (tests/conftest.py).
+# `make test` leaves out the tests marked `slow` (the release wheel installed into a fresh environment with
+# torch, then the kit there: 3-4 minutes of one core, a third of the suite's CPU time); `make test-slow` runs
+# them, and CI runs both.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m slow
 
 # The per-platform CI recipe for every row of `swa-hal matrix`, on this CPU (.ci/matrix says what it runs):
 # `swa-hal info --assume ROW --expect NAME` per row, and the kit's selection and worked-vector topics per
@@ -129,7 +135,8 @@ test-vllm: $(VLLM_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= $(VLLM_BIN)/python -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist worksteal $(VLLM_CORE_TESTS)
 
-# The library's whole suite (`make test`'s, VLLM_CORE_TESTS among it) on the pair the engines' next releases
+# `make test`'s suite (VLLM_CORE_TESTS among it; the release wheel's fresh environment, `make test-slow`, is
+# the same on any torch and runs once, on the main environment) on the pair the engines' next releases
 # move to: torch 2.15.0 with triton 3.9.0 (and numpy 2.4, which 3.9's interpreter runs), in .venv-torch-2.15.0.
 # torch 2.15.0 on the registry is a CUDA build that runs on the CPU, but it does not import without its CUDA
 # libraries (libtorch_python links libtorch_cuda, which links cuDNN, cuBLAS, NCCL, ...): they come with it,
@@ -166,7 +173,7 @@ $(NEXT_STAMP): $(NEXT_BIN)/python pyproject.toml $(EXAMPLE)/pyproject.toml
 
 test-torch-next: $(NEXT_STAMP)
 	$(NEXT_BIN)/python -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
-	$(NEXT_BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+	$(NEXT_BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow"
 
 # swa_hal inside SGLang 0.5.23 (tests/engines/test_sglang.py), in its own environment: the CPU torch above,
 # SGLang's wheel without its dependencies (they pin a CUDA torch 2.14), and what the import chain of its

@@ -92,6 +92,18 @@ def preflight_ring(rows: RingCall, window: int, limit: int) -> SlotRing:
     return ring
 
 
+def row_prefixes(rows: RingCall, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Each row's position p and pool row (int64) from its int64 ``ends``, and DSpark rows' block heads
+    (None for causal rows): every row of a block reads its block's first row, the block's prefix P and
+    pool row. Shared by the ring and the paged token-slot builds, which clamp ``ends`` differently."""
+    pools = rows.pools.to(torch.int64)
+    nb = rows.block
+    if not nb:
+        return ends - 1, pools, None
+    head = torch.arange(rows.num_rows, device=ends.device) // nb * nb
+    return ends[head] - 1, pools[head], head
+
+
 def build_ring_rows(
     rows: RingCall, window: int, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, *, guard: bool
 ) -> None:
@@ -111,14 +123,7 @@ def build_ring_rows(
     cols = torch.arange(width, device=dev)
     # Exact int64 positions: a ring has no width to read past, so every position is a valid one and its
     # row must be its exact one (``q % size``); ends at or below 0 are rows at a negative position.
-    ends = rows.row_ends.to(i64).clamp_min(0)
-    if nb:
-        head = torch.arange(n, device=dev) // nb * nb
-        p = ends[head] - 1  # the block's prefix P
-        pool = rows.pools.to(i64)[head]
-    else:
-        p = ends - 1
-        pool = rows.pools.to(i64)
+    p, pool, _ = row_prefixes(rows, rows.row_ends.to(i64).clamp_min(0))
     if nb:
         ctx = p.clamp(0, window)
         if rows.floors is not None:

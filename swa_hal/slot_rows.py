@@ -31,7 +31,7 @@ import torch
 from .config import INT32_LIMIT, MAX_ROW_WIDTH
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError, BlockGeometryError
 from .rules import Violation, record_candidate
-from .slot_ring import SlotRing, build_ring_rows, preflight_ring
+from .slot_ring import SlotRing, build_ring_rows, preflight_ring, row_prefixes
 
 if TYPE_CHECKING:
     from .config import SWAConfig
@@ -243,14 +243,7 @@ def build_slot_rows(
     rt, slot_map = rows.req_to_token, rows.slot_map
     assert rt is not None and slot_map is not None  # the preflight's
     num_pools, positions = rt.shape
-    ends = rows.row_ends.to(i64)
-    if nb:
-        head = torch.arange(n, device=dev) // nb * nb
-        p = ends[head] - 1  # the block's prefix P
-        pool = rows.pools.to(i64)[head]
-    else:
-        p = ends - 1
-        pool = rows.pools.to(i64)
+    p, pool, head = row_prefixes(rows, rows.row_ends.to(i64))
     pool_at = pool.clamp(0, max(num_pools - 1, 0))
     if nb:
         ctx = p.clamp(0, window)
@@ -280,7 +273,7 @@ def build_slot_rows(
     else:
         token = torch.full((n, width), -1, dtype=rt.dtype, device=dev)
     if nb:
-        assert rows.block_slots is not None
+        assert rows.block_slots is not None and head is not None
         at = (head[:, None] + cols[None, :] - ctx[:, None]).clamp_(0, n - 1)
         from_table = cols[None, :] < ctx[:, None]
         token = torch.where(from_table, token, torch.index_select(rows.block_slots, 0, at.view(-1)).view(n, width))

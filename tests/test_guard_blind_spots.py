@@ -321,6 +321,15 @@ def test_a_violation_in_a_group_build_names_its_group(backend, broken):
 # the page size of the block table, which only full validation named before.
 
 
+def raises_naming(expect: tuple[type[E.BatchValidationError], tuple[str, int], str], call) -> None:
+    """``call()`` raises ``expect``'s error, naming its (field, index), with a message matching its pattern:
+    what full validation raises on the build and ``check()`` after a guarded one."""
+    error, where, match = expect
+    with pytest.raises(error, match=match) as info:
+        call()
+    assert (info.value.field, info.value.index) == where
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("validate", [False, True])
 def test_a_prefills_host_seq_len_that_disagrees_with_the_device_is_recorded(backend, validate):
@@ -329,10 +338,9 @@ def test_a_prefills_host_seq_len_that_disagrees_with_the_device_is_recorded(back
     batch = AttentionBatch.from_lists([5, 9], [1, 5], TABLE, block_size=4)
     bad = with_(batch, seq_lens_cpu=set_(batch.seq_lens_cpu, 1, 12))
     builder = make_builder(CFG, backend)
+    expect = E.BatchConsistencyError, ("seq_lens_cpu", 1), r"^seq_lens_cpu\[1\]=12 differs from seq_lens\[1\]"
     if validate:
-        with pytest.raises(E.BatchConsistencyError, match=r"seq_lens_cpu\[1\]=12 differs from seq_lens\[1\]=9") as info:
-            builder.build(bad, validate=True)
-        assert (info.value.field, info.value.index) == ("seq_lens_cpu", 1)
+        raises_naming(expect, lambda: builder.build(bad, validate=True))
         return
     clean = builder.build(batch)
     clean_rows = clean.decode_swa_indices[:1].clone()
@@ -341,9 +349,7 @@ def test_a_prefills_host_seq_len_that_disagrees_with_the_device_is_recorded(back
     assert md.prefill_gather_lens.tolist() == [0]
     assert md.prefill_swa_lens[:5].tolist() == [0] * 5 and (md.prefill_swa_indices[:5] == -1).all()
     assert torch.equal(md.decode_swa_indices[:1], clean_rows)  # the decode is not the host copy's business
-    with pytest.raises(E.BatchConsistencyError, match=r"^seq_lens_cpu\[1\]=12 differs from seq_lens\[1\]") as info:
-        builder.check()
-    assert (info.value.field, info.value.index) == ("seq_lens_cpu", 1)
+    raises_naming(expect, builder.check)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -368,16 +374,13 @@ def test_a_seq_len_past_max_model_len_is_recorded(backend, validate):
     # saw it and its rows used to be handed out.
     batch = AttentionBatch.from_lists([5, 18], [1, 1], [[1, 2, 3, 4, 9], [5, 6, 7, 8, 10]], block_size=4)
     builder = make_builder(MODEL_LEN_CFG, backend)
+    expect = E.BatchCapacityError, ("seq_lens", 1), r"^seq_lens\[1\]=18 exceeds max_model_len=16"
     if validate:
-        with pytest.raises(E.BatchCapacityError, match=r"seq_lens\[1\]=18 exceeds max_model_len=16") as info:
-            builder.build(batch, validate=True)
-        assert (info.value.field, info.value.index) == ("seq_lens", 1)
+        raises_naming(expect, lambda: builder.build(batch, validate=True))
         return
     md = builder.build(batch)
     assert md.decode_swa_lens[:2].tolist() == [4, 0] and (md.decode_swa_indices[1] == -1).all()
-    with pytest.raises(E.BatchCapacityError, match=r"^seq_lens\[1\]=18 exceeds max_model_len=16") as info:
-        builder.check()
-    assert (info.value.field, info.value.index) == ("seq_lens", 1)
+    raises_naming(expect, builder.check)
 
 
 def table_for_page_size(page_size: int) -> AttentionBatch:
@@ -395,9 +398,10 @@ def test_a_table_made_for_another_page_size_is_recorded(backend, page_size, vali
     batch = table_for_page_size(page_size)  # CFG's pages hold 4 tokens
     builder = make_builder(CFG, backend)
     if validate:
-        with pytest.raises(E.BatchConsistencyError, match=r"slot_mapping\[0\]=") as info:
-            builder.build(batch, validate=True)
-        assert (info.value.field, info.value.index) == ("slot_mapping", 0)
+        raises_naming(
+            (E.BatchConsistencyError, ("slot_mapping", 0), r"^slot_mapping\[0\]="),
+            lambda: builder.build(batch, validate=True),
+        )
         return
     md = builder.build(batch)
     # Every row's own slot disagrees with its slot mapping: every row is emptied.
@@ -419,11 +423,12 @@ def test_the_torch_build_records_the_first_row_whose_slot_is_not_its_own(backend
     clean_lens = clean.prefill_swa_lens[:5].tolist()
     md = builder.build(bad)
     assert md.prefill_swa_lens[:5].tolist() == [n if t != 2 else 0 for t, n in enumerate(clean_lens)]
-    with pytest.raises(
-        E.BatchConsistencyError, match=r"^slot_mapping\[3\] is not the slot block_table gives request 1"
-    ) as info:
-        builder.check()
-    assert (info.value.field, info.value.index) == ("slot_mapping", 3)
+    expect = (
+        E.BatchConsistencyError,
+        ("slot_mapping", 3),
+        r"^slot_mapping\[3\] is not the slot block_table gives request 1",
+    )
+    raises_naming(expect, builder.check)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

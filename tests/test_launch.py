@@ -10,6 +10,7 @@ import inspect
 import random
 
 import pytest
+import torch
 
 from helpers import make_builder
 from swa_hal.kernels import (
@@ -22,7 +23,7 @@ from swa_hal.kernels import (
     slot_rows_launch,
     swa_metadata,
 )
-from swa_hal.kernels.launch import TritonLaunch, record_fields
+from swa_hal.kernels.launch import CompileKey, DtypesKey, TritonLaunch, record_fields
 from swa_hal.testing import CONFORMANCE_CONFIGS, KINDS, random_batch
 
 
@@ -61,6 +62,31 @@ def test_key_and_record_are_the_kernel_signature_in_order(kernel, key_type, laun
     assert list(fields) == names[: -len(constexprs)]
     assert sorted(launch.POINTERS) == sorted(n for n in fields if n.endswith("_ptr"))
     assert set(launch.ENGINE) <= set(launch.POINTERS)
+
+
+@pytest.mark.parametrize("kernel, key_type, launch", CONTRACTS)
+def test_keys_compare_by_value_and_hash_once(kernel, key_type, launch):
+    fields = [f.name for f in dataclasses.fields(key_type)]
+    values = {name: i for i, name in enumerate(fields)}
+    if issubclass(key_type, DtypesKey):
+        values["dtypes"] = (torch.int32, torch.int64)
+    key, same = key_type(**values), key_type(**values)
+    assert key is not same and key == same and hash(key) == hash(same) and len({key, same}) == 1
+    for name in fields:
+        other = dataclasses.replace(key, **{name: (torch.int64,) if name == "dtypes" else -1})
+        assert other != key and other not in {key} and not other == key
+    assert key != tuple(values.values())  # only a key of its own class equals a key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(key, fields[0], 0)
+    # CompileKey's: the hash computed once per key (a key declared with eq=True hashes its fields per lookup).
+    assert key_type.__hash__ is CompileKey.__hash__ and key_type.__eq__ is CompileKey.__eq__
+    if issubclass(key_type, DtypesKey):
+        assert "dtypes" not in key.constexprs()
+        first, second = key_type.INPUTS[:2]
+        assert key.pointer_dtypes() == {first: torch.int32, second: torch.int64}
+        assert set(key_type.INPUTS) <= set(launch.ENGINE)
+    else:
+        assert key.pointer_dtypes() == {}
 
 
 @pytest.mark.parametrize("kernel, key_type, launch", CONTRACTS)

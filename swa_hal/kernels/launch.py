@@ -111,16 +111,27 @@ def record_values(record: type) -> Callable[[Any], tuple[Any, ...]]:
 
 
 class CompileKey:
-    """Base of compile keys (frozen dataclasses of a kernel's constexprs, in signature order). Keys are
-    looked up on every launch: the hash is computed once."""
+    """Base of compile keys: frozen dataclasses of a kernel's constexprs, in signature order, declared
+    ``@dataclasses.dataclass(frozen=True, eq=False)``. Keys are looked up on every launch: the hash is
+    computed once, here, and equality (by value, as a dataclass's own) is here too. A subclass keeps both
+    by leaving ``eq`` off: with ``eq=True`` a frozen dataclass writes its own ``__hash__``, which hashes
+    the fields again at every lookup."""
 
     _hash: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))  # type: ignore[call-overload]
+        object.__setattr__(self, "_hash", hash(self._values()))
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))  # type: ignore[arg-type]
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CompileKey) or other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()
 
     def constexprs(self) -> dict[str, Any]:
         """The kernel's constexpr arguments, by name, in signature order."""
@@ -129,6 +140,24 @@ class CompileKey:
     def pointer_dtypes(self) -> dict[str, torch.dtype]:
         """Dtypes of pointer fields that depend on the key (default: none; see ``POINTERS``)."""
         return {}
+
+
+class DtypesKey(CompileKey):
+    """A compile key whose kernel is also specialised on the dtypes of the engine's inputs: ``dtypes``,
+    those of the pointer fields ``INPUTS`` names, in that order. A subclass declares ``dtypes`` as its last
+    field (``= ()``), after the constexprs. The dtypes are no constexprs: the compile takes them as the
+    pointers' dtypes (``pointer_dtypes``)."""
+
+    INPUTS: ClassVar[tuple[str, ...]]
+    dtypes: tuple[torch.dtype, ...]
+
+    def constexprs(self) -> dict[str, Any]:
+        out = super().constexprs()
+        del out["dtypes"]
+        return out
+
+    def pointer_dtypes(self) -> dict[str, torch.dtype]:
+        return dict(zip(self.INPUTS, self.dtypes))
 
 
 def _hooks_idle(runtime: Any) -> bool:

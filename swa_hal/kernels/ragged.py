@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .ragged_launch import IndptrLaunch, RaggedLaunch
+from .swa_metadata import _row_block
 
 
 @triton.jit(do_not_specialize=["n_rows", "capacity"], do_not_specialize_on_alignment=list(RaggedLaunch.ENGINE))
@@ -26,11 +27,7 @@ def ragged_rows_kernel(
     BLOCK_W: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < n_rows
-    rows_at = rows
-    if CLAMP:
-        rows_at = tl.minimum(rows, n_rows - 1)
+    rows, row_ok, rows_at = _row_block(tl.program_id(0) * BLOCK_T, n_rows, BLOCK_T, CLAMP)
     base = tl.load(indptr_ptr + rows_at, mask=row_ok, other=0)
     lens = tl.load(lens_ptr + rows_at, mask=row_ok, other=0)
     cols = tl.arange(0, BLOCK_W)

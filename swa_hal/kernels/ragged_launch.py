@@ -19,17 +19,15 @@ if TYPE_CHECKING:
 INDPTR_BLOCK = 1024
 
 
-@dataclasses.dataclass(frozen=True, eq=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class IndptrKey(CompileKey):
     """The constexprs of ``ragged_indptr_kernel``."""
 
     BLOCK: int
     CLAMP: bool
 
-    __hash__ = CompileKey.__hash__
 
-
-@dataclasses.dataclass(frozen=True, eq=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class RaggedKey(CompileKey):
     """The constexprs of ``ragged_rows_kernel``."""
 
@@ -37,8 +35,6 @@ class RaggedKey(CompileKey):
     BLOCK_T: int
     BLOCK_W: int
     CLAMP: bool
-
-    __hash__ = CompileKey.__hash__
 
 
 @dataclasses.dataclass(slots=True, kw_only=True, eq=False)

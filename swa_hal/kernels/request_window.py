@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .request_window_launch import REQUEST_WINDOW_ENGINE, REQUEST_WINDOW_INTS
+from .swa_metadata import _row_block
 
 
 @triton.jit
@@ -89,9 +90,7 @@ def request_window_kernel(
      hist_loc_ptr, hist_valid_ptr, hist_src_ptr, runs_ptr) = _fields(out_ptr, padded, history_rows, WINDOW)  # fmt: skip
     if pid < query_programs:
         lo = pid * BLOCK_T
-        rows = lo + tl.arange(0, BLOCK_T)
-        live = rows < n_rows
-        at = tl.minimum(rows, n_rows - 1)
+        rows, live, at = _row_block(lo, n_rows, BLOCK_T, True)  # always clamped: one variant serves all
         # The run starts before this program's rows: how many, and the last.
         before = tl.minimum(lo, n_rows)
         acc_n = tl.zeros([CHUNK], dtype=tl.int32)

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .launch import CompileKey, KeyedLaunch, cdiv, record_fields
+from .launch import DtypesKey, KeyedLaunch, cdiv, record_fields
 from .tiles import next_pow2, tile
 
 # Rows of the run scans' chunks: a program walks the rows before it (and a ring's worth after) this many
@@ -18,8 +18,11 @@ from .tiles import next_pow2, tile
 CHUNK = 256
 
 
-@dataclasses.dataclass(frozen=True, eq=True)
-class RequestWindowKey(CompileKey):
+REQUEST_WINDOW_INPUTS = ("req_ptr", "pos_ptr", "floors_ptr")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RequestWindowKey(DtypesKey):
     """The constexprs of ``request_window_kernel``, and the dtypes of the engine's inputs its
     compilation is specialised on (``dtypes``: req, pos, floors)."""
 
@@ -31,15 +34,7 @@ class RequestWindowKey(CompileKey):
     HAS_FLOORS: bool
     dtypes: tuple[torch.dtype, ...] = ()
 
-    __hash__ = CompileKey.__hash__
-
-    def constexprs(self) -> dict[str, Any]:
-        out = super().constexprs()
-        del out["dtypes"]
-        return out
-
-    def pointer_dtypes(self) -> dict[str, torch.dtype]:
-        return dict(zip(REQUEST_WINDOW_INPUTS, self.dtypes))
+    INPUTS = REQUEST_WINDOW_INPUTS
 
 
 @dataclasses.dataclass(slots=True, kw_only=True, eq=False)
@@ -60,7 +55,6 @@ class RequestWindowArgs:
     query_programs: int
 
 
-REQUEST_WINDOW_INPUTS = ("req_ptr", "pos_ptr", "floors_ptr")
 # The inputs' dtypes are the key's (``pointer_dtypes``); the outputs' are fixed.
 REQUEST_WINDOW_POINTERS: dict[str, torch.dtype] = {
     **dict.fromkeys(REQUEST_WINDOW_INPUTS, torch.int64),

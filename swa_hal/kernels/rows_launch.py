@@ -23,7 +23,7 @@ CLEAR_BLOCK = 1024
 GATHER_BLOCK = 256
 
 
-@dataclasses.dataclass(frozen=True, eq=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class RowsKey(CompileKey):
     """The constexprs of ``swa_metadata_kernel``, in signature order."""
 
@@ -46,8 +46,6 @@ class RowsKey(CompileKey):
     DECODE_ROW_PAGES: int
     PREFILL_ROW_PAGES: int
     CLAMP: bool
-
-    __hash__ = CompileKey.__hash__
 
 
 @dataclasses.dataclass(slots=True, kw_only=True, eq=False)

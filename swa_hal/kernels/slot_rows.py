@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .rules import CACHE_SLOT, POOL, POSITION, RING_SLOT, TOKEN_SLOT
 from .slot_rows_launch import SLOT_ROWS_ENGINE, SLOT_ROWS_INTS
-from .swa_metadata import _flag, _record
+from .swa_metadata import _flag, _record, _row_block
 
 
 @triton.jit
@@ -128,11 +128,7 @@ def slot_rows_kernel(
     SLOT_LIMIT: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < n_rows
-    rows_at = rows
-    if CLAMP:
-        rows_at = tl.minimum(rows, n_rows - 1)
+    rows, row_ok, rows_at = _row_block(tl.program_id(0) * BLOCK_T, n_rows, BLOCK_T, CLAMP)
     if BLOCK_N > 0:
         head = rows_at - rows_at % BLOCK_N
     else:

@@ -12,15 +12,18 @@ import torch
 
 from ..config import dspark_index_width
 from ..slot_rows import slot_limit
-from .launch import CompileKey, KeyedLaunch, cdiv, record_fields
+from .launch import DtypesKey, KeyedLaunch, cdiv, record_fields
 from .tiles import tile
 
 if TYPE_CHECKING:
     from ..config import SWAConfig
 
 
-@dataclasses.dataclass(frozen=True, eq=True)
-class SlotRowsKey(CompileKey):
+SLOT_ROWS_INPUTS = ("ends_ptr", "pools_ptr", "floors_ptr", "rt_ptr", "map_ptr", "block_slots_ptr")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SlotRowsKey(DtypesKey):
     """The constexprs of ``slot_rows_kernel``, and the dtypes of the engine's inputs its compilation is
     specialised on (``dtypes``: ends, pools, floors, req_to_token, slot map, block slots). ``RING``: the
     ring's rows per request slot (docs/semantics.md #ring-rows), 0 for paged rows."""
@@ -37,15 +40,7 @@ class SlotRowsKey(CompileKey):
     CLAMP: bool
     dtypes: tuple[torch.dtype, ...] = ()
 
-    __hash__ = CompileKey.__hash__
-
-    def constexprs(self) -> dict[str, Any]:
-        out = super().constexprs()
-        del out["dtypes"]
-        return out
-
-    def pointer_dtypes(self) -> dict[str, torch.dtype]:
-        return dict(zip(SLOT_ROWS_INPUTS, self.dtypes))
+    INPUTS = SLOT_ROWS_INPUTS
 
 
 @dataclasses.dataclass(slots=True, kw_only=True, eq=False)
@@ -68,7 +63,6 @@ class SlotRowsArgs:
     map_len: int
 
 
-SLOT_ROWS_INPUTS = ("ends_ptr", "pools_ptr", "floors_ptr", "rt_ptr", "map_ptr", "block_slots_ptr")
 SLOT_ROWS_POINTERS: dict[str, torch.dtype] = dict.fromkeys(record_fields(SlotRowsArgs)[:9], torch.int32)
 # Every pointer is read at every launch: the outputs may be the engine's tensors too
 # (``build_slot_rows(out=..., lens=...)``), and absent optional inputs read the violation record.

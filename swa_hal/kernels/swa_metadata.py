@@ -526,6 +526,18 @@ def _own_slot(kind, value, checked, lens, own_pos, tok, slot, row_table, max_pag
 
 
 @triton.jit
+def _row_block(first, n, BLOCK: tl.constexpr, CLAMP: tl.constexpr):
+    """A program's BLOCK rows (or requests) from ``first``: their indices, which of them exist (below
+    ``n``), and the indices to address, under CLAMP kept below ``n`` on masked lanes too (SM12x's rule)."""
+    rows = first + tl.arange(0, BLOCK)
+    row_ok = rows < n
+    rows_at = rows
+    if CLAMP:
+        rows_at = tl.minimum(rows, n - 1)
+    return rows, row_ok, rows_at
+
+
+@triton.jit
 def _window_rows(
     out,
     shared_out,
@@ -571,14 +583,11 @@ def _window_rows(
     block_table_ptr, slot_mapping_ptr, bt_stride, max_pages = table
     num_tokens, num_decodes, _, _, _, _, build_checks = plan
     row0, n_rows, token_offset, guess_req, guess_len = part
-    rows = row0 + tl.arange(0, BLOCK_T)
-    row_ok = rows < n_rows
+    rows, row_ok, rows_at = _row_block(row0, n_rows, BLOCK_T, CLAMP)
     tok = token_offset + rows
     tok_at = tok
-    rows_at = rows
     if CLAMP:
         tok_at = tl.minimum(tok, num_tokens - 1)
-        rows_at = tl.minimum(rows, n_rows - 1)
 
     # Issued before the owner check: a load after a block-wide reduction waits for it.
     slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
@@ -659,10 +668,7 @@ def _gather_lens(
     ``requests``, ``spans`` and ``plan`` as ``_window_rows`` takes them."""
     qsl_ptr, seq_lens_ptr, host_seq_ptr, replay_ptr, _, _ = requests
     _, num_decodes, _, _, _, max_model_len, _ = plan
-    i = program * GATHER_BLOCK + tl.arange(0, GATHER_BLOCK)
-    real = i < num_prefills
-    if CLAMP:
-        i = tl.minimum(i, num_prefills - 1)
+    _, real, i = _row_block(program * GATHER_BLOCK, num_prefills, GATHER_BLOCK, CLAMP)
     req = num_decodes + i
     seq = tl.load(seq_lens_ptr + req, mask=real, other=0)
     begin = tl.load(qsl_ptr + req, mask=real, other=0)
@@ -860,10 +866,8 @@ def swa_metadata_kernel(
             )
         else:
             # Names differ from the gather branch's: Triton unifies same-named values across branches.
-            rows = num_decode_tokens + (local - dec_progs - pre_progs) * CLEAR_BLOCK + tl.arange(0, CLEAR_BLOCK)
-            stale = rows < decode_clear_end
-            if CLAMP:
-                rows = tl.minimum(rows, decode_clear_end - 1)
+            clear_from = num_decode_tokens + (local - dec_progs - pre_progs) * CLEAR_BLOCK
+            _, stale, rows = _row_block(clear_from, decode_clear_end, CLEAR_BLOCK, CLAMP)
             tl.store(dec_lens + rows, tl.zeros([CLEAR_BLOCK], dtype=tl.int32), mask=stale)
     else:
         _gather_lens(

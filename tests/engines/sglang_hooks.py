@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Iterator
@@ -103,3 +104,35 @@ def fresh_loader_state() -> None:
     HookRegistry.reset()
     integ._install_once.reset()
     sgl_plugins._plugins_loaded = False
+
+
+@contextlib.contextmanager
+def loaded_by_sglang(originals: Originals) -> Iterator[tuple[LogLines, LogLines]]:
+    """SGLang's own plugin loader run as every SGLang process runs it (``SGLANG_PLUGINS=swa_hal``), from a fresh
+    loader state, with swa_hal's log lines and the plugin loader's (at INFO, as SGLang's servers log) kept for
+    the block. Afterwards the log handlers are removed, ``SGLANG_PLUGINS`` is as it was, ``originals`` are put
+    back and the loader is fresh again."""
+    import sglang.srt.plugins as sgl_plugins
+
+    ours, registry = LogLines(), LogLines()
+    loggers = (logging.getLogger(integ.log.name), ours), (logging.getLogger("sglang.srt.plugins"), registry)
+    for logger, lines in loggers:
+        logger.addHandler(lines)
+        logger.setLevel(logging.INFO)
+    saved = os.environ.get("SGLANG_PLUGINS")
+    os.environ["SGLANG_PLUGINS"] = "swa_hal"
+    fresh_loader_state()
+    integ.configure()
+    try:
+        sgl_plugins.load_plugins()
+        yield ours, registry
+    finally:
+        for logger, lines in loggers:
+            logger.removeHandler(lines)
+        if saved is None:
+            os.environ.pop("SGLANG_PLUGINS", None)
+        else:
+            os.environ["SGLANG_PLUGINS"] = saved
+        originals.restore()
+        fresh_loader_state()
+        integ.configure()

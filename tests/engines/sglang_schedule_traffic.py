@@ -25,7 +25,7 @@ scheduler runs it; the model's sampled token is drawn from the seed. ``Scheduler
 Each step's batch gives the rows SGLang's DeepSeek-V4 backend hands its metadata ops: an extend batch's
 ``prefix_lens`` and ``extend_lens`` (through ``ExpandPrefillCausally``'s layout), a decode batch's ``seq_lens``;
 ``req_to_token`` and the allocator's ``full_to_swa_index_mapping`` as they are. SGLang's result (its ops' CPU
-references) is compared with swa_hal's through the plugin's hooks (``sglang_traffic.Engine.check``).
+references) is compared with swa_hal's through the plugin's hooks (``sglang_traffic.TrafficEngine.check``).
 """
 
 from __future__ import annotations
@@ -35,15 +35,11 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-import argparse
 import dataclasses
 import json
-import random
 import sys
 import tempfile
-import time
 from array import array
-from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -76,23 +72,11 @@ MODEL_CONFIG = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Traffic:
-    """The engine setup and the requests it is fed."""
+class Traffic(T.TrafficBase):
+    """The engine setup and the requests it is fed (``token_budget``: max_prefill_tokens and
+    chunked_prefill_size)."""
 
-    page_size: int = 64
-    full_tokens: int = 2560
-    swa_tokens: int = 1536  # smaller than the full pool: SWA pressure retracts requests
-    req_slots: int = 8
-    max_context: int = 1024
-    token_budget: int = 96  # max_prefill_tokens and chunked_prefill_size: longer prompts are chunked
-    num_prefixes: int = 4
-    prefix_len: tuple[int, int] = (70, 300)
-    suffix_len: tuple[int, int] = (1, 60)
-    max_tokens: tuple[int, int] = (10, 160)
-    arrivals: float = 0.5
-    max_waiting: int = 6
     mixed_chunk: bool = False  # --enable-mixed-chunk: a prefill batch carries the running requests' decodes
-    triton_every: int = 8
 
 
 def _sglang() -> SimpleNamespace:
@@ -112,14 +96,14 @@ def _sglang() -> SimpleNamespace:
     return SimpleNamespace(**{k: v for k, v in locals().items()})
 
 
-class ScheduledEngine:
+class ScheduledEngine(T.TrafficEngine):
     """SGLang's batch, policy, cache and pools, stepped as its scheduler steps them (without overlap)."""
 
+    t: Traffic
+
     def __init__(self, traffic: Traffic, seed: int, backends: tuple[str, ...] = ("torch", "cuda")):
+        super().__init__(traffic, seed, backends)
         S = self.S = _sglang()
-        self.t = traffic
-        self.rng = random.Random(seed)
-        self.backends = backends
         p = traffic.page_size
         # ServerArgs resolve against a model's config.json; a small one stands in for the model (none is loaded).
         self._model_dir = tempfile.TemporaryDirectory(prefix="swa-hal-sglang-model-")
@@ -172,36 +156,23 @@ class ScheduledEngine:
         self.model_config = SimpleNamespace(
             is_encoder_decoder=False, vocab_size=50000, hf_config=SimpleNamespace(), attention_arch=None
         )
-        self.prefixes = [
-            [self.rng.randrange(1, 50000) for _ in range(self.rng.randint(*traffic.prefix_len))]
-            for _ in range(traffic.num_prefixes)
-        ]
         self.waiting: list[Any] = []
         self.running = S.ScheduleBatch(reqs=[], batch_is_full=False)
         self.chunked_req: Any = None
         self.last_batch: Any = None
         self.new_token_ratio = 0.5
-        self.counts: Counter[str] = Counter()
-        self.diffs: list[str] = []
-        self.steps = 0
-        self.next_rid = 0
-        self.ever_used: set[int] = set()
         self.started: set[Any] = set()
+
+    @property
+    def req_to_token(self) -> torch.Tensor:  # type: ignore[override]
+        return self.req_to_token_pool.req_to_token
 
     # -- requests ----------------------------------------------------------------------------------------
 
-    def arrive(self) -> None:
-        for _ in range(2):
-            if self.rng.random() >= self.t.arrivals or len(self.waiting) >= self.t.max_waiting:
-                return
-            k = self.rng.randrange(self.t.num_prefixes)
-            suffix = [self.rng.randrange(1, 50000) for _ in range(self.rng.randint(*self.t.suffix_len))]
-            params = self.S.SamplingParams(max_new_tokens=self.rng.randint(*self.t.max_tokens), temperature=0)
-            params.normalize(None)
-            req = self.S.Req(f"r{self.next_rid}", "", array("q", self.prefixes[k] + suffix), params, vocab_size=50000)
-            self.next_rid += 1
-            self.waiting.append(req)
-            self.counts["arrivals"] += 1
+    def new_request(self, rid: int, prefix_id: int, tokens: list[int], max_new: int) -> Any:
+        params = self.S.SamplingParams(max_new_tokens=max_new, temperature=0)
+        params.normalize(None)
+        return self.S.Req(f"r{rid}", "", array("q", tokens), params, vocab_size=50000)
 
     # -- the scheduler's loop (managers/scheduler.py, without overlap) --------------------------------------
 
@@ -368,22 +339,6 @@ class ScheduledEngine:
         req.output_ids.append(self.rng.randrange(1, 50000))
         req.update_finish_state()
 
-    # -- the comparison ---------------------------------------------------------------------------------------
-
-    def check(self, kind: str, casual: torch.Tensor, rep: torch.Tensor, seq: list[int], rows: list[int]) -> None:
-        """``sglang_traffic.Engine.check`` on this step's ``req_to_token`` and mapping."""
-        view = SimpleNamespace(
-            req_to_token=self.req_to_token_pool.req_to_token,
-            alloc=self.alloc,
-            t=self.t,
-            backends=self.backends,
-            steps=self.steps,
-            diffs=self.diffs,
-            counts=self.counts,
-        )
-        reqs = [SimpleNamespace(pool_idx=int(r)) for r in rows]
-        T.Engine.check(view, kind, casual, rep, seq, reqs)  # type: ignore[arg-type]
-
 
 def run(traffic: Traffic, seed: int, steps: int, backends: tuple[str, ...] = ("torch", "cuda")) -> ScheduledEngine:
     engine = ScheduledEngine(traffic, seed, backends)
@@ -393,13 +348,9 @@ def run(traffic: Traffic, seed: int, steps: int, backends: tuple[str, ...] = ("t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--page-size", type=int, default=Traffic.page_size)
+    parser = T.arguments(__doc__.splitlines()[0])
     parser.add_argument("--token-budget", type=int, default=Traffic.token_budget)
     parser.add_argument("--mixed-chunk", action="store_true")
-    parser.add_argument("--triton-every", type=int, default=Traffic.triton_every)
     args = parser.parse_args(argv)
     T.load_plugin()
     traffic = Traffic(
@@ -408,16 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         mixed_chunk=args.mixed_chunk,
         triton_every=args.triton_every,
     )
-    start = time.perf_counter()
-    engine = ScheduledEngine(traffic, args.seed)
-    for i in range(args.steps):
-        engine.step()
-        if (i + 1) % 500 == 0:
-            print(T.summary(engine, time.perf_counter() - start), flush=True)  # type: ignore[arg-type]
-    print(T.summary(engine, time.perf_counter() - start))  # type: ignore[arg-type]
-    for line in engine.diffs:
-        print(line)
-    return 1 if engine.diffs else 0
+    return T.report(lambda: ScheduledEngine(traffic, args.seed), args.steps, 500)
 
 
 if __name__ == "__main__":

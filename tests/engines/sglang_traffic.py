@@ -44,6 +44,7 @@ import sys
 import time
 import types
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -107,8 +108,9 @@ def _ceil_align(n: int, to: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Traffic:
-    """The engine setup and the requests it is fed."""
+class TrafficBase:
+    """The engine setup and the requests it is fed, as both traffic drivers take them (``Traffic`` here,
+    ``sglang_schedule_traffic.Traffic``)."""
 
     page_size: int = 64
     full_tokens: int = 2560  # the full KV pool
@@ -122,9 +124,15 @@ class Traffic:
     max_tokens: tuple[int, int] = (10, 160)  # long decodes: requests slide past the window
     arrivals: float = 0.5
     max_waiting: int = 6
+    triton_every: int = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic(TrafficBase):
+    """The engine setup and the requests it is fed."""
+
     spec_steps: int = 3  # draft tokens per target-verify step (0: plain decode)
     verify_share: float = 0.4  # the share of decode steps that are target-verify steps
-    triton_every: int = 8
 
 
 @dataclasses.dataclass
@@ -151,34 +159,36 @@ class Node:
     refs: int = 0
 
 
-class Engine:
-    """SGLang's SWA allocator driven by the restated scheduler; each step's metadata built both ways."""
+class TrafficEngine:
+    """What both traffic drivers share: the seeded request stream (the shared prompt prefixes, then arrivals
+    drawn from the same generator in the same order), the counters and each step's comparison with SGLang.
+    A driver holds ``waiting``, ``req_to_token`` and the SWA allocator ``alloc``, makes its requests in
+    ``new_request`` and runs ``step``."""
 
-    def __init__(self, traffic: Traffic, seed: int, backends: tuple[str, ...] = ("torch", "cuda")):
-        pool_cls, alloc_cls = _swa_allocator_class()
+    waiting: list[Any]
+    req_to_token: torch.Tensor
+    alloc: Any
+
+    def __init__(self, traffic: TrafficBase, seed: int, backends: tuple[str, ...]):
         self.t = traffic
         self.rng = random.Random(seed)
         self.backends = backends
-        p = traffic.page_size
-        kv = pool_cls()
-        self.alloc = alloc_cls(
-            traffic.full_tokens // p * p, traffic.swa_tokens // p * p, p, torch.int64, "cpu", kv, False
-        )
-        self.req_to_token = torch.zeros((traffic.req_slots + 1, traffic.max_context), dtype=torch.int32)
-        self.free_rows = list(range(1, traffic.req_slots + 1))
         self.prefixes = [
             [self.rng.randrange(1, 50000) for _ in range(self.rng.randint(*traffic.prefix_len))]
             for _ in range(traffic.num_prefixes)
         ]
-        self.cache: dict[tuple[int, ...], Node] = {}
-        self.waiting: list[Req] = []
-        self.running: list[Req] = []
-        self.chunked: Req | None = None
         self.counts: Counter[str] = Counter()
         self.diffs: list[str] = []
         self.steps = 0
         self.next_rid = 0
         self.ever_used: set[int] = set()
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def new_request(self, rid: int, prefix_id: int, tokens: list[int], max_new: int) -> Any:
+        """The driver's request for ``tokens``: shared prefix ``prefix_id``, then a suffix of its own."""
+        raise NotImplementedError
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -188,11 +198,67 @@ class Engine:
                 return
             k = self.rng.randrange(self.t.num_prefixes)
             suffix = [self.rng.randrange(1, 50000) for _ in range(self.rng.randint(*self.t.suffix_len))]
-            req = Req(self.next_rid, self.prefixes[k] + suffix, self.rng.randint(*self.t.max_tokens))
-            req.prefix_id, req.prefix_len = k, len(self.prefixes[k])
+            max_new = self.rng.randint(*self.t.max_tokens)
+            self.waiting.append(self.new_request(self.next_rid, k, self.prefixes[k] + suffix, max_new))
             self.next_rid += 1
-            self.waiting.append(req)
             self.counts["arrivals"] += 1
+
+    # -- the comparison ---------------------------------------------------------------------------------------
+
+    def check(self, kind: str, casual: torch.Tensor, rep: torch.Tensor, seq: list[int], rows: list[int]) -> None:
+        """The step's rows (``rows``: the batch's ``req_to_token`` rows, ``seq`` their lens) from SGLang's ops and
+        through swa_hal, compared."""
+        lens = [0] * self.req_to_token.shape[0]
+        for row, n in zip(rows, seq):
+            lens[row] = n
+        pool = H.Pool(self.req_to_token.clone(), self.alloc.full_to_swa_index_mapping.clone(), lens, self.t.page_size)
+        case = H.CausalCase(kind, pool, W, rep, casual.to(torch.int32))
+        want = H.sglang_causal(case)
+        backends = [self.backends[0]]
+        if len(self.backends) > 1 and self.t.triton_every and self.steps % self.t.triton_every == 0:
+            backends += self.backends[1:]
+        for backend in backends:
+            _use_backend(backend)
+            got = through_swa_hal(case)
+            for field in ("swa_page_indices", "swa_topk_lengths"):
+                a, b = getattr(got, field), getattr(want, field)
+                if a.shape != b.shape or not torch.equal(a.to(torch.int64), b.to(torch.int64)):
+                    self.diffs.append(f"step {self.steps} {kind} {backend}: {field} differs")
+            self.counts[f"builds_{backend}"] += 1
+        _use_backend(self.backends[0])
+        # Each position the lens cover reads a live SWA slot (none evicted, none the padding slot 0).
+        cols = torch.arange(want.swa_page_indices.shape[1])[None, :]
+        covered = cols < want.swa_topk_lengths.to(torch.int64)[:, None]
+        dead = covered & (want.swa_page_indices <= 0)
+        if bool(dead.any()):
+            self.diffs.append(f"step {self.steps} {kind}: SGLang's rows read {int(dead.sum())} evicted slots")
+        self.counts["rows"] += casual.shape[0]
+
+
+class Engine(TrafficEngine):
+    """SGLang's SWA allocator driven by the restated scheduler; each step's metadata built both ways."""
+
+    t: Traffic
+
+    def __init__(self, traffic: Traffic, seed: int, backends: tuple[str, ...] = ("torch", "cuda")):
+        super().__init__(traffic, seed, backends)
+        pool_cls, alloc_cls = _swa_allocator_class()
+        p = traffic.page_size
+        kv = pool_cls()
+        self.alloc = alloc_cls(
+            traffic.full_tokens // p * p, traffic.swa_tokens // p * p, p, torch.int64, "cpu", kv, False
+        )
+        self.req_to_token = torch.zeros((traffic.req_slots + 1, traffic.max_context), dtype=torch.int32)
+        self.free_rows = list(range(1, traffic.req_slots + 1))
+        self.cache: dict[tuple[int, ...], Node] = {}
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+
+    # -- requests ----------------------------------------------------------------------------------------
+
+    def new_request(self, rid: int, prefix_id: int, tokens: list[int], max_new: int) -> Req:
+        return Req(rid, tokens, max_new, prefix_id=prefix_id, prefix_len=len(self.prefixes[prefix_id]))
 
     def _match(self, req: Req) -> Node | None:
         """The radix cache's match: the longest cached prefix of the prompt, leaving a token to extend."""
@@ -352,7 +418,7 @@ class Engine:
             r.seq_len += n
         seq = [r.seq_len for r in reqs]
         casual, rep = H._expand(seq, ext, [r.pool_idx for r in reqs], None, vectorized=self.steps % 2 == 0)
-        self.check("extend", casual, rep, seq, reqs)
+        self.check("extend", casual, rep, seq, [r.pool_idx for r in reqs])
         self.counts["extends"] += 1
         self.chunked = None
         for r, pre in zip(reqs, prefix):
@@ -395,7 +461,8 @@ class Engine:
         seq_t = torch.tensor([r.seq_len + q for r in reqs], dtype=torch.int32)
         casual = (seq_t[:, None] + torch.arange(-q + 1, 1, dtype=torch.int32)).flatten()
         rep = torch.tensor([r.pool_idx for r in reqs], dtype=torch.int64).repeat_interleave(q)
-        self.check("target_verify" if spec else "decode", casual, rep, [r.seq_len + q for r in reqs], reqs)
+        kind = "target_verify" if spec else "decode"
+        self.check(kind, casual, rep, [r.seq_len + q for r in reqs], [r.pool_idx for r in reqs])
         self.counts["verifies" if spec else "decodes"] += 1
         for r in reqs:
             # Accepted drafts (at least one token: the verified one); rejected slots stay allocated in their
@@ -420,35 +487,6 @@ class Engine:
                 self.counts["finished"] += 1
             else:
                 self.evict_swa(r)
-
-    # -- the comparison ---------------------------------------------------------------------------------------
-
-    def check(self, kind: str, casual: torch.Tensor, rep: torch.Tensor, seq: list[int], reqs: list[Req]) -> None:
-        lens = [0] * self.req_to_token.shape[0]
-        for r, s in zip(reqs, seq):
-            lens[r.pool_idx] = s
-        pool = H.Pool(self.req_to_token.clone(), self.alloc.full_to_swa_index_mapping.clone(), lens, self.t.page_size)
-        case = H.CausalCase(kind, pool, W, rep, casual.to(torch.int32))
-        want = H.sglang_causal(case)
-        backends = [self.backends[0]]
-        if len(self.backends) > 1 and self.t.triton_every and self.steps % self.t.triton_every == 0:
-            backends += self.backends[1:]
-        for backend in backends:
-            _use_backend(backend)
-            got = through_swa_hal(case)
-            for field in ("swa_page_indices", "swa_topk_lengths"):
-                a, b = getattr(got, field), getattr(want, field)
-                if a.shape != b.shape or not torch.equal(a.to(torch.int64), b.to(torch.int64)):
-                    self.diffs.append(f"step {self.steps} {kind} {backend}: {field} differs")
-            self.counts[f"builds_{backend}"] += 1
-        _use_backend(self.backends[0])
-        # Each position the lens cover reads a live SWA slot (none evicted, none the padding slot 0).
-        cols = torch.arange(want.swa_page_indices.shape[1])[None, :]
-        covered = cols < want.swa_topk_lengths.to(torch.int64)[:, None]
-        dead = covered & (want.swa_page_indices <= 0)
-        if bool(dead.any()):
-            self.diffs.append(f"step {self.steps} {kind}: SGLang's rows read {int(dead.sum())} evicted slots")
-        self.counts["rows"] += casual.shape[0]
 
 
 def _use_backend(backend: str) -> None:
@@ -491,30 +529,41 @@ def run(traffic: Traffic, seed: int, steps: int, backends: tuple[str, ...] = ("t
     return engine
 
 
-def summary(engine: Engine, seconds: float) -> str:
+def summary(engine: TrafficEngine, seconds: float) -> str:
     counts = ", ".join(f"{k}={v}" for k, v in sorted(engine.counts.items()))
     return f"{engine.steps} steps in {seconds:.1f}s: {counts}; differences: {len(engine.diffs)}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--page-size", type=int, default=Traffic.page_size)
-    parser.add_argument("--triton-every", type=int, default=Traffic.triton_every)
-    args = parser.parse_args(argv)
-    load_plugin()
-    traffic = Traffic(page_size=args.page_size, triton_every=args.triton_every)
+def report(make_engine: Callable[[], TrafficEngine], steps: int, every: int) -> int:
+    """A long run from the command line: the counts every ``every`` steps and at the end, then every
+    difference; 1 if there was one."""
     start = time.perf_counter()
-    engine = Engine(traffic, args.seed)
-    for i in range(args.steps):
+    engine = make_engine()
+    for i in range(steps):
         engine.step()
-        if (i + 1) % 1000 == 0:
+        if (i + 1) % every == 0:
             print(summary(engine, time.perf_counter() - start), flush=True)
     print(summary(engine, time.perf_counter() - start))
     for line in engine.diffs:
         print(line)
     return 1 if engine.diffs else 0
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The command line both traffic drivers take (a driver adds its own options)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--page-size", type=int, default=TrafficBase.page_size)
+    parser.add_argument("--triton-every", type=int, default=TrafficBase.triton_every)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(__doc__.splitlines()[0]).parse_args(argv)
+    load_plugin()
+    traffic = Traffic(page_size=args.page_size, triton_every=args.triton_every)
+    return report(lambda: Engine(traffic, args.seed), args.steps, 1000)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, logged_warnings  # noqa:
 from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import BuildCausalSwaPageIndices  # noqa: E402
 from sglang.kernels.ops.speculative.dspark.dspark_attn_metadata import BuildDsparkSwaRingIndices  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
-from sglang_hooks import LogLines, Originals, fresh_loader_state  # noqa: E402
+from sglang_hooks import LogLines, Originals, loaded_by_sglang  # noqa: E402
 
 from swa_hal import PlatformInfo, SlotRing, SlotRows  # noqa: E402
 from swa_hal.errors import BatchCapacityError, BatchRangeError  # noqa: E402
@@ -95,30 +95,12 @@ def loaded():
     """SGLang's own loader, as every SGLang process runs it (``SGLANG_PLUGINS=swa_hal``)."""
     original = BuildCausalSwaPageIndices.__dict__["execute"]
     original_ring = BuildDsparkSwaRingIndices.__dict__["execute"]
-    ours, sglang_log = LogLines(), LogLines()
-    logging.getLogger(integ.log.name).addHandler(ours)
-    logging.getLogger(integ.log.name).setLevel(logging.INFO)  # SGLang's servers log at INFO
-    logging.getLogger("sglang.srt.plugins").addHandler(sglang_log)
-    logging.getLogger("sglang.srt.plugins").setLevel(logging.INFO)
-    saved = os.environ.get("SGLANG_PLUGINS")
-    os.environ["SGLANG_PLUGINS"] = "swa_hal"
-    originals = Originals()  # every target's SGLang function, put back afterwards
-    fresh_loader_state()
-    try:
-        sgl_plugins.load_plugins()
-        yield SimpleNamespace(ours=ours, sglang=sglang_log, original=original, original_ring=original_ring)
-    finally:
-        logging.getLogger(integ.log.name).removeHandler(ours)
-        logging.getLogger("sglang.srt.plugins").removeHandler(sglang_log)
-        if saved is None:
-            os.environ.pop("SGLANG_PLUGINS", None)
-        else:
-            os.environ["SGLANG_PLUGINS"] = saved
-        BuildCausalSwaPageIndices.execute = original
-        BuildDsparkSwaRingIndices.execute = original_ring
-        originals.restore()
-        fresh_loader_state()
-        integ.configure()
+    with loaded_by_sglang(Originals()) as (ours, sglang_log):  # every target's SGLang function put back after
+        try:
+            yield SimpleNamespace(ours=ours, sglang=sglang_log, original=original, original_ring=original_ring)
+        finally:
+            BuildCausalSwaPageIndices.execute = original
+            BuildDsparkSwaRingIndices.execute = original_ring
 
 
 @pytest.fixture

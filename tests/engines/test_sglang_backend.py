@@ -13,8 +13,6 @@ request-window layouts (live rows, padded rows, history groups, folded floors) a
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 import random
 from types import SimpleNamespace
 
@@ -23,7 +21,6 @@ import torch
 
 pytest.importorskip("sglang")
 
-import sglang.srt.plugins as sgl_plugins  # noqa: E402
 import sglang_harness as H  # noqa: E402
 from sglang.srt.layers.attention import deepseek_v4_backend as cuda_module  # noqa: E402
 from sglang.srt.layers.attention import deepseek_v4_backend_hip_radix as hip_module  # noqa: E402
@@ -31,7 +28,7 @@ from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBacken
 from sglang.srt.layers.attention.deepseek_v4_backend_hip_radix import DeepseekV4HipRadixBackend  # noqa: E402
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
-from sglang_hooks import LogLines, Originals, fresh_loader_state  # noqa: E402
+from sglang_hooks import Originals, loaded_by_sglang  # noqa: E402
 
 from swa_hal.integrations import sglang as integ  # noqa: E402
 from swa_hal.testing.request_windows import WINDOW_KINDS, window_case  # noqa: E402
@@ -45,27 +42,8 @@ def hooked():
     which a ROCm server's stale class attribute would be missed; SGLang's own functions are read before."""
     originals = Originals()
     originals.restore()  # whatever an earlier module left hooked
-    ours, registry = LogLines(), LogLines()
-    logging.getLogger(integ.log.name).addHandler(ours)
-    logging.getLogger("sglang.srt.plugins").addHandler(registry)
-    logging.getLogger("sglang.srt.plugins").setLevel(logging.INFO)
-    saved = os.environ.get("SGLANG_PLUGINS")
-    os.environ["SGLANG_PLUGINS"] = "swa_hal"
-    fresh_loader_state()
-    integ.configure()
-    try:
-        sgl_plugins.load_plugins()
+    with loaded_by_sglang(originals) as (ours, registry):
         yield SimpleNamespace(originals=originals, ours=ours.lines, registry=registry.lines)
-    finally:
-        logging.getLogger(integ.log.name).removeHandler(ours)
-        logging.getLogger("sglang.srt.plugins").removeHandler(registry)
-        if saved is None:
-            os.environ.pop("SGLANG_PLUGINS", None)
-        else:
-            os.environ["SGLANG_PLUGINS"] = saved
-        originals.restore()
-        fresh_loader_state()
-        integ.configure()
 
 
 @pytest.fixture(autouse=True)

@@ -37,10 +37,10 @@ run: $(STAMP)
 # them, and CI runs both.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not gpu and not slow"
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m slow
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "slow and not gpu"
 
 # The per-platform CI recipe for every row of `swa-hal matrix`, on this CPU (.ci/matrix says what it runs):
 # `swa-hal info --assume ROW --expect NAME` per row, and the kit's selection and worked-vector topics per
@@ -173,7 +173,7 @@ $(NEXT_STAMP): $(NEXT_BIN)/python pyproject.toml $(EXAMPLE)/pyproject.toml
 
 test-torch-next: $(NEXT_STAMP)
 	$(NEXT_BIN)/python -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
-	$(NEXT_BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+	$(NEXT_BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not gpu and not slow"
 
 # swa_hal inside SGLang 0.5.23 (tests/engines/test_sglang.py), in its own environment: the CPU torch above,
 # SGLang's wheel without its dependencies (they pin a CUDA torch 2.14), and what the import chain of its

@@ -129,3 +129,28 @@ def test_the_per_request_input_files_docs_list_are_the_files_that_name_replay_st
     }
     assert len(listed) == 16, sorted(listed)
     assert naming == listed, (sorted(naming - listed), sorted(listed - naming))
+
+
+def test_the_fewest_files_a_per_request_input_touches_are_the_numbered_ones():
+    """docs/kernels.md #adding-a-per-request-input numbers the files any new per-request input touches: as many
+    as its words say, each among the files ``replay_start`` names; and the torch backend is not among them
+    because its call of the row fills hands them the build's plan, not the inputs one by one (which would make
+    every new input an edit of that call too)."""
+    docs = (ROOT / "docs" / "kernels.md").read_text()
+    section = docs[docs.index("## Adding a per-request input") : docs.index("and more as the input asks")]
+    numbered = re.findall(r"^\d+\. `(swa_hal/[\w/]+\.py)`", section, flags=re.M)
+    words = {"five": 5, "six": 6, "seven": 7, "eight": 8}
+    count = words[re.search(r"at the\s+least, (\w+) core files", section).group(1)]
+    assert len(numbered) == count == 6, numbered
+    assert "swa_hal/torch_backend/backend.py" not in numbered
+    tree = ast.parse((ROOT / "swa_hal" / "torch_backend" / "backend.py").read_text())
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "request_terms"
+    ]
+    assert calls
+    for call in calls:
+        assert isinstance(call.args[0], ast.Name) and call.args[0].id == "plan", ast.dump(call)
+        handed = {k.arg for k in call.keywords} | {a.id for a in call.args if isinstance(a, ast.Name)}
+        assert not handed & {"query_start_loc", "seq_lens", "replay_start", "qsl", "seq", "replay"}, handed

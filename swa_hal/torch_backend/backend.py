@@ -208,18 +208,12 @@ class TorchBackend(Backend):
         s.prefill_reqs = slice(plan.num_decodes, plan.num_decodes + plan.num_prefills)
         return s
 
-    def _request_terms(
-        self, causal: bool, s: _Shape, qsl: torch.Tensor, ends: torch.Tensor, seq: torch.Tensor, replay: torch.Tensor
-    ) -> torch.Tensor:
+    def _request_terms(self, causal: bool, s: _Shape, plan: BuildPlan, ends: torch.Tensor) -> torch.Tensor:
         terms = s.terms[causal]
-        window = self.config.window_size
         request_terms(
-            qsl,
-            seq,
-            terms.shape[1],
-            window,
+            plan,
+            self.config.window_size,
             causal=causal,
-            replay_start=replay,
             out=terms,
             workspace=self._workspace,
             ends=ends,
@@ -248,9 +242,9 @@ class TorchBackend(Backend):
         ndt, npt, nreq = plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
         qsl, table = batch.query_start_loc, batch.block_table
         seq = batch.seq_lens if batch.seq_lens.shape[0] == nreq else batch.seq_lens[:nreq]
-        replay = plan.replay_start if plan.replay_start.shape[0] == nreq else plan.replay_start[:nreq]
         # Bounds of 0 (a batch without replay bounds) break no rule: the guard skips rule 3 then.
-        checked_replay = None if batch.replay_start is None else replay
+        replay = plan.replay_start
+        checked_replay = None if batch.replay_start is None else replay if replay.shape[0] == nreq else replay[:nreq]
         guard = self.guard and probe is None
         # Whether a row may lie past query_start_loc[R] (padding, whose search finds owner R): unknown
         # unless the request test read query_start_loc[R].
@@ -288,9 +282,9 @@ class TorchBackend(Backend):
         # Causal terms serve causal decode rows and every prefill row; DSpark decode rows have their own.
         causal_rows, dspark_rows = plan.causal or npt > 0, not plan.causal
         if causal_rows:
-            self._request_terms(True, s, qsl, ends, seq, replay)
+            self._request_terms(True, s, plan, ends)
         if dspark_rows:
-            self._request_terms(False, s, qsl, ends, seq, replay)
+            self._request_terms(False, s, plan, ends)
         broken = None
         if guard:
             spans = plan.inputs.image_spans if plan.images else None

@@ -10,13 +10,16 @@ int32, like the kernels' (the config and validation keep every position and slot
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..cache import HostCache
 from ..rules import Violation
+
+if TYPE_CHECKING:
+    from ..backend import BuildPlan
 
 # Row-level rules of a guarded build, as plain ints (the keys of the row fill's constants; the request-level
 # rules are the guard's), and the key of a guard candidate that broke no rule (keys are requests, far below it).
@@ -460,13 +463,10 @@ def _own_slot_rule(
 
 
 def request_terms(
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    num_reqs: int,
+    plan: BuildPlan,
     window_size: int,
     *,
     causal: bool,
-    replay_start: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     workspace: RowWorkspace | None = None,
     ends: torch.Tensor | None = None,
@@ -475,22 +475,22 @@ def request_terms(
     """The per-request terms window rows gather, int32 [TERMS, R] (no host sync): for causal rows
     (S_r - qsl[r + 1], max(replay_start[r], 0)), for DSpark rows (start, lens) = (max(P_r - W, 0),
     S_r - start). A guarded build then empties the requests that broke a rule (``empty_requests``).
-    ``query_start_loc`` [R + 1], ``seq_lens`` and ``replay_start`` [R] (longer ones are cut);
+    Read from the build's plan: its step inputs (``plan.inputs``; a per-request input is read here, so the
+    backend's call of this stays as it is: docs/kernels.md #adding-a-per-request-input) and the bounds it
+    chose (``plan.replay_start``, the batch's or the zeros); longer tensors are cut to ``plan.num_reqs``.
     ``ends``: ``query_start_loc[1:]``, ``rows``: ``out``'s rows, when the caller has them."""
+    num_reqs, inputs = plan.num_reqs, plan.inputs
+    query_start_loc, seq_lens, replay_start = inputs.query_start_loc, inputs.seq_lens, plan.replay_start
     if out is None:
         out = torch.empty((TERMS, num_reqs), dtype=torch.int32, device=seq_lens.device)
     first, second = rows if rows is not None else out.unbind(0)
     ws = workspace
     seq = seq_lens if seq_lens.shape[0] == num_reqs else seq_lens[:num_reqs]
     end = query_start_loc[1 : num_reqs + 1] if ends is None else ends
-    if replay_start is not None and replay_start.shape[0] != num_reqs:
-        replay_start = replay_start[:num_reqs]
     if causal:
         torch.sub(seq, end, out=first)
-        if replay_start is None:
-            second.zero_()
-        else:
-            torch.clamp_min(replay_start, 0, out=second)
+        # The plan's bounds are never None (zeros where the batch has none), and may be longer than R.
+        torch.clamp_min(replay_start if replay_start.shape[0] == num_reqs else replay_start[:num_reqs], 0, out=second)
     else:
         query = torch.sub(end, query_start_loc[:num_reqs], out=second)
         start = torch.sub(seq, query, out=first)  # P_r

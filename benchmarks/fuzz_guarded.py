@@ -126,7 +126,7 @@ def main() -> int:
                 tail = f"-{shard}/{shards}" if shards > 1 else ""
                 rng = random.Random(f"{args.seed}-{name}-{entry}-{config.window_size}{tail}")
                 for k in range(per_config):
-                    problems = cases[entry](builder, ref, rng, device, k, strict=strict)
+                    problems = cases[entry](guarded.Draw(builder, ref, rng, device, k, strict))
                     n += 1
                     if problems:
                         bad.append(problems[0])

@@ -24,7 +24,7 @@ def drawn(case: Callable[..., list[str]], config, seed: str, cases: int) -> dict
     builder, ref = G.reference_builder(config), G.reference_builder(config)
     rng = random.Random(seed)
     for k in range(cases):
-        problems = case(builder, ref, rng, CPU, k)
+        problems = case(G.Draw(builder, ref, rng, CPU, k))
         assert not problems, problems
     return dict(G.DRAWN)
 

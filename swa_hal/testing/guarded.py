@@ -14,7 +14,7 @@ import dataclasses
 import random
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -350,18 +350,24 @@ def unchecked(extra: Any = ()) -> AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def build_case(
-    builder: SWAMetadataBuilder,
-    ref: SWAMetadataBuilder,
-    rng: random.Random,
-    device: torch.device,
-    k: int,
-    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
-) -> list[str]:
+class Draw(NamedTuple):
+    """What every ``*_case`` function takes: one malformed input's draw. ``builder``, the backend's, and
+    ``ref``, a torch builder of the same config; the seeded ``rng``; the ``device`` the backend's inputs are
+    moved to; ``k``, the case's number in its report; ``strict(extra=...)``, a context the backend's calls run
+    in (``interpreter.address_strict``), given the tensors a kernel reaches through a table of addresses."""
+
+    builder: SWAMetadataBuilder
+    ref: SWAMetadataBuilder
+    rng: random.Random
+    device: torch.device
+    k: int
+    strict: Callable[..., AbstractContextManager[Any]] = unchecked
+
+
+def build_case(draw: Draw) -> list[str]:
     """One malformed batch (``malformed_batch``) through ``build`` and two draft-step updates
-    of ``builder`` and of the reference ``ref``: what differs (empty: nothing), each naming the case.
-    ``strict(extra=...)``: a context the backend's calls run in (``interpreter.address_strict``), given the
-    tensors a kernel reaches through a table of addresses; the ``*_case`` functions all take it."""
+    of ``builder`` and of the reference ``ref``: what differs (empty: nothing), each naming the case."""
+    builder, ref, rng, device, k, strict = draw
     batch = malformed_batch(rng, ref.config)
     want, want_error = attempt(ref.build, batch, validate=False)
     moved = batch.to(device)
@@ -386,27 +392,21 @@ def build_case(
     return []
 
 
-def group_case(
-    builder: SWAMetadataBuilder,
-    ref: SWAMetadataBuilder,
-    rng: random.Random,
-    device: torch.device,
-    k: int,
-    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
-) -> list[str]:
+def group_case(draw: Draw) -> list[str]:
     """One malformed batch with ``num_kv_groups`` malformed groups (``malformed_groups``) through
     ``build_groups`` and one grouped draft-step update: what differs from the reference. Now and then
     (``SHARED_VIEWS``) the groups' inputs are views of one storage (``shared_group_case``), or
     (``MISMATCHED``) structures that disagree with the batch or the config (``mismatched_groups``): refused
     with the reference's typed error naming the same field, or built alike."""
+    builder, ref, rng, device, k, strict = draw
     groups = ref.config.num_kv_groups
     batch = malformed_batch(rng)
     tables, slots = malformed_groups(rng, batch, groups)
-    draw = rng.random()
-    if draw < SHARED_VIEWS:
+    roll = rng.random()
+    if roll < SHARED_VIEWS:
         return shared_group_case(builder, ref, rng, batch, tables, slots, device, k, strict)
     what = "listed"
-    if draw < SHARED_VIEWS + MISMATCHED:
+    if roll < SHARED_VIEWS + MISMATCHED:
         what = rng.choice(MISMATCHES)
         tables, slots = mismatched_groups(rng, what, batch, tables, slots)
     DRAWN[f"groups {what}"] += 1
@@ -600,48 +600,30 @@ def shared_group_case(
     return []
 
 
-def slot_rows_case(
-    builder: SWAMetadataBuilder,
-    ref: SWAMetadataBuilder,
-    rng: random.Random,
-    device: torch.device,
-    k: int,
-    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
-) -> list[str]:
+def slot_rows_case(draw: Draw) -> list[str]:
     """One malformed token-slot rows call (``malformed_slot_rows``) of the builders' config (made by
     ``guarded_slot_rows_config``): what differs from the reference."""
+    builder, ref, rng, device, k, strict = draw
     config = ref.config
     rows = malformed_slot_rows(rng, config.window_size, slot_limit(config))
     where = f"malformed token-slot rows call {k} (window {config.window_size}, block {rows.block})"
     return _slot_call_differences(builder, ref, rows, device, where, strict)
 
 
-def ring_rows_case(
-    builder: SWAMetadataBuilder,
-    ref: SWAMetadataBuilder,
-    rng: random.Random,
-    device: torch.device,
-    k: int,
-    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
-) -> list[str]:
+def ring_rows_case(draw: Draw) -> list[str]:
     """One malformed ring-rows call (``malformed_ring_rows``) of the builders' config (made by
     ``guarded_slot_rows_config``): what differs from the reference."""
+    builder, ref, rng, device, k, strict = draw
     config = ref.config
     rows = malformed_ring_rows(rng, config.window_size)
     where = f"malformed ring rows call {k} (window {config.window_size}, block {rows.block}, ring {rows.ring})"
     return _slot_call_differences(builder, ref, rows, device, where, strict)
 
 
-def request_window_case(
-    builder: SWAMetadataBuilder,
-    ref: SWAMetadataBuilder,
-    rng: random.Random,
-    device: torch.device,
-    k: int,
-    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
-) -> list[str]:
+def request_window_case(draw: Draw) -> list[str]:
     """One malformed request-window call (``malformed_request_window``) of the builders' window, unvalidated:
     every layout field (and ``runs``) equal to the reference's, or the reference's typed error."""
+    builder, ref, rng, device, k, strict = draw
     rows = malformed_request_window(rng, ref.config.window_size)
     DRAWN["request_window"] += 1
     where = f"malformed request-window call {k} (window {ref.config.window_size}, {rows})"
@@ -732,14 +714,7 @@ SETTINGS = {
 _CONFIG_BASE = dict(block_size=64, max_model_len=4096, max_num_seqs=16, window_size=128, max_num_batched_tokens=1)
 
 
-def settings_case(
-    builder: SWAMetadataBuilder,
-    ref: SWAMetadataBuilder,
-    rng: random.Random,
-    device: torch.device,
-    k: int,
-    strict: Callable[..., AbstractContextManager[Any]] = unchecked,
-) -> list[str]:
+def settings_case(draw: Draw) -> list[str]:
     """One setting of one entry point (``SETTINGS``: the config's row widths and token rows, the
     request-window scalars, the ring's size and slots, the token-slot rows' block and width) at a value
     drawn just inside or just outside its documented bound (``setting_bounds``), or at 2^31 - 1, 2^31,
@@ -749,6 +724,7 @@ def settings_case(
     not (a window of 2^20, a workspace of 2^31 rows), only the lazy part is checked (the config's
     construction, the O(1) preflight), no buffer is allocated. The builders' config is ``SETTINGS_CONFIG``
     (or any config without a cache)."""
+    builder, ref, rng, device, k, strict = draw
     entry, setting = rng.choice(sorted(SETTINGS))
     field = SETTINGS[entry, setting]
     window = ref.config.window_size
@@ -882,7 +858,7 @@ def _config_build(
     if error is not None:
         return []
     ours = SWAMetadataBuilder(config, device=device, backend=builder.backend_name, platform=builder.platform)
-    return build_case(ours, reference_builder(config), rng, device, k)
+    return build_case(Draw(ours, reference_builder(config), rng, device, k))
 
 
 def _slot_call_differences(
@@ -968,7 +944,7 @@ SLOT_ROW_WINDOWS = (8, 20)
 SLOT_ROW_CONFIGS = tuple(guarded_slot_rows_config(window) for window in SLOT_ROW_WINDOWS)
 
 
-def _guarded_test(case: Callable[..., list[str]], seed: str, *configs: SWAConfig) -> Callable[..., None]:
+def _guarded_test(case: Callable[[Draw], list[str]], seed: str, *configs: SWAConfig) -> Callable[..., None]:
     """A test of ``GuardedOutputTests``: for each of ``configs``, its ``guarded_cases`` malformed inputs
     through ``case``, the backend's builder against a torch builder, drawn from ``seed`` formatted with the
     backend's ``name`` and the config's ``window``."""
@@ -980,7 +956,7 @@ def _guarded_test(case: Callable[..., list[str]], seed: str, *configs: SWAConfig
             builder, ref = make_builder(config), reference_builder(config)
             rng = random.Random(seed.format(name=name, window=config.window_size))
             for k in range(self.guarded_cases):
-                problems = case(builder, ref, rng, target.device, k)
+                problems = case(Draw(builder, ref, rng, target.device, k))
                 assert not problems, "; ".join(problems)
 
     return test

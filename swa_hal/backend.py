@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .config import SWAConfig
     from .metadata import SWAMetadata
     from .platform import PlatformInfo
+    from .preflight import GroupInputs
     from .request_window import RequestWindowLayout, RequestWindowRows
     from .slot_rows import SlotRows
 
@@ -150,9 +151,6 @@ class BuildPlan(NamedTuple):
     # request's at most max_query_len, a decode's at most decode_query_max (max_decode_query_len).
     max_query_len: int = INT32_LIMIT
     decode_query_max: int = INT32_LIMIT
-    # Each group's row of the kernel's group table (docs/semantics.md #group-builds), from the build's
-    # host preflight where there are several groups (a single build, a group of one, has none).
-    group_rows: tuple[tuple[int, int, int, int], ...] = ()
     # Rule 15 (docs/semantics.md #guarded-builds): the prefills' seq_lens_cpu where a guarded build holds
     # them against seq_lens, on the build's device (entries [num_decodes, num_reqs) meaningful); None where
     # there is nothing to hold (no prefill, no host copy, an unguarded build).
@@ -267,34 +265,25 @@ class Backend:
         raise NotImplementedError
 
     def compute_groups(
-        self,
-        plan: BuildPlan,
-        batch: AttentionBatch,
-        tables: Sequence[torch.Tensor],
-        slots: Sequence[torch.Tensor],
-        buffers: MetadataBuffers,
+        self, plan: BuildPlan, batch: AttentionBatch, groups: GroupInputs, buffers: MetadataBuffers
     ) -> None:
         """Fill every KV-cache group's outputs (docs/semantics.md #group-builds); the builder's one entry
-        point, a single build being a group of one (``batch`` holds group 0's table and slot mapping). One
-        group is ``compute``'s, two or more ``compute_several``'s, so a backend's ``compute`` serves every
-        single build."""
-        if len(tables) == 1:
+        point, a single build being a group of one (``batch`` holds group 0's table and slot mapping).
+        ``groups``: the groups' block tables and slot mappings as the build's preflight checked them, with
+        their rows of the kernels' group table. One group is ``compute``'s, two or more ``compute_several``'s,
+        so a backend's ``compute`` serves every single build."""
+        if len(groups.tables) == 1:
             self.compute(plan, batch, buffers)
         else:
-            self.compute_several(plan, batch, tables, slots, buffers)
+            self.compute_several(plan, batch, groups, buffers)
 
     def compute_several(
-        self,
-        plan: BuildPlan,
-        batch: AttentionBatch,
-        tables: Sequence[torch.Tensor],
-        slots: Sequence[torch.Tensor],
-        buffers: MetadataBuffers,
+        self, plan: BuildPlan, batch: AttentionBatch, groups: GroupInputs, buffers: MetadataBuffers
     ) -> None:
-        """A build of two KV-cache groups or more: group g reads ``tables[g]`` and ``slots[g]`` and writes
-        ``buffers.group(g)``; a violation it records names group g (``in_group_build``). Default: one
-        ``compute`` per group; backends that can do all groups in one launch override it."""
-        for g, (table, slot_mapping) in enumerate(zip(tables, slots)):
+        """A build of two KV-cache groups or more: group g reads ``groups.tables[g]`` and ``groups.slots[g]``
+        and writes ``buffers.group(g)``; a violation it records names group g (``in_group_build``). Default:
+        one ``compute`` per group; backends that can do all groups in one launch override it."""
+        for g, (table, slot_mapping) in enumerate(zip(groups.tables, groups.slots)):
             self.compute(plan, batch.with_group(table, slot_mapping), buffers.in_group_build(g))
 
     def recompute_groups(self, metadatas: Sequence[SWAMetadata], buffers: MetadataBuffers) -> None:

@@ -286,7 +286,7 @@ class SWAMetadataBuilder:
                         raise
                     raise type(exc)(exc.field, f"group {g}: {exc.constraint}", exc.index) from exc
         plan, query = self._plan(inputs, num_reqs, found)
-        self.backend.compute_groups(plan, first, tables, slots, self.buffers)
+        self.backend.compute_groups(plan, first, found, self.buffers)
         return self._metadatas(inputs, plan, query, tables, slots)
 
     def _validate(self, batch: AttentionBatch) -> None:
@@ -404,7 +404,6 @@ class SWAMetadataBuilder:
             prefill_guess_len=pre_guess,
             max_query_len=mql,
             decode_query_max=min(mql, threshold),
-            group_rows=groups.rows,
             host_seq_lens=host_seq,
         )
         return plan, query

@@ -19,7 +19,7 @@ from .kernels.launch import CompileKey, KeyedLaunch, record_fields
 from .kernels.request_window_launch import RequestWindowArgs
 from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsFacts, RowsKey
 from .kernels.slot_rows_launch import SlotRowsArgs
-from .preflight import group_rows
+from .preflight import GroupInputs, group_rows
 from .request_window import RequestWindowLayout
 
 if TYPE_CHECKING:
@@ -250,17 +250,12 @@ class TritonBackend(Backend):
         self._launch(plan, batch.block_table, batch.slot_mapping, buffers)
 
     def compute_several(
-        self,
-        plan: BuildPlan,
-        batch: AttentionBatch,
-        tables: Sequence[torch.Tensor],
-        slots: Sequence[torch.Tensor],
-        buffers: MetadataBuffers,
+        self, plan: BuildPlan, batch: AttentionBatch, groups: GroupInputs, buffers: MetadataBuffers
     ) -> None:
         """Every group in one launch (docs/semantics.md #group-builds), from the group table rows the
-        build's preflight made (``plan.group_rows``)."""
-        self._write_group_table(plan.group_rows, buffers)
-        self._launch(plan, tables[0], slots[0], buffers, len(tables))
+        build's preflight made (``groups.rows``)."""
+        self._write_group_table(groups.rows, buffers)
+        self._launch(plan, groups.tables[0], groups.slots[0], buffers, len(groups.tables))
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         # The build kernel with its decode programs only: token_to_req, is_valid and the rows.

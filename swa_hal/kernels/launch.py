@@ -129,7 +129,7 @@ class CompileKey:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CompileKey) or other.__class__ is not self.__class__:
+        if other.__class__ is not self.__class__:
             return NotImplemented
         return self._values() == other._values()
 

@@ -242,9 +242,12 @@ class TorchBackend(Backend):
         ndt, npt, nreq = plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
         qsl, table = batch.query_start_loc, batch.block_table
         seq = batch.seq_lens if batch.seq_lens.shape[0] == nreq else batch.seq_lens[:nreq]
-        # Bounds of 0 (a batch without replay bounds) break no rule: the guard skips rule 3 then.
-        replay = plan.replay_start
-        checked_replay = None if batch.replay_start is None else replay if replay.shape[0] == nreq else replay[:nreq]
+        # The guard checks the batch's own bounds (rule 3; the plan's, padded where the batch has fewer); the
+        # zeros of a batch without any break no rule.
+        checked_replay = None
+        if batch.replay_start is not None:
+            replay = plan.replay_start
+            checked_replay = replay if replay.shape[0] == nreq else replay[:nreq]
         guard = self.guard and probe is None
         # Whether a row may lie past query_start_loc[R] (padding, whose search finds owner R): unknown
         # unless the request test read query_start_loc[R].

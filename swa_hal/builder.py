@@ -285,7 +285,7 @@ class SWAMetadataBuilder:
                     if not found.named:
                         raise
                     raise type(exc)(exc.field, f"group {g}: {exc.constraint}", exc.index) from exc
-        plan, query = self._plan(inputs, num_reqs, found)
+        plan, query = self._plan(inputs, num_reqs, len(tables))
         self.backend.compute_groups(plan, first, found, self.buffers)
         return self._metadatas(inputs, plan, query, tables, slots)
 
@@ -331,8 +331,9 @@ class SWAMetadataBuilder:
         with self._lock("build_request_window"):
             return self.backend.compute_request_window(rows)
 
-    def _plan(self, inputs: StepInputs, num_reqs: int, groups: GroupInputs) -> tuple[BuildPlan, Any]:
-        """The host side of a build: the split (docs/semantics.md #split) from host values only."""
+    def _plan(self, inputs: StepInputs, num_reqs: int, count: int) -> tuple[BuildPlan, Any]:
+        """The host side of a build of ``count`` KV-cache groups: the split (docs/semantics.md #split) from
+        host values only."""
         num_tokens = inputs.num_tokens
         mql = inputs.max_query_len
         threshold = self.decode_threshold
@@ -353,7 +354,6 @@ class SWAMetadataBuilder:
         width = self.config.window_size if causal else self._noncausal_width(inputs, nd)
         # Decode lens rows ever written, per group; a build zeroes [num_decode_tokens, that) (#fixed-buffers).
         high = self._lens_high_water
-        count = len(groups.tables)
         if count == 1:  # one group, one mark (the loop below costs a single build 0.5 us)
             clear_end = high[0]
             if ndt > clear_end:

@@ -109,11 +109,7 @@ def test_a_build_sets_every_per_build_field_of_the_record():
     config = CONFORMANCE_CONFIGS["v4"]
     builder = make_builder(config, "cuda")
     batch = random_batch(config, random.Random(5), "mixed")
-    from swa_hal.preflight import single_group
-
-    num_reqs = batch.inputs.num_reqs
-    group = single_group(batch.block_table, batch.slot_mapping, num_reqs, batch.inputs.num_tokens, -1, 1, None)
-    plan, _ = builder._plan(batch.inputs, num_reqs, group)
+    plan, _ = builder._plan(batch.inputs, batch.inputs.num_reqs, 1)
     backend = builder.backend
     record = backend._records[True]
     poison = object()

@@ -26,7 +26,9 @@ import os
 import platform as host_platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import quiet_kineto  # noqa: F401 - before torch: the profiler's log lines silenced
 import torch
@@ -118,7 +120,7 @@ def as_dict(md) -> dict:
 
 
 def runners_for(config: SWAConfig, device: torch.device, backends: list[str]):
-    out = []
+    out: list[tuple[str, Callable[..., Any], Callable[..., Any], SWAMetadataBuilder | None]] = []
     for name in backends:
         platform = None
         if device.type == "cuda" and name == "sm12x":

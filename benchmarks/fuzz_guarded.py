@@ -107,7 +107,8 @@ def main() -> int:
         if device.type == "cpu":
             platform = _own_platform(name)
         else:
-            platform = PlatformInfo.from_assume(FORCED[name]) if FORCED[name] else None
+            assume = FORCED[name]
+            platform = PlatformInfo.from_assume(assume) if assume else None
         # Every lane for the SM12x backend (its kernels clamp every lane's address), the lanes the mask
         # leaves on for the others (what any GPU requires).
         strict = partial(address_strict, active_only=name != "sm12x") if args.address_strict else guarded.unchecked

@@ -27,6 +27,7 @@ def variant_kernel(source: str):
 
     # A module of swa_hal.kernels, so that its relative imports resolve as the current kernel's do.
     spec = importlib.util.spec_from_file_location("swa_hal.kernels._sweep_variant", source)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     module.__package__ = swa_hal.kernels.__name__
     spec.loader.exec_module(module)

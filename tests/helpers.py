@@ -38,8 +38,13 @@ GPU_FORCED = {
 }
 
 
+# The backends whose specs say a decode-only build can be captured in a CUDA graph (cuda_graphs=True).
+GRAPH_BACKENDS = ["cuda", "sm12x", "rocm"]
+
+
 def gpu_builder(name: str, config: SWAConfig, **kwargs) -> SWAMetadataBuilder:
-    platform = PlatformInfo.from_assume(GPU_FORCED[name]) if GPU_FORCED[name] else None
+    assume = GPU_FORCED[name]
+    platform = PlatformInfo.from_assume(assume) if assume else None
     return SWAMetadataBuilder(config, device="cuda", backend=name, platform=platform, **kwargs)
 
 

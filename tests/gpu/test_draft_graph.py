@@ -7,24 +7,20 @@ import random
 import pytest
 import torch
 
-from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder
+from swa_hal import SWAConfig
 from swa_hal.ragged import RaggedDecodeRows
 from swa_hal.scenarios import synthesize_batch
 from swa_hal.testing.batches import hold_own_slots
 
-from helpers import CONFIGS
+from helpers import CONFIGS, GRAPH_BACKENDS, gpu_builder
 
 pytestmark = pytest.mark.gpu
 
-FORCED = {"cuda": None, "sm12x": "vendor=cuda,capability=12.0", "rocm": "vendor=rocm,arch=gfx942"}
-
-
-@pytest.mark.parametrize("name", list(FORCED))
+@pytest.mark.parametrize("name", GRAPH_BACKENDS)
 def test_draft_updates_inside_a_cuda_graph(name, report):
     config = SWAConfig.from_yaml(CONFIGS / "deepseek_v4_flash_mtp.yaml")
-    platform = PlatformInfo.from_assume(FORCED[name]) if FORCED[name] else None
-    live = SWAMetadataBuilder(config, device="cuda", backend=name, platform=platform)
-    fresh = SWAMetadataBuilder(config, device="cuda", backend=name, platform=platform)
+    live = gpu_builder(name, config)
+    fresh = gpu_builder(name, config)
     rng = random.Random(name)
     reqs = 128
     batch = synthesize_batch(config, [rng.randint(3, 20000) for _ in range(reqs)], [3] * reqs, rng=rng,

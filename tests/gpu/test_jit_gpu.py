@@ -3,11 +3,11 @@ bytes as Triton's own launch path."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -44,7 +44,7 @@ def test_no_compilation_after_warmup(name, assume, report):
             if rng.random() < 0.5:  # engine tensors as offset views: no alignment specialisation either
                 wide = torch.zeros(batch.seq_lens.shape[0] + 1, dtype=torch.int32, device="cuda")
                 wide[1:] = batch.seq_lens
-                batch = dataclasses.replace(batch, seq_lens=wide[1:])
+                batch = batch.replace(seq_lens=wide[1:])
             md = builder.build(batch)
             if md.causal and md.num_decode_tokens:
                 builder.update_draft_decode_metadata(md)
@@ -61,7 +61,7 @@ def test_no_compilation_after_warmup(name, assume, report):
 
 
 def _dummy_args(tokens, key):
-    i32 = dict(dtype=torch.int32, device="cuda")
+    i32: dict[str, Any] = dict(dtype=torch.int32, device="cuda")
     lens = torch.zeros(tokens + 1, **i32)
     table = torch.arange(0, tokens + 7, **i32)[None, :]
     slots = torch.arange(tokens, dtype=torch.int64, device="cuda")
@@ -117,7 +117,7 @@ def test_compiled_launch_equals_triton_launch_path(report):
     swa_metadata_kernel[(args.programs(),)](*values, **compile_options(), **key.constexprs())
     torch.cuda.synchronize()
     second = [md.decode_swa_indices, md.decode_swa_lens, md.prefill_swa_indices, md.prefill_swa_lens]
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(b is not None and torch.equal(a, b) for a, b in zip(first, second))
     report("the compiled launch and Triton's launch path wrote identical outputs")
 
 

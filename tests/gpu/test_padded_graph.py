@@ -10,14 +10,13 @@ import random
 import pytest
 import torch
 
-from swa_hal import AttentionBatch, PlatformInfo, SWAConfig, SWAMetadataBuilder
+from swa_hal import AttentionBatch, SWAConfig
 from swa_hal.reference import build_reference
 
-from helpers import CONFIGS
+from helpers import CONFIGS, GRAPH_BACKENDS, gpu_builder
 
 pytestmark = pytest.mark.gpu
 
-FORCED = {"cuda": None, "sm12x": "vendor=cuda,capability=12.0", "rocm": "vendor=rocm,arch=gfx942"}
 REAL, PADDED = 45, 64  # a uniform decode step of 45 requests in the 64-request graph
 
 
@@ -47,6 +46,7 @@ class Step:
         self.seq_cpu[:REAL] = torch.tensor(seqs, dtype=torch.int32)
         self.seq.copy_(self.seq_cpu.cuda())
         num_blocks = cfg.num_kv_blocks
+        assert num_blocks is not None  # the test's config sets it
         tables = torch.zeros(self.groups, PADDED, self.width, dtype=torch.int32)
         tables[:, :REAL] = torch.randint(1, num_blocks, (self.groups, REAL, self.width), dtype=torch.int32)
         self.tables.copy_(tables.cuda())
@@ -82,12 +82,11 @@ def check(config: SWAConfig, step: Step, md, g: int) -> None:
 
 
 @pytest.mark.parametrize("groups", [1, 3])
-@pytest.mark.parametrize("name", list(FORCED))
+@pytest.mark.parametrize("name", GRAPH_BACKENDS)
 def test_padded_step_with_short_bounds_replays_in_a_cuda_graph(name, groups, report):
     config = SWAConfig.from_yaml(CONFIGS / "deepseek_v4_flash.yaml")
     config = dataclasses.replace(config, num_kv_groups=groups, num_kv_blocks=4096)
-    platform = PlatformInfo.from_assume(FORCED[name]) if FORCED[name] else None
-    builder = SWAMetadataBuilder(config, device="cuda", backend=name, platform=platform)
+    builder = gpu_builder(name, config)
     step = Step(config, groups, random.Random(f"{name}-{groups}"))
 
     def build():

@@ -155,7 +155,7 @@ def test_guarded_build_on_malformed_input(name, report):
     table = batch.block_table.clone()
     table[0, 0] = 10**6  # past the cache
     table[-1, 0] = -5
-    bad = dataclasses.replace(batch, block_table=table, seq_lens=batch.seq_lens.clone())
+    bad = batch.replace(block_table=table, seq_lens=batch.seq_lens.clone())
     bad.seq_lens[1] = 0  # shorter than its query, if it has one
     md = builder.build(bad)
     torch.cuda.synchronize()

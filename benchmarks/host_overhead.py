@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -22,7 +23,7 @@ import triton
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from swa_hal import SWAConfig, SWAMetadataBuilder  # noqa: E402
+from swa_hal import AttentionBatch, SWAConfig, SWAMetadataBuilder  # noqa: E402
 from swa_hal.scenarios import Scenario  # noqa: E402
 
 
@@ -124,7 +125,7 @@ def main() -> int:
     return 0
 
 
-def _plan(builder, batch, whole=False):
+def _plan(builder: SWAMetadataBuilder, batch: AttentionBatch, whole: bool = False) -> Any:
     """The builder's plan of a single build of ``batch`` (``whole``: with the split's query lengths)."""
     found = builder._plan(batch.inputs, batch.inputs.num_reqs, 1)
     return found if whole else found[0]

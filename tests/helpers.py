@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from swa_hal import PlatformInfo, SWAConfig, SWAMetadataBuilder
+from swa_hal.plugins import PluginRegistry
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -38,8 +39,9 @@ GPU_FORCED = {
 }
 
 
-# The backends whose specs say a decode-only build can be captured in a CUDA graph (cuda_graphs=True).
-GRAPH_BACKENDS = ["cuda", "sm12x", "rocm"]
+def graph_backends() -> list[str]:
+    """The GPU-forced backends whose specs say a decode-only build can be captured in a CUDA graph."""
+    return [name for name, b in PluginRegistry().backends.items() if name in GPU_FORCED and b.spec.cuda_graphs]
 
 
 def gpu_builder(name: str, config: SWAConfig, **kwargs) -> SWAMetadataBuilder:

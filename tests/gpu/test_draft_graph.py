@@ -12,11 +12,11 @@ from swa_hal.ragged import RaggedDecodeRows
 from swa_hal.scenarios import synthesize_batch
 from swa_hal.testing.batches import hold_own_slots
 
-from helpers import CONFIGS, GRAPH_BACKENDS, gpu_builder
+from helpers import CONFIGS, gpu_builder, graph_backends
 
 pytestmark = pytest.mark.gpu
 
-@pytest.mark.parametrize("name", GRAPH_BACKENDS)
+@pytest.mark.parametrize("name", graph_backends())
 def test_draft_updates_inside_a_cuda_graph(name, report):
     config = SWAConfig.from_yaml(CONFIGS / "deepseek_v4_flash_mtp.yaml")
     live = gpu_builder(name, config)

@@ -13,7 +13,7 @@ import torch
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal.reference import build_reference
 
-from helpers import CONFIGS, GRAPH_BACKENDS, gpu_builder
+from helpers import CONFIGS, gpu_builder, graph_backends
 
 pytestmark = pytest.mark.gpu
 
@@ -82,7 +82,7 @@ def check(config: SWAConfig, step: Step, md, g: int) -> None:
 
 
 @pytest.mark.parametrize("groups", [1, 3])
-@pytest.mark.parametrize("name", GRAPH_BACKENDS)
+@pytest.mark.parametrize("name", graph_backends())
 def test_padded_step_with_short_bounds_replays_in_a_cuda_graph(name, groups, report):
     config = SWAConfig.from_yaml(CONFIGS / "deepseek_v4_flash.yaml")
     config = dataclasses.replace(config, num_kv_groups=groups, num_kv_blocks=4096)

@@ -33,8 +33,8 @@ run: $(STAMP)
 # One pytest-xdist worker per core (TEST_WORKERS=0: in this process), work-stealing so the long property
 # tests do not end up queued behind each other; each worker runs torch on one thread (tests/conftest.py).
 # `make test` leaves out the tests marked `slow` (the release wheel installed into a fresh environment with
-# torch, then the kit there: 3-4 minutes of one core, a third of the suite's CPU time); `make test-slow` runs
-# them, and CI runs both.
+# torch, then the kit there: 3-4 minutes of one core, a third of the suite's CPU time; the benchmarks that run on
+# a CPU, two minutes); `make test-slow` runs them, and CI runs both.
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not gpu and not slow"
@@ -141,9 +141,9 @@ test-vllm: $(VLLM_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= $(VLLM_BIN)/python -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist worksteal $(VLLM_CORE_TESTS)
 
-# `make test`'s suite (VLLM_CORE_TESTS among it; the release wheel's fresh environment, `make test-slow`, is
-# the same on any torch and runs once, on the main environment) on the pair the engines' next releases
-# move to: torch 2.15.0 with triton 3.9.0 (and numpy 2.4, which 3.9's interpreter runs), in .venv-torch-2.15.0.
+# `make test`'s suite (VLLM_CORE_TESTS among it; `make test-slow`'s release wheel and benchmarks run once, on
+# the main environment) on the pair the engines' next releases move to: torch 2.15.0 with triton 3.9.0 (and
+# numpy 2.4, which 3.9's interpreter runs), in .venv-torch-2.15.0.
 # torch 2.15.0 on the registry is a CUDA build that runs on the CPU, but it does not import without its CUDA
 # libraries (libtorch_python links libtorch_cuda, which links cuDNN, cuBLAS, NCCL, ...): they come with it,
 # about 2.9 GB of wheels (a minute or two to fetch). pip keeps no cache of them (PIP_NO_CACHE_DIR): the

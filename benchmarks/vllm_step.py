@@ -110,7 +110,7 @@ def main() -> int:
         if gpu:
             warm_gpu(device)
         for name, fn in paths.items():
-            iters = args.iters if "step" in name else args.iters // 4
+            iters = args.iters if "step" in name else max(1, args.iters // 4)
             host[name].append(host_us(fn, iters, device))
             # The mean includes the polls that look (every SWA_HAL_POLL_EVERY-th build), the median not.
             mean[name].append(host_mean_us(fn, iters, device))

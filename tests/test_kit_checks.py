@@ -5,7 +5,10 @@ outside this checkout (none of this repository's pytest settings apply).
 - a backend that claims ``cuda_graphs`` but reads device values on the host or allocates device tensors
   during a build, a group build or a draft update fails the host-sync topic, naming the call; reading the
   batch's host copies stays allowed;
-- a backend that claims ``clamps_addresses`` but does not clamp fails with what to change."""
+- a backend that claims ``clamps_addresses`` but does not clamp fails with what to change;
+- a backend whose typed extras share buffers across the KV-cache groups of a group build (every group then holds
+  the last group's) fails the group-build topic, naming the extra and the group it holds; extras that share memory
+  but are alike for every group pass."""
 
 from __future__ import annotations
 
@@ -180,3 +183,120 @@ def test_reading_the_host_copies_is_allowed(bad_run):
 def test_a_broken_address_claim_says_what_to_change(bad_run):
     assert "FAILED test_bad_kit.py::TestUnclamped::test_address_strict" in bad_run, bad_run[-6000:]
     assert "claims clamps_addresses=True" in bad_run and "CLAMP_ADDRESSES = True" in bad_run, bad_run[-6000:]
+
+
+# Three backends with a typed extra: a copy of the decode rows in one buffer for every group (the groups' extras
+# share it), the same with a buffer per group, and the builder's own token_to_req (shared, alike for every group).
+EXTRAS_BACKENDS = """
+import dataclasses
+
+import pytest
+import torch
+
+from swa_hal import Availability, BackendSpec, hookimpl
+from swa_hal.testing import GroupBuildTests
+from swa_hal.torch_backend import TorchBackend
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeRows:
+    rows: torch.Tensor
+
+
+class OneCopyForAllGroups(TorchBackend):
+    def allocate(self, buffers):
+        super().allocate(buffers)
+        width = max(self.config.window_size, self.config.noncausal_index_width)
+        one = torch.full((buffers.capacity, width), -1, dtype=torch.int32, device=self.device)
+        self.copies = [one] * buffers.num_groups
+
+    def extras(self, metadata, buffers):
+        copy = self.copies[buffers.group_index]
+        n = metadata.num_decode_tokens
+        if n:
+            rows = metadata.decode_swa_indices.reshape(n, -1)
+            copy[:n, : rows.shape[1]].copy_(rows)
+        return (DecodeRows(copy),)
+
+
+class OneCopyPerGroup(OneCopyForAllGroups):
+    def allocate(self, buffers):
+        super().allocate(buffers)
+        self.copies = [copy.clone() for copy in self.copies]
+
+
+@dataclasses.dataclass(frozen=True)
+class Owners:
+    token_to_req: torch.Tensor
+
+
+class SharedButAlike(TorchBackend):
+    def extras(self, metadata, buffers):
+        return (Owners(metadata.token_to_req_indices),)
+
+
+def spec(name, cls):
+    return BackendSpec(
+        name=name, priority=1, factory=f"test_extras_kit:{cls}", platforms=(f"vendor={name}",), summary=name,
+        is_available=lambda platform: Availability.check([] if platform.vendor == name else ["another vendor"]),
+    )
+
+
+class Plugin:
+    @hookimpl
+    def swa_hal_register_backends(self):
+        return [spec("shared", "OneCopyForAllGroups"), spec("own", "OneCopyPerGroup"), spec("alike", "SharedButAlike")]
+
+
+class Registered(GroupBuildTests):
+    @pytest.fixture
+    def registry(self, swa_hal_registry):
+        swa_hal_registry.register_plugin(Plugin(), "extras")
+        return swa_hal_registry
+
+
+class TestShared(Registered):
+    backend_name = "shared"
+
+
+class TestOwn(Registered):
+    backend_name = "own"
+
+
+class TestAlike(Registered):
+    backend_name = "alike"
+"""
+
+
+@pytest.fixture(scope="module")
+def extras_run(tmp_path_factory):
+    # The MTP config's decodes, draft steps and batch kinds show each case; the kit runs every config.
+    proc = kit_run(
+        tmp_path_factory.mktemp("extras-kit"),
+        "-q",
+        "--tb=short",
+        "-k",
+        "group_builds and w4b4_mtp",
+        files={"test_extras_kit.py": EXTRAS_BACKENDS},
+    )
+    return proc.stdout + proc.stderr
+
+
+def test_extras_shared_across_groups_fail_the_kit_naming_the_group_they_hold(extras_run):
+    test = "TestShared::test_group_builds_match_each_groups_reference"
+    assert f"FAILED test_extras_kit.py::{test}[w4b4_mtp-decode]" in extras_run, extras_run[-6000:]
+    assert f"FAILED test_extras_kit.py::{test}[w4b4_mtp-mtp]" in extras_run, extras_run[-6000:]
+    assert (
+        "build_groups with listed tables of a decode batch: group 0's extra DecodeRows.rows is not what a build of "
+        "group 0's own batch gives; it holds group 2's" in extras_run
+    ), extras_run[-6000:]
+    assert "allocate one set per group in allocate(buffers) (buffers.num_groups)" in extras_run, extras_run[-6000:]
+
+
+def test_extras_of_their_own_or_alike_for_every_group_pass(extras_run):
+    summary = extras_run.strip().splitlines()[-1]
+    for cls in ("TestOwn", "TestAlike"):
+        assert f"test_extras_kit.py::{cls}" not in extras_run, extras_run[-6000:]
+    # Every batch kind of the MTP config, for each of the three backends.
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) >= 2 * 6, summary

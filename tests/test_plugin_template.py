@@ -171,7 +171,10 @@ def test_the_written_plugin_passes_its_tests_installed_next_to_swa_hal(tmp_path)
     info = [*SWA_HAL, "info", "--assume", "vendor=acme", "--expect", "acme"]
     proc = subprocess.run(info, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "swa-hal-acme-backend 0.1.0" in proc.stdout, proc.stdout + proc.stderr
-    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
+    tests = [sys.executable, "-m", "pytest", "-q", "-rp", "-p", "no:cacheprovider", "tests"]
     proc = subprocess.run(tests, cwd=plugin, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     _kit_passed(proc)
+    # Its extra in a group build, by its own test and by the kit's (which holds each group's extras to its own).
+    for test in ("test_each_group_has_ragged_rows_of_its_own", "TestAcmeBackend::test_group_builds_match_each_groups"):
+        assert f"PASSED tests/test_acme_conformance.py::{test}" in proc.stdout, proc.stdout[-4000:]

@@ -13,7 +13,8 @@
 - ``swa_hal.testing.suite``: the whole kit for the backend named by ``--swa-hal-backend``, with no test file
   (``pytest -p swa_hal.testing.plugin --pyargs swa_hal.testing.suite --swa-hal-backend NAME``).
 - ``address_strict`` (``swa_hal.testing.interpreter``): the SM12x address rule on a CPU.
-- ``random_batch`` and ``compare_with_reference``: batches of every kind, and bit-exact comparison.
+- ``random_batch`` and ``compare_with_reference``: batches of every kind, and bit-exact comparison;
+  ``other_groups``: the block tables and slot mappings of more KV-cache groups for a batch (``build_groups``).
 - ``window_case`` (``swa_hal.testing.request_windows``): random DeepSeek-V4.1 steps for request-window layouts.
 
 Names are imported lazily: importing ``swa_hal.testing`` loads neither pytest nor any module of the kit.
@@ -39,6 +40,7 @@ _EXPORTS = {
     "AddressRuleTests": "address_rules",
     "GraphTests": "graphs",
     "GroupBuildTests": "groups",
+    "other_groups": "groups",
     "SlotRowTests": "slot_rows",
     "GuardedOutputTests": "guarded",
     "HostSyncTests": "host_sync",

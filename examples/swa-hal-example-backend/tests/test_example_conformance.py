@@ -1,12 +1,13 @@
 """The example plugin proves itself with swa_hal's conformance kit, exactly as a vendor would."""
 
+import dataclasses
 import random
 
 import torch
 
 from swa_hal import PlatformInfo, SWAMetadataBuilder
 from swa_hal.reference import ragged_rows
-from swa_hal.testing import CONFORMANCE_CONFIGS, BackendConformance, random_batch
+from swa_hal.testing import CONFORMANCE_CONFIGS, BackendConformance, other_groups, random_batch
 from swa_hal_example.backend import ExampleRaggedRows
 
 
@@ -49,3 +50,22 @@ def test_ragged_rows_follow_draft_updates_and_dspark_rows():
     builder = SWAMetadataBuilder(config, backend="example", platform=platform)
     md = builder.build(random_batch(config, rng, "dspark"))
     assert not md.causal and torch.equal(_check_ragged(md).indptr[:1], torch.zeros(1, dtype=torch.int32))
+
+
+def test_each_group_has_ragged_rows_of_its_own():
+    """A group build hands every KV-cache group its own extra, filled from that group's rows, after the
+    build and after each grouped draft step."""
+    config = dataclasses.replace(CONFORMANCE_CONFIGS["w4b4_mtp"], num_kv_groups=3)
+    builder = SWAMetadataBuilder(config, backend="example", platform=PlatformInfo.from_assume("vendor=example"))
+    rng = random.Random(2)
+    batch = random_batch(config, rng, "mtp", max_context=config.max_model_len - 4, extra_pages=2)
+    tables, slots = other_groups(config, batch, 3, rng)
+    mds = builder.build_groups(batch, tables, slots)
+    for step in range(4):
+        if step:
+            batch.seq_lens[: mds[0].num_decodes] += 1
+            batch.seq_lens_cpu[: mds[0].num_decodes] += 1
+            builder.update_draft_decode_metadata(mds)
+        assert len({tuple(md.decode_swa_indices.flatten().tolist()) for md in mds}) == 3, "the groups' rows agree"
+        rows = [_check_ragged(md) for md in mds]
+        assert len({ragged.indices.data_ptr() for ragged in rows}) == 3, "the groups share one extra"

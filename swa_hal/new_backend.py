@@ -16,7 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .backend import BackendSpec
 from .errors import SWAHalError
+from .specs import vendor_backend_spec
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -41,6 +43,8 @@ class PluginNames:
 
     @classmethod
     def of(cls, name: str) -> PluginNames:
+        """The names of the plugin ``name``; a NewBackendError where ``name`` is no Python identifier, a built-in
+        backend's, or one swa_hal's registry would skip."""
         if not NAME_RULE.fullmatch(name) or keyword.iskeyword(name) or name.endswith("_") or "__" in name:
             raise NewBackendError(
                 f"backend name {name!r}: must be a lowercase Python identifier starting with a letter "
@@ -53,6 +57,20 @@ class PluginNames:
                 f"backend name {name!r}: a built-in backend has that name ({', '.join(sorted(taken))}); a plugin "
                 f"registering it too would shadow one of them"
             )
+        names = cls.unchecked(name)
+        # What the registry refuses, it refuses by BackendSpec.problems(): the written plugin's spec is held to it
+        # here, so the command never writes a plugin whose backend the registry would skip once installed.
+        problems = names.spec().problems()
+        if problems:
+            raise NewBackendError(
+                f"backend name {name!r} ({len(name)} characters): swa_hal's registry would skip the written "
+                f"plugin's backend as a malformed BackendSpec: {'; '.join(problems)}"
+            )
+        return names
+
+    @classmethod
+    def unchecked(cls, name: str) -> PluginNames:
+        """The names a plugin called ``name`` would have, whether or not ``of`` allows it."""
         return cls(
             name=name,
             package=f"swa_hal_{name}",
@@ -60,19 +78,30 @@ class PluginNames:
             title="".join(part.capitalize() for part in name.split("_")),
         )
 
-    def rename(self, text: str) -> str:
-        """Every occurrence of the template's name in ``text`` made this plugin's, the longest forms first."""
-        template = PluginNames(
-            TEMPLATE_NAME, f"swa_hal_{TEMPLATE_NAME}", f"swa-hal-{TEMPLATE_NAME}-backend", TEMPLATE_NAME.capitalize()
+    def spec(self) -> BackendSpec:
+        """The spec the written plugin declares, as far as its names go (its other fields are the template's)."""
+        return vendor_backend_spec(
+            self.name,
+            factory=f"{self.package}.backend:{self.title}Backend",
+            priority=0,
+            vendor=self.name,
+            vendor_label=self.name,
+            platforms=(f"vendor={self.name}",),
+            summary="",
         )
-        for old, new in (
-            (template.distribution, self.distribution),
-            (template.package, self.package),
-            (template.title, self.title),
-            (template.name, self.name),
-        ):
-            text = text.replace(old, new)
-        return text
+
+    def rename(self, text: str) -> str:
+        """Every occurrence of the template's names in ``text`` made this plugin's, in one pass (so a name that
+        holds the template's, such as 'example_npu', is not renamed again), the longest forms first."""
+        pairs = dict(zip(TEMPLATE.forms(), self.forms()))
+        return re.sub("|".join(map(re.escape, pairs)), lambda m: pairs[m.group(0)], text)
+
+    def forms(self) -> tuple[str, str, str, str]:
+        """The names, the longest forms first: each one that holds another is replaced before it."""
+        return (self.distribution, self.package, self.title, self.name)
+
+
+TEMPLATE = PluginNames.unchecked(TEMPLATE_NAME)
 
 
 def _builtin_backend_names() -> set[str]:
@@ -101,9 +130,10 @@ def template_files() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def render(name: str) -> dict[str, str]:
-    """The plugin ``name``: each file's path -> its text, every name of the template's made ``name``'s."""
-    names = PluginNames.of(name)
+def render(name: str | PluginNames) -> dict[str, str]:
+    """The plugin ``name`` (checked by ``PluginNames.of`` unless given as ``PluginNames``): each file's path ->
+    its text, every name of the template's made ``name``'s."""
+    names = name if isinstance(name, PluginNames) else PluginNames.of(name)
     return {names.rename(path): names.rename(text) for path, text in template_files().items()}
 
 

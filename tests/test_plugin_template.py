@@ -9,10 +9,12 @@ and runs its tests there, so one fresh environment serves both."""
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import os
 import re
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -20,7 +22,9 @@ import pytest
 from helpers import ROOT
 
 from swa_hal.cli import main
-from swa_hal.new_backend import template_files
+from swa_hal.new_backend import TEMPLATE as TEMPLATE_NAMES
+from swa_hal.new_backend import PluginNames, render, template_files
+from swa_hal.plugins import PluginRegistry
 
 TEMPLATE = ROOT / "examples" / "swa-hal-example-backend"
 SWA_HAL = [sys.executable, "-m", "swa_hal.cli"]
@@ -101,6 +105,68 @@ def test_new_backend_renames_every_example(tmp_path):
         ("README.md", "# swa-hal-acme-npu-backend"),
     ]:
         assert line in written[path], f"{path} lacks {line!r}"
+
+
+@pytest.mark.parametrize("name", ["example_npu", "my_example", "example"])
+def test_new_backend_renames_a_name_that_holds_the_templates_once(tmp_path, capsys, name):
+    """Each of the template's names is replaced once: a NAME that holds the template's own ('example') is written
+    as NAME, never NAME renamed again, and the command announces what it wrote."""
+    names = PluginNames.of(name)
+    assert main(["new-backend", name, "--dir", str(tmp_path / "p")]) == 0
+    announced = capsys.readouterr().out
+    folder = tmp_path / "p"
+    written = {path.relative_to(folder).as_posix(): path.read_text() for path in folder.rglob("*") if path.is_file()}
+    assert f"package {names.package}," in announced and f"wrote {names.distribution} into" in announced, announced
+    assert sorted(written) == [
+        ".gitignore",
+        "README.md",
+        "pyproject.toml",
+        f"src/{names.package}/__init__.py",
+        f"src/{names.package}/backend.py",
+        f"tests/test_{name}_conformance.py",
+    ]
+    for path, line in [
+        ("pyproject.toml", f'name = "{names.distribution}"'),
+        ("pyproject.toml", f'{name} = "{names.package}"'),
+        (f"src/{names.package}/__init__.py", f'factory="{names.package}.backend:{names.title}Backend"'),
+        (f"src/{names.package}/__init__.py", f'platforms=("vendor={name}",)'),
+        (f"src/{names.package}/backend.py", f"class {names.title}RaggedRows:"),
+        (f"tests/test_{name}_conformance.py", f'backend_name = "{name}"'),
+        (f"tests/test_{name}_conformance.py", f"from {names.package}.backend import {names.title}RaggedRows"),
+    ]:
+        assert line in written[path], f"{path} lacks {line!r}"
+    # Split at the names (the template's in its files, the plugin's in the written ones), the two read the same: each
+    # name swapped once, nothing else changed ('swa_hal_example_npu_npu' would leave '_npu' behind).
+    def pieces(files: dict[str, str], forms: tuple[str, ...]) -> list[tuple[list[str], list[str]]]:
+        split = re.compile("|".join(map(re.escape, forms))).split
+        return sorted((split(path), split(text)) for path, text in files.items())
+
+    assert pieces(written, names.forms()) == pieces(template_files(), TEMPLATE_NAMES.forms())
+
+
+@pytest.mark.parametrize("length", [32, 33])
+def test_new_backend_refuses_exactly_the_names_the_registry_skips(tmp_path, capsys, monkeypatch, length):
+    """A plugin made from the template with a NAME of ``length`` characters, imported and registered: the
+    registry takes it exactly when the command writes it (BackendSpec's name is 32 characters at most)."""
+    name = "acme_" + "x" * (length - 5)
+    names = PluginNames.unchecked(name)
+    for rel, text in render(names).items():
+        (tmp_path / "made" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "made" / rel).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path / "made" / "src"))
+    registry = PluginRegistry(entry_points=[], env={}, embedded_default=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        registry.register_plugin(importlib.import_module(names.package), name)
+    registered = name in registry.backends
+    assert registered == (length <= 32), [str(w.message) for w in caught]
+    written = main(["new-backend", name, "--dir", str(tmp_path / "p")]) == 0
+    assert written == registered, capsys.readouterr().err
+    if not written:
+        err = capsys.readouterr().err
+        assert f"backend name {name!r} (33 characters): swa_hal's registry would skip" in err, err
+        assert "malformed BackendSpec: name" in err and not (tmp_path / "p").exists(), err
+        assert any("malformed BackendSpec" in str(w.message) for w in caught)
 
 
 @pytest.mark.parametrize(

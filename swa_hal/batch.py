@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import BatchCapacityError, BatchRangeError, BatchShapeError
+from .errors import BatchCapacityError, BatchRangeError, BatchShapeError, BatchValidationError
 from .spans import ImageSpans, _integral, check_image_ranges, ranges_in_step, spans_to_csr
 from .step_inputs import FIELDS as INPUT_FIELDS
 from .step_inputs import StepInputs
@@ -101,7 +101,7 @@ class AttentionBatch:
         num_tokens: int | None = None,
         causal: bool = True,
         device: str | torch.device = "cpu",
-        block_size: int = 64,
+        block_size: int | None = None,
         replay_start: Sequence[int] | None = None,
         image_spans: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     ) -> AttentionBatch:
@@ -109,7 +109,9 @@ class AttentionBatch:
 
         Derives query_start_loc (device and host copies) and max_query_len; when no slot_mapping is
         given, derives it from the block table (each real token's own slot; padding rows past the
-        real tokens get -1; ``block_size`` is B, needed only for that). A ragged block table is
+        real tokens get -1), which takes ``block_size``, the page size B of the builder's config: it has
+        no default, since slots derived with another page size than the builder's are not the table's,
+        and a guarded build empties every row that reads them. A ragged block table is
         padded with -1. ``replay_start`` is one lower bound per request; ``image_spans`` maps a
         request to its inclusive (start, end) image spans.
         """
@@ -145,6 +147,15 @@ class AttentionBatch:
                     bt[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
 
         if slot_mapping is None:
+            if block_size is None:
+                raise BatchValidationError(
+                    "block_size",
+                    "block_size is required to derive the slot mapping from the block table: pass the page size of "
+                    "the builder's config (block_size=config.block_size), or give the slot_mapping",
+                )
+            block_size = _integral("block_size", block_size)
+            if block_size < 1:
+                raise BatchRangeError("block_size", f"block_size={block_size} must be at least 1 (tokens per page)")
             slots = torch.full((total,), -1, dtype=torch.int64)
             if real:
                 req = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.tensor(query_lens))

@@ -159,3 +159,30 @@ def test_an_unknown_key_alone_is_no_swap(tmp_path):
         SWAConfig.from_yaml(path)
     assert "window_sise" in str(info.value) and "swapped" not in str(info.value)
     assert AttentionBatch  # the public names the module imports stay importable
+
+
+def test_from_lists_asks_for_the_page_size_it_derives_slots_with():
+    """Slots derived with another page size than the builder's are not the table's, and a guarded build empties
+    every row that reads them (recorded, so only check() would tell): the page size has no default."""
+    from swa_hal import SWAConfig, SWAMetadataBuilder
+    from swa_hal.errors import BatchDtypeError, BatchRangeError, BatchValidationError
+
+    config = SWAConfig(window_size=8, block_size=16, max_model_len=256, max_num_batched_tokens=16, max_num_seqs=4)
+    lists = ([40, 20], [1, 1], [[1, 2, 3], [4, 5]])
+    with pytest.raises(BatchValidationError, match=r"^block_size is required to derive the slot mapping") as info:
+        AttentionBatch.from_lists(*lists)
+    assert info.value.field == "block_size" and "block_size=config.block_size" in str(info.value)
+    with pytest.raises(BatchRangeError, match=r"^block_size=0 must be at least 1"):
+        AttentionBatch.from_lists(*lists, block_size=0)
+    with pytest.raises(BatchDtypeError, match=r"^block_size=2.5 is not an integer"):
+        AttentionBatch.from_lists(*lists, block_size=2.5)
+    builder = SWAMetadataBuilder(config)
+    md = builder.build(AttentionBatch.from_lists(*lists, block_size=config.block_size))
+    builder.check()  # nothing recorded: the slots are the table's
+    # Request 0's window is positions 32..39, on its page 2 (block 3): slots 48..55. Request 1's is positions
+    # 12..19: 12..15 on its page 0 (block 4), slots 76..79, and 16..19 on its page 1 (block 5), slots 80..83.
+    assert md.decode_swa_lens.tolist() == [8, 8]
+    assert md.decode_swa_indices[:, 0].tolist() == [list(range(48, 56)), list(range(76, 84))]
+    # A batch that gives its slot mapping needs no page size.
+    given = AttentionBatch.from_lists(*lists, slot_mapping=[3 * 16 + 7, 5 * 16 + 3])
+    assert given.slot_mapping.tolist() == [55, 83]

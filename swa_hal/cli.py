@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import difflib
 import json
 import os
 import statistics
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .platform import PlatformInfo
+from .spelling import closest
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -229,8 +229,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         registered = sorted(registry.backends)
         if args.expect not in registered:
             # A misspelt or uninstalled name can never run: say so rather than only what was selected.
-            close = difflib.get_close_matches(args.expect, registered, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = closest(args.expect, registered)
+            hint = f" (did you mean {close!r}?)" if close else ""
             check += (
                 f"; no backend named {args.expect!r} is registered at all{hint}: registered: "
                 f"{', '.join(registered) or 'none'}"

@@ -7,7 +7,7 @@ import json
 import math
 import numbers
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 
 from .errors import ConfigError
+from .spelling import closest
 
 # Every layer type a model of either version can have; scheduler slots exist for all five
 # (docs/semantics.md #layer-types-and-schedulers), None where the model has no such layer.
@@ -206,6 +207,15 @@ def swapped_hint(data: Mapping[Any, Any], other: str, theirs: Collection[str]) -
             f"{'--config' if flag == '--batch' else '--batch'})"
         )
     return ""
+
+
+def unknown_key(key: Any, what: str, source: str, known: Sequence[str]) -> ConfigError:
+    """The error of a key of a settings file that is none of ``known`` (the ``what`` of ``source``, such as "setting"
+    or "group key"), naming it, the known key it is most alike where one is close, and every known key."""
+    name = key_name(key)
+    close = closest(str(key), known)
+    hint = f"did you mean {close!r}? " if close else ""
+    return ConfigError(name, f"unknown {what} in {source} ({hint}known: {', '.join(known)})")
 
 
 def key_name(key: Any) -> str:
@@ -408,10 +418,7 @@ class SWAConfig:
             if key in ("name", "description"):
                 continue
             if key not in known:
-                raise ConfigError(
-                    key_name(key),
-                    f"unknown setting in {source} (known: {', '.join(sorted(known))})",
-                )
+                raise unknown_key(key, "setting", source, sorted(known))
             settings[key] = value
         missing = [key for key in REQUIRED_SETTINGS if key not in settings]
         if missing:

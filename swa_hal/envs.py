@@ -19,10 +19,11 @@ registry calls it when it loads, and the ``swa-hal`` command before it runs.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import warnings
 from collections.abc import Mapping
+
+from .spelling import closest
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -108,8 +109,8 @@ def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
     for name in sorted(env):
         if not name.upper().startswith(PREFIX) or name in VARIABLES or name in TOOLING_VARIABLES:
             continue
-        close = difflib.get_close_matches(name.upper()[len(PREFIX) :], list(known), n=1, cutoff=0.6)
-        hint = f"did you mean {known[close[0]]}?" if close else "swa-hal info --env lists the variables it reads"
+        close = closest(name.upper()[len(PREFIX) :], known)
+        hint = f"did you mean {known[close]}?" if close else "swa-hal info --env lists the variables it reads"
         out.append(f"{name} is set, but swa_hal reads no variable of that name, so it has no effect: {hint}")
     return out
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from .batch import AttentionBatch
-from .config import SWAConfig, key_name, load_yaml_mapping, swapped_hint
+from .config import SWAConfig, key_name, load_yaml_mapping, swapped_hint, unknown_key
 from .errors import ConfigError
 
 REPLAY_MODES = ("none", "prefix", "window", "random")
@@ -64,9 +64,10 @@ def _group(i: int, data: Any, source: str) -> Group:
     where = f"groups[{i}]"
     if not isinstance(data, Mapping):
         raise ConfigError(where, f"must be a mapping of {', '.join(GROUP_KEYS)} in {source}, got {data!r}")
-    unknown = sorted(key_name(k) for k in data if k not in GROUP_KEYS)
+    unknown = sorted((k for k in data if k not in GROUP_KEYS), key=key_name)
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", f"unknown group key in {source} (known: {', '.join(GROUP_KEYS)})")
+        error = unknown_key(unknown[0], "group key", source, GROUP_KEYS)
+        raise ConfigError(f"{where}.{error.field}", error.message)
     for key in GROUP_KEYS:
         if key not in data:
             raise ConfigError(f"{where}.{key}", f"missing in {source}: a group needs {', '.join(GROUP_KEYS)}")
@@ -116,10 +117,11 @@ class Scenario:
         if not isinstance(data, Mapping):
             raise ConfigError(source, "a scenario must be a mapping")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(key_name(k) for k in data if k not in known)
+        unknown = sorted((k for k in data if k not in known), key=key_name)
         if unknown:
             hint = swapped_hint(data, "config", {f.name for f in dataclasses.fields(SWAConfig)})
-            raise ConfigError(unknown[0], f"unknown scenario key in {source} (known: {', '.join(sorted(known))}){hint}")
+            error = unknown_key(unknown[0], "scenario key", source, sorted(known))
+            raise ConfigError(error.field, f"{error.message}{hint}")
         raw_groups = data.get("groups")
         if not isinstance(raw_groups, list) or not raw_groups:
             raise ConfigError(

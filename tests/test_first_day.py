@@ -186,3 +186,34 @@ def test_from_lists_asks_for_the_page_size_it_derives_slots_with():
     # A batch that gives its slot mapping needs no page size.
     given = AttentionBatch.from_lists(*lists, slot_mapping=[3 * 16 + 7, 5 * 16 + 3])
     assert given.slot_mapping.tolist() == [55, 83]
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "error"),
+    [
+        ("config", "window_sise: 8\n", "window_sise: unknown setting in {path} (did you mean 'window_size'? known: "),
+        ("config", "zzz: 8\n", "zzz: unknown setting in {path} (known: block_size, "),
+        ("scenario", "padding_row: 2\n", "padding_row: unknown scenario key in {path} (did you mean 'padding_rows'? "),
+        (
+            "scenario",
+            "groups: [{count: 2, query_len: 1, seq_lens: 5}]\n",
+            "groups[0].seq_lens: unknown group key in {path} (did you mean 'seq_len'? known: count, query_len, "
+            "seq_len)",
+        ),
+    ],
+)
+def test_a_misspelt_key_of_a_settings_file_says_the_key_it_is_closest_to(tmp_path, capsys, kind, text, error):
+    """As a misspelt SWA_HAL_* variable does (swa_hal.envs): the known key the misspelt one is most alike, where
+    one is close, before the list of every key."""
+    path = tmp_path / f"{kind}.yaml"
+    if kind == "config":
+        path.write_text((CONFIGS / "tiny.yaml").read_text() + text)
+        argv = ["build", "--config", str(path), "--batch", str(CONFIGS / "batches" / "tiny_mixed.yaml")]
+    else:
+        base = "" if text.startswith("groups") else "groups: [{count: 2, query_len: 1, seq_len: 5}]\n"
+        path.write_text(base + text)
+        argv = ["build", "--config", str(CONFIGS / "tiny.yaml"), "--batch", str(path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"swa-hal build: error: {error.format(path=path)}"), err
+    assert ("did you mean" in err) == ("did you mean" in error), err

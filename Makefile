@@ -79,13 +79,15 @@ plugin-template:
 # isolated environment with the build requirements of pyproject.toml); `make check-dist` checks them with
 # .ci/check_dist.py, the check of the release workflow (.github/workflows/release.yml) and tests/test_dist.py:
 # their contents against pyproject.toml, then the wheel installed into a fresh environment with $(TORCH), where
-# `swa-hal info` and the conformance kit (torch backend) run.
+# `swa-hal info` and the conformance kit (torch backend) run. CI runs `make check-dist`, and the release workflow
+# the same with RELEASE_TAG=vX.Y.Z, the tag it runs for (the version built must be the tag's).
+RELEASE_TAG ?=
 dist: $(STAMP)
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist
 
 check-dist: dist
-	$(BIN)/python .ci/check_dist.py --install --torch "$(TORCH)" dist
+	$(BIN)/python .ci/check_dist.py --install --torch "$(TORCH)"$(if $(RELEASE_TAG), --tag "$(RELEASE_TAG)") dist
 
 # swa_hal inside vLLM (tests/engines/test_vllm.py), one environment per vLLM release so switching never rebuilds
 # the other: `make test-vllm` runs against vLLM 0.34.0 in .venv-vllm-0.34.0, `make test-vllm VLLM=vllm==0.33.0`

@@ -291,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch", default=os.environ.get("SWA_HAL_DIST_TORCH", "torch"), help="pip's torch")
     parser.add_argument("--tag", help="the release tag, vX.Y.Z: the version built must be X.Y.Z")
     args = parser.parse_args(argv)
+    # Absolute from here on: the install step runs pip from a fresh temporary folder, where a path relative to
+    # the caller's folder (`make check-dist` passes `dist`) names nothing.
+    args.dist = args.dist.resolve()
     version = pyproject()["project"]["version"]
     problems: list[str] = []
     if args.tag is not None and args.tag != f"v{version}":

@@ -9,6 +9,7 @@ takes a minute or two, hence ``slow``."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,9 +24,9 @@ CHECK = [sys.executable, str(ROOT / ".ci" / "check_dist.py")]
 TORCH = os.environ.get("SWA_HAL_DIST_TORCH", "torch==2.13.0")  # the CPU build on this project's machines
 
 
-def _check(*args: str | Path) -> subprocess.CompletedProcess:
+def _check(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
-    return subprocess.run([*CHECK, *map(str, args)], capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.run([*CHECK, *map(str, args)], capture_output=True, text=True, env=env, timeout=900, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -132,12 +133,27 @@ def test_the_check_refuses_a_folder_with_two_wheels(dist, tmp_path):
 
 @pytest.mark.slow
 def test_the_wheel_installs_into_a_fresh_environment_and_passes_the_kit(dist):
-    proc = _check(dist, "--install", "--torch", TORCH)
+    # The folder as `make check-dist` and the release workflow name it: relative to where the check runs (the
+    # install step runs pip from a folder of its own).
+    proc = _check(dist.name, "--install", "--torch", TORCH, cwd=dist.parent)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     # The check's own lines say which steps ran: each must have, or the pass above means less than it says.
     steps = ("installing " + TORCH, "running swa-hal --version and swa-hal info", "writing a plugin")
     for step in (*steps, "the written plugin's tests: ", "the kit: "):
         assert f"check-dist: {step}" in proc.stdout, proc.stdout
+
+
+def test_make_check_dist_builds_then_checks_dist_with_the_tag_it_is_given():
+    """What `make check-dist` runs (make -n: printed, not run): the build into dist/, then the check of that folder
+    as it names it (relative to the checkout, which the check resolves) with --install, and --tag where given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH", "RELEASE_TAG", "MAKEFLAGS")}
+    for args, tag in (([], ""), (["RELEASE_TAG=v0.1.0"], ' --tag "v0.1.0"')):
+        dry = subprocess.run(["make", "-n", "check-dist", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert dry.returncode == 0, dry.stderr
+        lines = dry.stdout.splitlines()
+        build = lines.index(".venv/bin/python -m build --outdir dist")
+        check = f'.venv/bin/python .ci/check_dist.py --install --torch "torch==2.13.0"{tag} dist'
+        assert check in lines and lines.index(check) > build, dry.stdout
 
 
 def test_the_release_workflow_builds_checks_and_publishes_on_a_version_tag():
@@ -147,11 +163,12 @@ def test_the_release_workflow_builds_checks_and_publishes_on_a_version_tag():
     # PyYAML reads the key `on` as the boolean True (YAML 1.1).
     assert workflow[True] == {"push": {"tags": ["v*"]}}
     build, publish = workflow["jobs"]["build"], workflow["jobs"]["publish"]
-    runs = [step.get("run", "") for step in build["steps"]]
-    assert any("python -m build" in run for run in runs)
-    (check,) = [run for run in runs if ".ci/check_dist.py" in run]
-    assert "--install" in check and '--tag "$GITHUB_REF_NAME"' in check and check.rstrip().endswith(" dist")
-    assert runs.index(check) > next(i for i, run in enumerate(runs) if "python -m build" in run)
+    # The release builds and checks with CI's own command (.ci/run), holding the version to the tag, then uploads.
+    runs = [step.get("run", "").strip() for step in build["steps"]]
+    assert 'make check-dist RELEASE_TAG="$GITHUB_REF_NAME"' in runs, runs
+    assert re.search(r"^make check-dist\b", (ROOT / ".ci" / "run").read_text(), re.M), "CI does not run check-dist"
+    uploads = [i for i, step in enumerate(build["steps"]) if step.get("uses", "").startswith("actions/upload-artifact")]
+    assert uploads and uploads[0] > runs.index('make check-dist RELEASE_TAG="$GITHUB_REF_NAME"')
     assert publish["needs"] == "build" and publish["permissions"] == {"id-token": "write"}
     assert publish["steps"][-1]["uses"].startswith("pypa/gh-action-pypi-publish@")
     assert "with" not in publish["steps"][-1], "trusted publishing takes no password or token"

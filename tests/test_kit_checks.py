@@ -137,19 +137,17 @@ def test_the_cuda_graph_test_is_skipped_without_a_cuda_device(tmp_path):
     assert "1 skipped" in out and "needs a CUDA device and this machine has none" in out, out
 
 
+def _kit_output(tmp_path, selection: str, files: dict[str, str]) -> str:
+    """What the kit's tests ``selection`` (pytest -k) print, run over ``files`` as a vendor runs them."""
+    proc = kit_run(tmp_path, "-q", "--tb=short", "-k", selection, files=files)
+    return proc.stdout + proc.stderr
+
+
 @pytest.fixture(scope="module")
 def bad_run(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("bad-kit")
     # One address-strict case is enough to show its message: the kit runs it for every config and kind.
-    proc = kit_run(
-        tmp_path,
-        "-q",
-        "--tb=short",
-        "-k",
-        "sync_nor or (address_strict and v4-decode)",
-        files={"test_bad_kit.py": BAD_BACKENDS},
-    )
-    return proc.stdout + proc.stderr
+    selection = "sync_nor or (address_strict and v4-decode)"
+    return _kit_output(tmp_path_factory.mktemp("bad-kit"), selection, {"test_bad_kit.py": BAD_BACKENDS})
 
 
 @pytest.mark.parametrize(
@@ -271,15 +269,8 @@ class TestAlike(Registered):
 @pytest.fixture(scope="module")
 def extras_run(tmp_path_factory):
     # The MTP config's decodes, draft steps and batch kinds show each case; the kit runs every config.
-    proc = kit_run(
-        tmp_path_factory.mktemp("extras-kit"),
-        "-q",
-        "--tb=short",
-        "-k",
-        "group_builds and w4b4_mtp",
-        files={"test_extras_kit.py": EXTRAS_BACKENDS},
-    )
-    return proc.stdout + proc.stderr
+    files = {"test_extras_kit.py": EXTRAS_BACKENDS}
+    return _kit_output(tmp_path_factory.mktemp("extras-kit"), "group_builds and w4b4_mtp", files)
 
 
 def test_extras_shared_across_groups_fail_the_kit_naming_the_group_they_hold(extras_run):

@@ -144,7 +144,7 @@ def _check_environment() -> None:
     from . import envs
 
     envs.warn_unknown()  # a misspelt name is a warning: the command still runs, as the library would
-    readers = {"flag": envs.env_flag, "switch": envs.env_switch, "int": envs.env_int}
+    readers = {"flag": envs.env_flag, "switch": envs.env_switch, "int": envs.env_int, "engine": envs.env_engine_mode}
     for var in envs.VARIABLES.values():
         read = readers.get(var.kind)
         if read is not None:

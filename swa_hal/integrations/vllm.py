@@ -47,12 +47,14 @@ from . import _common
 
 # Defined in vllm_common, which the builder and step modules import instead of this one; re-exported so
 # that swa_hal.integrations.vllm stays the one place users find them.
+from .shadow import Shadow
+from .vllm_common import ENGINE as ENGINE
 from .vllm_common import ENV_SWITCH as ENV_SWITCH
 from .vllm_common import SUPPORTED_VLLM as SUPPORTED_VLLM
 from .vllm_common import BuilderOptions as BuilderOptions
 from .vllm_common import VllmNotInstalledError as VllmNotInstalledError
 from .vllm_common import VllmVersionError as VllmVersionError
-from .vllm_common import all_subclasses, installed_version, require_installed
+from .vllm_common import admit, all_subclasses, installed_version, require_installed
 from .vllm_common import check_vllm as check_vllm
 from .vllm_common import configure as configure
 from .vllm_common import is_swa_hal_builder as is_swa_hal_builder
@@ -144,7 +146,9 @@ def _patch_backend(backend: type) -> None:
 
 def register() -> bool:
     """The ``vllm.general_plugins`` entry point. Idempotent (vLLM calls it in every process).
-    Returns whether swa_hal builds vLLM's DeepSeek-V4 SWA metadata in this process.
+    Returns whether swa_hal builds (or, shadowing, builds beside) vLLM's DeepSeek-V4 SWA metadata in this
+    process: on a tested release it serves vLLM; on any other (or with ``SWA_HAL_VLLM=shadow``) it shadows
+    vLLM's own builders (docs/engines.md #releases-outside-the-tested-set).
 
     vLLM itself only calls it where vLLM is installed; called where vLLM cannot be imported (a script that
     registers the plugin by hand in the wrong environment), it raises ``VllmNotInstalledError`` saying so,
@@ -161,18 +165,22 @@ def register() -> bool:
         if _registered:
             return True
         require_installed()
-        # Never stops vLLM from starting: another release gets one warning and vLLM's own builders.
-        version = _common.gate_version(
-            log, "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=installed_version()
+        # Never stops vLLM from starting: another release is shadowed, with one warning.
+        mode, version = _common.gate_mode(
+            log, ENGINE, "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=installed_version()
         )
-        if version is None:
+        if mode == "off" or version is None:
             return False
+        admit(version)
         # Choose the backend first: a backend that cannot be chosen (SWA_HAL_BACKEND naming an
         # unknown or unavailable one) stops here, with vLLM untouched.
         backend_name, platform = describe(version)
         sparse_swa_builder_base()
         from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
 
+        from . import vllm_shadow
+
+        vllm_shadow.start(Shadow(ENGINE, log) if mode == "shadow" else None)
         backend = DeepseekSparseSWABackend
         for cls in (backend, *all_subclasses(backend)):
             _patch_backend(cls)
@@ -188,10 +196,22 @@ def register() -> bool:
 
         backend.__init_subclass__ = classmethod(__init_subclass__)
         _patched.append((backend, "__init_subclass__", original))
-        _declare_recordable()
-        step = _install_step_builds()
+        if mode == "shadow":
+            # vLLM's own builds serve; step builds and recorded metadata builds would hand out other buffers.
+            s = vllm_shadow.current().settings  # type: ignore[union-attr]
+            detail = (
+                f"shadow mode: vLLM's own builds serve, swa_hal builds beside them and compares (the first "
+                f"{s.steps} builds, then one in {s.every}"
+                + (", then serves after as many equal ones)" if s.promote else ")")
+            )
+        else:
+            _declare_recordable()
+            detail = _install_step_builds()
         _registered = True
-    _common.announce(log, "vLLM", version, "builds its DeepSeek-V4/V4.1 SWA metadata", backend_name, platform, step)
+    what = (
+        "builds its DeepSeek-V4/V4.1 SWA metadata" if mode == "serve" else "shadows its DeepSeek-V4/V4.1 SWA metadata"
+    )
+    _common.announce(log, ENGINE, version, what, backend_name, platform, detail)
     return True
 
 
@@ -255,9 +275,12 @@ def _declare_recordable() -> None:
 
 def unregister() -> None:
     """Give vLLM its own builders and its own recordable set back (classes already constructed stay as
-    they are)."""
+    they are), and end the shadow."""
     global _registered
     with _lock:
+        from . import vllm_shadow
+
+        vllm_shadow.start(None)
         while _patched:
             cls, attr, original = _patched.pop()
             if original is None:

@@ -7,10 +7,11 @@ Nothing here imports an engine: a plugin module imports its engine itself, after
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from ..envs import env_engine_mode, env_flag
@@ -252,3 +253,24 @@ class InstallOnce:
         with self._lock:
             self._done = False
             self._result = None
+
+
+@contextlib.contextmanager
+def kept_log(logger: logging.Logger, lines: list[str]) -> Iterator[None]:
+    """``logger``'s records at INFO and above, kept in ``lines`` (``LEVEL message``) and not passed on, for the
+    block: what a plugin report shows of a plugin's start-up (its engine's log handlers are not set up then)."""
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(f"{record.levelname} {record.getMessage()}")
+
+    keep, level, propagate = Keep(logging.DEBUG), logger.level, logger.propagate
+    logger.addHandler(keep)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(keep)
+        logger.setLevel(level)
+        logger.propagate = propagate

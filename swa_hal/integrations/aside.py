@@ -114,6 +114,36 @@ def unbound(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[st
     return None
 
 
+def signature_gaps(engine_fn: Callable[..., Any], hook_fn: Callable[..., Any], hook_leading: int = 1) -> str | None:
+    """What the engine's function ``engine_fn`` takes that the hook ``hook_fn`` does not know, and what the hook
+    needs that the engine's function no longer takes, by parameter name (the hook's first ``hook_leading``
+    parameters, its ``original``, are the hook's own); None when they agree. A start-up check: calls that pass
+    what the hook does not know step aside (``attempt``)."""
+    try:
+        theirs = inspect.signature(engine_fn).parameters
+        ours = inspect.signature(hook_fn).parameters
+    except (TypeError, ValueError) as exc:
+        return f"no signature to compare ({exc})"
+    ours_named = {n: p for i, (n, p) in enumerate(ours.items()) if i >= hook_leading}
+    plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    unknown = [n for n, p in theirs.items() if p.kind in plain and n not in ours_named]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ours_named.values()):
+        unknown = []
+    gone = [
+        n
+        for n, p in ours_named.items()
+        if p.kind in plain and p.default is inspect.Parameter.empty and n not in theirs and n not in ("self", "cls")
+    ]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in theirs.values()):
+        gone = []  # the engine's takes any keyword: only its calls tell
+    said = []
+    if unknown:
+        said.append(f"the engine's takes {', '.join(unknown)}, which the hook does not know")
+    if gone:
+        said.append(f"the hook needs {', '.join(gone)}, which the engine's no longer takes")
+    return "; ".join(said) or None
+
+
 def drift_reason(exc: BaseException) -> str:
     """An exception a hook raised, as the reason its call steps aside."""
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

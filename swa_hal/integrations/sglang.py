@@ -51,8 +51,8 @@ from ..platform import PlatformInfo, probe_platform
 from ..request_window import DEFAULT_CAPACITY, RequestWindowLayout, RequestWindowRows
 from ..slot_ring import MAX_RING_SIZE, SlotRing
 from ..slot_rows import SlotRows
-from ._common import InstallOnce, announce, auto_backend, gate_mode
-from .aside import around, attempt, engine_call, step_aside
+from ._common import InstallOnce, announce, auto_backend, enabled, gate_mode, kept_log
+from .aside import around, attempt, engine_call, signature_gaps, step_aside
 from .shadow import Check, Shadow, fields_of
 
 # A child of SGLang's plugin logger, so the line appears in SGLang's own log format.
@@ -759,6 +759,52 @@ def hooks_detail(problems: dict[str, str | None]) -> str:
     )
 
 
+def _own(target: str) -> Any:
+    """SGLang's own function of ``target`` (under any hook registry's wrappers), or None where it does not
+    resolve."""
+    import pkgutil
+
+    owner_path, attr = target.rsplit(".", 1)
+    try:
+        owner = pkgutil.resolve_name(owner_path)
+        raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
+    except Exception:  # noqa: BLE001 - reported by target_problem
+        return None
+    func: Any = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+    while getattr(func, "__wrapped__", None) is not None:
+        func = func.__wrapped__
+    params = inspect.signature(func).parameters.values()
+    if isinstance(owner, type) and all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name == "cls" for p in params):
+        # SGLang's ops dispatch ``execute(cls, *args, **kwargs)`` to their ``torch`` (or ``triton``) method,
+        # whose parameters are the op's.
+        reference = owner.__dict__.get("torch")
+        if isinstance(reference, (classmethod, staticmethod)):
+            return reference.__func__
+    return func
+
+
+# The function whose parameters each hook knows (its first parameter, the original, is the hook's own).
+_SERVES: dict[str, Callable[..., Any]] = {
+    TARGET_CAUSAL: causal_rows,
+    TARGET_DSPARK: dspark_rows,
+    TARGET_HIP_DSPARK: dspark_rows,
+}
+
+
+def hook_gaps() -> dict[str, str]:
+    """Per hook whose SGLang function takes other parameters than the hook knows: what differs
+    (``aside.signature_gaps``). Calls that pass what a hook does not know step aside to SGLang's code
+    (docs/engines.md #drift); the start-up line and ``swa-hal info --engine sglang`` say so ahead of them."""
+    gaps = {}
+    for target, hook in HOOKS.items():
+        own = _own(target)
+        if own is not None:
+            why = signature_gaps(own, _SERVES.get(target, hook))
+            if why is not None:
+                gaps[target] = why
+    return gaps
+
+
 def _install(mode: str, version: str) -> str:
     """Register the hooks (SGLang's loader applies them right after the plugins load) in ``mode``: ``serve``,
     or ``shadow`` (SGLang serves; swa_hal compares, ``swa_hal.integrations.shadow``). Returns the start-up line."""
@@ -781,8 +827,70 @@ def _install(mode: str, version: str) -> str:
         )
     else:
         what = "DeepSeek-V4 SWA indices and lens (paged and per-request ring), V4.1 request-window layouts"
-    level = logging.WARNING if any(problems.values()) else logging.INFO
-    return announce(log, ENGINE, version, what, name, where, hooks_detail(problems), level=level)
+    detail = hooks_detail(problems)
+    gaps = hook_gaps()
+    if gaps:
+        detail += "; calls these hooks do not know step aside to SGLang's code: " + "; ".join(
+            f"{TARGET_NAMES[t]} ({why})" for t, why in gaps.items()
+        )
+    level = logging.WARNING if any(problems.values()) or gaps else logging.INFO
+    return announce(log, ENGINE, version, what, name, where, detail, level=level)
+
+
+def plugin_report() -> dict[str, Any]:
+    """Whether the plugin is active in this environment, found as SGLang finds it: its entry point, SGLang's
+    ``SGLANG_PLUGINS`` filter, swa_hal's switch, then SGLang's own loader (``sglang.srt.plugins.load_plugins``,
+    what every SGLang process runs); its start-up line, its mode (serving or shadowing), the hooks whose SGLang
+    functions take parameters they do not know, and the calls of this process that stepped aside.
+    ``swa-hal info --engine sglang`` prints it (docs/engines.md #is-it-active)."""
+    from importlib import metadata
+
+    from ._common import installed_version
+    from .aside import stepped_aside
+
+    report: dict[str, Any] = {"engine": "sglang", "supported": list(SUPPORTED_VERSIONS), "active": False}
+    version = installed_version(DISTRIBUTION)
+    report["version"] = version
+    eps = [ep for ep in metadata.entry_points(group="sglang.srt.plugins") if ep.name == "swa_hal"]
+    report["entry_point"] = eps[0].value if eps else None
+    allowed = os.environ.get("SGLANG_PLUGINS")
+    report["engine_plugins"] = ("SGLANG_PLUGINS", allowed)
+    report["switch"] = {SWITCH: os.environ.get(SWITCH), "on": enabled(SWITCH)}
+    reason = None
+    if version is None:
+        reason = "SGLang is not installed in this environment"
+    elif not eps:
+        reason = "no sglang.srt.plugins entry point named swa_hal: swa-hal is not installed as a distribution here"
+    elif allowed and "swa_hal" not in {x.strip() for x in allowed.split(",")}:
+        reason = f"SGLANG_PLUGINS={allowed!r} does not name swa_hal, so SGLang does not load it"
+    elif not enabled(SWITCH):
+        reason = f"{SWITCH}={os.environ.get(SWITCH)}: the plugin leaves SGLang its own code"
+    messages: list[str] = []
+    if version is not None and reason is None:
+        loader_said: list[str] = []
+        with kept_log(log, messages), kept_log(logging.getLogger("sglang.srt.plugins"), loader_said):
+            try:
+                import sglang.srt.plugins as loader
+
+                loader.load_plugins()
+            except Exception as exc:  # noqa: BLE001 - what SGLang's own start-up would have raised, reported
+                reason = f"sglang.srt.plugins.load_plugins() raised {type(exc).__name__}: {exc}"
+        # The loader logs a plugin that failed to load or run, and goes on: said here as the plugin's.
+        messages += [line for line in loader_said if line.startswith(("ERROR", "WARNING")) and "swa_hal" in line]
+    startup = [m.split(" ", 1)[1] for m in messages if m.startswith(("INFO swa_hal ", "WARNING swa_hal "))]
+    report["startup"] = startup[0] if startup else (_install_once._result if _install_once.done else None)
+    report["messages"] = [m for m in messages if not m.split(" ", 1)[-1].startswith("swa_hal ")]
+    report["registered"] = _install_once.done
+    if report["registered"]:
+        report["active"] = True
+        report["mode"] = "shadow" if _shadow is not None and _shadow.mode != "serve" else "serve"
+        report["shadow"] = shadow_report()
+        report["hook_gaps"] = {TARGET_NAMES[t]: why for t, why in hook_gaps().items()}
+    elif reason is None:
+        reason = "the plugin loaded but did not register" + (f": {report['messages'][0]}" if report["messages"] else "")
+    report["stepped_aside"] = stepped_aside(ENGINE)
+    report["reason"] = reason
+    return report
 
 
 def load_plugin() -> str | None:

@@ -44,6 +44,7 @@ import threading
 from typing import Any
 
 from . import _common
+from .aside import stepped_aside
 
 # Defined in vllm_common, which the builder and step modules import instead of this one; re-exported so
 # that swa_hal.integrations.vllm stays the one place users find them.
@@ -54,7 +55,7 @@ from .vllm_common import SUPPORTED_VLLM as SUPPORTED_VLLM
 from .vllm_common import BuilderOptions as BuilderOptions
 from .vllm_common import VllmNotInstalledError as VllmNotInstalledError
 from .vllm_common import VllmVersionError as VllmVersionError
-from .vllm_common import admit, all_subclasses, installed_version, require_installed
+from .vllm_common import admit, admit_none, all_subclasses, installed_version, require_installed
 from .vllm_common import check_vllm as check_vllm
 from .vllm_common import configure as configure
 from .vllm_common import is_swa_hal_builder as is_swa_hal_builder
@@ -281,6 +282,7 @@ def unregister() -> None:
         from . import vllm_shadow
 
         vllm_shadow.start(None)
+        admit_none()
         while _patched:
             cls, attr, original = _patched.pop()
             if original is None:
@@ -298,7 +300,6 @@ def plugin_report() -> dict[str, Any]:
 
     vLLM 0.34 configures its logging after it loads the plugins, so the start-up line the plugin logs then is
     shown nowhere: it is captured here (``startup``), with any warning (``messages``)."""
-    import logging
     from importlib import metadata
 
     from .vllm_common import SUPPORTED_VLLM as supported
@@ -322,37 +323,57 @@ def plugin_report() -> dict[str, Any]:
         reason = f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)}: the plugin leaves vLLM its own builders"
     messages: list[str] = []
     if version is not None:
-
-        class Keep(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                messages.append(f"{record.levelname} {record.getMessage()}")
-
         # Kept here, not passed on: the report shows them (vLLM's handlers are not set up yet anyway).
-        keep, level, propagate = Keep(logging.DEBUG), log.level, log.propagate
-        log.addHandler(keep)
-        log.setLevel(logging.INFO)
-        log.propagate = False
-        try:
-            from vllm.plugins import load_general_plugins
+        with _common.kept_log(log, messages):
+            try:
+                from vllm.plugins import load_general_plugins
 
-            load_general_plugins()
-        except Exception as exc:  # noqa: BLE001 - what vLLM's own start-up would have raised, reported
-            reason = reason or f"vllm.plugins.load_general_plugins() raised {type(exc).__name__}: {exc}"
-        finally:
-            log.removeHandler(keep)
-            log.setLevel(level)
-            log.propagate = propagate
+                load_general_plugins()
+            except Exception as exc:  # noqa: BLE001 - what vLLM's own start-up would have raised, reported
+                reason = reason or f"vllm.plugins.load_general_plugins() raised {type(exc).__name__}: {exc}"
     report["registered"] = is_registered()
     startup = [m.split(" ", 1)[1] for m in messages if m.startswith("INFO swa_hal ")]
     report["startup"] = startup[0] if startup else None
     report["messages"] = [m for m in messages if not m.startswith("INFO swa_hal ")]
     if report["registered"]:
+        from . import vllm_shadow
+
         report["active"] = True
         report["step_builds"] = step_builds_active()
+        report["mode"] = "shadow" if vllm_shadow.shadowing() and vllm_shadow.current().mode != "serve" else "serve"  # type: ignore[union-attr]
+        report["shadow"] = vllm_shadow.report()
+        report["hook_gaps"] = hook_gaps()
     elif reason is None:
         reason = "the plugin loaded but did not register" + (f": {report['messages'][0]}" if report["messages"] else "")
+    report["stepped_aside"] = stepped_aside(ENGINE)
     report["reason"] = reason
     return report
+
+
+def hook_gaps() -> dict[str, str]:
+    """Per builder method whose vLLM base takes other parameters than swa_hal's knows, what differs, and the
+    fields of vLLM's common metadata swa_hal does not know (``vllm_builder.KNOWN_COMMON_FIELDS``): calls that
+    pass or set them step aside to vLLM's own build (docs/engines.md #drift)."""
+    import dataclasses
+
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder as base
+
+    from .aside import signature_gaps
+    from .vllm_builder import KNOWN_COMMON_FIELDS
+    from .vllm_builder import SwaHalSparseSWAMetadataBuilder as ours
+
+    gaps = {}
+    for name, known in (("build", ours.swa_hal_build), ("update_draft_decode_metadata", ours.swa_hal_update_draft)):
+        why = signature_gaps(getattr(base, name), known, hook_leading=0)
+        if why is not None:
+            gaps[name] = why
+    fields = [f.name for f in dataclasses.fields(CommonAttentionMetadata) if f.name not in KNOWN_COMMON_FIELDS]
+    if fields:
+        gaps["CommonAttentionMetadata"] = (
+            f"fields {', '.join(fields)}, which swa_hal does not know: a build that sets one steps aside"
+        )
+    return gaps
 
 
 def describe(version: str | None = None) -> tuple[str, str]:

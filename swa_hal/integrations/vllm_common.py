@@ -81,6 +81,11 @@ def admit(version: str) -> None:
     _admitted[:] = [version]
 
 
+def admit_none() -> None:
+    """Forget the admitted release (``unregister``)."""
+    _admitted.clear()
+
+
 def check_vllm(version: str | None = None) -> str:
     """The installed vLLM's version, or a clear error: not installed, or not a supported release (unless
     ``SWA_HAL_FORCE_ENGINE=1``, or the plugin's start-up admitted it: ``admit``). For direct use of the

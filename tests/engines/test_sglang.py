@@ -24,6 +24,7 @@ later (or raise under SWA_HAL_STRICT=1); SGLang's XPU platform, forced on the CP
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -960,3 +961,30 @@ def test_sglang_xpu_ring_rows_come_from_swa_hals_xpu_backend(sglang_on_xpu):
         _check_ring(case, BuildDsparkSwaRingIndices.execute(**case.op_kwargs()), H.sglang_ring(case))
         H.COUNTS[f"xpu-platform:{kind}"] += 1
         assert integ.adapter_for(torch.device("cpu"), case.window).backend_name == "xpu"
+
+
+def _info_engine(tmp_path, *argv, **env):
+    """`swa-hal info --engine sglang` in a new process, as a user runs it."""
+    full = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SWA_HAL_SGLANG")}
+    full.update(env)
+    cmd = [sys.executable, "-m", "swa_hal.cli", "info", "--engine", "sglang", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=full, timeout=600)
+
+
+@pytest.mark.parametrize("switch, mode, word", [(None, "serve", "serving"), ("shadow", "shadow", "shadowing")])
+def test_info_engine_sglang_says_the_plugin_is_active_and_its_mode(tmp_path, switch, mode, word):
+    env = {"SGLANG_PLUGINS": "swa_hal", **({"SWA_HAL_SGLANG": switch} if switch else {})}
+    proc = _info_engine(tmp_path, "--json", **env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    engine = json.loads(proc.stdout)["engine"]
+    assert (engine["engine"], engine["active"], engine["mode"]) == ("sglang", True, mode)
+    assert engine["startup"].startswith("swa_hal 0.1.0: SGLang 0.5.23") and engine["hook_gaps"] == {}
+    assert (engine["shadow"] is None) == (mode == "serve")
+    text = _info_engine(tmp_path, **env).stdout
+    assert f"  active: yes, {word} SGLang" in text and "  stepped aside: 0 calls in this process" in text
+
+
+def test_info_engine_sglang_says_why_the_plugin_is_not_active(tmp_path):
+    proc = _info_engine(tmp_path, SGLANG_PLUGINS="some_other_plugin")
+    assert proc.returncode == 1
+    assert "  active: no: SGLANG_PLUGINS='some_other_plugin' does not name swa_hal" in proc.stdout, proc.stdout

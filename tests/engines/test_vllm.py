@@ -686,8 +686,20 @@ def test_info_engine_vllm_says_the_plugin_is_active_with_its_start_up_line(tmp_p
     assert "through swa_hal backend 'torch'" in engine["startup"] and engine["step_builds"] is True
     proc = _info_engine(tmp_path)
     assert proc.returncode == 0
-    assert "  active: yes: vllm.plugins.load_general_plugins() registered it (is_registered() is True)" in proc.stdout
+    assert "  active: yes, serving vLLM" in proc.stdout and engine["mode"] == "serve"
     assert f"  start-up line: {engine['startup']}" in proc.stdout
+    assert engine["hook_gaps"] == {} and "  stepped aside: 0 calls in this process" in proc.stdout
+
+
+def test_info_engine_vllm_says_when_the_plugin_shadows(tmp_path):
+    proc = _info_engine(tmp_path, "--json", SWA_HAL_VLLM="shadow")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    engine = json.loads(proc.stdout)["engine"]
+    assert engine["mode"] == "shadow" and engine["step_builds"] is False
+    assert engine["shadow"]["mode"] == "shadow" and engine["shadow"]["calls"] == 0
+    assert "shadows its DeepSeek-V4/V4.1 SWA metadata" in engine["startup"]
+    proc = _info_engine(tmp_path, SWA_HAL_VLLM="shadow")
+    assert "  active: yes, shadowing vLLM" in proc.stdout and "  shadow:        shadow: 0 calls" in proc.stdout
 
 
 @pytest.mark.parametrize(

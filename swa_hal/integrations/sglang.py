@@ -19,7 +19,9 @@ and ``full_to_swa_index_mapping``. So a call is one ``SWAMetadataBuilder.build_s
 launch on the Triton backends, newest first for causal rows, context then block for DSpark, no host
 synchronisation and no translation pass. SGLang keeps the returned tensors in its metadata (the main
 and the late-layer-tail metadata of one step live side by side), so they are new tensors on every
-call, as SGLang's own ops return.
+call, as SGLang's own ops return. Under SGLang's prefill context parallelism every rank calls the hooks
+with the whole step's rows, padded, and keeps its own rows of the results afterwards (docs/engines.md
+#context-parallelism): nothing here depends on the rank.
 
 SGLang never calls ``check()``, so each call also polls the guarded builds' violation record without a
 sync (``SWAMetadataBuilder.poll_violations``, ``swa_hal.violations.ViolationWatch``): a violation a call

@@ -446,7 +446,9 @@ def core_attn_metadata_around(original: Callable[..., Any], self: Any, *args: An
         sink = _LENS_SINK.get()
     finally:
         _LENS_SINK.reset(token)
-    if sink is not None and len(sink) == 1:
+    # The lens fit the rows they were built with: not the rank's rows of a step SGLang has already cut to
+    # them (docs/engines.md #context-parallelism), where SGLang's own cut lens stay.
+    if sink is not None and len(sink) == 1 and sink[0].shape == core.swa_topk_lengths.shape:
         core.swa_topk_lengths = sink[0]
     return core
 

@@ -15,8 +15,8 @@ paged pool and DeepSeek-V4.1's request window; and SGLang's own all-gather of th
 
 Also held: V4.1's request window stops SGLang's own build wherever a rank is padded, with or without swa_hal
 (``test_request_window_with_cp_padding_stops_sglangs_own_build_with_or_without_swa_hal``); a guard violation
-names the row of the whole step on every rank; and SGLang runs only extend and mixed steps under CP, none in
-a prefill CUDA graph.
+names the row of the whole step on every rank; SGLang runs only extend and mixed steps under CP, none in a
+prefill CUDA graph; and the lens hook leaves SGLang's lens where the rows were cut before it.
 """
 
 from __future__ import annotations
@@ -457,3 +457,49 @@ def test_no_prefill_cuda_graph_runs_a_deepseek_v4_cp_step(monkeypatch):
         monkeypatch.setattr(cp_bcg, "attention_backends_of", lambda view, name=backend_name: (name, name))
         assert cp_bcg.supports_prefill_cp_bcg(cfg) is supported, backend_name
 
+
+def test_lens_hook_keeps_sglangs_lens_where_the_rows_were_cut_before_it(hooked):
+    """The lens hook replaces SGLang's lens when ``make_core_attn_metadata`` returns, which in 0.5.23 is before
+    the CP cut. Should a release cut inside it (``apply_cp_reindex`` before returning), the lens swa_hal built
+    for the whole step would no longer fit the rank's rows: the hook then leaves SGLang's own (cut) lens, which
+    fit them, instead of handing the rank the whole step's."""
+    rng = random.Random("cp-cut-inside")
+    step = cp_step(rng, "chunked", 2)
+    made = cuda_backend(step, window=False)
+    fb = step.forward_batch()
+    ext = torch.tensor(step.extend, dtype=torch.int32)
+    with cp_rank(2, 1):
+        prepare_cp_forward(fb)
+        rows = sum(fb.attn_cp_metadata.per_rank_actual_token)
+        casual, pools = made.expand_prefill_casually(
+            num_tokens=sum(step.extend),
+            seq_lens=step.seq,
+            extend_seq_lens=step.extend,
+            req_pool_indices=fb.req_pool_indices,
+            padded_num_tokens=rows,
+            seq_lens_tensor=fb.seq_lens,
+            extend_seq_lens_tensor=ext,
+            extend_start_loc=fb.extend_start_loc,
+        )
+        kwargs = dict(
+            req_to_token=step.pool.req_to_token,
+            req_pool_indices_repeated=pools,
+            seq_lens_casual=casual,
+            max_seq_len=max(step.seq),
+            out_loc=fb.out_cache_loc,
+            need_compress=False,
+            is_prefill=True,
+            num_tokens=sum(step.extend),
+        )
+        sglangs = hooked.originals.entries[integ.TARGET_CORE][2]
+
+        def cut_inside(self, *args, **kw):
+            core = sglangs(self, *args, **kw)
+            core.apply_cp_reindex(num_tokens=kw["num_tokens"])
+            return core
+
+        got = integ.core_attn_metadata_around(cut_inside, made, **kwargs)
+        with hooked.originals.sglang_own():
+            want = cut_inside(made, **kwargs)
+    assert got.swa_topk_lengths.shape[0] == got.swa_page_indices.shape[0] == rows // 2
+    assert_same(got, want, "cut inside")

@@ -85,9 +85,7 @@ def cp_rank(size: int, rank: int):
     group's collective is never called on the metadata path (its handle is a stand-in)."""
     init_cp_strategy(enable_prefill_cp=True, cp_size=size, cp_strategy="interleave")
     try:
-        with get_parallel().override(
-            attn_cp_size=size, attn_cp_rank=rank, attn_cp_group=object(), enable_cp_tp_group_sharing=False
-        ):
+        with get_parallel().override(**_layout(size, rank), attn_cp_group=object(), enable_cp_tp_group_sharing=False):
             yield
     finally:
         init_cp_strategy(enable_prefill_cp=False, cp_size=1, cp_strategy="interleave")
@@ -95,8 +93,28 @@ def cp_rank(size: int, rank: int):
 
 @contextlib.contextmanager
 def single_rank():
-    with get_parallel().override(attn_cp_size=1, attn_cp_rank=0):
+    with get_parallel().override(**_layout(1, 0)):
         yield
+
+
+def _layout(size: int, rank: int) -> dict[str, int]:
+    """The ranks and widths of a tensor-parallel group that is one attention-CP group of ``size`` (SGLang's
+    DeepSeek-V4 CP: no attention TP or DP; the experts spread over the group), every width SGLang checks the
+    layout by set, so it holds whatever ServerArgs the process published before."""
+    return dict(
+        tp_size=size,
+        tp_rank=rank,
+        attn_tp_size=1,
+        attn_tp_rank=0,
+        attn_dp_size=1,
+        attn_dp_rank=0,
+        attn_cp_size=size,
+        attn_cp_rank=rank,
+        moe_ep_size=size,
+        moe_ep_rank=rank,
+        moe_dp_size=1,
+        moe_tp_size=1,
+    )
 
 
 # -- steps ---------------------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ and ``full_to_swa_index_mapping``. So a call is one ``SWAMetadataBuilder.build_s
 launch on the Triton backends, newest first for causal rows, context then block for DSpark, no host
 synchronisation and no translation pass. SGLang keeps the returned tensors in its metadata (the main
 and the late-layer-tail metadata of one step live side by side), so they are new tensors on every
-call, as SGLang's own ops return.
+call, as SGLang's own ops return. Under SGLang's prefill context parallelism every rank calls the hooks
+with the whole step's rows, padded, and keeps its own rows of the results afterwards (docs/engines.md
+#context-parallelism): nothing here depends on the rank.
 
 SGLang never calls ``check()``, so each call also polls the guarded builds' violation record without a
 sync (``SWAMetadataBuilder.poll_violations``, ``swa_hal.violations.ViolationWatch``): a violation a call
@@ -532,14 +534,18 @@ def core_attn_metadata_around(original: Callable[..., Any], self: Any, *args: An
         core = original(self, *args, **kwargs)
     finally:
         _CORE_CALL.reset(token)
+    # The lens fit the rows they were built with: not the rank's rows of a step SGLang has already cut to
+    # them (docs/engines.md #context-parallelism), where SGLang's own cut lens stay (and are not compared).
+    lens = core.swa_topk_lengths
     if shadow is None or shadow.mode == "serve":
-        if len(calls.lens) == 1:
+        if len(calls.lens) == 1 and calls.lens[0].shape == lens.shape:
             core.swa_topk_lengths = calls.lens[0]
     elif len(calls.ops) == 1:
         call = shadow.turn()
         if call is not None:
             op_args, op_kwargs, indices = calls.ops[0]
-            _compare_causal(shadow, call, original, op_args, op_kwargs, indices, core.swa_topk_lengths)
+            same_rows = lens.shape[:1] == indices.shape[:1]
+            _compare_causal(shadow, call, original, op_args, op_kwargs, indices, lens if same_rows else None)
     return core
 
 

@@ -414,12 +414,14 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         build; while the plugin shadows vLLM, vLLM's own build serves and swa_hal's is compared with it
         on the shadow's turns (``vllm_shadow``)."""
         why = self.swa_hal_aside or unbound(_BUILD_SIGNATURE, (self, *args), kwargs)
+        cm = None
         if why is None:
             cm = _BUILD_SIGNATURE.bind(self, *args, **kwargs).arguments["common_attn_metadata"]
             fields = unknown_set_fields(cm)
             if fields:
                 why = f"common metadata fields it does not know are set: {', '.join(fields)}"
-        return self._answer("build", self.swa_hal_build, vllm_shadow.shadow_build, why, args, kwargs)
+        shadowed = lambda shadow: vllm_shadow.shadow_build(self, shadow, cm, args, kwargs)  # noqa: E731
+        return self._answer("build", self.swa_hal_build, shadowed, why, args, kwargs)
 
     def _answer(
         self,
@@ -431,12 +433,12 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         kwargs: dict[str, Any],
     ) -> Any:
         """One call of vLLM's ``hook``: vLLM's own (``_native``) where ``why`` says swa_hal does not know it or
-        ``serve`` meets drift (``swa_hal.integrations.aside``); ``shadowed`` while the plugin shadows vLLM;
-        else ``serve``'s answer."""
+        ``serve`` meets drift (``swa_hal.integrations.aside``); ``shadowed(shadow)`` while the plugin shadows
+        vLLM; else ``serve``'s answer."""
         if why is None:
             shadow = vllm_shadow.current()
             if shadow is not None and shadow.mode != "serve":
-                return shadowed(self, shadow, args, kwargs)
+                return shadowed(shadow)
             try:
                 return serve(*args, **kwargs)
             except SWAHalError:
@@ -521,9 +523,9 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         or one that meets drift, steps aside to vLLM's own update; shadowing, vLLM's own update serves and
         swa_hal's is compared with it on the shadow's turns."""
         why = self.swa_hal_aside or unbound(_UPDATE_SIGNATURE, (self, *args), kwargs)
-        self._answer(
-            "update_draft_decode_metadata", self.swa_hal_update_draft, vllm_shadow.shadow_update, why, args, kwargs
-        )
+        metadata = None if why is not None else _UPDATE_SIGNATURE.bind(self, *args, **kwargs).arguments["metadata"]
+        shadowed = lambda shadow: vllm_shadow.shadow_update(self, shadow, metadata, args, kwargs)  # noqa: E731
+        self._answer("update_draft_decode_metadata", self.swa_hal_update_draft, shadowed, why, args, kwargs)
 
     def swa_hal_update_draft(self, metadata: Any) -> None:
         """swa_hal's answer to vLLM's in-place draft-step refresh (capture-safe): swa_hal recomputes

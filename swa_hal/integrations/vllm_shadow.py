@@ -19,7 +19,6 @@ update compares what it rewrites: validity, token_to_req, the decode rows and le
 from __future__ import annotations
 
 import copy
-import inspect
 from typing import Any
 
 import torch
@@ -68,27 +67,28 @@ def report() -> dict[str, Any] | None:
     return None if _shadow is None else _shadow.report()
 
 
-def shadow_build(builder: Any, shadow: Shadow, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``builder.build(*args, **kwargs)`` while shadowing: vLLM's build serves; on the shadow's turns swa_hal's is
-    built first and compared with it."""
+def shadow_build(builder: Any, shadow: Shadow, cm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``builder.build(*args, **kwargs)`` (of common metadata ``cm``) while shadowing: vLLM's build serves; on the
+    shadow's turns swa_hal's is built first and compared with it."""
     call = shadow.turn()
     if call is None:
         return builder._native("build", args, kwargs)
-    cm = inspect.signature(builder.swa_hal_build).bind(*args, **kwargs).arguments["common_attn_metadata"]
     ours = _ours(builder, shadow, call, "build", builder.swa_hal_build, args, kwargs)
+    if ours is not None:
+        ours = _snapshot(ours)  # before vLLM's build rewrites the memory it views
     native = builder._native("build", args, kwargs)
     if ours is not None:
-        shadow.compare(call, f"build of {type(builder).__name__}", build_checks(native, _snapshot(ours), cm))
+        shadow.compare(call, f"build of {type(builder).__name__}", build_checks(native, ours, cm))
     return native
 
 
-def shadow_update(builder: Any, shadow: Shadow, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """``builder.update_draft_decode_metadata(*args, **kwargs)`` while shadowing: vLLM's update serves; on the
-    shadow's turns swa_hal's updates the same metadata first, and what it wrote is compared with vLLM's."""
+def shadow_update(builder: Any, shadow: Shadow, metadata: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``builder.update_draft_decode_metadata(*args, **kwargs)`` (of ``metadata``) while shadowing: vLLM's update
+    serves; on the shadow's turns swa_hal's updates the same metadata first, and what it wrote is compared with
+    vLLM's."""
     call = shadow.turn()
     if call is None:
         return builder._native("update_draft_decode_metadata", args, kwargs)
-    metadata = inspect.signature(builder.swa_hal_update_draft).bind(*args, **kwargs).arguments["metadata"]
     done = _ours(builder, shadow, call, "update_draft_decode_metadata", builder.swa_hal_update_draft, args, kwargs)
     ours = _update_fields(metadata) if done is not None else None
     builder._native("update_draft_decode_metadata", args, kwargs)

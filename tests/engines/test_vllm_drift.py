@@ -161,7 +161,7 @@ def test_a_new_update_keyword_steps_aside_to_vllms_update(plugin_log, vllm_confi
         native.update_draft_decode_metadata(got_native)
         ours.update_draft_decode_metadata(got_ours, draft_step=step)
         assert not H.compare(got_native, got_ours, batch, **chunk_args("v4_mtp2_w6b8"))
-    assert calls[-2:] == [1, 2]
+    assert [c for c in calls if c is not None] == [1, 2]  # vLLM's own update answered swa_hal's calls
     (entry,) = stepped_aside("vLLM")
     assert entry["hook"] == "update_draft_decode_metadata" and entry["calls"] == 2
 
@@ -283,7 +283,7 @@ def test_shadow_finds_a_length_one_off_on_its_call(shadowed, vllm_configs, monke
     native, ours, cfg = builders(BASE, "v4_w8b4", vllm_configs, backend="torch")
 
     def one_off(md):
-        md.decode_swa_lens[1] += 1
+        md.decode_swa_lens[0] += 1
 
     _planted_lens(monkeypatch, 4, one_off)
     rng = random.Random(f"{SEED}-planted")
@@ -294,8 +294,8 @@ def test_shadow_finds_a_length_one_off_on_its_call(shadowed, vllm_configs, monke
     report = shadow.report()
     assert report["mode"] == "off" and report["compared"] == 4 and report["equal"] == 3, report
     assert report["difference"].startswith(f"call 4 (build of {type(ours).__name__}): "), report
-    assert "decode_swa_lens[1] differs: vLLM " in report["difference"]
-    assert len([line for line in log_lines.lines if "decode_swa_lens[1]" in line]) == 1
+    assert "decode_swa_lens[0] differs: vLLM " in report["difference"]
+    assert len([line for line in log_lines.lines if "decode_swa_lens[0]" in line]) == 1
 
 
 def test_shadow_finds_a_shifted_replay_bound_on_its_call(shadowed, vllm_configs, monkeypatch):

@@ -229,7 +229,8 @@ SGLANG_UPSTREAM := tests/engines/sglang_upstream
 
 test-sglang: $(SGLANG_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest tests/engines/test_sglang.py \
-		tests/engines/test_sglang_backend.py tests/engines/test_sglang_traffic.py
+		tests/engines/test_sglang_drift.py tests/engines/test_sglang_backend.py tests/engines/test_sglang_traffic.py \
+		tests/engines/test_sglang_cp.py
 	TRITON_INTERPRET=1 SWA_HAL_SGLANG=0 SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest -p no:cacheprovider \
 		$(SGLANG_UPSTREAM)
 	TRITON_INTERPRET=1 SGLANG_PLUGINS=swa_hal $(SGLANG_BIN)/python -m pytest -p no:cacheprovider $(SGLANG_UPSTREAM)

@@ -144,7 +144,7 @@ def _check_environment() -> None:
     from . import envs
 
     envs.warn_unknown()  # a misspelt name is a warning: the command still runs, as the library would
-    readers = {"flag": envs.env_flag, "switch": envs.env_switch, "int": envs.env_int}
+    readers = {"flag": envs.env_flag, "switch": envs.env_switch, "int": envs.env_int, "engine": envs.env_engine_mode}
     for var in envs.VARIABLES.values():
         read = readers.get(var.kind)
         if read is not None:
@@ -208,7 +208,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         data["env"] = describe()
     if args.engine is not None:
-        from .integrations.vllm import plugin_report
+        if args.engine == "vllm":
+            from .integrations.vllm import plugin_report
+        else:
+            from .integrations.sglang import plugin_report
 
         data["engine"] = plugin_report()
     if selection is None:
@@ -286,13 +289,16 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _print_engine(report: dict[str, Any]) -> None:
-    """The ``--engine vllm`` section: whether the plugin is active here, and each thing that decides it."""
+    """The ``--engine`` section: whether the plugin is active here and in which mode, each thing that decides it,
+    what would step aside to the engine's own code, and what stepped aside or was compared in this process."""
+    engine = {"vllm": "vLLM", "sglang": "SGLang"}[report["engine"]]
     version = report["version"] or "not installed"
     supported = ", ".join(report["supported"])
-    print(f"engine: vLLM {version} (the plugin supports {supported})")
-    print(f"  entry point:   vllm.general_plugins swa_hal = {report['entry_point'] or 'none'}")
-    allowed = report["vllm_plugins"]
-    print(f"  VLLM_PLUGINS:  {'unset (every general plugin loads)' if allowed is None else repr(allowed)}")
+    group = "vllm.general_plugins" if report["engine"] == "vllm" else "sglang.srt.plugins"
+    print(f"engine: {engine} {version} (the plugin is tested with {supported})")
+    print(f"  entry point:   {group} swa_hal = {report['entry_point'] or 'none'}")
+    filter_name, allowed = report.get("engine_plugins") or ("VLLM_PLUGINS", report.get("vllm_plugins"))
+    print(f"  {filter_name + ':':<14} {'unset (every general plugin loads)' if allowed is None else repr(allowed)}")
     ((name, value),) = ((k, v) for k, v in report["switch"].items() if k != "on")
     print(
         f"  {name + ':':<14} {'unset' if value is None else repr(value)} ({'on' if report['switch']['on'] else 'off'})"
@@ -302,9 +308,21 @@ def _print_engine(report: dict[str, Any]) -> None:
     for message in report["messages"]:
         print(f"  plugin said:   {message}")
     if report["active"]:
-        print("  active: yes: vllm.plugins.load_general_plugins() registered it (is_registered() is True)")
+        print(f"  active: yes, {'shadowing' if report.get('mode') == 'shadow' else 'serving'} {engine}")
     else:
         print(f"  active: no: {report['reason']}")
+    for hook, why in (report.get("hook_gaps") or {}).items():
+        print(f"  drift:         {hook}: {why}")
+    shadow = report.get("shadow")
+    if shadow:
+        print(
+            f"  shadow:        {shadow['mode']}: {shadow['calls']} calls, {shadow['compared']} compared, "
+            f"{shadow['equal']} equal" + (f"; {shadow['difference']}" if shadow["difference"] else "")
+        )
+    aside = report.get("stepped_aside") or []
+    print(f"  stepped aside: {sum(e['calls'] for e in aside)} calls in this process")
+    for entry in aside:
+        print(f"    {entry['hook']}: {entry['calls']} ({entry['reason']})")
 
 
 # -- build --------------------------------------------------------------------------------------
@@ -737,9 +755,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="probe this device (default: the best one here)")
     p.add_argument(
         "--engine",
-        choices=("vllm",),
-        help="also load the engine's plugins as it does at start-up and say whether swa_hal's is active (exit 1 "
-        "unless it is)",
+        choices=("vllm", "sglang"),
+        help="also load the engine's plugins as it does at start-up and say whether swa_hal's is active and in which "
+        "mode, what would step aside to the engine's own code, and what did in this process (exit 1 unless active)",
     )
     p.set_defaults(func=cmd_info)
 

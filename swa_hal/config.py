@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 
 from .errors import ConfigError
+from .hf_config import HF_KEYS, LayerRatios, as_mapping, layer_ratios, model_version_of
 from .spelling import closest
 
 # Every layer type a model of either version can have; scheduler slots exist for all five
@@ -147,27 +148,6 @@ def load_json_mapping(path: str | Path, what: str) -> Mapping[str, Any]:
     return data
 
 
-# The Hugging Face key each SWAConfig field is read from (from_hf_config), so an error names the key the
-# model config holds.
-HF_KEYS = {
-    "window_size": "sliding_window",
-    "compress_ratios": "compress_ratios",
-    "head_size": "head_dim",
-    "max_model_len": "max_position_embeddings",
-    "max_image_tokens": "vision_max_n_token",
-}
-
-
-def model_version_of(hf_config: Mapping[str, Any]) -> str:
-    """The model version a Hugging Face config describes: ``model_type`` or ``architectures`` name V4.1."""
-    architectures = hf_config.get("architectures") or ()
-    if isinstance(architectures, (str, bytes)) or not isinstance(architectures, (list, tuple)):
-        raise ConfigError("architectures", f"must be a list of class names, got {architectures!r}")
-    if hf_config.get("model_type") == "deepseek_v41" or "DeepseekV41ForCausalLM" in architectures:
-        return "deepseek_v41"
-    return "deepseek_v4"
-
-
 def dspark_index_width(window_size: int, num_speculative_tokens: int) -> int:
     """docs/semantics.md #dspark-rows: a DSpark row holds the window plus the draft block, padded to FlashMLA's tile."""
     return math.ceil((window_size + num_speculative_tokens) / INDEX_TILE) * INDEX_TILE
@@ -236,6 +216,19 @@ def _is_integer(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
+# The integer settings and their ranges (the constructor checks them; ``from_hf_config`` checks the model's
+# among them before it asks for missing engine settings, so a bad value is named before a missing one).
+INTEGER_SETTINGS = (
+    ("window_size", 1, MAX_ROW_WIDTH),
+    ("block_size", 1, INT32_LIMIT),
+    ("max_model_len", 1, INT32_LIMIT),
+    ("max_num_batched_tokens", 1, INT32_LIMIT),
+    ("max_num_seqs", 1, INT32_LIMIT),
+    ("num_speculative_tokens", 0, 1024),
+    ("head_size", 1, INT32_LIMIT),
+)
+
+
 def _check_int(field: str, value: Any, minimum: int, maximum: int = INT32_LIMIT) -> int:
     """``value`` as a Python int, or a ConfigError naming the field, the value and the range."""
     if not _is_integer(value):
@@ -274,15 +267,7 @@ class SWAConfig:
     def __post_init__(self) -> None:
         # Each integer setting is checked and kept as a Python int (a numpy integer is one too, and the
         # config must compare, hash and serialise as the same settings written as plain integers).
-        for field, low, high in (
-            ("window_size", 1, MAX_ROW_WIDTH),
-            ("block_size", 1, INT32_LIMIT),
-            ("max_model_len", 1, INT32_LIMIT),
-            ("max_num_batched_tokens", 1, INT32_LIMIT),
-            ("max_num_seqs", 1, INT32_LIMIT),
-            ("num_speculative_tokens", 0, 1024),
-            ("head_size", 1, INT32_LIMIT),
-        ):
+        for field, low, high in INTEGER_SETTINGS:
             object.__setattr__(self, field, _check_int(field, getattr(self, field), low, high))
         if self.model_version not in MODEL_VERSIONS:
             raise ConfigError("model_version", f"{self.model_version!r} is not one of {', '.join(MODEL_VERSIONS)}")
@@ -448,61 +433,51 @@ class SWAConfig:
         return cls.from_mapping(load_yaml_mapping(path, "config"), source=str(path))
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any] | str | Path, **engine_settings: Any) -> SWAConfig:
-        """Build from a Hugging Face ``config.json`` (a dict, the file, or its folder) plus engine settings.
+    def from_hf_config(cls, config: Mapping[str, Any] | str | Path | Any, **engine_settings: Any) -> SWAConfig:
+        """Build from a Hugging Face model config (a dict, a ``config.json`` file or its folder, or a loaded
+        config object such as ``transformers.AutoConfig.from_pretrained(path)``) plus engine settings.
 
-        The model gives ``sliding_window``, ``compress_ratios`` (absent: one SWA-only layer type),
-        ``head_dim`` and ``max_position_embeddings`` (the default ``max_model_len``); the engine gives the
-        rest (``block_size``, ``max_num_batched_tokens``, ``max_num_seqs``, speculative settings, ...).
-        As for a config file (``from_mapping``), every setting of ``REQUIRED_SETTINGS`` must come from one of
-        them: ``block_size``, ``max_num_batched_tokens`` and ``max_num_seqs`` always from the engine
-        (a config.json has none of them), ``max_model_len`` from the engine where the
-        model has no ``max_position_embeddings``; a missing one is a ConfigError naming it, never the
-        constructor's default (another engine's capacities).
+        The model gives ``sliding_window``, the compress ratio of every layer (DeepSeek's ``compress_ratios``,
+        or the upstream ``layer_types`` with ``compress_rates`` and ``num_nextn_predict_layers``:
+        ``swa_hal.hf_config``; neither is a ConfigError), ``head_dim`` and ``max_position_embeddings`` (the
+        default ``max_model_len``); the engine gives the rest (``block_size``, ``max_num_batched_tokens``,
+        ``max_num_seqs``, speculative settings, ...). As for a config file (``from_mapping``), every setting
+        of ``REQUIRED_SETTINGS`` must come from one of them: ``block_size``, ``max_num_batched_tokens`` and
+        ``max_num_seqs`` always from the engine (a config.json has none of them), ``max_model_len`` from the
+        engine where the model has no ``max_position_embeddings``; a missing one is a ConfigError naming it,
+        never the constructor's default (another engine's capacities). A bad value the model gives is named
+        (its key and the file) before a missing engine setting is.
         """
         source = "the model config"
-        if not isinstance(config, Mapping):
+        fields = as_mapping(config)
+        if fields is None:
             if not isinstance(config, (str, os.PathLike)):
                 raise ConfigError(
-                    "config", f"must be a mapping, a config.json file or its folder, got {type(config).__name__}"
+                    "config",
+                    f"must be a mapping, a config.json file or its folder, or a config object with to_dict(), "
+                    f"got {type(config).__name__}",
                 )
             path = Path(config)
             if path.is_dir():
                 path = path / "config.json"
-            config = load_json_mapping(path, "model config")
+            fields = load_json_mapping(path, "model config")
             source = str(path)
-        if "sliding_window" not in config or config["sliding_window"] is None:
-            raise ConfigError("sliding_window", f"{source} has no sliding_window; this is not an SWA model")
-        settings: dict[str, Any] = {"window_size": config["sliding_window"]}
-        try:
-            version = model_version_of(config)
-        except ConfigError as exc:
-            raise ConfigError(exc.field, f"{_reason(exc)} (in {source})") from None
-        settings["model_version"] = version
-        ratios = config.get("compress_ratios")
-        if ratios is None:  # no compressed layers: one SWA-only layer type
-            ratios = [0 if version == "deepseek_v41" else 1]
-        settings["compress_ratios"] = tuple(ratios) if isinstance(ratios, list) else ratios
-        if config.get("head_dim") is not None:
-            settings["head_size"] = config["head_dim"]
-        if config.get("max_position_embeddings") is not None:
-            settings["max_model_len"] = config["max_position_embeddings"]
-        # The vision variant of V4 widens prefill rows by its largest image (docs/semantics.md #vision-spans).
-        layers = config.get("vision_n_layers") or 0
-        if not _is_integer(layers) or layers < 0:
-            raise ConfigError("vision_n_layers", f"must be a non-negative integer, got {layers!r} (in {source})")
-        if version == "deepseek_v4" and layers > 0:
-            settings["max_image_tokens"] = config.get("vision_max_n_token") or 0
-        model_keys = {"window_size", "compress_ratios", "head_size", "model_version", "max_image_tokens"}
+        settings, ratios = _model_settings(fields, source)
         from_model = set(settings)
         known = {f.name for f in dataclasses.fields(cls)}
         for key, value in engine_settings.items():
-            if key not in known or key in model_keys:
+            if key not in known or key in MODEL_SETTINGS:
                 raise ConfigError(
-                    key, f"is not an engine setting (engine settings: {', '.join(sorted(known - model_keys))})"
+                    key, f"is not an engine setting (engine settings: {', '.join(sorted(known - MODEL_SETTINGS))})"
                 )
             settings[key] = value
             from_model.discard(key)
+        for field, low, high in INTEGER_SETTINGS:  # a bad value the model gives is named before a missing one
+            if field in from_model:
+                try:
+                    _check_int(field, settings[field], low, high)
+                except ConfigError as exc:
+                    raise _model_error(exc, ratios, source) from None
         missing = [key for key in REQUIRED_SETTINGS if key not in settings]
         if missing:
             also = f"; also missing: {', '.join(missing[1:])}" if len(missing) > 1 else ""
@@ -515,9 +490,49 @@ class SWAConfig:
         try:
             return cls(**settings)
         except ConfigError as exc:
-            # A value the model config gave: name its key there (and the file), not only the SWAConfig field.
-            name, _, index = exc.field.partition("[")
-            if name not in from_model or name not in HF_KEYS:
-                raise
-            where = HF_KEYS[name] + ("[" + index if index else "")
-            raise ConfigError(where, f"{_reason(exc)} (SWAConfig.{exc.field}, in {source})") from None
+            name = exc.field.partition("[")[0]
+            raise (_model_error(exc, ratios, source) if name in from_model else exc) from None
+
+
+# The settings a model config gives (``from_hf_config``): an engine passes none of them.
+MODEL_SETTINGS = frozenset({"window_size", "compress_ratios", "head_size", "model_version", "max_image_tokens"})
+
+
+def _model_settings(fields: Mapping[str, Any], source: str) -> tuple[dict[str, Any], LayerRatios]:
+    """The settings a Hugging Face model config gives, and where its ratios were read from."""
+    if fields.get("sliding_window") is None:
+        raise ConfigError("sliding_window", f"{source} has no sliding_window; this is not an SWA model")
+    try:
+        version = model_version_of(fields)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, f"{_reason(exc)} (in {source})") from None
+    settings: dict[str, Any] = {"window_size": fields["sliding_window"], "model_version": version}
+    if fields.get("head_dim") is not None:
+        settings["head_size"] = fields["head_dim"]
+    if fields.get("max_position_embeddings") is not None:
+        settings["max_model_len"] = fields["max_position_embeddings"]
+    # The vision variant of V4 widens prefill rows by its largest image (docs/semantics.md #vision-spans).
+    layers = fields.get("vision_n_layers") or 0
+    if not _is_integer(layers) or layers < 0:
+        raise ConfigError("vision_n_layers", f"must be a non-negative integer, got {layers!r} (in {source})")
+    if version == "deepseek_v4" and layers > 0:
+        settings["max_image_tokens"] = fields.get("vision_max_n_token") or 0
+    try:
+        ratios = layer_ratios(fields)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, f"{_reason(exc)} (in {source})") from None
+    settings["compress_ratios"] = ratios.values
+    return settings, ratios
+
+
+def _model_error(exc: ConfigError, ratios: LayerRatios, source: str) -> ConfigError:
+    """``exc``, about a value a model config gave, naming its key there (``HF_KEYS``; a ratio's through
+    ``ratios``) and the file."""
+    name, _, index = exc.field.partition("[")
+    if name not in HF_KEYS:
+        return exc
+    if name == "compress_ratios":
+        where = ratios.key(index.rstrip("]"))
+    else:
+        where = HF_KEYS[name] + ("[" + index if index else "")
+    return ConfigError(where, f"{_reason(exc)} (SWAConfig.{exc.field}, in {source})")

@@ -7,6 +7,8 @@ building sees it. Kinds:
   a false word (``FALSE_WORDS``); any other word is an error;
 * ``switch``: on unless set to a false word (``FALSE_WORDS``); any other word than a true or false
   one is an error, so a typo never silently flips a behaviour;
+* ``engine``: an engine plugin's mode (``env_engine_mode``): ``serve`` when unset or a true word, ``off`` for a
+  false word, ``shadow`` for ``shadow``; any other word is an error;
 * ``int``: an integer (at least ``minimum`` where the variable has one), or unset;
 * ``text``: a string, or unset; ``list``: comma-separated names.
 
@@ -58,7 +60,13 @@ VARIABLES: dict[str, EnvVar] = {
         EnvVar("SWA_HAL_DEBUG", "flag", "full (syncing) validation of every build"),
         EnvVar("SWA_HAL_GUARD", "switch", "guarded builds (docs/semantics.md #guarded-builds)", "1"),
         EnvVar("SWA_HAL_CACHE", "switch", "the host-side caches of views and arrays (swa_hal/cache.py)", "1"),
-        EnvVar("SWA_HAL_VLLM", "switch", "the vLLM plugin replaces vLLM's DeepSeek-V4 SWA builders", "1"),
+        EnvVar(
+            "SWA_HAL_VLLM",
+            "engine",
+            "the vLLM plugin replaces vLLM's DeepSeek-V4 SWA builders (on), leaves vLLM alone (off), or builds beside "
+            "vLLM's and compares (shadow, the default on an untested vLLM release)",
+            "1",
+        ),
         EnvVar(
             "SWA_HAL_VLLM_STEP",
             "switch",
@@ -72,7 +80,32 @@ VARIABLES: dict[str, EnvVar] = {
             "16",
             minimum=1,
         ),
-        EnvVar("SWA_HAL_SGLANG", "switch", "the SGLang plugin replaces SGLang's DeepSeek-V4 SWA rows", "1"),
+        EnvVar(
+            "SWA_HAL_SGLANG",
+            "engine",
+            "the SGLang plugin replaces SGLang's DeepSeek-V4 SWA rows (on), leaves SGLang alone (off), or builds beside "
+            "SGLang's and compares (shadow, the default on an untested SGLang release)",
+            "1",
+        ),
+        EnvVar(
+            "SWA_HAL_SHADOW_STEPS",
+            "int",
+            "shadow mode compares the first N engine calls, and the plugin may serve after N equal ones",
+            "100",
+            minimum=1,
+        ),
+        EnvVar(
+            "SWA_HAL_SHADOW_EVERY",
+            "int",
+            "after its first SWA_HAL_SHADOW_STEPS calls, shadow mode compares one engine call in N",
+            "100",
+            minimum=1,
+        ),
+        EnvVar(
+            "SWA_HAL_SHADOW_PROMOTE",
+            "flag",
+            "after SWA_HAL_SHADOW_STEPS equal comparisons, swa_hal serves the engine (shadow mode stops comparing)",
+        ),
         EnvVar("SWA_HAL_NUM_WARPS", "int", "warps per program of every kernel (tuning sweeps)", "4", minimum=1),
         EnvVar("SWA_HAL_TILE_ELEMS", "int", "elements of a prefill program's tile (tuning sweeps)", minimum=1),
         EnvVar("SWA_HAL_DECODE_TILE_ELEMS", "int", "elements of a decode program's tile (tuning sweeps)", minimum=1),
@@ -154,6 +187,30 @@ def env_switch(name: str, env: Mapping[str, str] | None = None) -> bool:
     if word in FALSE_WORDS:
         return False
     raise ValueError(f"{name}={raw!r}: use one of {', '.join(TRUE_WORDS)} or {', '.join(FALSE_WORDS)}")
+
+
+# The modes of an engine plugin (docs/engines.md #releases-outside-the-tested-set).
+ENGINE_MODES = ("serve", "shadow", "off")
+
+
+def env_engine_mode(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The mode an ``engine`` variable asks for: ``serve`` for a true word, ``off`` for a false word,
+    ``shadow``; None when unset or empty (the plugin decides by the engine's release). Anything else is a
+    ValueError naming the variable, the value and the words accepted."""
+    raw = _raw(name, env)
+    word = raw.lower()
+    if word == "":
+        return None
+    if word in TRUE_WORDS:
+        return "serve"
+    if word in FALSE_WORDS:
+        return "off"
+    if word == "shadow":
+        return "shadow"
+    raise ValueError(
+        f"{name}={raw!r}: use one of {', '.join(TRUE_WORDS)} (swa_hal serves), {', '.join(FALSE_WORDS)} (off) or "
+        f"shadow (the engine serves, swa_hal builds beside it and compares), or leave it unset"
+    )
 
 
 def env_int(name: str, env: Mapping[str, str] | None = None) -> int | None:

@@ -575,6 +575,6 @@ def test_info_engine_vllm_without_vllm_says_so_and_exits_1(capsys, monkeypatch):
     monkeypatch.setattr("swa_hal.integrations.vllm.vllm_version", lambda: None)
     code, out, _ = run(capsys, "info", "--engine", "vllm")
     assert code == 1
-    assert "engine: vLLM not installed (the plugin supports ==0.33.*, ==0.34.*)" in out
+    assert "engine: vLLM not installed (the plugin is tested with ==0.33.*, ==0.34.*)" in out
     assert "  entry point:   vllm.general_plugins swa_hal = swa_hal.integrations.vllm:register" in out
     assert "  active: no: vLLM is not installed in this environment" in out

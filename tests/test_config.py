@@ -105,11 +105,17 @@ def test_unsupported_v41_ratio_names_it(ratio):
 def test_hf_config_reads_the_model_version_and_vision_tokens():
     v41 = SWAConfig.from_hf_config({"sliding_window": 128, "model_type": "deepseek_v41", "compress_ratios": [0, 1, 2]}, **engine_for({}))
     assert (v41.model_version, v41.layer_types) == ("deepseek_v41", ("swaonly", "c1a", "c2a"))
-    arch = SWAConfig.from_hf_config({"sliding_window": 128, "architectures": ["DeepseekV41ForCausalLM"]}, **engine_for({}))
-    assert (arch.model_version, arch.compress_ratios) == ("deepseek_v41", (0,))
-    vision = SWAConfig.from_hf_config({"sliding_window": 128, "vision_n_layers": 2, "vision_max_n_token": 576}, **engine_for({}))
+    arch = SWAConfig.from_hf_config(
+        {"sliding_window": 128, "architectures": ["DeepseekV41ForCausalLM"], "compress_ratios": [0, 1]}, **engine_for({})
+    )
+    assert (arch.model_version, arch.layer_types) == ("deepseek_v41", ("swaonly", "c1a"))
+    vision = SWAConfig.from_hf_config(
+        {"sliding_window": 128, "compress_ratios": [0], "vision_n_layers": 2, "vision_max_n_token": 576}, **engine_for({})
+    )
     assert (vision.max_image_tokens, vision.prefill_index_width) == (576, 704)
-    no_layers = SWAConfig.from_hf_config({"sliding_window": 128, "vision_n_layers": 0, "vision_max_n_token": 576}, **engine_for({}))
+    no_layers = SWAConfig.from_hf_config(
+        {"sliding_window": 128, "compress_ratios": [0], "vision_n_layers": 0, "vision_max_n_token": 576}, **engine_for({})
+    )
     assert no_layers.max_image_tokens == 0
     # V4.1 image tokens use the plain causal window: no widening.
     v41_vision = SWAConfig.from_hf_config(
@@ -155,15 +161,20 @@ def test_from_hf_config_dict_and_file(tmp_path):
     assert SWAConfig.from_hf_config(tmp_path / "config.json", **ENGINE).window_size == 128
 
 
-def test_from_hf_config_without_ratios_is_swa_only():
-    assert SWAConfig.from_hf_config({"sliding_window": 64}, **engine_for({})).layer_types == ("swaonly",)
+@pytest.mark.parametrize("model_type", ["deepseek_v4", "deepseek_v41"])
+def test_from_hf_config_without_ratios_names_the_field(model_type):
+    # docs/semantics.md #model-configs: the layer types decide the schedulers; none is guessed.
+    with pytest.raises(ConfigError) as info:
+        SWAConfig.from_hf_config({"sliding_window": 64, "model_type": model_type}, **engine_for({}))
+    assert info.value.field == "compress_ratios"
+    assert "neither compress_ratios (DeepSeek's format) nor layer_types" in str(info.value), str(info.value)
 
 
 def test_from_hf_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="sliding_window"):
         SWAConfig.from_hf_config({"compress_ratios": [4]})
     with pytest.raises(ConfigError, match="window_size"):
-        SWAConfig.from_hf_config({"sliding_window": 8}, window_size=16)
+        SWAConfig.from_hf_config({"sliding_window": 8, "compress_ratios": [0]}, window_size=16)
     with pytest.raises(ConfigError, match="compress_ratios\\[0\\]"):
         SWAConfig.from_hf_config({"sliding_window": 8, "compress_ratios": [3]}, **engine_for({}))
 
@@ -184,7 +195,7 @@ def test_from_hf_config_errors_name_the_field():
 def test_from_hf_config_never_defaults_an_engine_setting(hf, settings, key, message):
     # As a config file missing them: the constructor's defaults are another engine's capacities.
     with pytest.raises(ConfigError) as info:
-        SWAConfig.from_hf_config(hf, **settings)
+        SWAConfig.from_hf_config({"compress_ratios": [0], **hf}, **settings)
     assert info.value.field == key and str(info.value).startswith(f"{key}: {message}"), str(info.value)
 
 
@@ -201,7 +212,7 @@ def test_from_hf_config_never_defaults_an_engine_setting(hf, settings, key, mess
         (b"\xff\xfe{}", "{path}: is not a UTF-8 text file"),
         ("{}", "sliding_window: {path} has no sliding_window; this is not an SWA model"),
         (
-            '{"sliding_window": "128"}',
+            '{"sliding_window": "128", "compress_ratios": [0]}',
             "sliding_window: must be an integer, got '128' (SWAConfig.window_size, in {path})",
         ),
     ],
@@ -256,6 +267,7 @@ def test_from_hf_config_file_errors_name_the_file(tmp_path, content, message, gi
 )
 @pytest.mark.parametrize("given", ["dict", "file"])
 def test_from_hf_config_value_errors_name_the_key_and_the_file(tmp_path, hf, key, message, given):
+    hf = {"compress_ratios": [1], **hf}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(hf))
     with pytest.raises(ConfigError) as info:
@@ -268,7 +280,7 @@ def test_from_hf_config_value_errors_name_the_key_and_the_file(tmp_path, hf, key
 
 @pytest.mark.parametrize("config", [5, None, ["sliding_window", 8], b"config.json"], ids=repr)
 def test_from_hf_config_of_something_else_names_the_argument(config):
-    with pytest.raises(ConfigError, match=r"^config: must be a mapping, a config.json file or its folder, got "):
+    with pytest.raises(ConfigError, match=r"^config: must be a mapping, a config.json file or its folder, or a config object with to_dict\(\), got "):
         SWAConfig.from_hf_config(config)
 
 
@@ -284,7 +296,9 @@ def test_from_hf_config_of_something_else_names_the_argument(config):
 def test_from_hf_config_engine_setting_errors_name_the_setting(settings, key, message):
     # An engine setting that overrides a model value (max_model_len here) is named as the engine's.
     with pytest.raises(ConfigError) as info:
-        SWAConfig.from_hf_config({"sliding_window": 8, "max_position_embeddings": 64}, **{**ENGINE, **settings})
+        SWAConfig.from_hf_config(
+            {"sliding_window": 8, "max_position_embeddings": 64, "compress_ratios": [0]}, **{**ENGINE, **settings}
+        )
     assert info.value.field == key and str(info.value).startswith(f"{key}: {message}"), str(info.value)
 
 

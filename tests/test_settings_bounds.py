@@ -262,13 +262,15 @@ def test_sglang_ring_settings_are_bounded_above(name, value, bound):
 
 
 def test_sglang_hooks_refuse_meta_tensors_by_name():
-    # A meta tensor made the adapter a builder on the meta device, which failed without naming the tensor.
+    # A meta tensor made the adapter a builder on the meta device, which failed without naming the tensor. The
+    # hooks' first two arguments, SGLang's own function and the op's class, are not read before it.
     meta = torch.empty(1, dtype=torch.int32, device="meta")
     with pytest.raises(E.BatchDeviceError) as info:
-        S.causal_execute(None, **causal_inputs(seq_lens_casual=meta))
+        S.causal_execute(None, None, **causal_inputs(seq_lens_casual=meta))
     assert info.value.field == "seq_lens_casual"
     with pytest.raises(E.BatchDeviceError) as info:
         S.dspark_ring_execute(
+            None,
             None,
             seq_lens_casual=meta.expand(2),
             req_pool_indices_repeated=t([0, 0]),
@@ -283,7 +285,7 @@ def test_sglang_hooks_refuse_meta_tensors_by_name():
         S.window_layout_around(None, meta.long(), meta.long(), zero_row=0, window=4)
     assert info.value.field == "pos"
     with pytest.raises(E.BatchDtypeError) as info:
-        S.causal_execute(None, **causal_inputs(seq_lens_casual=[3]))
+        S.causal_execute(None, None, **causal_inputs(seq_lens_casual=[3]))
     assert info.value.field == "seq_lens_casual"
 
 

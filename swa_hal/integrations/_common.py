@@ -7,13 +7,14 @@ Nothing here imports an engine: a plugin module imports its engine itself, after
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from ..envs import env_flag, env_switch
+from ..envs import env_engine_mode, env_flag
 
 T = TypeVar("T")
 
@@ -61,9 +62,9 @@ class EngineVersionError(RuntimeError):
 
 def enabled(switch: str, env: Mapping[str, str] | None = None) -> bool:
     """An integration is on unless its switch (``SWA_HAL_SGLANG``, ``SWA_HAL_VLLM``) is set to a false
-    word (0, false, no, off; any case). Any other value than a true or false word is an error, so a
-    typo never silently flips the engine's attention metadata (``swa_hal.envs``)."""
-    return env_switch(switch, env)
+    word (0, false, no, off; any case); ``shadow`` is on too. Any other value is an error, so a typo never
+    silently flips the engine's attention metadata (``swa_hal.envs``)."""
+    return env_engine_mode(switch, env) != "off"
 
 
 def installed_version(distribution: str) -> str | None:
@@ -122,7 +123,7 @@ def require_version(
 ) -> str:
     """The engine's installed version (or ``found``) when ``version_supported`` or forced
     (``SWA_HAL_FORCE_ENGINE=1``); ``error`` (an EngineVersionError) naming what was found otherwise, "not
-    installed" included. For direct use of a plugin's parts; an engine's start-up goes through ``gate_version``."""
+    installed" included. For direct use of a plugin's parts; an engine's start-up goes through ``gate_mode``."""
     supported = tuple(supported)
     if found is None:
         found = installed_version(distribution)
@@ -134,7 +135,7 @@ def require_version(
 _warned: set[tuple[str, str]] = set()
 
 
-def gate_version(
+def gate_mode(
     logger: logging.Logger,
     engine: str,
     distribution: str,
@@ -143,37 +144,47 @@ def gate_version(
     switch: str,
     error: type[EngineVersionError] = EngineVersionError,
     found: str | None = None,
-) -> str | None:
-    """At the engine's start-up: the engine's version when the plugin may install, else None.
+) -> tuple[str, str | None]:
+    """At the engine's start-up: (mode, the engine's version) for the plugin (docs/engines.md
+    #releases-outside-the-tested-set). ``off``: install nothing (the switch says so, or the engine is not
+    installed); ``serve``: swa_hal serves the engine; ``shadow``: the engine serves and swa_hal builds beside it
+    and compares (``swa_hal.integrations.shadow``).
 
-    A plugin never stops an engine from starting (docs/engines.md #versions): under a version outside
-    ``supported`` it logs one warning per process (the version found, the supported ones, the settings) and
-    returns None, so the plugin installs nothing and the engine keeps its own code. ``SWA_HAL_STRICT=1``
-    raises ``error`` instead; ``SWA_HAL_FORCE_ENGINE=1`` installs anyway, with a warning."""
+    On a tested release the switch decides (unset or a true word: ``serve``). On any other release, pre and
+    development releases of a tested one included, the plugin shadows (a warning says so once per process,
+    with how to promote or refuse), unless the switch is off; ``SWA_HAL_FORCE_ENGINE=1`` serves it (untested,
+    with a warning) and ``SWA_HAL_STRICT=1`` raises ``error`` instead. A plugin never stops an engine from
+    starting otherwise."""
+    asked = env_engine_mode(switch)
+    if asked == "off":
+        return "off", None
     supported = tuple(supported)
     if found is None:
         found = installed_version(distribution)
     if found is not None and version_supported(found, supported):
-        return found
+        return asked or "serve", found
     if env_flag("SWA_HAL_STRICT"):
         raise error(engine, found, supported, switch)
-    have = "is not installed" if found is None else f"{found} is installed{_prerelease_note(found)}"
-    if found is not None and env_flag(FORCE_SWITCH):
+    if found is None:
+        return "off", None
+    have = f"{found} is installed{_prerelease_note(found)}"
+    if env_flag(FORCE_SWITCH):
         logger.warning(
-            "swa_hal: %s %s; the plugin supports %s %s and installs anyway (%s=1, untested)",
+            "swa_hal: %s %s; the plugin supports %s %s and serves it anyway (%s=1, untested)",
             engine,
             have,
             engine,
             supported_text(supported),
             FORCE_SWITCH,
         )
-        return found
-    if (engine, str(found)) not in _warned:
-        _warned.add((engine, str(found)))
+        return "serve", found
+    if (engine, found) not in _warned:
+        _warned.add((engine, found))
         logger.warning(
-            "swa_hal: %s %s, and swa_hal's %s plugin supports %s %s only: it installs nothing and %s runs with "
-            "its own code (%s=1 installs it anyway, untested; SWA_HAL_STRICT=1 refuses to start instead; %s=0 "
-            "silences this)",
+            "swa_hal: %s %s, and swa_hal's %s plugin was tested with %s %s only: %s serves with its own code and "
+            "swa_hal builds beside it and compares (shadow mode; SWA_HAL_SHADOW_PROMOTE=1 lets swa_hal serve after "
+            "SWA_HAL_SHADOW_STEPS equal calls, %s=1 serves at once, untested; %s=0 turns the plugin off; "
+            "SWA_HAL_STRICT=1 refuses to start instead)",
             engine,
             have,
             engine,
@@ -183,7 +194,7 @@ def gate_version(
             FORCE_SWITCH,
             switch,
         )
-    return None
+    return "shadow", found
 
 
 def auto_backend(device: Any = None, *, backend: str | None = None, platform: Any = None) -> tuple[str, str]:
@@ -242,3 +253,24 @@ class InstallOnce:
         with self._lock:
             self._done = False
             self._result = None
+
+
+@contextlib.contextmanager
+def kept_log(logger: logging.Logger, lines: list[str]) -> Iterator[None]:
+    """``logger``'s records at INFO and above, kept in ``lines`` (``LEVEL message``) and not passed on, for the
+    block: what a plugin report shows of a plugin's start-up (its engine's log handlers are not set up then)."""
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(f"{record.levelname} {record.getMessage()}")
+
+    keep, level, propagate = Keep(logging.DEBUG), logger.level, logger.propagate
+    logger.addHandler(keep)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(keep)
+        logger.setLevel(level)
+        logger.propagate = propagate

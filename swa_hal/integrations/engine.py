@@ -242,9 +242,12 @@ class EngineSWABuilder:
         self.builder = SWAMetadataBuilder(config, device=device, backend=backend, platform=platform, validate=validate)
 
     @classmethod
-    def from_hf_config(cls, hf_config: Mapping[str, Any] | str, device: str | torch.device, **engine_settings: Any):
-        """A builder for the model whose Hugging Face ``config.json`` is ``hf_config`` (a dict, the file or
-        its folder), with the engine's settings (``block_size``, ``max_num_batched_tokens``,
+    def from_hf_config(
+        cls, hf_config: Mapping[str, Any] | str | Any, device: str | torch.device, **engine_settings: Any
+    ):
+        """A builder for the model whose Hugging Face config is ``hf_config`` (a dict, a ``config.json`` or its
+        folder, or a loaded config object), in DeepSeek's format or the upstream one (docs/semantics.md
+        #model-configs), with the engine's settings (``block_size``, ``max_num_batched_tokens``,
         ``max_num_seqs``, speculative settings; see ``SWAConfig.from_hf_config``); ``backend=`` forces a
         swa_hal backend."""
         backend = engine_settings.pop("backend", None)

@@ -19,7 +19,9 @@ and ``full_to_swa_index_mapping``. So a call is one ``SWAMetadataBuilder.build_s
 launch on the Triton backends, newest first for causal rows, context then block for DSpark, no host
 synchronisation and no translation pass. SGLang keeps the returned tensors in its metadata (the main
 and the late-layer-tail metadata of one step live side by side), so they are new tensors on every
-call, as SGLang's own ops return.
+call, as SGLang's own ops return. Under SGLang's prefill context parallelism every rank calls the hooks
+with the whole step's rows, padded, and keeps its own rows of the results afterwards (docs/engines.md
+#context-parallelism): nothing here depends on the rank.
 
 SGLang never calls ``check()``, so each call also polls the guarded builds' violation record without a
 sync (``SWAMetadataBuilder.poll_violations``, ``swa_hal.violations.ViolationWatch``): a violation a call
@@ -31,9 +33,11 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import inspect
 import logging
 import numbers
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -44,12 +48,14 @@ import torch
 from ..builder import SWAMetadataBuilder
 from ..cache import HostCache
 from ..config import INT32_LIMIT, MAX_ROW_WIDTH, SWAConfig
-from ..errors import BatchDeviceError, BatchDtypeError, ConfigError, DeviceError
+from ..errors import BatchDeviceError, BatchDtypeError, ConfigError, DeviceError, SWAHalError
 from ..platform import PlatformInfo, probe_platform
 from ..request_window import DEFAULT_CAPACITY, RequestWindowLayout, RequestWindowRows
 from ..slot_ring import MAX_RING_SIZE, SlotRing
 from ..slot_rows import SlotRows
-from ._common import InstallOnce, announce, auto_backend, enabled, gate_version, require_version
+from ._common import InstallOnce, announce, auto_backend, enabled, gate_mode, kept_log
+from .aside import around, attempt, engine_call, signature_gaps, step_aside
+from .shadow import Check, Shadow, fields_of
 
 # A child of SGLang's plugin logger, so the line appears in SGLang's own log format.
 log = logging.getLogger("sglang.srt.plugins.swa_hal")
@@ -58,7 +64,6 @@ ENGINE = "SGLang"
 DISTRIBUTION = "sglang"
 SUPPORTED_VERSIONS = ("0.5.23",)
 SWITCH = "SWA_HAL_SGLANG"
-PLUGIN_NAME = "swa_hal"
 # SGLang's constants (sglang/srt/layers/attention/deepseek_v4_backend.py).
 SGLANG_SWA_WINDOW = 128
 SGLANG_PAGE_INDEX_ALIGNED_SIZE = 64
@@ -388,14 +393,42 @@ def adapter_for(device: torch.device, window_size: int = SGLANG_SWA_WINDOW) -> S
 
 
 # -- the hooks -----------------------------------------------------------------------------------------
+#
+# Every hook is an AROUND hook, so it has SGLang's own code to hand a call to: a call it does not know (an
+# argument, an attribute it reads) steps aside to it (``swa_hal.integrations.aside``, docs/engines.md #drift),
+# and in shadow mode SGLang's code serves every call while swa_hal builds beside it on the shadow's turns
+# (``swa_hal.integrations.shadow``, docs/engines.md #shadow-mode).
 
-# Set by the make_core_attn_metadata hook: the causal op hook leaves its lens here.
-_LENS_SINK: contextvars.ContextVar[list[torch.Tensor] | None] = contextvars.ContextVar(
-    "swa_hal_sglang_lens", default=None
-)
+# The plugin's shadow, while it shadows SGLang (None: swa_hal serves, or the plugin is not installed).
+_shadow: Shadow | None = None
 
 
-def causal_execute(
+def shadow_report() -> dict[str, Any] | None:
+    """What the shadow of this process did (``Shadow.report``), or None when the plugin does not shadow."""
+    return None if _shadow is None else _shadow.report()
+
+
+def _serving() -> bool:
+    return _shadow is None or _shadow.mode == "serve"
+
+
+class _CoreCall:
+    """What the causal op's hook leaves for the hook of the ``make_core_attn_metadata`` call it runs in:
+    serving, swa_hal's lens of each op call (the method pairs them with the indices); shadowing, each op
+    call's arguments and SGLang's indices, which the method's hook compares with its lens in one go."""
+
+    __slots__ = ("lens", "ops")
+
+    def __init__(self) -> None:
+        self.lens: list[torch.Tensor] = []
+        self.ops: list[tuple[tuple[Any, ...], dict[str, Any], torch.Tensor]] = []
+
+
+_CORE_CALL: contextvars.ContextVar[_CoreCall | None] = contextvars.ContextVar("swa_hal_sglang_core", default=None)
+
+
+def causal_rows(
+    original: Callable[..., Any],
     cls: Any,
     *,
     req_to_token: torch.Tensor,
@@ -405,10 +438,11 @@ def causal_execute(
     swa_window: int,
     page_index_aligned_size: int,
     swa_replay_start: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """REPLACE hook of ``BuildCausalSwaPageIndices.execute``: swa_hal's rows, newest first."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """swa_hal's answer to a ``BuildCausalSwaPageIndices.execute`` call: its rows, newest first, and the lens
+    SGLang's backend pairs with them. Its parameters are the op's, the ones a call must match."""
     adapter = adapter_for(_engine_device("seq_lens_casual", seq_lens_casual), swa_window)
-    indices, lens = adapter.causal(
+    return adapter.causal(
         req_to_token=req_to_token,
         full_to_swa=full_to_swa_mapping,
         req_pool_indices_repeated=req_pool_indices_repeated,
@@ -416,40 +450,160 @@ def causal_execute(
         swa_replay_start=swa_replay_start,
         page_index_aligned_size=page_index_aligned_size,
     )
-    sink = _LENS_SINK.get()
-    if sink is not None:
-        sink.append(lens)
-    return indices
+
+
+_CAUSAL_SIGNATURE = inspect.signature(causal_rows)
+
+
+def causal_execute(original: Callable[..., Any], cls: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """AROUND hook of ``BuildCausalSwaPageIndices.execute``: swa_hal's rows, newest first (its lens go to the
+    ``make_core_attn_metadata`` hook). Shadowing, SGLang's rows, compared on the shadow's turns: by the method's
+    hook with the lens, or here for a call outside it."""
+    core = _CORE_CALL.get()
+    shadow = _shadow
+    if shadow is None or shadow.mode == "serve":
+        served, got = attempt(causal_rows, _CAUSAL_SIGNATURE, original, (cls, *args), kwargs)
+        if served:
+            indices, lens = got
+            if core is not None:
+                core.lens.append(lens)
+            return indices
+        step_aside(ENGINE, TARGET_NAMES[TARGET_CAUSAL], got, log)
+        return original(cls, *args, **kwargs)
+    want = original(cls, *args, **kwargs)
+    if shadow.mode == "shadow":
+        if core is not None:
+            core.ops.append(((cls, *args), kwargs, want))
+        else:
+            call = shadow.turn()
+            if call is not None:
+                _compare_causal(shadow, call, original, (cls, *args), kwargs, want, None)
+    return want
+
+
+def _compare_causal(
+    shadow: Shadow,
+    call: int,
+    original: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    indices: torch.Tensor,
+    lens: torch.Tensor | None,
+) -> None:
+    """Compare SGLang's causal rows (and the lens its method paired with them) with swa_hal's. SGLang's lens
+    of a row with a negative position (draft-extend padding) are negative, swa_hal's 0 (docs/engines.md
+    #shadow-mode): compared at 0."""
+    name = TARGET_NAMES[TARGET_CAUSAL]
+    try:
+        served, got = attempt(causal_rows, _CAUSAL_SIGNATURE, original, args, kwargs)
+    except SWAHalError as exc:
+        shadow.refused(call, name, exc)
+        return
+    if not served:
+        step_aside(ENGINE, name, got, log)
+        return
+    checks = [Check("swa_page_indices", indices, got[0])]
+    if lens is not None:
+        checks.append(Check("swa_topk_lengths", lens.clamp_min(0), got[1]))
+    shadow.compare(call, name, checks)
 
 
 _core_signature = HostCache()  # SGLang's method -> its signature, read once
 
 
+@around(ENGINE, TARGET_NAMES[TARGET_CORE], log)
 def core_attn_metadata_around(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND hook of ``DeepseekV4AttnBackend.make_core_attn_metadata``: on the causal path (no
-    request window, no DSpark block) the lens SGLang's metadata carries are the ones swa_hal built
-    with the indices."""
+    """AROUND hook of ``DeepseekV4AttnBackend.make_core_attn_metadata``: on the causal path (no request
+    window, no DSpark block) the lens SGLang's metadata carries are the ones swa_hal built with the indices;
+    shadowing, the causal op's rows and these lens are compared with swa_hal's."""
+    shadow = _shadow
+    if shadow is not None and shadow.mode == "off":
+        return original(self, *args, **kwargs)
     sig = _core_signature.get(original)
     if sig is None:
-        sig = _core_signature.keep(original, inspect.signature(original))
+        sig = _core_signature.keep(original, inspect.signature(getattr(original, "func", original)))
     bound = sig.bind(self, *args, **kwargs)
     if (
         bound.arguments.get("dspark_block_size") is not None
         or getattr(self.token_to_kv_pool, "request_window", None) is not None
     ):
         return original(self, *args, **kwargs)
-    token = _LENS_SINK.set([])
+    calls = _CoreCall()
+    token = _CORE_CALL.set(calls)
     try:
         core = original(self, *args, **kwargs)
-        sink = _LENS_SINK.get()
     finally:
-        _LENS_SINK.reset(token)
-    if sink is not None and len(sink) == 1:
-        core.swa_topk_lengths = sink[0]
+        _CORE_CALL.reset(token)
+    # The lens fit the rows they were built with: not the rank's rows of a step SGLang has already cut to
+    # them (docs/engines.md #context-parallelism), where SGLang's own cut lens stay (and are not compared).
+    lens = core.swa_topk_lengths
+    if shadow is None or shadow.mode == "serve":
+        if len(calls.lens) == 1 and calls.lens[0].shape == lens.shape:
+            core.swa_topk_lengths = calls.lens[0]
+    elif len(calls.ops) == 1:
+        call = shadow.turn()
+        if call is not None:
+            op_args, op_kwargs, indices = calls.ops[0]
+            same_rows = lens.shape[:1] == indices.shape[:1]
+            _compare_causal(shadow, call, original, op_args, op_kwargs, indices, lens if same_rows else None)
     return core
 
 
-def dspark_indices_around(
+def _shadowed(target: str, compare: Callable[[Any, Any], list[Check]]) -> Callable[[Any], Any]:
+    """The AROUND hook of ``target`` made of ``serve``, swa_hal's answer to its calls: while swa_hal serves,
+    ``serve``'s answer (stepping aside on drift); while it shadows, SGLang's, compared on the shadow's turns
+    with ``serve``'s by ``compare(SGLang's, swa_hal's)`` (its checks). ``serve`` answers a call that is not
+    swa_hal's to build by returning ``NOT_OURS``: SGLang's code serves it, and nothing is compared."""
+
+    def decorate(serve: Callable[..., Any]) -> Callable[..., Any]:
+        name = TARGET_NAMES[target]
+        served = around(ENGINE, name, log)(serve)
+        signature = inspect.signature(serve)
+
+        @functools.wraps(serve)
+        def hooked(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            shadow = _shadow
+            if shadow is None or shadow.mode == "serve":
+                got = served(original, *args, **kwargs)
+                return original(*args, **kwargs) if got is NOT_OURS else got
+            want = original(*args, **kwargs)
+            call = shadow.turn()
+            if call is not None:
+                try:
+                    ok, got = attempt(serve, signature, original, args, kwargs)
+                except SWAHalError as exc:
+                    shadow.refused(call, name, exc)
+                    return want
+                if not ok:
+                    step_aside(ENGINE, name, got, log)
+                elif got is not NOT_OURS:
+                    shadow.compare(call, name, compare(want, got))
+            return want
+
+        return hooked
+
+    return decorate
+
+
+# What a hook's serving function returns for a call that is not swa_hal's to build (a DSpark call of the
+# per-request ring, whose op has a hook of its own).
+NOT_OURS = object()
+
+
+def _rows_and_lens(want: tuple[torch.Tensor, torch.Tensor], got: tuple[torch.Tensor, torch.Tensor]) -> list[Check]:
+    return [Check("swa_page_indices", want[0], got[0]), Check("swa_topk_lengths", want[1], got[1])]
+
+
+def _rows(want: torch.Tensor, got: torch.Tensor) -> list[Check]:
+    return [Check("swa_page_indices", want, got)]
+
+
+def _layout(want: Any, got: Any) -> list[Check]:
+    """Every field of SGLang's ``WindowLayout``."""
+    return [Check(name, value, getattr(got, name)) for name, value in fields_of(want).items()]
+
+
+def dspark_rows(
     original: Callable[..., Any],
     self: Any,
     *,
@@ -457,19 +611,14 @@ def dspark_indices_around(
     req_pool_indices_repeated: torch.Tensor,
     out_loc: torch.Tensor,
     block_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """AROUND hook of ``DeepseekV4AttnBackend.get_dspark_swa_page_indices``: swa_hal's DSpark rows for
-    the paged SWA pool. For the per-request SWA ring SGLang's method runs, and the op it calls,
+) -> Any:
+    """swa_hal's answer to ``DeepseekV4AttnBackend.get_dspark_swa_page_indices`` (and the ROCm backend's copy;
+    their hooks ``dspark_indices_around`` and ``hip_dspark_indices_around``): its DSpark rows for the paged SWA
+    pool. For the per-request SWA ring SGLang's method runs, and the op it calls,
     ``BuildDsparkSwaRingIndices.execute``, is hooked itself (``dspark_ring_execute``)."""
     pool = self.token_to_kv_pool
     if getattr(pool, "swa_req_ring_size", None) is not None:
-        return original(
-            self,
-            seq_lens_casual=seq_lens_casual,
-            req_pool_indices_repeated=req_pool_indices_repeated,
-            out_loc=out_loc,
-            block_size=block_size,
-        )
+        return NOT_OURS
     module = sys.modules.get(type(self).__module__)
     window = getattr(module, "SWA_WINDOW", SGLANG_SWA_WINDOW)
     align = getattr(module, "PAGE_INDEX_ALIGNED_SIZE", SGLANG_PAGE_INDEX_ALIGNED_SIZE)
@@ -486,7 +635,13 @@ def dspark_indices_around(
     )
 
 
+dspark_indices_around = _shadowed(TARGET_DSPARK, _rows_and_lens)(dspark_rows)
+hip_dspark_indices_around = _shadowed(TARGET_HIP_DSPARK, _rows_and_lens)(dspark_rows)
+
+
+@_shadowed(TARGET_DSPARK_RING, _rows_and_lens)
 def dspark_ring_execute(
+    original: Callable[..., Any],
     cls: Any,
     *,
     seq_lens_casual: torch.Tensor,
@@ -497,10 +652,9 @@ def dspark_ring_execute(
     swa_window: int,
     page_index_aligned_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REPLACE hook of ``BuildDsparkSwaRingIndices.execute``: swa_hal's ring rows and lens
-    (docs/semantics.md #ring-rows). The ring's request slots are ``valid_from``'s entries: SGLang keeps
-    one per request slot of the ring (``swa_valid_from``, ``num_req_slots`` long), and its own op reads
-    it for every block."""
+    """AROUND hook of ``BuildDsparkSwaRingIndices.execute``: swa_hal's ring rows and lens (docs/semantics.md
+    #ring-rows). The ring's request slots are ``valid_from``'s entries: SGLang keeps one per request slot of the
+    ring (``swa_valid_from``, ``num_req_slots`` long), and its own op reads it for every block."""
     adapter = adapter_for(_engine_device("seq_lens_casual", seq_lens_casual), swa_window)
     return adapter.dspark_ring(
         seq_lens_casual=seq_lens_casual,
@@ -512,6 +666,7 @@ def dspark_ring_execute(
     )
 
 
+@_shadowed(TARGET_HIP_CAUSAL, _rows)
 def hip_causal_indices_around(
     original: Callable[..., Any],
     self: Any,
@@ -536,6 +691,7 @@ def hip_causal_indices_around(
     return indices
 
 
+@_shadowed(TARGET_WINDOW, _layout)
 def window_layout_around(
     original: Callable[..., Any],
     req: torch.Tensor,
@@ -561,10 +717,21 @@ def window_layout_around(
     )
     if num_groups is not None and module.resolve_level() >= module.InvariantCheckLevel.WARN and not module._capturing():
         # The same predicate as SGLang's (its last row's run < num_groups), from the count the build
-        # already holds on the device: no host sync.
-        module.expect(module._WINDOW_GROUPS_FIT, got.runs <= num_groups, msg="request runs")
+        # already holds on the device: no host sync. SGLang's own check: what it raises is SGLang's answer.
+        engine_call(module.expect, module._WINDOW_GROUPS_FIT, got.runs <= num_groups, msg="request runs")
     return module.WindowLayout(**got.fields())
 
+
+# The hook of every target (each an AROUND hook).
+HOOKS: dict[str, Callable[..., Any]] = {
+    TARGET_CAUSAL: causal_execute,
+    TARGET_CORE: core_attn_metadata_around,
+    TARGET_DSPARK: dspark_indices_around,
+    TARGET_DSPARK_RING: dspark_ring_execute,
+    TARGET_WINDOW: window_layout_around,
+    TARGET_HIP_CAUSAL: hip_causal_indices_around,
+    TARGET_HIP_DSPARK: hip_dspark_indices_around,
+}
 
 # -- the plugin ----------------------------------------------------------------------------------------
 
@@ -598,33 +765,148 @@ def hooks_detail(problems: dict[str, str | None]) -> str:
     )
 
 
-def _install() -> str:
+def _own(target: str) -> Any:
+    """SGLang's own function of ``target`` (under any hook registry's wrappers), or None where it does not
+    resolve."""
+    import pkgutil
+
+    owner_path, attr = target.rsplit(".", 1)
+    try:
+        owner = pkgutil.resolve_name(owner_path)
+        raw = owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
+    except Exception:  # noqa: BLE001 - reported by target_problem
+        return None
+    func: Any = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+    while getattr(func, "__wrapped__", None) is not None:
+        func = func.__wrapped__
+    params = inspect.signature(func).parameters.values()
+    if isinstance(owner, type) and all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name == "cls" for p in params):
+        # SGLang's ops dispatch ``execute(cls, *args, **kwargs)`` to their ``torch`` (or ``triton``) method,
+        # whose parameters are the op's.
+        reference = owner.__dict__.get("torch")
+        if isinstance(reference, (classmethod, staticmethod)):
+            return reference.__func__
+    return func
+
+
+# The function whose parameters each hook knows (its first parameter, the original, is the hook's own).
+_SERVES: dict[str, Callable[..., Any]] = {
+    TARGET_CAUSAL: causal_rows,
+    TARGET_DSPARK: dspark_rows,
+    TARGET_HIP_DSPARK: dspark_rows,
+}
+
+
+def hook_gaps() -> dict[str, str]:
+    """Per hook whose SGLang function takes other parameters than the hook knows: what differs
+    (``aside.signature_gaps``). Calls that pass what a hook does not know step aside to SGLang's code
+    (docs/engines.md #drift); the start-up line and ``swa-hal info --engine sglang`` say so ahead of them."""
+    gaps = {}
+    for target, hook in HOOKS.items():
+        own = _own(target)
+        if own is not None:
+            why = signature_gaps(own, _SERVES.get(target, hook))
+            if why is not None:
+                gaps[target] = why
+    return gaps
+
+
+def _install(mode: str, version: str) -> str:
+    """Register the hooks (SGLang's loader applies them right after the plugins load) in ``mode``: ``serve``,
+    or ``shadow`` (SGLang serves; swa_hal compares, ``swa_hal.integrations.shadow``). Returns the start-up line."""
+    global _shadow
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    version = require_version(ENGINE, DISTRIBUTION, SUPPORTED_VERSIONS, switch=SWITCH)
     # Select first: a backend that cannot start is an error before SGLang is touched.
     name, where = auto_backend(backend=_settings.backend, platform=_platform())
-    HookRegistry.register(TARGET_CAUSAL, causal_execute, HookType.REPLACE)
-    HookRegistry.register(TARGET_CORE, core_attn_metadata_around, HookType.AROUND)
-    HookRegistry.register(TARGET_DSPARK, dspark_indices_around, HookType.AROUND)
-    HookRegistry.register(TARGET_DSPARK_RING, dspark_ring_execute, HookType.REPLACE)
-    HookRegistry.register(TARGET_WINDOW, window_layout_around, HookType.AROUND)
-    HookRegistry.register(TARGET_HIP_CAUSAL, hip_causal_indices_around, HookType.AROUND)
-    HookRegistry.register(TARGET_HIP_DSPARK, dspark_indices_around, HookType.AROUND)
+    _shadow = Shadow(ENGINE, log) if mode == "shadow" else None
+    for target, hook in HOOKS.items():
+        HookRegistry.register(target, hook, HookType.AROUND)
     problems = {target: target_problem(target) for target in TARGETS}
-    what = "DeepSeek-V4 SWA indices and lens (paged and per-request ring), V4.1 request-window layouts"
-    level = logging.WARNING if any(problems.values()) else logging.INFO
-    return announce(log, ENGINE, version, what, name, where, hooks_detail(problems), level=level)
+    if mode == "shadow":
+        s = _shadow.settings if _shadow is not None else None
+        what = (
+            f"shadow mode: SGLang serves its DeepSeek-V4 SWA rows, swa_hal builds beside it and compares (the first "
+            f"{s.steps if s else '?'} calls, then one in {s.every if s else '?'}"
+            + (", then serves after as many equal ones" if s and s.promote else "")
+            + ")"
+        )
+    else:
+        what = "DeepSeek-V4 SWA indices and lens (paged and per-request ring), V4.1 request-window layouts"
+    detail = hooks_detail(problems)
+    gaps = hook_gaps()
+    if gaps:
+        detail += "; calls these hooks do not know step aside to SGLang's code: " + "; ".join(
+            f"{TARGET_NAMES[t]} ({why})" for t, why in gaps.items()
+        )
+    level = logging.WARNING if any(problems.values()) or gaps else logging.INFO
+    return announce(log, ENGINE, version, what, name, where, detail, level=level)
+
+
+def plugin_report() -> dict[str, Any]:
+    """Whether the plugin is active in this environment, found as SGLang finds it: its entry point, SGLang's
+    ``SGLANG_PLUGINS`` filter, swa_hal's switch, then SGLang's own loader (``sglang.srt.plugins.load_plugins``,
+    what every SGLang process runs); its start-up line, its mode (serving or shadowing), the hooks whose SGLang
+    functions take parameters they do not know, and the calls of this process that stepped aside.
+    ``swa-hal info --engine sglang`` prints it (docs/engines.md #is-it-active)."""
+    from importlib import metadata
+
+    from ._common import installed_version
+    from .aside import stepped_aside
+
+    report: dict[str, Any] = {"engine": "sglang", "supported": list(SUPPORTED_VERSIONS), "active": False}
+    version = installed_version(DISTRIBUTION)
+    report["version"] = version
+    eps = [ep for ep in metadata.entry_points(group="sglang.srt.plugins") if ep.name == "swa_hal"]
+    report["entry_point"] = eps[0].value if eps else None
+    allowed = os.environ.get("SGLANG_PLUGINS")
+    report["engine_plugins"] = ("SGLANG_PLUGINS", allowed)
+    report["switch"] = {SWITCH: os.environ.get(SWITCH), "on": enabled(SWITCH)}
+    reason = None
+    if version is None:
+        reason = "SGLang is not installed in this environment"
+    elif not eps:
+        reason = "no sglang.srt.plugins entry point named swa_hal: swa-hal is not installed as a distribution here"
+    elif allowed and "swa_hal" not in {x.strip() for x in allowed.split(",")}:
+        reason = f"SGLANG_PLUGINS={allowed!r} does not name swa_hal, so SGLang does not load it"
+    elif not enabled(SWITCH):
+        reason = f"{SWITCH}={os.environ.get(SWITCH)}: the plugin leaves SGLang its own code"
+    messages: list[str] = []
+    if version is not None and reason is None:
+        loader_said: list[str] = []
+        with kept_log(log, messages), kept_log(logging.getLogger("sglang.srt.plugins"), loader_said):
+            try:
+                import sglang.srt.plugins as loader
+
+                loader.load_plugins()
+            except Exception as exc:  # noqa: BLE001 - what SGLang's own start-up would have raised, reported
+                reason = f"sglang.srt.plugins.load_plugins() raised {type(exc).__name__}: {exc}"
+        # The loader logs a plugin that failed to load or run, and goes on: said here as the plugin's.
+        messages += [line for line in loader_said if line.startswith(("ERROR", "WARNING")) and "swa_hal" in line]
+    startup = [m.split(" ", 1)[1] for m in messages if m.startswith(("INFO swa_hal ", "WARNING swa_hal "))]
+    report["startup"] = startup[0] if startup else (_install_once._result if _install_once.done else None)
+    report["messages"] = [m for m in messages if not m.split(" ", 1)[-1].startswith("swa_hal ")]
+    report["registered"] = _install_once.done
+    if report["registered"]:
+        report["active"] = True
+        report["mode"] = "shadow" if _shadow is not None and _shadow.mode != "serve" else "serve"
+        report["shadow"] = shadow_report()
+        report["hook_gaps"] = {TARGET_NAMES[t]: why for t, why in hook_gaps().items()}
+    elif reason is None:
+        reason = "the plugin loaded but did not register" + (f": {report['messages'][0]}" if report["messages"] else "")
+    report["stepped_aside"] = stepped_aside(ENGINE)
+    report["reason"] = reason
+    return report
 
 
 def load_plugin() -> str | None:
     """The ``sglang.srt.plugins`` entry point. Registers the hooks once per process (SGLang's loader
     applies them), logs one line naming the swa_hal backend, and returns it. ``SWA_HAL_SGLANG=0``
-    leaves SGLang untouched (returns None); so does another SGLang version, with one warning
-    (``SWA_HAL_STRICT=1``: an EngineVersionError instead; ``SWA_HAL_FORCE_ENGINE=1``: installs anyway)."""
-    if not enabled(SWITCH):
-        log.debug("swa_hal: %s=0, SGLang left untouched", SWITCH)
+    leaves SGLang untouched (returns None); a release outside the tested set is shadowed, with one warning
+    (``SWA_HAL_SGLANG=shadow`` shadows a tested one; ``SWA_HAL_STRICT=1``: an EngineVersionError instead;
+    ``SWA_HAL_FORCE_ENGINE=1``: serves it anyway; docs/engines.md #releases-outside-the-tested-set)."""
+    mode, version = gate_mode(log, ENGINE, DISTRIBUTION, SUPPORTED_VERSIONS, switch=SWITCH)
+    if mode == "off" or version is None:
+        log.debug("swa_hal: %s=%s, SGLang left untouched", SWITCH, os.environ.get(SWITCH))
         return None
-    if gate_version(log, ENGINE, DISTRIBUTION, SUPPORTED_VERSIONS, switch=SWITCH) is None:
-        return None
-    return _install_once(_install)
+    return _install_once(lambda: _install(mode, version))

@@ -44,15 +44,18 @@ import threading
 from typing import Any
 
 from . import _common
+from .aside import stepped_aside
 
 # Defined in vllm_common, which the builder and step modules import instead of this one; re-exported so
 # that swa_hal.integrations.vllm stays the one place users find them.
+from .shadow import Shadow
+from .vllm_common import ENGINE as ENGINE
 from .vllm_common import ENV_SWITCH as ENV_SWITCH
 from .vllm_common import SUPPORTED_VLLM as SUPPORTED_VLLM
 from .vllm_common import BuilderOptions as BuilderOptions
 from .vllm_common import VllmNotInstalledError as VllmNotInstalledError
 from .vllm_common import VllmVersionError as VllmVersionError
-from .vllm_common import all_subclasses, installed_version, require_installed
+from .vllm_common import admit, admit_none, all_subclasses, installed_version, require_installed
 from .vllm_common import check_vllm as check_vllm
 from .vllm_common import configure as configure
 from .vllm_common import is_swa_hal_builder as is_swa_hal_builder
@@ -144,7 +147,9 @@ def _patch_backend(backend: type) -> None:
 
 def register() -> bool:
     """The ``vllm.general_plugins`` entry point. Idempotent (vLLM calls it in every process).
-    Returns whether swa_hal builds vLLM's DeepSeek-V4 SWA metadata in this process.
+    Returns whether swa_hal builds (or, shadowing, builds beside) vLLM's DeepSeek-V4 SWA metadata in this
+    process: on a tested release it serves vLLM; on any other (or with ``SWA_HAL_VLLM=shadow``) it shadows
+    vLLM's own builders (docs/engines.md #releases-outside-the-tested-set).
 
     vLLM itself only calls it where vLLM is installed; called where vLLM cannot be imported (a script that
     registers the plugin by hand in the wrong environment), it raises ``VllmNotInstalledError`` saying so,
@@ -161,18 +166,22 @@ def register() -> bool:
         if _registered:
             return True
         require_installed()
-        # Never stops vLLM from starting: another release gets one warning and vLLM's own builders.
-        version = _common.gate_version(
-            log, "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=installed_version()
+        # Never stops vLLM from starting: another release is shadowed, with one warning.
+        mode, version = _common.gate_mode(
+            log, ENGINE, "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=installed_version()
         )
-        if version is None:
+        if mode == "off" or version is None:
             return False
+        admit(version)
         # Choose the backend first: a backend that cannot be chosen (SWA_HAL_BACKEND naming an
         # unknown or unavailable one) stops here, with vLLM untouched.
         backend_name, platform = describe(version)
         sparse_swa_builder_base()
         from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
 
+        from . import vllm_shadow
+
+        vllm_shadow.start(Shadow(ENGINE, log) if mode == "shadow" else None)
         backend = DeepseekSparseSWABackend
         for cls in (backend, *all_subclasses(backend)):
             _patch_backend(cls)
@@ -188,10 +197,22 @@ def register() -> bool:
 
         backend.__init_subclass__ = classmethod(__init_subclass__)
         _patched.append((backend, "__init_subclass__", original))
-        _declare_recordable()
-        step = _install_step_builds()
+        if mode == "shadow":
+            # vLLM's own builds serve; step builds and recorded metadata builds would hand out other buffers.
+            s = vllm_shadow.current().settings  # type: ignore[union-attr]
+            detail = (
+                f"shadow mode: vLLM's own builds serve, swa_hal builds beside them and compares (the first "
+                f"{s.steps} builds, then one in {s.every}"
+                + (", then serves after as many equal ones)" if s.promote else ")")
+            )
+        else:
+            _declare_recordable()
+            detail = _install_step_builds()
         _registered = True
-    _common.announce(log, "vLLM", version, "builds its DeepSeek-V4/V4.1 SWA metadata", backend_name, platform, step)
+    what = (
+        "builds its DeepSeek-V4/V4.1 SWA metadata" if mode == "serve" else "shadows its DeepSeek-V4/V4.1 SWA metadata"
+    )
+    _common.announce(log, ENGINE, version, what, backend_name, platform, detail)
     return True
 
 
@@ -255,9 +276,13 @@ def _declare_recordable() -> None:
 
 def unregister() -> None:
     """Give vLLM its own builders and its own recordable set back (classes already constructed stay as
-    they are)."""
+    they are), and end the shadow."""
     global _registered
     with _lock:
+        from . import vllm_shadow
+
+        vllm_shadow.start(None)
+        admit_none()
         while _patched:
             cls, attr, original = _patched.pop()
             if original is None:
@@ -275,7 +300,6 @@ def plugin_report() -> dict[str, Any]:
 
     vLLM 0.34 configures its logging after it loads the plugins, so the start-up line the plugin logs then is
     shown nowhere: it is captured here (``startup``), with any warning (``messages``)."""
-    import logging
     from importlib import metadata
 
     from .vllm_common import SUPPORTED_VLLM as supported
@@ -299,37 +323,57 @@ def plugin_report() -> dict[str, Any]:
         reason = f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)}: the plugin leaves vLLM its own builders"
     messages: list[str] = []
     if version is not None:
-
-        class Keep(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                messages.append(f"{record.levelname} {record.getMessage()}")
-
         # Kept here, not passed on: the report shows them (vLLM's handlers are not set up yet anyway).
-        keep, level, propagate = Keep(logging.DEBUG), log.level, log.propagate
-        log.addHandler(keep)
-        log.setLevel(logging.INFO)
-        log.propagate = False
-        try:
-            from vllm.plugins import load_general_plugins
+        with _common.kept_log(log, messages):
+            try:
+                from vllm.plugins import load_general_plugins
 
-            load_general_plugins()
-        except Exception as exc:  # noqa: BLE001 - what vLLM's own start-up would have raised, reported
-            reason = reason or f"vllm.plugins.load_general_plugins() raised {type(exc).__name__}: {exc}"
-        finally:
-            log.removeHandler(keep)
-            log.setLevel(level)
-            log.propagate = propagate
+                load_general_plugins()
+            except Exception as exc:  # noqa: BLE001 - what vLLM's own start-up would have raised, reported
+                reason = reason or f"vllm.plugins.load_general_plugins() raised {type(exc).__name__}: {exc}"
     report["registered"] = is_registered()
     startup = [m.split(" ", 1)[1] for m in messages if m.startswith("INFO swa_hal ")]
     report["startup"] = startup[0] if startup else None
     report["messages"] = [m for m in messages if not m.startswith("INFO swa_hal ")]
     if report["registered"]:
+        from . import vllm_shadow
+
         report["active"] = True
         report["step_builds"] = step_builds_active()
+        report["mode"] = "shadow" if vllm_shadow.shadowing() and vllm_shadow.current().mode != "serve" else "serve"  # type: ignore[union-attr]
+        report["shadow"] = vllm_shadow.report()
+        report["hook_gaps"] = hook_gaps()
     elif reason is None:
         reason = "the plugin loaded but did not register" + (f": {report['messages'][0]}" if report["messages"] else "")
+    report["stepped_aside"] = stepped_aside(ENGINE)
     report["reason"] = reason
     return report
+
+
+def hook_gaps() -> dict[str, str]:
+    """Per builder method whose vLLM base takes other parameters than swa_hal's knows, what differs, and the
+    fields of vLLM's common metadata swa_hal does not know (``vllm_builder.KNOWN_COMMON_FIELDS``): calls that
+    pass or set them step aside to vLLM's own build (docs/engines.md #drift)."""
+    import dataclasses
+
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder as base
+
+    from .aside import signature_gaps
+    from .vllm_builder import KNOWN_COMMON_FIELDS
+    from .vllm_builder import SwaHalSparseSWAMetadataBuilder as ours
+
+    gaps = {}
+    for name, known in (("build", ours.swa_hal_build), ("update_draft_decode_metadata", ours.swa_hal_update_draft)):
+        why = signature_gaps(getattr(base, name), known, hook_leading=0)
+        if why is not None:
+            gaps[name] = why
+    fields = [f.name for f in dataclasses.fields(CommonAttentionMetadata) if f.name not in KNOWN_COMMON_FIELDS]
+    if fields:
+        gaps["CommonAttentionMetadata"] = (
+            f"fields {', '.join(fields)}, which swa_hal does not know: a build that sets one steps aside"
+        )
+    return gaps
 
 
 def describe(version: str | None = None) -> tuple[str, str]:

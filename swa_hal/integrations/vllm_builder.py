@@ -28,8 +28,10 @@ imports it on first use, after checking vLLM's version; importing it directly ch
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,12 +44,13 @@ from vllm.v1.attention.backends.mla.sparse_swa import (
 from ..batch import AttentionBatch
 from ..builder import SWAMetadataBuilder
 from ..config import LAYER_TYPES, SPECULATIVE_METHODS, SWAConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, SWAHalError
 from ..metadata import SWAMetadata
 from ..platform import PlatformInfo
-from . import vllm_step
+from . import vllm_shadow, vllm_step
+from .aside import drift_reason, engine_call, raised_by_engine, step_aside, unbound
 from .engine import batch_from_common_metadata, step_image_spans
-from .vllm_common import ENV_SWITCH, all_subclasses, check_vllm, is_swa_hal_builder, log, options
+from .vllm_common import ENGINE, ENV_SWITCH, all_subclasses, check_vllm, is_swa_hal_builder, log, options
 
 check_vllm()
 
@@ -138,6 +141,75 @@ def engine_rows(md: SWAMetadata, num_tokens: int) -> SWAMetadata:
     return dataclasses.replace(md, **changes)
 
 
+# -- fields swa_hal does not know ---------------------------------------------------------------
+
+# The fields of vLLM's ``CommonAttentionMetadata`` in the releases this plugin is tested with (0.33 and 0.34):
+# what swa_hal reads of them, and what it knows vLLM's own SWA builder does not read. A field a later
+# release adds may change what the rows should be (decode context parallelism's local lengths, say), so a
+# build whose metadata sets one steps aside (docs/engines.md #drift).
+KNOWN_COMMON_FIELDS = frozenset(
+    {
+        "query_start_loc",
+        "query_start_loc_cpu",
+        "seq_lens",
+        "num_reqs",
+        "num_actual_tokens",
+        "max_query_len",
+        "max_seq_len",
+        "block_table_tensor",
+        "slot_mapping",
+        "causal",
+        "logits_indices_padded",
+        "num_logits_indices",
+        "max_logits_per_req",
+        "encoder_seq_lens",
+        "encoder_seq_lens_cpu",
+        "dcp_local_seq_lens",
+        "dcp_local_seq_lens_cpu_upper_bound",
+        "positions",
+        "is_prefilling",
+        "seq_lens_cpu_upper_bound",
+        "req_idx",
+        "mm_req_doc_ranges",
+        "rswa_prefix_lens",
+        "replayssm_decode_base_cpu",
+        "_num_computed_tokens_cache",
+        "_token_to_req_indices_cache",
+    }
+)
+_unknown_fields: dict[type, tuple[tuple[str, Any], ...]] = {}  # metadata class -> (field, default) not known
+
+
+def unknown_set_fields(cm: Any) -> list[str]:
+    """The fields of ``cm`` (vLLM's common metadata) that are not ``KNOWN_COMMON_FIELDS`` and hold other than
+    their default: what a build of it would not know. Looked up once per class: a build of a known class
+    pays one dict lookup."""
+    cls = type(cm)
+    unknown = _unknown_fields.get(cls)
+    if unknown is None:
+        found = []
+        if dataclasses.is_dataclass(cls):
+            for f in dataclasses.fields(cls):
+                if f.name not in KNOWN_COMMON_FIELDS:
+                    default = f.default
+                    if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+                        default = f.default_factory()
+                    found.append((f.name, default))
+        unknown = _unknown_fields[cls] = tuple(found)
+    return [name for name, default in unknown if not _is_default(getattr(cm, name, default), default)]
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    if default is dataclasses.MISSING or isinstance(value, torch.Tensor) or isinstance(default, torch.Tensor):
+        return False
+    try:
+        return bool(value == default)
+    except Exception:  # noqa: BLE001 - a value that does not compare with its default is set
+        return False
+
+
 # -- the builder's config -----------------------------------------------------------------------
 
 
@@ -208,11 +280,14 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
     Same constructor as vLLM's (plus keyword-only ``backend``, ``platform`` and ``validate`` for
     swa_hal; defaults from ``swa_hal.integrations.vllm.configure``); ``build`` returns vLLM's
     ``DeepseekSparseSWAMetadata`` whose tensors are views of swa_hal's fixed buffers and of the step's
-    own inputs.
+    own inputs. A call it does not know goes to vLLM's own build (docs/engines.md #drift); while the plugin
+    shadows vLLM, vLLM's own build serves and swa_hal's is compared with it (docs/engines.md #shadow-mode).
     """
 
     # The vLLM class this one stands in for (``swa_hal_builder_cls`` sets it on each platform's).
     swa_hal_native_cls: type = DeepseekSparseSWAMetadataBuilder
+    # Why this builder hands every call to vLLM's own code (None: it does not): its set-up met drift.
+    swa_hal_aside: str | None = None
 
     def __init__(
         self,
@@ -223,6 +298,15 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        try:
+            self._swa_hal_setup(backend, platform, validate)
+        except SWAHalError:
+            raise
+        except Exception as exc:  # an attribute or setting of vLLM's that this release no longer has
+            self.swa_hal_aside = drift_reason(exc)
+            step_aside(ENGINE, "builder set-up", self.swa_hal_aside, log)
+
+    def _swa_hal_setup(self, backend: str | None, platform: PlatformInfo | str | None, validate: bool | None) -> None:
         pcp = pcp_size(self.vllm_config)
         if pcp > 1 and (pcp not in PCP_SIZES or not _is_v41(type(self))):
             # Only vLLM's V4.1 builder takes this rank's chunk of the gathered slot mapping before the
@@ -256,7 +340,6 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         # (vLLM's metadata, swa_hal's) of this builder's latest build: a draft update of that metadata
         # carries the step's own inputs (``SWAMetadata.inputs``), which vLLM's metadata has no field for.
         self._handed: tuple[Any, SWAMetadata] | None = None
-        self._release_native_row_buffers()
         # vLLM hands out visibility whenever a request lists images, even when none covers the
         # step's new tokens (all zeros then); these stay zero for exactly that case.
         self._no_visibility: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -265,21 +348,22 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             self._no_visibility = (zeros(), zeros())
         if not self.swa_hal.supports_draft_decode_metadata_update:
             self.supports_draft_decode_metadata_update = False
+        # Last: a set-up that met drift before this point leaves vLLM's own buffers in place.
+        self._adopt_native_buffers(shadowing=vllm_shadow.shadowing())
 
     @property
     def swa_hal_backend(self) -> str:
         return self.swa_hal.backend_name
 
-    def _release_native_row_buffers(self) -> None:
-        """vLLM's base allocated its own row buffers; swa_hal's replace them. The per-token
-        buffers become swa_hal's (same shapes), the index rows zero-width placeholders, so no
-        code path can fill rows outside swa_hal (ROCm's one-launch decode build checks the
-        buffer's width and declines)."""
+    def _adopt_native_buffers(self, shadowing: bool) -> None:
+        """vLLM's base allocated its own buffers; swa_hal's replace them. The per-token buffers become
+        swa_hal's (same shapes). The index rows: serving, zero-width placeholders, so no code path can fill
+        rows outside swa_hal (ROCm's one-launch decode build checks the buffer's width and declines), and
+        vLLM's own build runs over swa_hal's rows only for a call that steps aside (``_native_rows``);
+        shadowing, swa_hal's rows themselves, so vLLM's build (which serves) and swa_hal's (which it is
+        compared with) fill the same memory, and the addresses a CUDA graph captured stay the ones a promoted
+        swa_hal fills (docs/engines.md #shadow-mode)."""
         b = self.swa_hal.buffers
-        empty = lambda: torch.empty((self._max_tokens, 1, 0), dtype=torch.int32, device=self.device)  # noqa: E731
-        self.decode_swa_indices = empty()
-        self.prefill_swa_indices = empty()
-        self.decode_swa_indices_noncausal = empty()
         self.token_to_req_indices = b.token_to_req
         self.is_valid_token = b.is_valid
         self.decode_swa_lens = b.decode_lens
@@ -287,6 +371,33 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         for name in ("left_visible", "right_visible", "span_indptr", "span_starts", "span_ends"):
             if hasattr(self, name):
                 setattr(self, name, getattr(b, name))
+        self._placeholders = not shadowing
+        if shadowing:
+            self._set_rows(self._swa_hal_rows())
+        else:
+            empty = lambda: torch.empty((self._max_tokens, 1, 0), dtype=torch.int32, device=self.device)  # noqa: E731
+            self._set_rows((empty(), empty(), empty()))
+
+    def _swa_hal_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """swa_hal's decode, prefill and (DSpark) non-causal row buffers, shaped as vLLM's."""
+        b = self.swa_hal.buffers
+        return b.decode_indices, b.prefill_indices, b.noncausal_indices if self.is_dspark else None
+
+    def _set_rows(self, rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> None:
+        self.decode_swa_indices, self.prefill_swa_indices, self.decode_swa_indices_noncausal = rows
+
+    def _native(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """vLLM's own ``method`` (the base class's) on this call, over swa_hal's row buffers: a builder serving
+        with placeholders lends them for the call."""
+        native = getattr(super(), method)
+        if self.swa_hal_aside is not None or not self._placeholders:
+            return native(*args, **kwargs)
+        held = (self.decode_swa_indices, self.prefill_swa_indices, self.decode_swa_indices_noncausal)
+        self._set_rows(self._swa_hal_rows())
+        try:
+            return native(*args, **kwargs)
+        finally:
+            self._set_rows(held)
 
     # -- build ------------------------------------------------------------------------------
 
@@ -296,14 +407,57 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         spans = step_image_spans(self.swa_hal, cm)
         return batch_from_common_metadata(cm, replay_start=replay_start, image_spans=spans)
 
-    def build(
+    def build(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's ``build(common_prefix_len, common_attn_metadata, fast_build=False, replay_start=None)``
+        (``swa_hal_build``). A call with arguments it does not know, or whose common metadata sets a field
+        it does not know (``unknown_set_fields``), or whose build meets drift, steps aside to vLLM's own
+        build; while the plugin shadows vLLM, vLLM's own build serves and swa_hal's is compared with it
+        on the shadow's turns (``vllm_shadow``)."""
+        why = self.swa_hal_aside or unbound(_BUILD_SIGNATURE, (self, *args), kwargs)
+        cm = None
+        if why is None:
+            cm = _BUILD_SIGNATURE.bind(self, *args, **kwargs).arguments["common_attn_metadata"]
+            fields = unknown_set_fields(cm)
+            if fields:
+                why = f"common metadata fields it does not know are set: {', '.join(fields)}"
+        shadowed = lambda shadow: vllm_shadow.shadow_build(self, shadow, cm, args, kwargs)  # noqa: E731
+        return self._answer("build", self.swa_hal_build, shadowed, why, args, kwargs)
+
+    def _answer(
+        self,
+        hook: str,
+        serve: Callable[..., Any],
+        shadowed: Callable[..., Any],
+        why: str | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """One call of vLLM's ``hook``: vLLM's own (``_native``) where ``why`` says swa_hal does not know it or
+        ``serve`` meets drift (``swa_hal.integrations.aside``); ``shadowed(shadow)`` while the plugin shadows
+        vLLM; else ``serve``'s answer."""
+        if why is None:
+            shadow = vllm_shadow.current()
+            if shadow is not None and shadow.mode != "serve":
+                return shadowed(shadow)
+            try:
+                return serve(*args, **kwargs)
+            except SWAHalError:
+                raise
+            except Exception as exc:
+                if raised_by_engine(exc):
+                    raise
+                why = drift_reason(exc)
+        step_aside(ENGINE, hook, why, log)
+        return self._native(hook, args, kwargs)
+
+    def swa_hal_build(
         self,
         common_prefix_len: int,
         common_attn_metadata: Any,
         fast_build: bool = False,
         replay_start: torch.Tensor | None = None,
     ) -> Any:
-        """vLLM's ``build``: ``common_prefix_len`` and ``fast_build`` are accepted and, as in
+        """swa_hal's answer to vLLM's ``build``: ``common_prefix_len`` and ``fast_build`` are accepted and, as in
         vLLM's builder, unused; ``replay_start`` is each request's lower bound (None: none). Then
         ``poll_violations``: a violation an earlier build recorded is logged (once per kind) or,
         under ``SWA_HAL_STRICT=1``, raised here. Inside a model-runner step whose step build serves this
@@ -319,7 +473,7 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             md = engine_rows(step[2], cm.num_actual_tokens)
         self._poll_violations()
         fields = to_vllm(md)
-        tile = self.build_tile_scheduler(md.num_decode_tokens)
+        tile = engine_call(self.build_tile_scheduler, md.num_decode_tokens)
         for kind in LAYER_TYPES:
             fields[f"tile_sched_{kind}"] = tile.get(kind)
         ranges = cm.mm_req_doc_ranges
@@ -364,9 +518,18 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             inputs=handed[1].inputs if handed is not None and handed[0] is metadata else None,
         )
 
-    def update_draft_decode_metadata(self, metadata: Any) -> None:
-        """vLLM's in-place draft-step refresh (capture-safe): swa_hal recomputes token_to_req,
-        is_valid and the decode rows and lens (DSpark rows stay DSpark rows) from the advanced
+    def update_draft_decode_metadata(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM's ``update_draft_decode_metadata(metadata)`` (``swa_hal_update_draft``); a call it does not know,
+        or one that meets drift, steps aside to vLLM's own update; shadowing, vLLM's own update serves and
+        swa_hal's is compared with it on the shadow's turns."""
+        why = self.swa_hal_aside or unbound(_UPDATE_SIGNATURE, (self, *args), kwargs)
+        metadata = None if why is not None else _UPDATE_SIGNATURE.bind(self, *args, **kwargs).arguments["metadata"]
+        shadowed = lambda shadow: vllm_shadow.shadow_update(self, shadow, metadata, args, kwargs)  # noqa: E731
+        self._answer("update_draft_decode_metadata", self.swa_hal_update_draft, shadowed, why, args, kwargs)
+
+    def swa_hal_update_draft(self, metadata: Any) -> None:
+        """swa_hal's answer to vLLM's in-place draft-step refresh (capture-safe): swa_hal recomputes
+        token_to_req, is_valid and the decode rows and lens (DSpark rows stay DSpark rows) from the advanced
         ``seq_lens``; ROCm AITER's ragged decode rows rebuilt from them; fresh tile schedulers;
         FlashInfer's index cache cleared. Metadata of a step build: the draft step's first group updates
         every group of the step in one grouped update (``vllm_step.StepPlan.update_draft``)."""
@@ -381,7 +544,7 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             torch.ge(slots[ndt:], 0, out=metadata.is_valid_token[ndt : slots.shape[0]])
         if getattr(metadata, "decode_swa_ragged_indptr", None) is not None:
             self._refresh_ragged_decode_rows(metadata)
-        tile = self.build_tile_scheduler(ndt)
+        tile = engine_call(self.build_tile_scheduler, ndt)
         for kind in LAYER_TYPES:
             setattr(metadata, f"tile_sched_{kind}", tile.get(kind))
         metadata.flashinfer_sparse_index_cache.clear()
@@ -401,6 +564,11 @@ class SwaHalSparseSWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         metadata.decode_swa_ragged_indptr.copy_(indptr, non_blocking=True)
         if flat.numel():
             metadata.decode_swa_ragged_indices[: flat.numel()].copy_(flat, non_blocking=True)
+
+
+# The calls the builder knows: vLLM's, as swa_hal answers them.
+_BUILD_SIGNATURE = inspect.signature(SwaHalSparseSWAMetadataBuilder.swa_hal_build)
+_UPDATE_SIGNATURE = inspect.signature(SwaHalSparseSWAMetadataBuilder.swa_hal_update_draft)
 
 
 # -- under vLLM's platform subclasses -----------------------------------------------------------

@@ -25,6 +25,7 @@ from . import _common
 # docs/engines.md #compatibility says how each is tested.
 SUPPORTED_VLLM = ("==0.33.*", "==0.34.*")
 ENV_SWITCH = "SWA_HAL_VLLM"
+ENGINE = "vLLM"
 
 # A child of vLLM's logger, so the line appears in vLLM's own log format.
 log = logging.getLogger("vllm.plugins.swa_hal")
@@ -70,13 +71,31 @@ def require_installed() -> None:
         )
 
 
+# The release the plugin's start-up admitted (``register``: a tested one, or any other it shadows or is forced
+# to serve), which the builders then accept as well.
+_admitted: list[str] = []
+
+
+def admit(version: str) -> None:
+    """``register`` admitted ``version``: builders may be made under it (``check_vllm``)."""
+    _admitted[:] = [version]
+
+
+def admit_none() -> None:
+    """Forget the admitted release (``unregister``)."""
+    _admitted.clear()
+
+
 def check_vllm(version: str | None = None) -> str:
     """The installed vLLM's version, or a clear error: not installed, or not a supported release (unless
-    ``SWA_HAL_FORCE_ENGINE=1``). For direct use of the builders; vLLM's start-up goes through ``register``,
-    which never raises on a version (``SWA_HAL_STRICT=1`` aside)."""
+    ``SWA_HAL_FORCE_ENGINE=1``, or the plugin's start-up admitted it: ``admit``). For direct use of the
+    builders; vLLM's start-up goes through ``register``, which never raises on a version
+    (``SWA_HAL_STRICT=1`` aside)."""
     if version is None:
         require_installed()
         version = installed_version()
+    if version in _admitted:
+        return version
     return _common.require_version(
         "vLLM", "vllm", SUPPORTED_VLLM, switch=ENV_SWITCH, error=VllmVersionError, found=version
     )

@@ -195,8 +195,10 @@ def _swa_builders(attn_groups: Any, ubatch_idx: int) -> list[tuple[int, Any, Any
     for i, groups in enumerate(attn_groups):
         for group in groups:
             builders = getattr(group, "metadata_builders", ())
-            if len(builders) > ubatch_idx and is_swa_hal_builder(type(builders[ubatch_idx])):
-                found.append((i, group, builders[ubatch_idx]))
+            builder = builders[ubatch_idx] if len(builders) > ubatch_idx else None
+            # A builder whose set-up stepped aside (docs/engines.md #drift) builds as vLLM's own does.
+            if is_swa_hal_builder(type(builder)) and getattr(builder, "swa_hal_aside", None) is None:
+                found.append((i, group, builder))
     return found
 
 

@@ -97,12 +97,14 @@ class LogLines(logging.Handler):
 
 
 def fresh_loader_state() -> None:
-    """SGLang's plugin loader and hook registry, and swa_hal's install-once guard, as in a new process."""
+    """SGLang's plugin loader and hook registry, and swa_hal's install-once guard and shadow, as in a new
+    process."""
     import sglang.srt.plugins as sgl_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     HookRegistry.reset()
     integ._install_once.reset()
+    integ._shadow = None  # the install sets it when it shadows SGLang
     sgl_plugins._plugins_loaded = False
 
 

@@ -24,6 +24,7 @@ later (or raise under SWA_HAL_STRICT=1); SGLang's XPU platform, forced on the CP
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -110,6 +111,7 @@ def isolated_registry():
     hooks = {k: list(v) for k, v in HookRegistry._hooks.items()}
     patched = set(HookRegistry._patched)
     done = integ._install_once._done, integ._install_once._result
+    shadow = integ._shadow
     HookRegistry.reset()
     integ._install_once.reset()
     yield
@@ -117,6 +119,7 @@ def isolated_registry():
     HookRegistry._hooks.update(hooks)
     HookRegistry._patched.update(patched)
     integ._install_once._done, integ._install_once._result = done
+    integ._shadow = shadow
 
 
 def _use_backend(backend: str) -> None:
@@ -193,18 +196,30 @@ def _load_through_sglang():
     return handler.lines
 
 
-def test_other_sglang_version_runs_sglang_untouched_with_one_warning(isolated_registry, monkeypatch):
-    """Under another SGLang, SGLang's own loader runs the plugin, which logs one warning (the version
-    found, the supported one, the settings) and registers no hook: SGLang keeps its own rows."""
-    monkeypatch.setattr(_common, "installed_version", lambda dist: "0.5.22")
+@pytest.mark.parametrize("found", ["0.5.22", "0.5.24", "0.5.23.dev3", "0.5.23rc1"])
+def test_other_sglang_version_is_shadowed_with_one_warning(isolated_registry, monkeypatch, found):
+    """Under an SGLang release outside the tested set (pre and development releases of the tested one
+    included), SGLang's own loader runs the plugin, which logs one warning (the version found, the tested one,
+    how to promote or refuse) and registers its hooks in shadow mode: SGLang serves, swa_hal compares
+    (docs/engines.md #releases-outside-the-tested-set)."""
+    monkeypatch.setattr(_common, "installed_version", lambda dist: found)
     monkeypatch.setattr(_common, "_warned", set())
     lines = _load_through_sglang() + _load_through_sglang()  # loaded twice in one process: one warning
-    assert integ.load_plugin() is None
-    assert not HookRegistry._hooks
-    warned = [line for line in lines if "0.5.22 is installed" in line]
+    warned = [line for line in lines if f"{found} is installed" in line]
     assert len(warned) == 1, lines
-    assert "supports SGLang 0.5.23 only" in warned[0] and "SWA_HAL_FORCE_ENGINE=1" in warned[0]
+    for word in ("tested with SGLang 0.5.23 only", "shadow mode", "SWA_HAL_SHADOW_PROMOTE=1", "SWA_HAL_SGLANG=0"):
+        assert word in warned[0], warned[0]
+    assert set(HookRegistry._hooks) == set(integ.TARGETS)
+    assert integ.shadow_report()["mode"] == "shadow"
+    assert any("shadow mode: SGLang serves" in line for line in lines), lines
     assert not any("Failed to execute general plugin" in line for line in lines)
+
+
+def test_other_sglang_version_switched_off_is_untouched(isolated_registry, monkeypatch):
+    monkeypatch.setattr(_common, "installed_version", lambda dist: "0.5.24")
+    monkeypatch.setenv("SWA_HAL_SGLANG", "off")
+    assert integ.load_plugin() is None
+    assert not HookRegistry._hooks and integ.shadow_report() is None
 
 
 def test_other_sglang_version_under_strict_is_a_clear_error(isolated_registry, monkeypatch):
@@ -223,8 +238,8 @@ def test_other_sglang_version_under_strict_is_a_clear_error(isolated_registry, m
 def test_other_sglang_version_forced_installs(isolated_registry, monkeypatch):
     monkeypatch.setattr(_common, "installed_version", lambda dist: "0.5.22")
     monkeypatch.setenv("SWA_HAL_FORCE_ENGINE", "1")
-    assert "SGLang 0.5.22" in integ.load_plugin()
-    assert HookRegistry._hooks
+    assert "SGLang 0.5.22 DeepSeek-V4 SWA indices" in integ.load_plugin()
+    assert HookRegistry._hooks and integ.shadow_report() is None  # swa_hal serves
 
 
 def test_backend_that_cannot_start_is_an_error_before_any_hook(isolated_registry, monkeypatch):
@@ -946,3 +961,30 @@ def test_sglang_xpu_ring_rows_come_from_swa_hals_xpu_backend(sglang_on_xpu):
         _check_ring(case, BuildDsparkSwaRingIndices.execute(**case.op_kwargs()), H.sglang_ring(case))
         H.COUNTS[f"xpu-platform:{kind}"] += 1
         assert integ.adapter_for(torch.device("cpu"), case.window).backend_name == "xpu"
+
+
+def _info_engine(tmp_path, *argv, **env):
+    """`swa-hal info --engine sglang` in a new process, as a user runs it."""
+    full = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SWA_HAL_SGLANG")}
+    full.update(env)
+    cmd = [sys.executable, "-m", "swa_hal.cli", "info", "--engine", "sglang", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=full, timeout=600)
+
+
+@pytest.mark.parametrize("switch, mode, word", [(None, "serve", "serving"), ("shadow", "shadow", "shadowing")])
+def test_info_engine_sglang_says_the_plugin_is_active_and_its_mode(tmp_path, switch, mode, word):
+    env = {"SGLANG_PLUGINS": "swa_hal", **({"SWA_HAL_SGLANG": switch} if switch else {})}
+    proc = _info_engine(tmp_path, "--json", **env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    engine = json.loads(proc.stdout)["engine"]
+    assert (engine["engine"], engine["active"], engine["mode"]) == ("sglang", True, mode)
+    assert engine["startup"].startswith("swa_hal 0.1.0: SGLang 0.5.23") and engine["hook_gaps"] == {}
+    assert (engine["shadow"] is None) == (mode == "serve")
+    text = _info_engine(tmp_path, **env).stdout
+    assert f"  active: yes, {word} SGLang" in text and "  stepped aside: 0 calls in this process" in text
+
+
+def test_info_engine_sglang_says_why_the_plugin_is_not_active(tmp_path):
+    proc = _info_engine(tmp_path, SGLANG_PLUGINS="some_other_plugin")
+    assert proc.returncode == 1
+    assert "  active: no: SGLANG_PLUGINS='some_other_plugin' does not name swa_hal" in proc.stdout, proc.stdout

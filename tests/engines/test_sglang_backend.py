@@ -12,7 +12,6 @@ request-window layouts (live rows, padded rows, history groups, folded floors) a
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from types import SimpleNamespace
 
@@ -26,8 +25,11 @@ from sglang.srt.layers.attention import deepseek_v4_backend as cuda_module  # no
 from sglang.srt.layers.attention import deepseek_v4_backend_hip_radix as hip_module  # noqa: E402
 from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend  # noqa: E402
 from sglang.srt.layers.attention.deepseek_v4_backend_hip_radix import DeepseekV4HipRadixBackend  # noqa: E402
-from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
+from sglang_backends import assert_same as _equal  # noqa: E402
+from sglang_backends import backend as _backend  # noqa: E402
+from sglang_backends import both as _both  # noqa: E402
+from sglang_backends import kv_pool as _kv  # noqa: E402
 from sglang_hooks import Originals, loaded_by_sglang  # noqa: E402
 
 from swa_hal.integrations import sglang as integ  # noqa: E402
@@ -79,79 +81,6 @@ def test_start_up_line_names_a_hook_that_cannot_apply(hooked, monkeypatch):
 
 
 # -- the backends ----------------------------------------------------------------------------------------------
-
-
-def _backend(cls, pool, kv, **extra):
-    """An instance of SGLang's backend class with the attributes its metadata methods read."""
-    backend = object.__new__(cls)
-    backend.__dict__.update(
-        page_size=pool.page_size,
-        req_to_token=pool.req_to_token,
-        token_to_kv_pool=kv,
-        cuda_int32_kwargs=dict(device="cpu", dtype=torch.int32),
-        index_topk=512,
-        present_ratios=(),
-        low_ratios=(),
-        encoder_replay=False,
-        encoder_row_floor=None,
-        trtllm_attn=False,
-        **extra,
-    )
-    return backend
-
-
-def _kv(pool=None, **extra):
-    fields = dict(
-        full_to_swa_index_mapping=None if pool is None else pool.full_to_swa,
-        swa_req_ring_size=None,
-        swa_valid_from=None,
-        request_window=None,
-        unified_swa_pages=0,
-    )
-    fields.update(extra)
-    kv = SimpleNamespace(**fields)
-    # SGLang's own translation of full-pool slots to SWA slots (ROCm's causal gather calls it).
-    kv.translate_loc_from_full_to_swa = lambda loc: DeepSeekV4TokenToKVPool.translate_loc_from_full_to_swa(kv, loc)
-    return kv
-
-
-def _equal(got, want, what):
-    """Every field of SGLang's metadata: tensors equal in dtype, shape and value; the rest equal."""
-    assert type(got) is type(want), what
-    names = [f.name for f in dataclasses.fields(want)] if dataclasses.is_dataclass(want) else list(vars(want))
-    for name in names:
-        a, b = getattr(got, name, None), getattr(want, name, None)
-        if isinstance(b, torch.Tensor):
-            assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, (what, name)
-            assert torch.equal(a, b), (what, name, a, b)
-        elif dataclasses.is_dataclass(b) or hasattr(b, "__struct_fields__"):
-            for field in getattr(b, "__struct_fields__", ()) or [f.name for f in dataclasses.fields(b)]:
-                x, y = getattr(a, field), getattr(b, field)
-                assert (torch.equal(x, y) if isinstance(y, torch.Tensor) else x == y), (what, name, field)
-        else:
-            assert a == b, (what, name)
-
-
-def _both(hooked, call):
-    """``call()`` with swa_hal's hooks, then with SGLang's own functions; the first asks swa_hal for its
-    rows (every hook takes its adapter through ``adapter_for``), the second never does."""
-    real = integ.adapter_for
-    asked = []
-
-    def counted(*args, **kwargs):
-        asked.append(1)
-        return real(*args, **kwargs)
-
-    integ.adapter_for = counted
-    try:
-        got = call()
-        served = len(asked)
-        with hooked.originals.sglang_own():
-            want = call()
-    finally:
-        integ.adapter_for = real
-    assert served >= 1 and len(asked) == served, (served, len(asked))
-    return got, want
 
 
 def _core_kwargs(backend_cls, pool, rep, casual, **extra):

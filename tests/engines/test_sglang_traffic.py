@@ -97,3 +97,63 @@ def test_sglang_schedule_batch_traffic_rows_and_lens_equal_sglangs(plugin, seed,
     must = SCHEDULED_MUST_HAPPEN + (("mixed_steps",) if traffic.mixed_chunk else ())
     missing = [k for k in must if not engine.counts[k]]
     assert not missing, (missing, dict(engine.counts))
+
+
+# -- shadow mode on traffic (docs/engines.md #shadow-mode) ----------------------------------------------------
+
+SHADOW_STEPS = 120
+
+
+def _shadow(monkeypatch, steps: int, every: int, promote: bool):
+    from swa_hal.integrations.shadow import Shadow, ShadowSettings
+
+    shadow = Shadow("SGLang", integ.log, ShadowSettings(steps, every, promote))
+    monkeypatch.setattr(integ, "_shadow", shadow)
+    return shadow
+
+
+def _counted_causal(monkeypatch, plant=None):
+    """Every causal build swa_hal makes, counted; ``plant(call, indices, lens)`` may change its answer."""
+    real = integ.SGLangSWAIndices.causal
+    calls = []
+
+    def causal(self, **inputs):
+        calls.append(1)
+        got = real(self, **inputs)
+        return plant(len(calls), *got) if plant else got
+
+    monkeypatch.setattr(integ.SGLangSWAIndices, "causal", causal)
+    return calls
+
+
+def test_shadow_on_traffic_stays_equal_and_is_promoted(plugin, monkeypatch):
+    """SGLang serves every step while the first 40 calls and one in 5 after them are compared; all equal, so
+    after 40 swa_hal serves (SWA_HAL_SHADOW_PROMOTE=1) and its rows equal SGLang's for the rest of the run."""
+    shadow = _shadow(monkeypatch, steps=40, every=5, promote=True)
+    built = _counted_causal(monkeypatch)
+    engine = T.run(TRAFFIC[64], 3, SHADOW_STEPS, backends=("torch",))
+    assert not engine.diffs, engine.diffs[:5]
+    report = shadow.report()
+    assert report["mode"] == "serve" and report["difference"] is None, report
+    assert report["compared"] == report["equal"] == 40, report
+    # Each build of the traffic is swa_hal's once: compared while shadowing, served after the promotion.
+    assert len(built) == engine.counts["builds_torch"] > 40, (len(built), dict(engine.counts))
+
+
+def test_shadow_on_traffic_finds_a_planted_difference_on_its_call(plugin, monkeypatch):
+    """swa_hal's 25th causal build is one off in one entry: the shadow finds it on that call, names the field and
+    entry, and compares nothing after; SGLang served every step, so the traffic's own comparison is clean."""
+    shadow = _shadow(monkeypatch, steps=10**6, every=1, promote=False)
+
+    def one_off(call, indices, lens):
+        if call == 25:
+            indices = indices.clone()
+            indices[0, 0] += 1
+        return indices, lens
+
+    _counted_causal(monkeypatch, one_off)
+    engine = T.run(TRAFFIC[64], 4, 60, backends=("torch",))
+    assert not engine.diffs, engine.diffs[:5]
+    report = shadow.report()
+    assert report["mode"] == "off" and report["compared"] == 25 and report["equal"] == 24, report
+    assert report["difference"].startswith("call 25 (causal rows): swa_page_indices[0, 0] differs"), report

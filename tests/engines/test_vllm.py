@@ -47,7 +47,7 @@ from vllm.v1.attention.ops.flashmla import FlashMLASchedMeta
 from swa_hal import AttentionBatch
 from swa_hal.errors import BatchRangeError, ConfigError, SpeculativeModeError
 from swa_hal.integrations import vllm as integ
-from swa_hal.integrations import vllm_common
+from swa_hal.integrations import vllm_common, vllm_shadow
 from swa_hal.reference import build_reference
 from swa_hal.schedulers import no_schedulers
 from swa_hal.step_inputs import StepInputs
@@ -451,25 +451,36 @@ def load_vllm_plugins():
     vllm.plugins.load_general_plugins()
 
 
-@pytest.mark.parametrize("found", ["0.35.0", "0.32.1"])
-def test_another_vllm_starts_with_its_own_builders(plugin_log, monkeypatch, found):
-    """Under a vLLM outside the supported series, vLLM's own plugin loader runs to the end: swa_hal logs
-    one warning (the version found, the supported ones, the settings), installs nothing, and every SWA
-    backend hands out vLLM's own builder."""
+@pytest.mark.parametrize("found", ["0.35.0", "0.32.1", "0.34.1.dev7", "0.35.0rc1"])
+def test_another_vllm_is_shadowed_with_one_warning(plugin_log, monkeypatch, found):
+    """Under a vLLM outside the tested series (a pre or development release of one included), vLLM's own
+    plugin loader runs to the end: swa_hal logs one warning (the version found, the tested ones, how to promote
+    or refuse) and installs in shadow mode: the SWA backends hand out swa_hal's builders, whose builds are
+    vLLM's own, compared with swa_hal's (docs/engines.md #releases-outside-the-tested-set)."""
     with installed_vllm(monkeypatch, found) as records:
         load_vllm_plugins()
         load_vllm_plugins()  # vLLM loads plugins more than once per process: still one warning
-        assert not integ.is_registered()
-        assert sparse_swa.DeepseekSparseSWABackend.get_builder_cls() is DeepseekV4CPUSparseSWAMetadataBuilder
-        assert v41_flashmla.DeepseekSparseSWAFlashMLABackend.get_builder_cls() is (
-            v41_flashmla.DeepseekSparseSWAFlashMLAMetadataBuilder
-        )
+        assert integ.is_registered() and vllm_shadow.current() is not None
+        assert vllm_shadow.current().mode == "shadow"
+        assert integ.is_swa_hal_builder(sparse_swa.DeepseekSparseSWABackend.get_builder_cls())
+        assert not integ.step_builds_active()  # vLLM's own builds serve: no step builds
         warnings = [r for r in records if r.levelno == logging.WARNING]
         assert len(warnings) == 1, [r.getMessage() for r in records]
         line = warnings[0].getMessage()
         assert f"vLLM {found} is installed" in line and "0.33.x, 0.34.x" in line
-        assert "SWA_HAL_FORCE_ENGINE=1" in line and "SWA_HAL_STRICT=1" in line
-        assert "runs with its own code" in line
+        for word in ("shadow mode", "SWA_HAL_SHADOW_PROMOTE=1", "SWA_HAL_FORCE_ENGINE=1", "SWA_HAL_STRICT=1"):
+            assert word in line, line
+        started = [r.getMessage() for r in records if r.levelno == logging.INFO and "shadows" in r.getMessage()]
+        assert len(started) == 1 and "shadow mode: vLLM's own builds serve" in started[0]
+    assert vllm_shadow.current() is None  # the tested release again: swa_hal serves
+
+
+def test_another_vllm_switched_off_is_untouched(plugin_log, monkeypatch):
+    with installed_vllm(monkeypatch, "0.35.0"):
+        monkeypatch.setenv("SWA_HAL_VLLM", "0")
+        load_vllm_plugins()
+        assert not integ.is_registered()
+        assert sparse_swa.DeepseekSparseSWABackend.get_builder_cls() is DeepseekV4CPUSparseSWAMetadataBuilder
 
 
 def test_another_vllm_under_strict_stops_the_start(plugin_log, monkeypatch):
@@ -486,7 +497,8 @@ def test_another_vllm_forced_installs_with_a_warning(plugin_log, monkeypatch):
         load_vllm_plugins()
         assert integ.is_registered()
         assert integ.is_swa_hal_builder(sparse_swa.DeepseekSparseSWABackend.get_builder_cls())
-        assert any("installs anyway" in r.getMessage() for r in records if r.levelno == logging.WARNING)
+        assert any("serves it anyway" in r.getMessage() for r in records if r.levelno == logging.WARNING)
+        assert vllm_shadow.current() is None
 
 
 # Speculative methods of both releases (vLLM 0.34 knows no "medusa"; 0.33's rule does not read the method).
@@ -674,8 +686,20 @@ def test_info_engine_vllm_says_the_plugin_is_active_with_its_start_up_line(tmp_p
     assert "through swa_hal backend 'torch'" in engine["startup"] and engine["step_builds"] is True
     proc = _info_engine(tmp_path)
     assert proc.returncode == 0
-    assert "  active: yes: vllm.plugins.load_general_plugins() registered it (is_registered() is True)" in proc.stdout
+    assert "  active: yes, serving vLLM" in proc.stdout and engine["mode"] == "serve"
     assert f"  start-up line: {engine['startup']}" in proc.stdout
+    assert engine["hook_gaps"] == {} and "  stepped aside: 0 calls in this process" in proc.stdout
+
+
+def test_info_engine_vllm_says_when_the_plugin_shadows(tmp_path):
+    proc = _info_engine(tmp_path, "--json", SWA_HAL_VLLM="shadow")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    engine = json.loads(proc.stdout)["engine"]
+    assert engine["mode"] == "shadow" and engine["step_builds"] is False
+    assert engine["shadow"]["mode"] == "shadow" and engine["shadow"]["calls"] == 0
+    assert "shadows its DeepSeek-V4/V4.1 SWA metadata" in engine["startup"]
+    proc = _info_engine(tmp_path, SWA_HAL_VLLM="shadow")
+    assert "  active: yes, shadowing vLLM" in proc.stdout and "  shadow:        shadow: 0 calls" in proc.stdout
 
 
 @pytest.mark.parametrize(

@@ -297,3 +297,81 @@ def test_deepseek_v4_geometry_traffic_builds_as_vllm(tmp_path):
     assert c["prefix_cache_hits"] >= 3 and c["chunked_prefill_chunks"] >= 3 and c["mixed_steps"] >= 5, dict(c)
     check_runner(engine)
     H.COUNTS["traffic:v4_geometry_steps"] += c["steps"]
+
+
+# -- shadow mode on traffic (docs/engines.md #shadow-mode) ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def shadow_plugin(steps: int, every: int, promote: bool):
+    """The plugin loaded with ``SWA_HAL_VLLM=shadow`` and these shadow settings (as vLLM loads it), the serving
+    plugin back afterwards."""
+    from swa_hal.integrations import vllm as integ
+    from swa_hal.integrations import vllm_shadow
+
+    settings = {
+        "SWA_HAL_VLLM": "shadow",
+        "SWA_HAL_SHADOW_STEPS": str(steps),
+        "SWA_HAL_SHADOW_EVERY": str(every),
+        "SWA_HAL_SHADOW_PROMOTE": "1" if promote else "0",
+    }
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        integ.unregister()
+        integ.register()
+        yield vllm_shadow.current()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        integ.unregister()
+        integ.register()
+
+
+# MTP with two drafts and two SWA groups: builds and draft updates, async host bounds, graph padding. (No replay
+# bounds: vLLM's padded steps leave their padding requests without one, which the traffic's own comparison holds
+# swa_hal's zeros to; while vLLM serves there are none. The shadow's V4.1 replay is tests/engines/test_vllm_drift.py's.)
+SHADOW_TRAFFIC = T.Traffic(variant="v4_mtp2_w6b8", swa_groups=2, num_blocks=32)
+
+
+def test_shadow_on_traffic_stays_equal_and_is_promoted(tmp_path):
+    """MTP drafts and two SWA groups under vLLM's scheduler and model runner: vLLM's own builds serve while the
+    first 60 builds and updates and one in 10 after them are compared; all equal, so swa_hal serves after 60, at
+    the addresses vLLM's builds filled, and its metadata equals vLLM's builders' for the rest of the run (the
+    traffic's own comparison, every step)."""
+    with shadow_plugin(steps=60, every=10, promote=True) as shadow:
+        engine = T.run(SHADOW_TRAFFIC, 120, SEED, backends=("torch",), tmp=tmp_path)
+    assert not engine.diffs, "\n".join(engine.diffs[:5])
+    report = shadow.report()
+    assert report["mode"] == "serve" and report["difference"] is None, report
+    assert report["equal"] == report["compared"] == 60, report
+    assert engine.counts["draft_steps"] > 0, dict(engine.counts)
+
+
+def test_shadow_on_traffic_finds_a_planted_difference_on_its_call(tmp_path, monkeypatch):
+    """swa_hal's build answering one decode length one off at the shadow's 30th call: found on that call,
+    named by field and entry; vLLM served every step, so the traffic's own comparison stays clean."""
+    from swa_hal.integrations import vllm_builder, vllm_shadow
+
+    real = vllm_builder.SwaHalSparseSWAMetadataBuilder.swa_hal_build
+    planted = []
+
+    def one_off(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if vllm_shadow.current().calls >= 30 and not planted and out.num_decode_tokens:
+            planted.append(vllm_shadow.current().calls)
+            out.decode_swa_lens[0] += 1
+        return out
+
+    monkeypatch.setattr(vllm_builder.SwaHalSparseSWAMetadataBuilder, "swa_hal_build", one_off)
+    with shadow_plugin(steps=10**6, every=1, promote=False) as shadow:
+        engine = T.run(SHADOW_TRAFFIC, 40, SEED, backends=("torch",), tmp=tmp_path)
+    assert not engine.diffs, "\n".join(engine.diffs[:5])
+    report = shadow.report()
+    (call,) = planted
+    assert report["mode"] == "off" and report["compared"] == call and report["equal"] == call - 1, report
+    assert report["difference"].startswith(f"call {call} (build of "), report
+    assert "decode_swa_lens[0] differs: vLLM " in report["difference"], report

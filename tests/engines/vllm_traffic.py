@@ -620,8 +620,9 @@ class Engine:
             c[f"builds:{backend}"] += 1
             if self.traffic.specialized_decode:
                 self._check_recordings(step, backend, ids)
-            if len(self.layout.swa) >= 2:
-                # swa_hal's step path: one build for all of the step's SWA groups (its plan holds them all).
+            if len(self.layout.swa) >= 2 and integ.step_builds_active():
+                # swa_hal's step path: one build for all of the step's SWA groups (its plan holds them all); none
+                # while the plugin shadows vLLM (docs/engines.md #shadow-mode).
                 plan = self.ours[backend][0][0].swa_hal_step[0]
                 c[f"step_builds:{backend}"] += plan.builder is not None and plan.kv_ids == self.layout.swa
 

@@ -101,18 +101,17 @@ class HookCall:
         return self.hook(original or self.original, *self.args, **{**self.kwargs, **extra})
 
 
+def op_call(name, hook, op, kwargs):
+    """A call of SGLang op ``op``'s ``execute`` (a class method) through ``hook``, and SGLang's answer."""
+    own = sglang_function(op, "execute")
+    return HookCall(name, hook, own, (op,), kwargs, own(op, **kwargs))
+
+
 def hook_calls():
     rng = random.Random("sglang-drift")
     causal = H.causal_case(rng, "replay")
     causal_own = sglang_function(BuildCausalSwaPageIndices, "execute")
-    yield HookCall(
-        "causal rows",
-        integ.causal_execute,
-        causal_own,
-        (BuildCausalSwaPageIndices,),
-        causal.op_kwargs(),
-        causal_own(BuildCausalSwaPageIndices, **causal.op_kwargs()),
-    )
+    yield op_call("causal rows", integ.causal_execute, BuildCausalSwaPageIndices, causal.op_kwargs())
     core_self = SimpleNamespace(token_to_kv_pool=SimpleNamespace(request_window=None))
 
     def core_original(self, c, dspark_block_size=None):
@@ -146,15 +145,7 @@ def hook_calls():
         dspark_self.token_to_kv_pool, "full_to_swa_index_mapping",
     )
     ring = H.ring_case(rng, "ring_floors")
-    ring_own = sglang_function(BuildDsparkSwaRingIndices, "execute")
-    yield HookCall(
-        "DSpark ring rows",
-        integ.dspark_ring_execute,
-        ring_own,
-        (BuildDsparkSwaRingIndices,),
-        ring.op_kwargs(),
-        ring_own(BuildDsparkSwaRingIndices, **ring.op_kwargs()),
-    )
+    yield op_call("DSpark ring rows", integ.dspark_ring_execute, BuildDsparkSwaRingIndices, ring.op_kwargs())
     hip_case = H.causal_case(rng, "decode")
     hip_self = SimpleNamespace(req_to_token=hip_case.pool.req_to_token, token_to_kv_pool=SimpleNamespace(
         full_to_swa_index_mapping=hip_case.pool.full_to_swa))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from swa_hal import AttentionBatch, SWAConfig
+from swa_hal.integrations import vllm_shadow
 from swa_hal.testing.batches import random_batch
 
 # What the parity tests covered: batches by kind, with replay bounds, with image spans, draft updates.
@@ -488,20 +489,10 @@ def compare(
         elif a != b:
             diffs.append(f"{name}: {a!r} vs {b!r}")
 
-    for f in (
-        "num_decodes",
-        "num_prefills",
-        "num_decode_tokens",
-        "num_prefill_tokens",
-        "block_size",
-        "decode_swa_width",
-        "max_decode_query_len",
-        "prefill_window_size",
-        "prefill_max_model_len",
-        "prefill_max_num_batched_tokens",
-    ):
+    # The split and static facts, and the step's own inputs: the lists the plugin's shadow mode compares too.
+    for f in vllm_shadow.SCALAR_FIELDS:
         check(f, getattr(native, f), getattr(ours, f))
-    for f in ("seq_lens", "query_start_loc", "query_start_loc_cpu", "block_table", "slot_mapping"):
+    for f in vllm_shadow.INPUT_FIELDS:
         if f in fresh:  # each build was handed a tensor of its own (vLLM's drafter makes one per build)
             check(f, getattr(native, f), getattr(ours, f))
         elif not same_memory(getattr(native, f), getattr(ours, f)):

@@ -262,7 +262,7 @@ class SWAMetadataBuilder:
         inputs = batch.inputs
         full = validate if validate is not None else self.validate
         # A validated build runs the same O(1) preflight first, so it types every input the default path
-        # types and refuses nothing that path takes (docs/semantics.md #what-a-valid-batch-satisfies).
+        # types and refuses nothing that path takes (docs/semantics.md #inputs).
         num_reqs = inputs.preflight(self.config, self.buffers.capacity, self._device_index, validated=bool(full))
         found = find_groups(
             block_tables,

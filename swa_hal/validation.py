@@ -68,7 +68,7 @@ def _offset_counts(name: str, ptr: torch.Tensor) -> torch.Tensor:
 
 
 def validate_batch(batch: AttentionBatch, config: SWAConfig, capacity: int | None = None) -> None:
-    """Every rule of docs/semantics.md #what-a-valid-batch-satisfies (a host sync). R is the host offsets'
+    """Every rule of docs/semantics.md #inputs (a host sync). R is the host offsets'
     request count, as on the default path: per-request tensors longer than R (an engine's persistent buffers)
     are read for their first R entries."""
     cap = config.max_num_batched_tokens if capacity is None else capacity

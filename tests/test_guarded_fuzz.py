@@ -116,7 +116,7 @@ def test_dspark_build_cases_draw_host_upper_bounds_and_the_rows_they_would_have_
 @pytest.mark.parametrize("config", [G.GUARDED_CONFIG, G.GUARDED_DSPARK_EDGE_CONFIG], ids=lambda c: f"w{c.window_size}")
 def test_validated_cases_draw_every_default_path_form(config):
     """Validated builds of valid steps in the forms the default path takes (docs/semantics.md
-    #what-a-valid-batch-satisfies), each form drawn, and inputs of a type the default path refuses."""
+    #inputs), each form drawn, and inputs of a type the default path refuses."""
     draws = drawn(G.validated_case, config, f"draws-validated-{config.window_size}", 80)
     forms = [
         "validated per-request buffers longer than R",

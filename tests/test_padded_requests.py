@@ -31,7 +31,7 @@ def vector_r3(bounds: list[int]) -> AttentionBatch:
         block_size=4,
         num_tokens=6,
         replay_start=None,
-    ).replace(replay_start=torch.tensor([8, 5], dtype=torch.int32))
+    ).replace(replay_start=torch.tensor(bounds, dtype=torch.int32))
 
 
 # docs/semantics.md vector R3 (the rows of R1, then empty padding rows).

@@ -475,7 +475,7 @@ def validated_case(draw: Draw) -> list[str]:
     buffers, decodes' host seq_lens an upper bound, a DSpark step's among them, an overstated max_query_len of
     any size, replay bounds that stop at the padding requests), built with full validation by the backend and
     by the reference: both build it, equal to the reference's default build of it, and record nothing (a
-    validated build refuses nothing the default path takes, docs/semantics.md #what-a-valid-batch-satisfies).
+    validated build refuses nothing the default path takes, docs/semantics.md #inputs).
     Now and then (``UNTYPED``) one input has a type the default path refuses: every build, validated or not,
     raises the default path's typed error, naming the same field."""
     builder, ref, rng, device, k, strict = draw

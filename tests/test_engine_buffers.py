@@ -15,7 +15,9 @@ from helpers import BACKEND_PLATFORMS, common_metadata, make_builder
 
 from swa_hal import AttentionBatch, PlatformInfo, SWAConfig
 from swa_hal.integrations import EngineSWABuilder
+from swa_hal.reference import build_reference
 from swa_hal.testing.guarded import metadata_differences
+from swa_hal.testing.plain_model import plain_differences
 
 CONFIG = SWAConfig(
     window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=6, num_kv_groups=2
@@ -91,3 +93,16 @@ def test_the_engine_adapter_hands_out_the_steps_requests_only(backend):
     md = engine.build(0, cm, replay_start=whole.replay_start)
     engine.builder.check()
     assert_step_outputs(md, whole)
+
+
+def test_the_reference_and_the_plain_model_read_the_steps_requests_only():
+    """The oracles take the same inputs: ``build_reference`` hands out the step's R bounds and the plain model
+    reads R off the host offsets, so both give every backend's rows for a step handed in whole."""
+    whole = handed_whole(step())
+    ref = build_reference(CONFIG, whole)
+    assert ref.replay_start.tolist() == [8, 5, 0]
+    for backend in sorted(BACKEND_PLATFORMS):
+        md = make_builder(CONFIG, backend).build(whole)
+        assert not plain_differences(CONFIG, whole, md), backend
+        assert torch.equal(md.prefill_swa_indices[:, 0], ref.prefill_indices[:, 0]), backend
+        assert md.prefill_gather_lens.tolist() == ref.prefill_gather_lens.tolist(), backend

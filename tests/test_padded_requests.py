@@ -18,6 +18,7 @@ from swa_hal.errors import BatchConsistencyError, BatchShapeError
 from swa_hal.integrations import EngineSWABuilder
 from swa_hal.reference import build_reference
 from swa_hal.testing.guarded import metadata_differences, reference_builder
+from swa_hal.testing.plain_model import plain_differences
 
 CONFIG = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4)
 
@@ -53,6 +54,7 @@ def test_padding_requests_have_no_bound(backend, validate):
     ref = build_reference(CONFIG, vector_r3([8, 5]))
     assert ref.prefill_lens.tolist() == PREFILL_LENS and ref.decode_lens.tolist() == DECODE_LENS
     assert ref.replay_start.tolist() == [8, 5, 0, 0]
+    assert not plain_differences(CONFIG, vector_r3([8, 5]), md)  # the plain model gives padding no bound too
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda"])

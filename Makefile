@@ -136,12 +136,21 @@ $(VLLM_STAMP): $(VLLM_BIN)/python pyproject.toml
 	touch $@
 	@echo "make test-vllm: $(VLLM_VENV) is ready"
 
-# The engine tests in one process (their coverage counts are per process), the backend tests on every core.
+# The engine tests in one process (their coverage counts are per process), the backend tests on every core. Then
+# vLLM's own unit tests of the SWA metadata builder swa_hal replaces (tests/engines/vllm_upstream, copied from vLLM's
+# repository), twice: against vLLM's own builders (swa_hal's switch off) and with swa_hal's plugin registered by
+# vLLM's plugin loader.
+VLLM_UPSTREAM := tests/engines/vllm_upstream
+
 test-vllm: $(VLLM_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest \
 		-p no:cacheprovider tests/engines/test_vllm*.py
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= $(VLLM_BIN)/python -m pytest -p no:cacheprovider \
 		-n $(TEST_WORKERS) --dist worksteal $(VLLM_CORE_TESTS)
+	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu SWA_HAL_VLLM=0 $(VLLM_BIN)/python -m pytest \
+		-p no:cacheprovider $(VLLM_UPSTREAM)
+	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest \
+		-p no:cacheprovider $(VLLM_UPSTREAM)
 
 # `make test`'s suite (VLLM_CORE_TESTS among it; `make test-slow`'s release wheel and benchmarks run once, on
 # the main environment) on the pair the engines' next releases move to: torch 2.15.0 with triton 3.9.0 (and

@@ -6,8 +6,10 @@ The cases are the conformance kit's (``swa_hal.testing.guarded``): ``build`` and
 its metadata, ``build_groups`` of three malformed groups and a grouped update (now and then views of one
 storage, or structures that disagree with the batch), ``build_slot_rows`` at windows 8 and 20, paged
 (``slot_rows``) and over a per-request ring (``ring_rows``), ``build_request_window`` at the same windows
-(``request_window``), and each entry point's settings just inside and outside their bounds (``settings``).
-The classes each entry drew are printed after the run. Each case is a seeded
+(``request_window``), each entry point's settings just inside and outside their bounds (``settings``), and
+validated builds of valid steps in the forms the default path takes (``validated``: longer per-request
+buffers, host upper bounds, DSpark steps among them, overstated max_query_len, padding requests without
+bounds, and inputs of a type the default path refuses). The classes each entry drew are printed after the run. Each case is a seeded
 malformed input; a case counts as clean when the backend raised what the reference raised
 and otherwise handed out every output field equal to the reference's and recorded a violation exactly when
 the reference did. On top of that every index handed out must lie in ``[-1, cache slots)``.
@@ -45,7 +47,7 @@ FORCED = {
     "xpu": "vendor=xpu",
     "torch": None,
 }
-ENTRIES = ("build", "groups", "slot_rows", "ring_rows", "request_window", "settings")
+ENTRIES = ("build", "groups", "slot_rows", "ring_rows", "request_window", "settings", "validated")
 # One config per window (SLOT_ROW_WINDOWS), which --windows picks from.
 WINDOWED = ("slot_rows", "ring_rows", "request_window")
 # A backend and entry point still running says how far it is this often (through the interpreter, 100 cases of
@@ -88,15 +90,17 @@ def main() -> int:
         "ring_rows": guarded.ring_rows_case,
         "request_window": guarded.request_window_case,
         "settings": guarded.settings_case,
+        "validated": guarded.validated_case,
     }
     configs = {
-        "build": [guarded.GUARDED_CONFIG, guarded.GUARDED_DSPARK_CONFIG],
+        "build": [guarded.GUARDED_CONFIG, guarded.GUARDED_DSPARK_CONFIG, guarded.GUARDED_DSPARK_EDGE_CONFIG],
         "groups": [guarded.GUARDED_CONFIG],
         "slot_rows": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
         "ring_rows": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
         "request_window": [guarded.guarded_slot_rows_config(w) for w in guarded.SLOT_ROW_WINDOWS],
         # One config without a cache (a ring of 2^30 rows fits), one with (the ring's reach bound binds).
         "settings": [guarded.SETTINGS_CONFIG, guarded.guarded_slot_rows_config(8)],
+        "validated": [guarded.GUARDED_CONFIG, guarded.GUARDED_DSPARK_EDGE_CONFIG],
     }
     print(
         f"torch {torch.__version__} on {device}; {args.cases} cases per backend and entry point; seed {args.seed!r}",

@@ -106,6 +106,7 @@ for step in $STEPS; do
         fuzz_run $b --entries build > "$OUT/fuzz_$b-build.part" 2>&1 &
         fuzz_run $b --entries groups > "$OUT/fuzz_$b-groups.part" 2>&1 &
         fuzz_run $b --entries settings > "$OUT/fuzz_$b-settings.part" 2>&1 &
+        fuzz_run $b --entries validated > "$OUT/fuzz_$b-validated.part" 2>&1 &
         for w in 8 20; do
           fuzz_run $b --entries slot_rows --windows $w > "$OUT/fuzz_$b-slot-$w.part" 2>&1 &
           fuzz_run $b --entries request_window --windows $w > "$OUT/fuzz_$b-window-$w.part" 2>&1 &

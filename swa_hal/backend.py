@@ -159,15 +159,26 @@ class BuildPlan(NamedTuple):
     # update checks neither (an engine's draft step may run its drafts past max_model_len, whose tokens it
     # leaves without a slot, and may hand the update the slot mapping it had at the build).
     build_checks: bool = True
+    # Rule 14: the requests before ``num_bounds`` have a replay bound; the host copy makes those after them
+    # padding (no query tokens, so no bound: docs/semantics.md #bounded-replay), which the device offsets
+    # must keep. INT32_LIMIT: every request has one.
+    num_bounds: int = INT32_LIMIT
+    # Rule 14 in a draft-step update of a build with prefills: the host's split starts the first prefill at
+    # num_decode_tokens, so a decode row past the decodes' end on the device is that prefill's, not padding.
+    prefill_follows: bool = False
 
 
 def update_plan(metadata: SWAMetadata) -> BuildPlan:
     """The plan of a draft-step update (docs/semantics.md #draft-updates): the decode part of the build
     that made ``metadata``, recomputed from its (advanced) seq_lens and replay bounds. Its requests are the
     decodes alone (``StepInputs.of_update``): a decode token's owner counts the decodes' ends only (the same
-    owner as the build's wherever the offsets never decrease), and only they are checked."""
+    owner as the build's wherever the offsets never decrease), and only they are checked, against the build's
+    split (rule 14: a decode row past the decodes' end on the device is the first prefill's where the build had
+    prefills, and a decode past the build's replay bounds has no query token)."""
     ndt, mdql = metadata.num_decode_tokens, metadata.max_decode_query_len
     inputs = update_inputs(metadata)
+    built = metadata.inputs
+    bounds = None if built is None or built.replay_start is None else built.replay_start.shape[0]
     return BuildPlan(
         inputs=inputs,
         num_reqs=metadata.num_decodes,
@@ -184,6 +195,8 @@ def update_plan(metadata: SWAMetadata) -> BuildPlan:
         max_query_len=mdql,
         decode_query_max=mdql,
         build_checks=False,
+        num_bounds=INT32_LIMIT if bounds is None or bounds >= metadata.num_decodes else bounds,
+        prefill_follows=metadata.num_prefills > 0,
     )
 
 

@@ -17,7 +17,7 @@ from .batch import AttentionBatch, ImageSpans, spans_to_csr
 from .buffers import MetadataBuffers
 from .builder_lock import BuilderLock, OnDevice
 from .cache import HostCache, tensor_key
-from .config import SWAConfig
+from .config import INT32_LIMIT, SWAConfig
 from .envs import env_flag, env_switch
 from .errors import (
     BatchCapacityError,
@@ -31,7 +31,7 @@ from .errors import (
 from .metadata import SWAMetadata, group_views, shape_fields
 from .platform import PlatformInfo, probe_platform
 from .plugins import PluginRegistry
-from .preflight import GroupInputs, group_inputs, preflight_tensor, refuse_host_copy, single_group
+from .preflight import GroupInputs, group_inputs, preflight_tensor, single_group
 from .request_window import (
     RequestWindowLayout,
     RequestWindowRows,
@@ -261,11 +261,9 @@ class SWAMetadataBuilder:
         syncs) of each group's batch, naming the group where the build names its groups."""
         inputs = batch.inputs
         full = validate if validate is not None else self.validate
-        if full:  # the request count is read off the host offsets before validation checks the rest
-            refuse_host_copy("query_start_loc_cpu", inputs.query_start_loc_cpu)
-            num_reqs = inputs.num_reqs
-        else:
-            num_reqs = inputs.preflight(self.config, self.buffers.capacity, self._device_index)
+        # A validated build runs the same O(1) preflight first, so it types every input the default path
+        # types and refuses nothing that path takes (docs/semantics.md #inputs).
+        num_reqs = inputs.preflight(self.config, self.buffers.capacity, self._device_index, validated=bool(full))
         found = find_groups(
             block_tables,
             slot_mappings,
@@ -364,6 +362,7 @@ class SWAMetadataBuilder:
                 if ndt > high[g]:
                     high[g] = ndt
         replay = inputs.replay_start
+        num_bounds = INT32_LIMIT
         if replay is None:
             zeros = self.buffers.no_replay_start
             if zeros._version != self._no_replay_version:
@@ -376,12 +375,17 @@ class SWAMetadataBuilder:
                 replay = self._cache.keep(("replay", num_reqs), self.buffers.no_replay_start[:num_reqs])
         elif replay.shape[0] < num_reqs:
             # Padding requests past the bounds have none (docs/semantics.md #bounded-replay; preflight checked
-            # that they have no tokens): the bounds and zeros in a buffer every such build rewrites, on the
-            # device and without a sync, so a captured graph replays it.
+            # that they have no tokens in the host copy, and the guard holds the device offsets to it, rule 14):
+            # the bounds and zeros in a buffer every such build rewrites, on the device and without a sync, so
+            # a captured graph replays it.
+            num_bounds = replay.shape[0]
             padded = self.buffers.padded_replay_start[:num_reqs]
-            padded[: replay.shape[0]].copy_(replay)
-            padded[replay.shape[0] :].zero_()
+            padded[:num_bounds].copy_(replay)
+            padded[num_bounds:].zero_()
             replay = padded
+        elif replay.shape[0] > num_reqs:
+            # An engine's persistent buffer handed in whole: md.replay_start holds the step's R bounds.
+            replay = self._head(replay, num_reqs)
         host_seq = None
         if npf and self.guard and inputs.seq_lens_cpu is not None:
             host_seq = self._held_host_seq(inputs.seq_lens_cpu, num_reqs)
@@ -402,9 +406,12 @@ class SWAMetadataBuilder:
             images=images,
             decode_guess_len=dec_guess,
             prefill_guess_len=pre_guess,
-            max_query_len=mql,
+            # A validated build admits an overstated max_query_len of any size (the default path's preflight
+            # bounds it by the capacity): the guard's int32 cap, past which no query length lies.
+            max_query_len=min(mql, INT32_LIMIT),
             decode_query_max=min(mql, threshold),
             host_seq_lens=host_seq,
+            num_bounds=num_bounds,
         )
         return plan, query
 
@@ -452,7 +459,7 @@ class SWAMetadataBuilder:
             seq_cpu = inputs.seq_lens_cpu
             if seq_cpu is None:
                 seq_cpu = inputs.seq_lens.cpu()
-            prefill_seq_lens, prefill_seq_lens_cpu = self._tails(inputs.seq_lens, seq_cpu, nd)
+            prefill_seq_lens, prefill_seq_lens_cpu = self._tails(inputs.seq_lens, seq_cpu, nd, plan.num_reqs)
             prefill_query_lens_cpu = torch.from_numpy(query[nd:])
         groups = len(tables)
         key = (
@@ -484,6 +491,8 @@ class SWAMetadataBuilder:
             prefill_seq_lens=prefill_seq_lens,
             prefill_seq_lens_cpu=prefill_seq_lens_cpu,
             prefill_query_lens_cpu=prefill_query_lens_cpu,
+            # Every per-request output holds the step's R entries (an engine may hand in longer buffers).
+            seq_lens=None if inputs.seq_lens.shape[0] == plan.num_reqs else self._head(inputs.seq_lens, plan.num_reqs),
         )
         extras = self.backend.extras if self._has_extras else None
         if extras is not None:
@@ -555,7 +564,11 @@ class SWAMetadataBuilder:
         return ImageSpans(buffers.span_indptr[: num_reqs + 1], buffers.span_starts[:n], buffers.span_ends[:n])
 
     def _noncausal_width(self, inputs: StepInputs, num_decodes: int) -> int:
-        """DSpark rows (docs/semantics.md #dspark-rows): only legal with DSpark, and never truncated."""
+        """DSpark rows (docs/semantics.md #dspark-rows): only legal with DSpark, and never truncated. A decode's
+        row needs min(q_r + W, S_r) entries, and its host ``seq_lens_cpu`` is only an upper bound of S_r
+        (vLLM's async scheduling hands in one): the host refuses only a row that cannot fit whatever S_r is,
+        q_r > width (S_r >= q_r); every other row too wide is the device's to find (rule 7 of a guarded
+        build: emptied and recorded), never a refusal of a step that may be valid."""
         cfg = self.config
         if not cfg.is_dspark:
             raise SpeculativeModeError(
@@ -563,34 +576,41 @@ class SWAMetadataBuilder:
                 f"causal=False is only legal with DSpark drafting; speculative_method={cfg.speculative_method!r}",
             )
         width = cfg.noncausal_index_width
-        if inputs.max_query_len + cfg.window_size > width and num_decodes:
-            # A row holds min(S_r, q_r + W) entries; check the decode requests exactly.
+        if min(inputs.max_query_len, self.decode_threshold) > width and num_decodes:
             qsl_cpu = inputs.query_start_loc_cpu.numpy()
             query = np.diff(qsl_cpu[: num_decodes + 1]).astype(np.int64)
-            need = query + cfg.window_size
-            if inputs.seq_lens_cpu is not None:
-                need = np.minimum(need, inputs.seq_lens_cpu[:num_decodes].numpy())
-            over = np.flatnonzero(need > width)
+            over = np.flatnonzero(query > width)
             if over.size:
                 r = int(over[0])
                 raise SpeculativeModeError(
                     "query_start_loc",
-                    f"request {r}: its DSpark row needs {int(need[r])} entries (query {int(query[r])} + "
-                    f"window {cfg.window_size}), wider than the non-causal width {width}; refusing to truncate",
+                    f"request {r}: its DSpark row needs at least its {int(query[r])} query tokens, wider than the "
+                    f"non-causal width {width}; refusing to truncate",
                     r,
                 )
         return width
 
-    def _tails(self, seq_lens: torch.Tensor, seq_cpu: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``seq_lens[start:]`` and ``seq_cpu[start:]``, reused for the same memory seen the same way
-        (swa_hal/cache.py)."""
-        if not start:  # every request a prefill: the tails are the tensors themselves
-            return seq_lens, seq_cpu
+    def _tails(
+        self, seq_lens: torch.Tensor, seq_cpu: torch.Tensor, start: int, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``seq_lens[start:end]`` and ``seq_cpu[start:end]`` (``end``: R, the step's requests; an engine
+        may hand in longer buffers), reused for the same memory seen the same way (swa_hal/cache.py)."""
+        if not start and seq_lens.shape[0] == end and seq_cpu.shape[0] == end:
+            return seq_lens, seq_cpu  # every request a prefill: the tails are the tensors themselves
         # seq_lens passed the preflight (int32, unit stride, the builder's device): its address and
         # shape name it; the host copy is unchecked, so it is keyed in full.
-        key = ("tails", start, seq_lens.data_ptr(), seq_lens.shape, tensor_key(seq_cpu))
+        key = ("tails", start, end, seq_lens.data_ptr(), seq_lens.shape, tensor_key(seq_cpu))
         tails = self._cache.get(key)
-        return tails if tails is not None else self._cache.keep(key, (seq_lens[start:], seq_cpu[start:]))
+        if tails is None:
+            tails = self._cache.keep(key, (seq_lens[start:end], seq_cpu[start:end]))
+        return tails
+
+    def _head(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        """``t[:n]`` of a per-request input longer than the step's ``n`` requests (an engine's persistent
+        buffer), reused for the same memory seen the same way (swa_hal/cache.py)."""
+        key = ("head", n, tensor_key(t))
+        head = self._cache.get(key)
+        return head if head is not None else self._cache.keep(key, t[:n])
 
     # -- speculative decoding --------------------------------------------------------------------
 

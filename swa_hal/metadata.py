@@ -141,15 +141,17 @@ class SWAMetadata:
         prefill_seq_lens: torch.Tensor | None = None,
         prefill_seq_lens_cpu: torch.Tensor | None = None,
         prefill_query_lens_cpu: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
     ) -> SWAMetadata:
         """The metadata of one step: ``shape`` (``shape_fields``, made once per build shape) holds every
         field that follows from the shape, the step brings the rest (its ``inputs``, the replay bounds the
-        build read, group 0's table and slot mapping, planner objects, the prefills' lengths). The builder's
-        constructor, once per step: it skips the keyword constructor's per-field work, which
-        ``shape_fields`` has done (and checked) once."""
+        build read, group 0's table and slot mapping, planner objects, the prefills' lengths; ``seq_lens``,
+        the step's R entries of ``inputs.seq_lens`` where that is longer). The builder's constructor, once
+        per step: it skips the keyword constructor's per-field work, which ``shape_fields`` has done (and
+        checked) once."""
         fields = shape.copy()  # one block copy; the step's fields overwrite placeholders (no resize)
         fields["inputs"] = inputs
-        fields["seq_lens"] = inputs.seq_lens
+        fields["seq_lens"] = inputs.seq_lens if seq_lens is None else seq_lens
         fields["query_start_loc"] = inputs.query_start_loc
         fields["query_start_loc_cpu"] = inputs.query_start_loc_cpu
         fields["replay_start"] = replay_start

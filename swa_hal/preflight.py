@@ -83,6 +83,16 @@ def refuse_host_copy(name: str, t: object) -> None:
         raise BatchShapeError(name, f"{name} has shape {tuple(t.shape)}; a host copy must be 1-D")
 
 
+def refuse_untyped_spans(spans: object) -> None:
+    """``image_spans`` must be an ``ImageSpans`` (its ``indptr``, ``starts`` and ``ends``): a dict or a tuple of
+    ranges (the form ``AttentionBatch.from_lists`` and the engines take) is refused by name, not read."""
+    if not all(hasattr(spans, name) for name in ("indptr", "starts", "ends")):
+        raise BatchDtypeError(
+            "image_spans",
+            f"image_spans must be an ImageSpans (indptr, starts, ends), got {type(spans).__name__}",
+        )
+
+
 def refuse_table_reach(field: str, num_reqs: int, row_stride: int, width: int) -> None:
     """The kernels address a block table's entries with int32 offsets (``req * row_stride + page``), so
     the last request's row must end below 2^31 entries from the table's start (docs/semantics.md

@@ -296,13 +296,16 @@ def build_reference(config: SWAConfig, batch) -> ReferenceResult:
         batch.query_start_loc_cpu, batch.max_query_len, batch.num_tokens, config.decode_threshold
     )
     nd, npf, ndt, npt = split
+    num_reqs = nd + npf
     t2r = token_to_req(batch.query_start_loc, batch.num_tokens)
     valid = valid_tokens(batch.slot_mapping)
     replay = batch.replay_start
     if replay is None:
-        replay = torch.zeros_like(batch.seq_lens)
-    elif replay.shape[0] < nd + npf:  # padding requests past the bounds have none (#bounded-replay)
-        replay = torch.cat([replay, replay.new_zeros(nd + npf - replay.shape[0])])
+        replay = torch.zeros_like(batch.seq_lens[:num_reqs])
+    elif replay.shape[0] < num_reqs:  # padding requests past the bounds have none (#bounded-replay)
+        replay = torch.cat([replay, replay.new_zeros(num_reqs - replay.shape[0])])
+    else:  # an engine's longer buffer: the step's R bounds (#inputs)
+        replay = replay[:num_reqs]
     common: dict[str, Any] = dict(window_size=config.window_size, block_size=config.block_size)
     inputs = (batch.query_start_loc, batch.seq_lens, batch.block_table, t2r, valid)
     if batch.causal:

@@ -60,7 +60,9 @@ class Violation(enum.IntEnum):
     RING_SLOT = 12  # a row's request slot outside the ring's slots
     # Builds again, what the host trusted (13 is checked first at a row, 14 after rule 2).
     PADDING_SLOT = 13  # a row past query_start_loc[R] (padding) holds a slot; the value is the row
-    HOST_SPLIT = 14  # a request's device offsets disagree with the host's split (max_query_len, decode part)
+    # A request's device offsets disagree with the host's split (max_query_len, the decode part, a padding
+    # request past the replay bounds with query tokens).
+    HOST_SPLIT = 14
     HOST_SEQ = 15  # a prefill's seq_lens_cpu[r] differs from seq_lens[r] (the chunk plan reads the host copy)
     MODEL_LEN = 16  # seq_lens[r] past max_model_len (checked after rule 2)
     OWN_SLOT = 17  # slot_mapping[t] is not the token's own slot by the block table (checked after 5 and 6)
@@ -174,7 +176,7 @@ _ERRORS: dict[int, tuple[type[BatchValidationError], str, str, str]] = {
         "request {req}: its {value} query tokens on the device disagree with the split made from the host "
         "copies (query_start_loc_cpu, max_query_len): a request is at most max_query_len long, a decode at "
         "most max_decode_query_len and inside the decode tokens, a prefill after them, every request inside "
-        "num_tokens",
+        "num_tokens, and a request past replay_start's bounds (a padding request of the host copy) has none",
     ),
     Violation.HOST_SEQ: (
         BatchConsistencyError,

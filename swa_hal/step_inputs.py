@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from .errors import BatchCapacityError, BatchDtypeError, BatchShapeError
-from .preflight import check_unbounded_padding, preflight_tensor, refuse_host_copy
+from .preflight import check_unbounded_padding, preflight_tensor, refuse_host_copy, refuse_untyped_spans
 
 if TYPE_CHECKING:
     from .config import SWAConfig
@@ -67,10 +67,12 @@ class StepInputs(NamedTuple):
             image_spans=None if self.image_spans is None else self.image_spans.to(device),
         )
 
-    def preflight(self, config: SWAConfig, capacity: int, device_index: int) -> int:
+    def preflight(self, config: SWAConfig, capacity: int, device_index: int, validated: bool = False) -> int:
         """Host-only, O(1) checks of these inputs that keep every kernel launch inside them (docs/semantics.md
         #guarded-builds); reads no device value. Returns the number of requests R. The block tables and slot
-        mappings are checked with them by the build (``preflight.group_inputs``)."""
+        mappings are checked with them by the build (``preflight.group_inputs``). A ``validated`` build runs
+        them too, so it types everything the default path types, and admits an overstated ``max_query_len``
+        of any size (full validation holds it to the queries instead of the capacity)."""
         seq_lens, qsl = self.seq_lens, self.query_start_loc
         i32 = torch.int32
         # The common case in one expression over attributes read once (this runs on every step);
@@ -105,8 +107,9 @@ class StepInputs(NamedTuple):
         if num_tokens < 1:
             raise BatchShapeError("num_tokens", f"num_tokens={num_tokens}: the batch is empty")
         mql = self.max_query_len
-        if mql.__class__ is not int or mql < 0 or mql > capacity:
-            raise BatchDtypeError("max_query_len", f"max_query_len must be an int in [0, {capacity}], got {mql!r}")
+        if mql.__class__ is not int or mql < 0 or (mql > capacity and not validated):
+            bound = "a non-negative int" if validated else f"an int in [0, {capacity}]"
+            raise BatchDtypeError("max_query_len", f"max_query_len must be {bound}, got {mql!r}")
         if self.causal.__class__ is not bool:
             raise BatchDtypeError("causal", f"causal must be a bool, got {self.causal!r}")
         qsl_cpu, seq_cpu = self.query_start_loc_cpu, self.seq_lens_cpu
@@ -149,11 +152,7 @@ class StepInputs(NamedTuple):
                 check_unbounded_padding(replay.shape[0], num_reqs, qsl_cpu)
         spans = self.image_spans
         if spans is not None:
-            if not all(hasattr(spans, name) for name in ("indptr", "starts", "ends")):
-                raise BatchDtypeError(
-                    "image_spans",
-                    f"image_spans must be an ImageSpans (indptr, starts, ends), got {type(spans).__name__}",
-                )
+            refuse_untyped_spans(spans)
             preflight_tensor("image_spans.indptr", spans.indptr, i32, device_index)
             preflight_tensor("image_spans.starts", spans.starts, i32, device_index)
             preflight_tensor("image_spans.ends", spans.ends, i32, device_index)

@@ -100,6 +100,8 @@ def rows_record(buffers: MetadataBuffers, causal: bool, own: Callable[[torch.Ten
         num_spans=0,
         max_model_len=0,
         build_checks=0,
+        num_bounds=0,
+        prefill_follows=0,
     )
 
 
@@ -224,6 +226,8 @@ class TritonBackend(Backend):
         args.decode_query_max = min(plan.decode_query_max, INT32_LIMIT)
         args.max_model_len = self.config.max_model_len if plan.build_checks else INT32_LIMIT
         args.build_checks = int(plan.build_checks)
+        args.num_bounds = min(plan.num_bounds, INT32_LIMIT)
+        args.prefill_follows = int(plan.prefill_follows)
         return args
 
     def _launch(

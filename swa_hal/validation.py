@@ -24,7 +24,7 @@ from .errors import (
     BatchShapeError,
     SpeculativeModeError,
 )
-from .preflight import check_unbounded_padding
+from .preflight import check_unbounded_padding, refuse_untyped_spans
 from .reference import image_visibility, token_to_req
 from .split import split_decodes_and_prefills
 
@@ -68,6 +68,9 @@ def _offset_counts(name: str, ptr: torch.Tensor) -> torch.Tensor:
 
 
 def validate_batch(batch: AttentionBatch, config: SWAConfig, capacity: int | None = None) -> None:
+    """Every rule of docs/semantics.md #inputs (a host sync). R is the host offsets'
+    request count, as on the default path: per-request tensors longer than R (an engine's persistent buffers)
+    are read for their first R entries."""
     cap = config.max_num_batched_tokens if capacity is None else capacity
     seq_lens = _tensor("seq_lens", batch.seq_lens, torch.int32, 1)
     qsl = _tensor("query_start_loc", batch.query_start_loc, torch.int32, 1)
@@ -81,19 +84,26 @@ def validate_batch(batch: AttentionBatch, config: SWAConfig, capacity: int | Non
     for name, t in (("query_start_loc", qsl), ("block_table", table), ("slot_mapping", slots)):
         if t.device != device:
             raise BatchDeviceError(name, f"{name} is on {t.device} but seq_lens is on {device}")
+    if device.type == "meta":
+        raise BatchDeviceError("seq_lens", "seq_lens is on meta: meta tensors hold no values to validate")
     if table.stride(1) != 1:
         raise BatchShapeError("block_table", "block_table must be contiguous along its pages (stride(1) == 1)")
 
-    num_reqs = seq_lens.shape[0]
-    if num_reqs == 0:
-        raise BatchShapeError("seq_lens", "seq_lens is empty: a batch needs at least one request")
+    num_reqs = qsl_cpu.shape[0] - 1
+    if num_reqs < 1:
+        raise BatchShapeError("query_start_loc_cpu", "query_start_loc_cpu has no request: the batch is empty")
     if num_reqs > config.max_num_seqs:
         raise BatchCapacityError("seq_lens", f"seq_lens has {num_reqs} requests; max_num_seqs is {config.max_num_seqs}")
-    for name, t in (("query_start_loc", qsl), ("query_start_loc_cpu", qsl_cpu)):
-        if t.shape[0] != num_reqs + 1:
-            raise BatchShapeError(name, f"{name} has {t.shape[0]} entries; expected num_reqs + 1 = {num_reqs + 1}")
-    if seq_cpu is not None and seq_cpu.shape[0] != num_reqs:
-        raise BatchShapeError("seq_lens_cpu", f"seq_lens_cpu has {seq_cpu.shape[0]} entries; seq_lens has {num_reqs}")
+    if qsl.shape[0] != num_reqs + 1:
+        raise BatchShapeError(
+            "query_start_loc", f"query_start_loc has {qsl.shape[0]} entries; query_start_loc_cpu has {num_reqs + 1}"
+        )
+    for name, t in (("seq_lens", seq_lens), ("seq_lens_cpu", seq_cpu)):
+        if t is not None and t.shape[0] < num_reqs:
+            raise BatchShapeError(name, f"{name} has {t.shape[0]} entries for {num_reqs} requests")
+    if seq_lens.shape[0] > num_reqs or (seq_cpu is not None and seq_cpu.shape[0] > num_reqs):
+        seq_lens, seq_cpu = seq_lens[:num_reqs], None if seq_cpu is None else seq_cpu[:num_reqs]
+        batch = batch.replace(seq_lens=seq_lens, seq_lens_cpu=seq_cpu)
     if table.shape[0] < num_reqs:
         raise BatchShapeError("block_table", f"block_table has {table.shape[0]} rows for {num_reqs} requests")
     if table.shape[1] < 1:
@@ -234,6 +244,7 @@ def _validate_spans(spans, seq, query, device, config) -> None:
     the rows follow the rule for each (docs/semantics.md #vision-spans)."""
     if spans is None:
         return
+    refuse_untyped_spans(spans)
     num_reqs = seq.shape[0]
     indptr = _tensor("image_spans.indptr", spans.indptr, torch.int32, 1)
     starts_t = _tensor("image_spans.starts", spans.starts, torch.int32, 1)

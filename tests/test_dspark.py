@@ -43,20 +43,47 @@ def test_w128_without_drafts_fits_only_short_contexts(backend):
     ok = synthesize_batch(config, [128, 40], [1, 1], rng=random.Random(0), causal=False)
     assert not compare_with_reference(config, ok, builder.build(ok))
     too_long = synthesize_batch(config, [129], [1], rng=random.Random(0), causal=False)
-    with pytest.raises(SpeculativeModeError, match="needs 129 entries.*width 128.*refusing to truncate"):
-        builder.build(too_long)
+    # A decode's seq_lens_cpu is only an upper bound, so the row's width is the device's to check (rule 7):
+    # emptied and recorded, never cut.
+    md = builder.build(too_long)
+    assert md.decode_swa_lens.tolist() == [0] and (md.decode_swa_indices == -1).all()
+    with pytest.raises(SpeculativeModeError, match="needs 129 entries, wider than the row; refusing to truncate"):
+        builder.check()
 
 
-def test_row_wider_than_the_width_raises_without_and_with_validation():
+@pytest.mark.parametrize("backend", list(BACKEND_PLATFORMS))
+def test_row_wider_than_the_width_is_recorded_or_refused_when_validated(backend):
     # W + N = 64 is already a whole tile, so a full draft block (N + 1 = 5 tokens) after 60 context
-    # tokens needs 65 entries: an error, never a truncated row.
+    # tokens needs 65 entries: an error, never a truncated row (a guarded build's record, a validated
+    # build's refusal).
     config = dspark(60, 4, block_size=4)
     assert (config.noncausal_index_width, config.decode_threshold) == (64, 5)
-    builder = make_builder(config, "sm12x")
+    builder = make_builder(config, backend)
     batch = AttentionBatch.from_lists([70], [5], [list(range(18))], causal=False, block_size=4)
-    for validate in (False, True):
-        with pytest.raises(SpeculativeModeError, match="wider than the non-causal width 64"):
-            builder.build(batch, validate=validate)
+    md = builder.build(batch)
+    assert md.decode_swa_lens.tolist() == [0] * 5
+    with pytest.raises(SpeculativeModeError, match="^request 0: its row needs 65 entries, wider than the row"):
+        builder.check()
+    with pytest.raises(SpeculativeModeError, match="wider than the non-causal width 64"):
+        builder.build(batch, validate=True)
+
+
+@pytest.mark.parametrize("validate", [False, True])
+@pytest.mark.parametrize("backend", list(BACKEND_PLATFORMS))
+def test_a_host_upper_bound_past_the_width_refuses_no_valid_step(backend, validate):
+    # docs/semantics.md #dspark-rows, vector S2: W = 61, three parallel drafts, width 64; a 7-token decode at S = 63 needs
+    # min(7 + 61, 63) = 63 entries and fits. Async scheduling hands in seq_lens_cpu = 66, an upper bound (whose
+    # row would need 66): the step is valid and builds the rows of its device length.
+    config = dspark(61, 3, block_size=64, parallel_drafting=True)
+    assert (config.noncausal_index_width, config.decode_threshold) == (64, 7)
+    batch = AttentionBatch.from_lists([63], [7], [[3]], causal=False, block_size=64)
+    batch = batch.replace(seq_lens_cpu=batch.seq_lens_cpu + 3)
+    builder = make_builder(config, backend)
+    md = builder.build(batch, validate=validate)
+    builder.check()
+    assert md.decode_swa_lens.tolist() == [63] * 7
+    assert md.decode_swa_indices[0, 0, :63].tolist() == list(range(192, 255))
+    assert not compare_with_reference(config, batch, md)
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda"])

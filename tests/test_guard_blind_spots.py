@@ -19,6 +19,7 @@ from helpers import BACKEND_PLATFORMS, make_builder
 
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal import errors as E
+from swa_hal.reference import build_reference
 from swa_hal.testing.guarded import (
     GUARDED_CONFIG,
     GUARDED_DSPARK_CONFIG,
@@ -111,6 +112,32 @@ def test_a_prefill_that_starts_inside_the_decode_tokens_gets_gather_length_zero(
     assert isinstance(err, E.BatchConsistencyError) and err.field in ("query_start_loc", "slot_mapping")
     assert md.prefill_gather_lens.tolist() == [0]
     assert md.decode_swa_lens[:1].tolist() == [0] and md.prefill_swa_lens[:4].tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_draft_update_names_the_offsets_of_a_prefill_that_starts_inside_the_decode_tokens(backend, groups):
+    # A decode (q = 2, MTP) and a prefill built from valid offsets [0, 2, 6]; before the draft step the engine's
+    # device offsets become [0, 1, 6]: the prefill starts at token 1, inside the decode part. The update's decode
+    # row 1 is the prefill's (the build had prefills: its decode part holds no padding), so the record is rule 14
+    # of request 1 on query_start_loc (its 5 query tokens), never rule 13 of a padding row on slot_mapping.
+    config = dataclasses.replace(GROUPED_CFG, num_speculative_tokens=1, speculative_method="mtp")
+    batch = AttentionBatch.from_lists([6, 9], [2, 4], TABLE, block_size=4)
+    builder = make_builder(config, backend)
+    if groups == 1:
+        built = [builder.build(batch)]
+    else:
+        built = builder.build_groups(batch, [batch.block_table] * 3, [batch.slot_mapping] * 3)
+    builder.check()
+    assert (built[0].num_decodes, built[0].num_decode_tokens) == (1, 2)
+    batch.query_start_loc[1] = 1
+    builder.update_draft_decode_metadata(built if groups > 1 else built[0])
+    for md in built:
+        assert md.decode_swa_lens.tolist() == [4, 0]
+    prefix = r"^group \d: " if groups > 1 else "^"
+    with pytest.raises(E.BatchConsistencyError, match=prefix + "request 1: its 5 query tokens on the device") as info:
+        builder.check()
+    assert info.value.field == "query_start_loc" and info.value.index == 1
 
 
 def test_valid_batches_never_break_the_host_rules():
@@ -404,8 +431,13 @@ def test_a_table_made_for_another_page_size_is_recorded(backend, page_size, vali
         )
         return
     md = builder.build(batch)
-    # Every row's own slot disagrees with its slot mapping: every row is emptied.
-    assert md.decode_swa_lens[:1].tolist() == [0] and md.prefill_swa_lens[:5].tolist() == [0] * 5
+    # Every row's own slot disagrees with its slot mapping: recorded, and every row is still the one its table
+    # and seq_lens give (inside the cache), the reference's: the engine's answer, not an emptied one.
+    rows = build_reference(CFG, batch)
+    assert md.decode_swa_lens.tolist() == rows.decode_lens.tolist() == [4]
+    assert md.prefill_swa_lens.tolist() == rows.prefill_lens.tolist() == [4, 4, 4, 4, 4]
+    assert torch.equal(md.decode_swa_indices, rows.decode_indices)
+    assert torch.equal(md.prefill_swa_indices, rows.prefill_indices)
     with pytest.raises(E.BatchConsistencyError, match=r"block_size=4\): a block table made for another page size"):
         builder.check()
     want = reference_builder(CFG).build(batch)
@@ -414,15 +446,17 @@ def test_a_table_made_for_another_page_size_is_recorded(backend, page_size, vali
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_torch_build_records_the_first_row_whose_slot_is_not_its_own(backend):
-    # Only token 3 (request 1's third token, position 6) holds another slot: the row is emptied and recorded,
-    # by the torch reference and by every backend (which row a kernel records first is unspecified: one row).
+    # Only token 3 (request 1's third token, position 6) holds another slot: the row is recorded, by the torch
+    # reference and by every backend (which row a kernel records first is unspecified: one row), and keeps the
+    # rows its table gives (docs/semantics.md #guarded-builds: rule 17 empties nothing).
     batch = table_for_page_size(4)
     bad = with_(batch, slot_mapping=set_(batch.slot_mapping, 3, 7))
     builder = make_builder(CFG, backend)
     clean = builder.build(batch)
-    clean_lens = clean.prefill_swa_lens[:5].tolist()
+    clean_rows, clean_lens = clean.prefill_swa_indices.clone(), clean.prefill_swa_lens.tolist()
     md = builder.build(bad)
-    assert md.prefill_swa_lens[:5].tolist() == [n if t != 2 else 0 for t, n in enumerate(clean_lens)]
+    assert md.prefill_swa_lens.tolist() == clean_lens == [4, 4, 4, 4, 4]
+    assert torch.equal(md.prefill_swa_indices, clean_rows)
     expect = (
         E.BatchConsistencyError,
         ("slot_mapping", 3),

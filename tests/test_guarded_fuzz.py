@@ -89,3 +89,43 @@ def test_build_cases_draw_the_host_seq_model_len_and_page_size_classes():
         kinds.add(ref.buffers.violation.tolist()[1])
         ref.buffers.violation.zero_()
     assert {int(Violation.HOST_SEQ), int(Violation.MODEL_LEN), int(Violation.OWN_SLOT)} <= kinds, kinds
+
+
+def test_dspark_build_cases_draw_host_upper_bounds_and_the_rows_they_would_have_refused():
+    """A DSpark step's decodes with seq_lens_cpu an upper bound (docs/semantics.md #dspark-rows), at a window at the
+    row's edge: drawn, equal to the reference, and among them rows that fit by their device length although the
+    host bound says they do not (which a host check from the bound would have refused)."""
+    config = G.GUARDED_DSPARK_EDGE_CONFIG
+    width, window = config.noncausal_index_width, config.window_size
+    draws = drawn(G.build_case, config, "draws-dspark-edge", 60)
+    assert draws.get("batch DSpark host upper bounds", 0) >= 10, draws
+    rng = random.Random("dspark-edge-refusals")
+    fits_by_device = 0
+    for _ in range(150):
+        batch = G.malformed_batch(rng, config)
+        if batch.causal or batch.seq_lens_cpu is None:
+            continue
+        qsl, seqs, host = batch.query_start_loc_cpu.tolist(), batch.seq_lens.tolist(), batch.seq_lens_cpu.tolist()
+        for r in range(len(qsl) - 1):
+            q = qsl[r + 1] - qsl[r]
+            if 0 < q <= config.decode_threshold and min(q + window, seqs[r]) <= width < min(q + window, host[r]):
+                fits_by_device += 1
+    assert fits_by_device >= 3, fits_by_device
+
+
+@pytest.mark.parametrize("config", [G.GUARDED_CONFIG, G.GUARDED_DSPARK_EDGE_CONFIG], ids=lambda c: f"w{c.window_size}")
+def test_validated_cases_draw_every_default_path_form(config):
+    """Validated builds of valid steps in the forms the default path takes (docs/semantics.md
+    #inputs), each form drawn, and inputs of a type the default path refuses."""
+    draws = drawn(G.validated_case, config, f"draws-validated-{config.window_size}", 80)
+    forms = [
+        "validated per-request buffers longer than R",
+        "validated host upper bounds",
+        "validated overstated max_query_len",
+        "validated padding requests without bounds",
+    ]
+    if config.is_dspark:
+        forms.append("validated DSpark host upper bounds")
+    for form in forms:
+        assert draws.get(form, 0) >= 2, (form, draws)
+    assert sum(v for k, v in draws.items() if k.startswith("validated untyped ")) >= 5, draws

@@ -278,12 +278,18 @@ def test_replay_past_a_position_never_gives_a_negative_length(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dspark_rows_are_never_cut_silently(backend):
-    # Engines truncate a DSpark row wider than the non-causal width; swa_hal raises instead.
+    # Engines truncate a DSpark row wider than the non-causal width; swa_hal empties it and records the error
+    # (its width decided by the device seq_lens, docs/semantics.md #dspark-rows), or raises it when validating.
     config = SWAConfig(window_size=60, block_size=4, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4,
                        num_speculative_tokens=4, speculative_method="dspark")
     batch = AttentionBatch.from_lists([100], [5], [list(range(25))], causal=False, block_size=4)
+    builder = make_builder(config, backend)
+    md = builder.build(batch, validate=False)
+    assert md.decode_swa_lens.tolist() == [0] * 5 and (md.decode_swa_indices == -1).all()
     with pytest.raises(E.SpeculativeModeError, match="refusing to truncate"):
-        make_builder(config, backend).build(batch, validate=False)
+        builder.check()
+    with pytest.raises(E.SpeculativeModeError, match="wider than the non-causal width"):
+        builder.build(batch, validate=True)
 
 
 def test_image_spans_csr_from_ranges_matches_from_lists():

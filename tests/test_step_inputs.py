@@ -25,6 +25,7 @@ from swa_hal.backend import update_inputs
 from swa_hal.step_inputs import FIELDS, StepInputs
 from swa_hal.testing.batches import random_batch
 from swa_hal.testing.groups import other_groups
+from swa_hal.validation import validate_batch
 
 CONFIG = SWAConfig(
     window_size=4, block_size=4, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8,
@@ -119,18 +120,48 @@ def test_the_table_of_bad_inputs_covers_every_field():
     assert set(BAD) == set(FIELDS)
 
 
+@pytest.mark.parametrize("validate", [False, True])
+@pytest.mark.parametrize("backend", ["torch", "cuda"])
 @pytest.mark.parametrize("field", list(BAD))
-def test_the_preflight_names_every_input(field):
+def test_the_preflight_names_every_input(field, backend, validate):
     """Every field of StepInputs is checked by its O(1) preflight, by name (a new input is one field and
-    one preflight line: this fails until the line is written)."""
+    one preflight line: this fails until the line is written), on the default path and on a validated build,
+    which types everything the default path types."""
     batch = a_batch(4, "prefill")
     value, error = BAD[field]
     inputs = batch.inputs.replace(**{field: value})
     with pytest.raises(error, match=rf"^{field}\b"):
         inputs.preflight(CONFIG, CONFIG.max_num_batched_tokens, -1)
-    builder = make_builder(CONFIG, "cuda")
+    builder = make_builder(CONFIG, backend)
+    bad = AttentionBatch(inputs=inputs, block_table=batch.block_table, slot_mapping=batch.slot_mapping)
     with pytest.raises(error, match=rf"^{field}\b"):
-        builder.build(AttentionBatch(inputs=inputs, block_table=batch.block_table, slot_mapping=batch.slot_mapping))
+        builder.build(bad, validate=validate)
+
+
+@pytest.mark.parametrize("spans", [{1: [(3, 5)]}, ((0, 0, 1), (3,), (5,))], ids=["dict", "tuple"])
+def test_image_ranges_in_place_of_image_spans_are_typed_by_full_validation_too(spans):
+    batch = a_batch(4, "prefill").replace(image_spans=spans)
+    with pytest.raises(E.BatchDtypeError, match=r"^image_spans must be an ImageSpans \(indptr, starts, ends\), got"):
+        validate_batch(batch, CONFIG)
+
+
+@pytest.mark.parametrize("value", [2**31, 2**63 - 1, 2**63, 2**64])
+@pytest.mark.parametrize("backend", ["torch", "cuda", "sm12x"])
+def test_a_validated_build_takes_an_overstated_max_query_len_of_any_size(backend, value):
+    """Full validation holds max_query_len to the queries, not to the capacity the default path's preflight
+    bounds it by: a validated build takes any overstatement, and every backend builds what it builds for the
+    true bound (the guard's caps are int32)."""
+    batch = a_batch(6, "mixed")
+    builder = make_builder(CONFIG, backend)
+    want = builder.build(batch, validate=True)
+    rows = [t.clone() for t in (want.decode_swa_indices, want.decode_swa_lens, want.prefill_swa_lens)]
+    with pytest.raises(E.BatchDtypeError, match=r"^max_query_len must be an int in \[0, 64\]"):
+        builder.build(batch.replace(max_query_len=value))
+    md = builder.build(batch.replace(max_query_len=value), validate=True)
+    builder.check()
+    assert (md.num_decodes, md.num_prefills) == (want.num_decodes, want.num_prefills)
+    for got, expected in zip((md.decode_swa_indices, md.decode_swa_lens, md.prefill_swa_lens), rows):
+        assert torch.equal(got, expected)
 
 
 def common_metadata(batch: AttentionBatch, **changes) -> SimpleNamespace:

@@ -102,6 +102,10 @@ class RowsArgs:
     # draft-step updates)
     max_model_len: int
     build_checks: int
+    # rule 14: the requests with a replay bound (those past them are padding in the host copy, without query
+    # tokens), and whether a prefill follows a draft-step update's decodes (1: the decode part has no padding)
+    num_bounds: int
+    prefill_follows: int
 
     def programs(self) -> int:
         """The grid: per group its decode, prefill and lens-clearing programs, then the gather programs."""

@@ -272,10 +272,13 @@ def _split_broken(req, begin, end, query, plan):
     """Rule 14: the request's device offsets disagree with the split the host made from its copies
     (docs/semantics.md #guarded-builds): longer than max_query_len, ending past the batch's tokens, a
     decode longer than max_decode_query_len or ending past the decode tokens, a prefill starting before
-    them. Compared, never subtracted. ``plan``: the host's split (``_window_rows``)."""
-    num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, _, _ = plan
+    them, a request past the replay bounds (padding in the host copy, without a bound) with query tokens.
+    Compared, never subtracted. ``plan``: the host's split (``_window_rows``)."""
+    num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, _, _, num_bounds, _ = plan
     decode = req < num_decodes
-    broken = (query > max_query_len) | (end > num_tokens)
+    # A request the host copy makes padding has no query token: its cap is 0.
+    cap = tl.where(req < num_bounds, max_query_len, 0)
+    broken = (query > cap) | (end > num_tokens)
     broken |= decode & ((query > decode_query_max) | (end > num_decode_tokens))
     return broken | (~decode & (begin < num_decode_tokens))
 
@@ -412,13 +415,21 @@ def _row_bases(
 @triton.jit
 def _request_rules(kind, value, checked, tok, req, begin, end, seq, requests, plan, CHECK_HOST_SEQ: tl.constexpr):
     """The request-level rules a guarded build checks at each row with a slot (docs/semantics.md
-    #guarded-builds): 13 (a slot past the scheduled tokens), 1, 2, 16, 14 and, in prefill programs, 15."""
+    #guarded-builds): 13 (a slot past the scheduled tokens), 1, 2, 16, 14 and, in prefill programs, 15.
+    Returns the rows' kinds, values and the requests their records name."""
     qsl_ptr, _, host_seq_ptr, _, num_reqs, _ = requests
-    num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, max_model_len, _ = plan
+    _, num_decodes, _, _, _, max_model_len, _, _, prefill_follows = plan
     query = end - begin
     # A row past the scheduled tokens (padding) has no request: a slot there is the engine's mistake,
-    # and request 0's window would be handed out for it (its value: the row's token).
-    kind, value = _flag(kind, value, checked & (tok >= tl.load(qsl_ptr + num_reqs)), PADDING_SLOT, tok)
+    # and request 0's window would be handed out for it (its value: the row's token). In a draft-step
+    # update of a build with prefills the decode part has no padding: a row past the decodes' end is the
+    # first prefill's, starting inside the decode tokens (rule 14; its value: that prefill's query).
+    scheduled = tl.load(qsl_ptr + num_reqs)
+    past = checked & (tok >= scheduled)
+    following = tl.load(qsl_ptr + num_reqs + prefill_follows) - scheduled
+    inside = tl.where(prefill_follows != 0, past, False)
+    kind, value = _flag(kind, value, tl.where(prefill_follows != 0, False, past), PADDING_SLOT, tok)
+    kind, value = _flag(kind, value, inside, HOST_SPLIT, following)
     kind, value = _flag(kind, value, checked & (end < begin), QUERY_ORDER, query)
     # S_r < q_r compared, not S_r - q_r < 0: the difference leaves int32 at the edges (S_r near
     # INT32_MIN) and wraps to a prefix >= 0. A query below 0 with end >= begin wrapped (begin near
@@ -434,7 +445,7 @@ def _request_rules(kind, value, checked, tok, req, begin, end, seq, requests, pl
         # host_seq_ptr is seq_lens itself where there is no host copy to hold (equal by construction).
         host = tl.load(host_seq_ptr + req, mask=checked, other=0)
         kind, value = _flag(kind, value, checked & (req >= num_decodes) & (host != seq), HOST_SEQ, host)
-    return kind, value
+    return kind, value, tl.where(inside, num_reqs, req)
 
 
 @triton.jit
@@ -509,12 +520,13 @@ def _row_window(
 @triton.jit
 def _own_slot(kind, value, checked, lens, own_pos, tok, slot, row_table, max_pages, build_checks,
               BLOCK_SIZE: tl.constexpr, CLAMP: tl.constexpr):  # fmt: skip
-    """Rule 17 (builds, not draft updates: build_checks): a row that broke no rule yet reads its token's
-    own position, on a page inside the table whose block id is in range (rules 5 and 6), and the slot
-    there must be the token's slot_mapping entry; a table made for another page size, or a slot mapping
-    of another table, gives another (its value: the token's row)."""
+    """Rule 17 (builds, not draft updates: build_checks): a row with entries (one that broke no rule that
+    empties it) reads its token's own position, on a page inside the table whose block id is in range
+    (rules 5 and 6), and the slot there must be the token's slot_mapping entry; a table made for another
+    page size, or a slot mapping of another table, gives another (its value: the token's row). Recorded
+    only: the row keeps its entries."""
     own_page = own_pos // BLOCK_SIZE
-    own_ok = checked & (kind == 0) & (lens > 0) & (own_pos >= 0) & (own_page < max_pages)
+    own_ok = checked & (lens > 0) & (own_pos >= 0) & (own_page < max_pages)
     # A select, not `& (build_checks != 0)`: a scalar test joined to a block is an int32 mask in Triton's
     # interpreter, which triton 3.9 refuses (docs/kernels.md #triton-versions).
     own_ok = tl.where(build_checks != 0, own_ok, False)
@@ -574,14 +586,15 @@ def _window_rows(
       table       (block table, slot mapping, the table's row stride, its width)
       spans       (span indptr, starts, ends, span count)
       plan        the host's split and bounds: (num_tokens, num_decodes, num_decode_tokens,
-                  max_query_len, decode_query_max, max_model_len, build_checks)
+                  max_query_len, decode_query_max, max_model_len, build_checks, num_bounds,
+                  prefill_follows)
       part        (first row, row count, token offset, guessed first request, guessed query length)
     """
     out_idx_ptr, out_lens_ptr = out
     token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr, violation_ptr = shared_out
     qsl_ptr, seq_lens_ptr, _, replay_ptr, num_reqs, search_chunks = requests
     block_table_ptr, slot_mapping_ptr, bt_stride, max_pages = table
-    num_tokens, num_decodes, _, _, _, _, build_checks = plan
+    num_tokens, num_decodes, _, _, _, _, build_checks, _, _ = plan
     row0, n_rows, token_offset, guess_req, guess_len = part
     rows, row_ok, rows_at = _row_block(row0, n_rows, BLOCK_T, CLAMP)
     tok = token_offset + rows
@@ -608,7 +621,9 @@ def _window_rows(
     value = tl.zeros([BLOCK_T], dtype=tl.int32)
     checked = row_ok & valid
     if GUARD:
-        kind, value = _request_rules(kind, value, checked, tok, req, begin, end, seq, requests, plan, CHECK_HOST_SEQ)
+        kind, value, named = _request_rules(
+            kind, value, checked, tok, req, begin, end, seq, requests, plan, CHECK_HOST_SEQ
+        )
     start, lens, kind, value = _row_window(
         kind, value, checked, shared, row_ok, tok, tok_at, req, begin, end, seq, bound, num_decodes,
         (left_ptr, right_ptr), spans, WINDOW, BLOCK_T, NONCAUSAL, IMAGES, CLEAR_IMAGES, MAX_IMAGE, GUARD,
@@ -626,12 +641,14 @@ def _window_rows(
         CLAMP,
     )  # fmt: skip
     if GUARD:
+        # A broken row is handed out empty: zeroing its lens empties it entry by entry for free.
+        lens = tl.where(kind > 0, 0, lens)
+        # Rule 17 after: a row whose slot_mapping entry is not its own slot is recorded and keeps its rows,
+        # which the table and seq_lens define inside the cache (docs/semantics.md #guarded-builds).
         kind, value = _own_slot(
             kind, value, checked, lens, seq - end + tok, tok, slot, row_table, max_pages, build_checks, BLOCK_SIZE,
             CLAMP,
         )  # fmt: skip
-        # A broken row is handed out empty: zeroing its lens empties it entry by entry for free.
-        lens = tl.where(kind > 0, 0, lens)
     cols = tl.arange(0, BLOCK_W)
     idx = tl.where(cols[None, :] < lens[:, None], base + cols[None, :], -1)
 
@@ -646,7 +663,7 @@ def _window_rows(
     tl.store(out_lens_ptr + rows_at, lens, mask=row_ok)
     if GUARD:
         # After the stores: its block-wide reduction would otherwise hold them back.
-        _record(violation_ptr, kind, req, value, rows, record_group)
+        _record(violation_ptr, kind, named, value, rows, record_group)
 
 
 @triton.jit
@@ -667,7 +684,7 @@ def _gather_lens(
     program (``program``: this one's index among the gather programs), shared by the KV-cache groups;
     ``requests``, ``spans`` and ``plan`` as ``_window_rows`` takes them."""
     qsl_ptr, seq_lens_ptr, host_seq_ptr, replay_ptr, _, _ = requests
-    _, num_decodes, _, _, _, max_model_len, _ = plan
+    _, num_decodes, _, _, _, max_model_len, _, _, _ = plan
     _, real, i = _row_block(program * GATHER_BLOCK, num_prefills, GATHER_BLOCK, CLAMP)
     req = num_decodes + i
     seq = tl.load(seq_lens_ptr + req, mask=real, other=0)
@@ -745,6 +762,8 @@ def swa_metadata_kernel(
     num_spans,
     max_model_len,
     build_checks,
+    num_bounds,
+    prefill_follows,
     # compile-time shape of the work
     WINDOW: tl.constexpr,
     DECODE_WIDTH: tl.constexpr,
@@ -772,7 +791,10 @@ def swa_metadata_kernel(
     # image spans, the host's split and bounds.
     requests = (qsl_ptr, seq_lens_ptr, host_seq_ptr, replay_ptr, num_reqs, search_chunks)
     spans = (span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans)
-    plan = (num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, max_model_len, build_checks)
+    plan = (
+        num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, max_model_len, build_checks,
+        num_bounds, prefill_follows,
+    )  # fmt: skip
     if pid < num_groups * group_progs:
         # One KV-cache group's rows (docs/semantics.md #group-builds): groups share the split,
         # seq_lens, query_start_loc and replay bounds; each has its own block table and slot mapping.

@@ -4,7 +4,8 @@ per-token helpers, visibility arrays), and records a violation exactly when the 
 for ``build``, ``build_groups`` (views of one storage and disagreeing structures included), single and
 grouped draft updates, ``build_slot_rows`` (paged and ring rows), ``build_request_window`` and each entry
 point's settings at their bounds, on a handful of fixed malformed inputs drawn from a seeded RNG, against
-a torch builder of the same config."""
+a torch builder of the same config; and validated builds of valid steps in the forms the default path takes
+(``validated_case``), which build what the default path builds."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from ..platform import PlatformInfo
 from ..request_window import RequestWindowRows, preflight_request_window
 from ..slot_ring import SlotRing
 from ..slot_rows import SlotRows, preflight_slot_rows, slot_limit
+from ..split import split_decodes_and_prefills
+from .batches import random_batch
 from .fixtures import BackendFixtures, Target
 from .request_windows import WINDOW_KINDS, window_case
 from .slot_rows import random_ring_rows, random_slot_rows, slot_rows_config
@@ -47,6 +50,12 @@ GUARDED_CONFIG = SWAConfig(
 # The same geometry with DSpark drafting: its steps may be non-causal, and their prefills read replay bounds
 # that their decode rows ignore (docs/semantics.md #dspark-rows).
 GUARDED_DSPARK_CONFIG = dataclasses.replace(GUARDED_CONFIG, speculative_method="dspark", num_speculative_tokens=3)
+# DSpark with a window at its row's edge (W = 61, three parallel drafts: a decode of up to 7 tokens in a row of
+# 64): a row fits or not by its device length, and a decode's seq_lens_cpu, only an upper bound, may say it does
+# not (docs/semantics.md #dspark-rows). A larger cache, so that valid steps of this window fit it.
+GUARDED_DSPARK_EDGE_CONFIG = dataclasses.replace(
+    GUARDED_DSPARK_CONFIG, window_size=61, parallel_drafting=True, num_kv_blocks=200, max_image_tokens=0
+)
 # The SWAMetadata fields that are not outputs of the build (host objects, names; the step inputs, whose
 # tensors are compared as the metadata's seq_lens, query_start_loc and its host copy).
 _NOT_COMPARED = {"tile_sched", "backend", "extras", "inputs"}
@@ -109,8 +118,10 @@ def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> A
     rows with slots, a max_query_len below the longest query and device offsets that differ from their
     host copy (the split is made from the host copy); a prefill's seq_lens_cpu that differs from seq_lens, a
     seq_len past max_model_len, and slot mappings that are each token's own slot by the table (most
-    batches, so the other rules' rows are built), made for another page size, or off at one token
-    (``BATCH_CLASSES``, counted in ``DRAWN``)."""
+    batches, so the other rules' rows are built), made for another page size, or off at one token; padding
+    requests past shorter replay bounds that the device offsets give tokens, per-request inputs handed in as
+    longer buffers, and a DSpark step's decodes with host seq_lens only an upper bound (``BATCH_CLASSES``,
+    counted in ``DRAWN``)."""
     num_reqs = rng.randint(1, min(5, config.max_num_seqs))
     queries = [rng.randint(0, 7) for _ in range(num_reqs)]
     qsl = [0]
@@ -121,6 +132,9 @@ def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> A
         qsl[i] = max(0, qsl[i] - rng.randint(1, 9))
     num_tokens = max(1, max(qsl)) + rng.randint(0, 3)
     seqs = [max(0, q + rng.randint(-3, 40)) for q in queries]
+    if config.window_size > 40:  # contexts around the window's edge too
+        seqs = [s if rng.random() < 0.5 else q + rng.randint(config.window_size - 8, config.window_size + 8)
+                for s, q in zip(seqs, queries)]  # fmt: skip
     if rng.random() < 0.1:
         seqs[rng.randrange(num_reqs)] = config.max_model_len + rng.randint(1, 9)
         DRAWN["batch seq_len past max_model_len"] += 1
@@ -155,11 +169,30 @@ def malformed_batch(rng: random.Random, config: SWAConfig = GUARDED_CONFIG) -> A
         host_qsl = list(qsl)
         i = rng.randint(0, num_reqs)
         host_qsl[i] = max(0, min(num_tokens, host_qsl[i] + rng.choice((-2, -1, 1, 2))))
+    elif num_reqs > 1 and rng.random() < 0.15:
+        # Replay bounds for the first requests only: the host copy makes the others padding requests (no query
+        # tokens, so no bound), which the device offsets may still give tokens (rule 14).
+        bounded = rng.randint(0, num_reqs - 1)
+        host_qsl = qsl[: bounded + 1] + [qsl[bounded]] * (num_reqs - bounded)
+        replay = [rng.randint(-2, 45) for _ in range(bounded)] if replay is None else replay[:bounded]
+        DRAWN["batch padding the device contradicts"] += 1
     spans = (span_ptr, starts, ends)
     causal = not (config.is_dspark and rng.random() < 0.7)  # a DSpark step: non-causal decode rows
+    if not causal and rng.random() < 0.5:
+        # A DSpark step's decodes with their host seq_lens only an upper bound, as async scheduling hands them in.
+        host_seqs = list(seqs if host_seqs is None else host_seqs)
+        for r, q in enumerate(queries):
+            if q <= config.decode_threshold:
+                host_seqs[r] += rng.randint(0, 30)
+        DRAWN["batch DSpark host upper bounds"] += 1
+    persistent = 0
+    if rng.random() < 0.15:  # per-request inputs handed in as an engine's longer buffers
+        persistent = rng.randint(1, 4)
+        DRAWN["batch per-request buffers longer than R"] += 1
     batch = make_batch(
-        qsl, seqs, table, slots, rng.randint(0, 8), num_tokens, replay, spans, host_qsl=host_qsl, host_seqs=host_seqs
-    )
+        qsl, seqs, table, slots, rng.randint(0, 8), num_tokens, replay, spans, host_qsl=host_qsl, host_seqs=host_seqs,
+        persistent=[rng.randint(-5, 200) for _ in range(persistent)],
+    )  # fmt: skip
     return batch if causal else batch.replace(causal=False)
 
 
@@ -169,6 +202,8 @@ BATCH_CLASSES = (
     "batch slots of another page size",
     "batch one slot not its own",
     "batch seq_lens_cpu differs",
+    "batch padding the device contradicts",
+    "batch per-request buffers longer than R",
 )
 
 
@@ -198,23 +233,28 @@ def make_batch(
     *,
     host_qsl: list[int] | None = None,
     host_seqs: list[int] | None = None,
+    persistent: list[int] | None = None,
 ) -> AttentionBatch:
     """A batch of exactly these values (no validation): ``image_spans`` is ``(indptr, starts, ends)``,
     dropped when it has no span; ``host_qsl`` and ``host_seqs`` are query_start_loc's and seq_lens' host
-    copies where they differ."""
+    copies where they differ; ``persistent``: values past the requests' that seq_lens, its host copy and
+    replay_start (where it has one per request) carry on, as an engine's longer buffers do."""
 
     def t32(v: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(v, dtype=torch.int32)
 
+    more = persistent or []
     qsl_t = t32(qsl)
     spans = None
     if image_spans is not None and image_spans[1]:
         spans = ImageSpans(t32(image_spans[0]), t32(image_spans[1]), t32(image_spans[2]))
+    if replay is not None and len(replay) == len(seqs):
+        replay = replay + more
     return AttentionBatch(
-        seq_lens=t32(seqs),
+        seq_lens=t32(seqs + more),
         query_start_loc=qsl_t,
         query_start_loc_cpu=qsl_t.clone() if host_qsl is None else t32(host_qsl),
-        seq_lens_cpu=t32(seqs if host_seqs is None else host_seqs),
+        seq_lens_cpu=t32((seqs if host_seqs is None else host_seqs) + more),
         block_table=t32(table) if table and table[0] else torch.zeros((len(seqs), 0), dtype=torch.int32),
         slot_mapping=torch.tensor(slots, dtype=torch.int64),
         max_query_len=max_query_len,
@@ -428,6 +468,120 @@ def group_case(draw: Draw) -> list[str]:
     if got_update != want_update:
         return [f"{where}, draft step: the backend raised {got_update}, the reference {want_update}"]
     return _compared_groups(f"{where} after a draft step", got, want, builder, ref)
+
+
+def validated_case(draw: Draw) -> list[str]:
+    """One valid step in the forms the default path takes (``engine_forms``: per-request inputs as longer
+    buffers, decodes' host seq_lens an upper bound, a DSpark step's among them, an overstated max_query_len of
+    any size, replay bounds that stop at the padding requests), built with full validation by the backend and
+    by the reference: both build it, equal to the reference's default build of it, and record nothing (a
+    validated build refuses nothing the default path takes, docs/semantics.md #inputs).
+    Now and then (``UNTYPED``) one input has a type the default path refuses: every build, validated or not,
+    raises the default path's typed error, naming the same field."""
+    builder, ref, rng, device, k, strict = draw
+    config = ref.config
+    batch = engine_forms(rng, config)
+    where = f"validated step {k} ({batch_summary(batch)})"
+    capacity = ref.buffers.capacity
+    if rng.random() < 0.2:
+        what = rng.choice(sorted(UNTYPED))
+        DRAWN[f"validated untyped {what}"] += 1
+        field, value = UNTYPED[what]
+        taken = batch.replace(max_query_len=min(batch.max_query_len, capacity))  # every other input one it takes
+        answers = [
+            attempt_named(ref.build, taken.replace(**{field: value(taken)}), validate=v)[1] for v in (False, True)
+        ]
+        moved = taken.to(device)
+        with strict():
+            answers += [
+                attempt_named(builder.build, moved.replace(**{field: value(moved)}), validate=v)[1]
+                for v in (False, True)
+            ]
+        if answers[0] is None or not issubclass(answers[0][0], SWAHalError) or answers.count(answers[0]) != 4:
+            return [f"{where}, {what}: default, validated (reference), default, validated (backend): {answers}"]
+        return []
+    default = batch.replace(max_query_len=min(batch.max_query_len, capacity))
+    want, want_error = attempt_named(ref.build, default, validate=False)
+    if want_error is not None or recorded(ref):
+        return [f"{where}: the reference's default build of a valid step raised {want_error} or recorded a violation"]
+    want_v, want_v_error = attempt_named(ref.build, batch, validate=True)
+    if want_v_error is not None:
+        return [f"{where}: the reference's validated build refused a step its default build takes: {want_v_error}"]
+    problems = [f"{where}: validated reference vs default: {p}" for p in metadata_differences(want_v, want)]
+    moved = batch.to(device)
+    with strict():
+        got, error = attempt_named(builder.build, moved, validate=True)
+    if error is not None:
+        return [*problems, f"{where}: the backend's validated build raised {error}"]
+    return problems + _compared(where, got, want_v, builder, ref)
+
+
+def engine_forms(rng: random.Random, config: SWAConfig) -> AttentionBatch:
+    """A random valid step (``random_batch``, its block ids inside the config's cache) in forms an engine hands in
+    and the default path takes, each drawn now and then (``DRAWN``): seq_lens, its host copy and the replay
+    bounds as longer buffers (junk past R); the decodes' seq_lens_cpu an upper bound of their seq_lens (vLLM's
+    async scheduling), in DSpark steps too; max_query_len overstated, up to 2^64; a padded step's replay bounds
+    stopping at its padding requests."""
+    # Padded steps (their padding requests may go without bounds) and DSpark steps twice as often.
+    kinds = ["decode", "mtp", "mixed", "prefill", "padded", "padded"] + (["dspark"] * 2 if config.is_dspark else [])
+    kind = rng.choice(kinds)
+    reqs = min(3, config.max_num_seqs)
+    context = config.max_model_len
+    if config.num_kv_blocks is not None:  # every page's id below the cache's: the table's pool holds them all
+        context = min(context, config.block_size * max(1, (config.num_kv_blocks - 8) // (reqs + 3)))
+    batch = random_batch(config, rng, kind, max_reqs=reqs, max_context=context, extra_pages=0, replay=0.6, spans=0.8)
+    num_reqs = batch.inputs.num_reqs
+    qsl_cpu = batch.query_start_loc_cpu
+    if batch.replay_start is not None and rng.random() < 0.8:
+        queries = (qsl_cpu[1:] - qsl_cpu[:-1]).tolist()
+        padding = next((r for r in range(num_reqs) if not any(queries[r:])), num_reqs)
+        if padding < num_reqs:  # the bounds of the real requests only (docs/semantics.md #bounded-replay)
+            batch = batch.replace(replay_start=batch.replay_start[:padding].clone())
+            DRAWN["validated padding requests without bounds"] += 1
+    if rng.random() < 0.5:
+        split = split_decodes_and_prefills(qsl_cpu, batch.max_query_len, batch.num_tokens, config.decode_threshold)
+        host = batch.seq_lens_cpu.clone()
+        host[: split.num_decodes] += torch.tensor(
+            [rng.randint(0, 40) for _ in range(split.num_decodes)], dtype=host.dtype
+        )
+        batch = batch.replace(seq_lens_cpu=host)
+        DRAWN["validated DSpark host upper bounds" if not batch.causal else "validated host upper bounds"] += 1
+    if rng.random() < 0.4:
+        extra = rng.randint(1, 4)
+
+        def longer(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None or t.shape[0] != num_reqs:
+                return t
+            return torch.cat([t, torch.tensor([rng.randint(-5, 300) for _ in range(extra)], dtype=t.dtype)])
+
+        batch = batch.replace(
+            seq_lens=longer(batch.seq_lens),
+            seq_lens_cpu=longer(batch.seq_lens_cpu),
+            replay_start=longer(batch.replay_start),
+        )
+        DRAWN["validated per-request buffers longer than R"] += 1
+    if rng.random() < 0.4:
+        mql = batch.max_query_len
+        batch = batch.replace(max_query_len=rng.choice((mql + rng.randint(1, 8), 2**31, 2**63 - 1, 2**63, 2**64)))
+        DRAWN["validated overstated max_query_len"] += 1
+    return batch
+
+
+# Inputs in a form the default path refuses by type (docs/semantics.md #guarded-builds, the O(1) preflight): the
+# field, and the value it takes in place of the batch's.
+UNTYPED: dict[str, tuple[str, Callable[[AttentionBatch], Any]]] = {
+    "image_spans as a dict": ("image_spans", lambda b: {0: [(0, 1)]}),
+    "image_spans as a tuple": ("image_spans", lambda b: ((0, 1), (0,), (1,))),
+    "max_query_len a float": ("max_query_len", lambda b: float(b.max_query_len)),
+    "max_query_len a bool": ("max_query_len", lambda b: True),
+    "max_query_len negative": ("max_query_len", lambda b: -1),
+    "num_tokens a bool": ("num_tokens", lambda b: True),
+    "causal an int": ("causal", lambda b: int(b.causal)),
+    "seq_lens_cpu a list": ("seq_lens_cpu", lambda b: b.seq_lens_cpu.tolist()),
+    "seq_lens_cpu int64": ("seq_lens_cpu", lambda b: b.seq_lens_cpu.long()),
+    "query_start_loc_cpu int64": ("query_start_loc_cpu", lambda b: b.query_start_loc_cpu.long()),
+    "replay_start int64": ("replay_start", lambda b: torch.zeros(b.inputs.num_reqs, dtype=torch.int64)),
+}
 
 
 # How often a group case draws views of one storage, and structures that disagree (the rest: the
@@ -970,7 +1124,10 @@ class GuardedOutputTests(BackendFixtures):
 
     test_guarded_builds_equal_the_reference = _guarded_test(build_case, "guarded-build-{name}", GUARDED_CONFIG)
     test_guarded_dspark_builds_equal_the_reference = _guarded_test(
-        build_case, "guarded-dspark-{name}", GUARDED_DSPARK_CONFIG
+        build_case, "guarded-dspark-{name}", GUARDED_DSPARK_CONFIG, GUARDED_DSPARK_EDGE_CONFIG
+    )
+    test_validated_builds_take_what_default_builds_take = _guarded_test(
+        validated_case, "guarded-validated-{name}-{window}", GUARDED_CONFIG, GUARDED_DSPARK_EDGE_CONFIG
     )
     test_guarded_group_builds_equal_the_reference = _guarded_test(group_case, "guarded-groups-{name}", GUARDED_CONFIG)
     test_guarded_slot_rows_equal_the_reference = _guarded_test(

@@ -99,8 +99,9 @@ def dspark_width(window, drafts):
 
 def model(config: SWAConfig, batch: AttentionBatch) -> dict[str, Any]:
     """Every output of a build, as Python lists."""
-    seq_lens = batch.seq_lens.cpu().tolist()
     qsl = batch.query_start_loc_cpu.tolist()
+    # R is the host offsets' request count; longer per-request inputs are read for their first R entries.
+    seq_lens = batch.seq_lens.cpu().tolist()[: len(qsl) - 1]
     table = batch.block_table.cpu().tolist()
     slots = batch.slot_mapping.cpu().tolist()
     query_lens = [qsl[r + 1] - qsl[r] for r in range(len(seq_lens))]
@@ -109,7 +110,9 @@ def model(config: SWAConfig, batch: AttentionBatch) -> dict[str, Any]:
     valid = [s >= 0 for s in slots]
     w, b = config.window_size, config.block_size
     t2r = [owner(qsl, t) for t in range(t_count)]
-    replay = [0] * len(seq_lens) if batch.replay_start is None else batch.replay_start.cpu().tolist()
+    # No bounds, or none past the bounds given (padding requests, #bounded-replay): 0.
+    bounds = [] if batch.replay_start is None else batch.replay_start.cpu().tolist()[: len(seq_lens)]
+    replay = bounds + [0] * (len(seq_lens) - len(bounds))
     spans = {}
     if batch.image_spans is not None:
         ptr = batch.image_spans.indptr.cpu().tolist()

@@ -225,18 +225,28 @@ class TorchBackend(Backend):
         with one_thread():
             self._compute(plan, batch, buffers)
 
-    def _compute(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers) -> None:
+    def _compute(
+        self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers, following: torch.Tensor | None = None
+    ) -> None:
         # The full guard's per-request selection and per-row work cost as much as the build itself. On
         # the CPU a build can afford to read a value, so a guarded build first runs the cheap part of the
         # checks and builds unguarded; only a batch that may break a rule pays for the full guard, which
         # rewrites every output. Both give the same outputs and record (tests/test_guard_probe.py).
         probed = self.guard and self.probe_first and self.device.type == "cpu"
         if not (probed and self._build(plan, batch, buffers, probe=self._probe)):
-            self._build(plan, batch, buffers, probe=None)
+            self._build(plan, batch, buffers, probe=None, following=following)
 
-    def _build(self, plan: BuildPlan, batch: AttentionBatch, buffers: MetadataBuffers, probe: RowProbe | None) -> bool:
+    def _build(
+        self,
+        plan: BuildPlan,
+        batch: AttentionBatch,
+        buffers: MetadataBuffers,
+        probe: RowProbe | None,
+        following: torch.Tensor | None = None,
+    ) -> bool:
         """One build; with ``probe``, unguarded once the request checks pass, and False (the outputs are
-        partly written) as soon as a rule may have broken."""
+        partly written) as soon as a rule may have broken. ``following``: in a draft-step update of a build
+        with prefills (``plan.prefill_follows``), the first prefill's query length on the device."""
         ws, cfg = self._workspace, self.config
         s = self._shape(plan, buffers)
         ndt, npt, nreq = plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
@@ -328,7 +338,7 @@ class TorchBackend(Backend):
                     probe=probe,
                 )
             else:
-                # The builder checked the row widths on the host already: no device sync here.
+                # Row widths are checked on the device (rule 7, the guard's request quantities): no sync here.
                 own_pos1 = None
                 if dec_slots is not None:  # p + 1 = S_r - qsl[r + 1] + t + 1
                     own_pos1 = torch.sub(seq, ends).index_select(0, s.dec_req).add_(s.dec_rows1)
@@ -385,7 +395,7 @@ class TorchBackend(Backend):
             if probe is not None and not probe.clean:
                 return False
         if guard:
-            self._empty_padding(s, qsl[nreq], ndt)
+            self._empty_padding(s, qsl[nreq], ndt, following, nreq)
         if plan.num_prefills:
             reference.prefill_gather_lens(
                 batch.seq_lens,
@@ -424,12 +434,18 @@ class TorchBackend(Backend):
         return bool((batch.slot_mapping.numpy()[max(scheduled, 0) : num_tokens] >= 0).any())
 
     @staticmethod
-    def _empty_padding(s: _Shape, scheduled: torch.Tensor, ndt: int) -> None:
+    def _empty_padding(
+        s: _Shape, scheduled: torch.Tensor, ndt: int, following: torch.Tensor | None = None, num_reqs: int = 0
+    ) -> None:
         """Rule 13, checked first at every row: a row past query_start_loc[R] (``scheduled``) that holds a slot
         is emptied and becomes a candidate of the record (its request the owner the fill gave it, its
-        value the row), whatever else it broke."""
+        value the row), whatever else it broke. With ``following`` (a draft-step update of a build with
+        prefills, whose decode part has no padding) such a row is the first prefill's, starting inside the
+        decode tokens: rule 14 of request ``num_reqs`` (the update's R), its value ``following``, that
+        prefill's query."""
         pad = (s.rows >= scheduled) & s.valid
         parts = ((s.dec_out, s.dec_lens, s.dec_guard, 0), (s.pre_out, s.pre_lens, s.pre_guard, ndt))
+        kind = Violation.PADDING_SLOT if following is None else Violation.HOST_SPLIT
         for out, lens, guard, start in parts:
             n = lens.shape[0]
             if n == 0 or guard is None:
@@ -437,9 +453,13 @@ class TorchBackend(Backend):
             mask = pad[start : start + n]
             out.masked_fill_(mask[:, None], -1)
             lens.masked_fill_(mask, 0)
-            guard.kind.masked_fill_(mask, int(Violation.PADDING_SLOT))
-            torch.where(mask, s.rows[start : start + n], guard.value, out=guard.value)
-            torch.where(mask, s.t2r[start : start + n], guard.key, out=guard.key)
+            guard.kind.masked_fill_(mask, int(kind))
+            if following is None:
+                torch.where(mask, s.rows[start : start + n], guard.value, out=guard.value)
+                torch.where(mask, s.t2r[start : start + n], guard.key, out=guard.key)
+            else:
+                guard.value.masked_fill_(mask, following.to(guard.value.dtype))
+                guard.key.masked_fill_(mask, num_reqs)
 
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         # An update rebuilds the decode requests only, so only they are checked: a prefill's violation
@@ -450,8 +470,12 @@ class TorchBackend(Backend):
             block_table=metadata.block_table,
             slot_mapping=metadata.slot_mapping[: metadata.num_decode_tokens],
         )
+        following = None
+        if plan.prefill_follows:  # the first prefill's device query (rule 14), read without a sync
+            nd, qsl = metadata.num_decodes, metadata.query_start_loc
+            following = qsl[nd + 1] - qsl[nd]
         with one_thread():
-            self._compute(plan, batch, buffers)
+            self._compute(plan, batch, buffers, following)
 
     def compute_slot_rows(
         self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int

@@ -42,6 +42,8 @@ class SplitFacts(Protocol):
     def host_seq_lens(self) -> torch.Tensor | None: ...
     @property
     def build_checks(self) -> bool: ...
+    @property
+    def num_bounds(self) -> int: ...
 
 
 # -- the torch backend's guard -----------------------------------------------------------------------------
@@ -173,7 +175,7 @@ class _RequestViews:
     limits: torch.Tensor
     margins: torch.Tensor
     cap: torch.Tensor
-    caps: tuple[int, int, int, int] | None
+    caps: tuple[int, int, int, int, int] | None
     split: tuple[int, int, int]
     split_end: torch.Tensor
     host_same: torch.Tensor
@@ -401,19 +403,22 @@ class TorchGuard:
 
     def _limits(self, v: _RequestViews, num_reqs: int, split: SplitFacts, model_limit: int) -> None:
         """Rule 14's query caps into the CAP row (a decode's min(decode_query_max, max_query_len), a
-        prefill's max_query_len) and rule 16's bound into MODEL_LIMIT. Host values: rewritten only when
-        they change (a decode-only server's never do)."""
-        nd = split.num_decodes
-        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len, model_limit)
+        prefill's max_query_len, 0 for a request past the replay bounds, which the host copy makes padding)
+        and rule 16's bound into MODEL_LIMIT. Host values: rewritten only when they change (a decode-only
+        server's never do)."""
+        nd, bounds = split.num_decodes, split.num_bounds
+        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len, model_limit, bounds)
         old = v.caps
         if caps == old:
             return
-        if old is None or caps[:3] != old[:3]:
+        if old is None or caps[:3] != old[:3] or bounds != old[4]:
             cap_dec, cap_pre = self._cuts(v, nd)[:2]
             if nd:
                 cap_dec.fill_(caps[1])
             if nd < num_reqs:
                 cap_pre.fill_(caps[2])
+            if bounds < num_reqs:
+                v.cap[bounds:].zero_()
         if old is None or model_limit != old[3]:
             v.rules[MODEL_LIMIT].fill_(model_limit)
         v.caps = caps

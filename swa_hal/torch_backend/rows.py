@@ -254,12 +254,13 @@ class RowGuard:
     ``[0, limit)`` (6) is emptied, and so is every row whose request's key (the third request term,
     ``guard.py``) says the request broke a request-level rule. Per row, ``kind`` and ``value``
     receive the row's rule and value where it broke one (the first page past the table, or the first
-    bad block id; unspecified elsewhere), and ``key`` its request where it was emptied by a rule, else
-    ``NO_KEY``. The guard's record takes the lowest key (``guard.py``).
+    bad block id; unspecified elsewhere), and ``key`` its request where it broke a rule, else ``NO_KEY``.
+    The guard's record takes the lowest key (``guard.py``).
 
     Rule 17 where the backend sets ``slots`` for a build (the rows' slot_mapping entries, int64 [n]) with
     ``tokens`` (the rows' token indices, the value reported): a row that broke no rule and has entries reads
-    its token's own position, whose slot must be its entry (else it is emptied, after rules 5 and 6).
+    its token's own position, whose slot must be its entry (else it is recorded, after rules 5 and 6, and
+    keeps its entries).
     """
 
     __slots__ = ("limit", "kind", "value", "key", "slots", "tokens")
@@ -362,7 +363,8 @@ def _fill_rows(
     the entries past a request's last page may be anything, -1 included). Page reads are clamped into
     the table: a malformed row never reads outside it. With ``guard`` (docs/semantics.md
     #guarded-builds), rows that read past the table or a block id outside ``[0, guard.limit)`` are emptied
-    (their lens zeroed before the columns are laid out) and reported in ``guard``; the pages below a row's
+    (their lens zeroed before the columns are laid out) and reported in ``guard`` (rows that break rule 17
+    are reported and keep their entries); the pages below a row's
     first are then left out of its block check. ``lens_in_range``: whether every lens lies in [0, width]
     already. With ``probe``, the blocks are only looked at (``RowProbe``), and the last pages too where rows
     may read past their request's seq_len (``past_seq``: image rows). ``own_pos1``: each row's token
@@ -415,9 +417,10 @@ def _fill_rows(
         torch.where(off_table, ws.c[PAGES], ws.c[BLOCK], out=guard.kind)
         page_value = torch.clamp_min(v.first, table_width, out=v.page_value)  # the first page past the table
         torch.where(off_table, page_value, v.block_value, out=guard.value)
+        recorded = broken
         if guard.slots is not None and own_pos1 is not None:
-            _own_slot_rule(table, req, own_pos1 - 1, lens, block_size, guard, broken)
-        torch.where(broken, req, ws.c[NO_KEY], out=guard.key)
+            recorded = _own_slot_rule(table, req, own_pos1 - 1, lens, block_size, guard, broken)
+        torch.where(recorded, req, ws.c[NO_KEY], out=guard.key)
         lens.masked_fill_(broken, ws.c[0])
         if kept is not lens:
             kept.masked_fill_(broken, ws.c[0])
@@ -446,11 +449,13 @@ def _own_slot_rule(
     block_size: int,
     guard: RowGuard,
     broken: torch.Tensor,
-) -> None:
+) -> torch.Tensor:
     """Rule 17 into ``guard`` (docs/semantics.md #guarded-builds): a row with entries that broke no rule
-    (``broken``: rules 5 and 6, updated in place) reads its token's own position ``pos``, on a page inside
-    the table; its slot there must be the row's slot_mapping entry (``guard.slots``), else the row breaks
-    rule 17 (its value: the token's row, ``guard.tokens``). A guarded build's full path only."""
+    (``broken``: rules 5 and 6) reads its token's own position ``pos``, on a page inside the table; its slot
+    there must be the row's slot_mapping entry (``guard.slots``), else the row breaks rule 17 (its value:
+    the token's row, ``guard.tokens``). Returns the rows to record, ``broken`` and those: a row that breaks
+    rule 17 alone keeps its entries (the table and seq_lens define them, inside the cache). A guarded
+    build's full path only."""
     assert guard.slots is not None and guard.tokens is not None
     width = table.shape[1]
     page = torch.div(pos, block_size, rounding_mode="floor")
@@ -459,7 +464,7 @@ def _own_slot_rule(
     bad = checked & (own + (pos - page * block_size) != guard.slots)
     guard.kind.masked_fill_(bad, OWN_SLOT)
     torch.where(bad, guard.tokens, guard.value, out=guard.value)
-    broken.logical_or_(bad)
+    return broken | bad
 
 
 def request_terms(
@@ -587,7 +592,7 @@ def fill_dspark_rows(
     torch.index_select(terms, 1, req, out=v.terms)
     start, row_lens = v.term
     torch.where(valid, row_lens, ws.c[0], out=lens)
-    # The builder refused a decode row wider than this on the host; malformed input still never gets one.
+    # A row wider than this is a guarded build's rule 7 (emptied); no input ever gets one handed out.
     lens.clamp_max_(width)
     # Only malformed input gives a negative length (S_r < 0): it is handed out as it is.
     _fill_rows(

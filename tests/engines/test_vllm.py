@@ -1487,7 +1487,7 @@ def test_guard_violation_raises_at_the_next_vllm_build_when_strict(
     assert swa_hal_warnings() == []
 
 
-def test_dspark_row_wider_than_its_width_native_cuts_swa_hal_refuses(plugin_log, vllm_configs):
+def test_dspark_row_wider_than_its_width_native_cuts_swa_hal_empties_and_records(plugin_log, vllm_configs):
     native, ours, cfg = builders(
         sparse_swa.DeepseekSparseSWAMetadataBuilder, "v4_dspark3_w61b16", vllm_configs, backend="torch"
     )
@@ -1499,8 +1499,12 @@ def test_dspark_row_wider_than_its_width_native_cuts_swa_hal_refuses(plugin_log,
     got_native = native.build(0, H.common_metadata(batch))
     # vLLM: 4 + 61 = 65 entries claimed in a 64-wide row; the 65th is silently dropped.
     assert int(got_native.decode_swa_lens[0]) == 65 > got_native.decode_swa_indices.shape[-1] == 64
-    with pytest.raises(SpeculativeModeError, match="wider than the non-causal width 64; refusing to truncate"):
-        ours.build(0, H.common_metadata(batch))
+    # swa_hal: the row's width is the device length's (a decode's seq_lens_cpu is only an upper bound,
+    # docs/semantics.md #dspark-rows): request 0's rows are emptied and recorded, never cut; request 1's fit.
+    got = ours.build(0, H.common_metadata(batch))
+    assert got.decode_swa_lens.tolist() == [0, 0, 0, 0, 63, 63]
+    with pytest.raises(SpeculativeModeError, match="^request 0: its row needs 65 entries, wider than the row; refusing"):
+        ours.swa_hal.check()
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda"])

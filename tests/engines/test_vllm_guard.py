@@ -21,7 +21,14 @@ import torch
 import vllm_harness as H
 from vllm.models.deepseek_v41.nvidia import flashmla as v41_flashmla
 
-from swa_hal.errors import BatchDtypeError, BatchRangeError, BatchShapeError, BatchValidationError
+from swa_hal import AttentionBatch
+from swa_hal.errors import (
+    BatchConsistencyError,
+    BatchDtypeError,
+    BatchRangeError,
+    BatchShapeError,
+    BatchValidationError,
+)
 from swa_hal.integrations import vllm_step
 
 VARIANT = "v41_mtp1_w7b16"
@@ -141,6 +148,51 @@ def test_a_step_violation_is_logged_through_vllms_logger(rig, monkeypatch):
         logger.removeHandler(handler)
     lines = [r.getMessage() for r in seen]
     assert len(lines) == 1 and "[field=block_table request=0 value=-3]" in lines[0], lines
+
+
+def test_a_padding_request_the_device_gives_tokens_is_emptied_and_recorded_by_the_step(rig):
+    """docs/semantics.md #bounded-replay: a step padded to a captured request count brings two replay bounds for
+    three requests (the host offsets make request 2 padding, so it goes without a bound), while the device offsets
+    give request 2 a token with its own slot in every group. The step build empties that row in every group, gives
+    the prefill gather length 0, hands out the step's three bounds, and records rule 14 (query_start_loc, request
+    2), which the check of a builder vLLM holds raises, naming a KV-cache group as vLLM numbers it."""
+    device = AttentionBatch.from_lists([20, 30, 9], [1, 5, 1], [[1, 2], [3, 4], [5, 6]], block_size=16, num_tokens=8)
+    tables, slots = H.step_inputs(device, LAYOUT, 16, random.Random(f"{SEED}-padding"))
+    host = torch.tensor([0, 1, 6, 6], dtype=torch.int32)
+    bounds = torch.tensor([0, 3], dtype=torch.int32)
+    got = []
+    with vllm_step.open_step(tables, slots, rig.our_groups, 0):
+        for j, i in enumerate(LAYOUT.swa):
+            step = dataclasses.replace(device, query_start_loc_cpu=host, block_table=tables[i], slot_mapping=slots[i])
+            got.append(rig.ours[j].build(0, H.common_metadata(step), replay_start=bounds))
+    assert rig.ours[0].swa_hal_step is not None and rig.ours[0].swa_hal_step[0].builder is not None
+    for md in got:
+        assert md.num_prefills == 2 and md.prefill_swa_lens[:6].tolist()[5] == 0
+        assert md.prefill_swa_lens[:5].tolist() == [7, 7, 7, 7, 7]
+        assert md.prefill_gather_lens.tolist() == [11, 0] and md.replay_start.tolist() == [0, 3, 0]
+    with pytest.raises(BatchConsistencyError, match=r"^KV-cache group [013]: request 2: its 1 query tokens") as info:
+        rig.ours[0].swa_hal.check()
+    assert info.value.field == "query_start_loc" and info.value.index == 2
+
+
+def test_per_request_buffers_longer_than_the_step_give_its_requests_only(rig):
+    """vLLM keeps seq_lens and the replay bounds in persistent max_num_seqs buffers: handed in whole, the metadata
+    of every group of a step build holds the step's R entries of each per-request output, views of those buffers."""
+    batch, tables, slots, ib, state = rig.step
+    num_reqs = batch.inputs.num_reqs
+    persistent = torch.full((num_reqs + 3,), 77, dtype=torch.int32)
+    persistent[:num_reqs] = batch.seq_lens
+    bounds = torch.zeros(num_reqs + 3, dtype=torch.int32)
+    with vllm_step.open_step(tables, slots, rig.our_groups, 0):
+        for j, i in enumerate(LAYOUT.swa):
+            step = dataclasses.replace(batch, block_table=tables[i], slot_mapping=slots[i])
+            md = rig.ours[j].build(0, H.common_metadata(step, seq_lens=persistent), replay_start=bounds)
+            assert md.seq_lens.tolist() == batch.seq_lens.tolist()
+            assert md.replay_start.shape == (num_reqs,) and md.replay_start.data_ptr() == bounds.data_ptr()
+            if md.num_prefills:
+                assert md.prefill_seq_lens.tolist() == batch.seq_lens[md.num_decodes :].tolist()
+                assert md.prefill_seq_lens_cpu.tolist() == batch.seq_lens[md.num_decodes :].tolist()
+    rig.ours[0].swa_hal.check()
 
 
 # -- 2. a step build's errors name vLLM's KV-cache group and surface in its call ----------------------

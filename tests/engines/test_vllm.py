@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import random
+import re
 import subprocess
 import sys
 from importlib.metadata import entry_points, version
@@ -599,17 +600,21 @@ def pcp_config(vc, size):
     ],
     ids=["v4-base-2", "v4-flashmla-4", "v41-flashmla-8", "v41-base-3"],
 )
-def test_prefill_context_parallelism_is_refused_where_unchecked(
+def test_prefill_context_parallelism_is_vllms_where_unchecked(
     plugin_log, vllm_configs, monkeypatch, native, variant, pcp
 ):
     """vLLM's V4 builders build over the whole slot mapping (only its V4.1 builder takes the rank's
-    chunk), so swa_hal under them refuses PCP; under V4.1 it takes the sizes it is tested at."""
+    chunk), so swa_hal under them leaves PCP to vLLM; under V4.1 it takes the sizes it is tested at. A builder
+    swa_hal does not serve is vLLM's own (docs/engines.md #drift); SWA_HAL_STRICT=1 refuses it by name."""
     monkeypatch.setattr(v41_sparse_mla, "get_pcp_group", lambda: H.FakePCPGroup(0, [torch.zeros(0)] * pcp))
+    refused = r"prefill context parallelism.*V4\.1 at sizes 2 and 4 only.*SWA_HAL_VLLM=0"
     with pcp_config(vllm_configs[variant], pcp) as vc:
         cls = integ.swa_hal_builder_cls(native)
-        with pytest.raises(
-            ConfigError, match=r"prefill context parallelism.*V4\.1 at sizes 2 and 4 only.*SWA_HAL_VLLM=0"
-        ):
+        builder = cls(H.make_kv_spec(ALL_VARIANTS[variant]), ["layer"], vc, CPU)
+        assert builder.swa_hal_aside is not None and re.search(refused, builder.swa_hal_aside)
+        assert builder.decode_swa_indices.shape[-1] == vc.model_config.hf_config.sliding_window  # vLLM's own rows
+        monkeypatch.setenv("SWA_HAL_STRICT", "1")
+        with pytest.raises(ConfigError, match=refused):
             cls(H.make_kv_spec(ALL_VARIANTS[variant]), ["layer"], vc, CPU)
 
 

@@ -1,7 +1,7 @@
 """The guard's blind spots (docs/semantics.md #guarded-builds): inputs the fuzz did not draw. Rules 13 and 14,
 what the host trusted: a padding row that holds a slot, and device offsets that the split made from the host
 copies does not admit (an understated ``max_query_len``, a device ``query_start_loc`` that differs from its host
-copy), recorded and emptied by a guarded build of every backend, bit for bit as the torch reference, where they
+copy), recorded and emptied by a guarded build of every backend, bit for bit as the torch backend's, where they
 used to hand out another request's window silently; full validation raises the same error type for each.
 Inputs that lie about their size (a table row shorter than its pages, an empty token table) and host copies
 the split cannot use are refused by name; a DSpark step's prefills are held to their replay bounds on every
@@ -415,7 +415,7 @@ def test_a_table_made_for_another_page_size_is_recorded(backend, page_size, vali
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_torch_build_records_the_first_row_whose_slot_is_not_its_own(backend):
     # Only token 3 (request 1's third token, position 6) holds another slot: the row is emptied and recorded,
-    # by the torch reference and by every backend (which row a kernel records first is unspecified: one row).
+    # by the torch backend and by every other (which row a kernel records first is unspecified: one row).
     batch = table_for_page_size(4)
     bad = with_(batch, slot_mapping=set_(batch.slot_mapping, 3, 7))
     builder = make_builder(CFG, backend)

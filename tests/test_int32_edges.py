@@ -2,7 +2,7 @@
 INT32_MAX, query lengths past int32, int64 token-slot inputs past int32, and valid windows on the last int32
 page of a cache with large pages. Every quantity is a wrapped int32 somewhere in a kernel; the expected
 values below follow from the rules (derived by hand in the comments), never from the code under test, and
-every Triton backend is also compared with the torch reference bit for bit. Lanes are address-checked:
+every Triton backend is also compared with the torch backend bit for bit. Lanes are address-checked:
 every lane on SM12x, every active lane elsewhere."""
 
 from __future__ import annotations

@@ -58,7 +58,6 @@ ENGINE = "SGLang"
 DISTRIBUTION = "sglang"
 SUPPORTED_VERSIONS = ("0.5.23",)
 SWITCH = "SWA_HAL_SGLANG"
-PLUGIN_NAME = "swa_hal"
 # SGLang's constants (sglang/srt/layers/attention/deepseek_v4_backend.py).
 SGLANG_SWA_WINDOW = 128
 SGLANG_PAGE_INDEX_ALIGNED_SIZE = 64

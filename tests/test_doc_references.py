@@ -488,3 +488,27 @@ def test_a_stale_link_is_found_and_another_projects_path_is_not_checked():
     ]
     assert not problems("docs/x.md", 1, "[figures](../benchmarks/results/README.md#nvidia-h200-h200)", True)
     assert not problems("docs/x.md", 1, "SGLang's `sglang/srt/managers/scheduler.py`, `benchmarks/out/x.txt`", True)
+
+
+def test_the_results_index_lists_each_recorded_file_once():
+    """benchmarks/results/README.md has a row, with its command, for each file there and for no other: a results file
+    is a current figure with the command that made it (a row's ``.json``, ``.png`` take the stem before them)."""
+    folder = "benchmarks/results/"
+    listed: list[str] = []
+    machine = ""
+    for line in (ROOT / folder / "README.md").read_text().splitlines():
+        if line.startswith("## "):
+            found = re.search(r"\(`([\w-]+/)`\)", line)
+            machine = found.group(1) if found else ""
+        elif line.startswith("| `"):
+            cells = line.split(" | ")
+            assert len(cells) >= 3 and "`" in cells[2], f"a row without its command: {line[:80]}"
+            stem = ""
+            for name in re.findall(r"`([^`]+)`", cells[0]):
+                stem = stem if name.startswith(".") else name.rpartition(".")[0]
+                listed.append(machine + (stem + name if name.startswith(".") else name))
+    recorded = sorted(f.removeprefix(folder) for f in tracked() if f.startswith(folder) and f != folder + "README.md")
+    assert sorted(listed) == recorded, {
+        "listed, not there": set(listed) - set(recorded),
+        "not listed": set(recorded) - set(listed),
+    }

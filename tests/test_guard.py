@@ -11,7 +11,7 @@ import threading
 
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, assert_check_names, fuzz_settings, make_builder
+from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, assert_check_names, fuzz_settings, make_builder, swept
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -111,7 +111,7 @@ def assert_inside_cache(md, config: SWAConfig) -> None:
             assert bool(((lens >= 0) & (lens <= width)).all())
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", swept(BACKENDS))
 @pytest.mark.parametrize("kind, make, exc, field", MALFORMED, ids=[m[0] for m in MALFORMED])
 def test_guarded_build_empties_the_rows_and_check_raises_what_validation_raises(backend, kind, make, exc, field):
     bad = make(base())
@@ -495,7 +495,7 @@ def assert_same_record(builder, ref, what: str) -> None:
     assert mine == theirs, f"{what}: the backend {said[mine]} a violation, the reference {said[theirs]} one"
 
 
-@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("backend", swept(TRITON_BACKENDS))
 @PARITY
 @given(batch=malformed_batches(), steps=st.lists(st.integers(-4, 6), min_size=0, max_size=2))
 def test_fuzz_guarded_builds_and_draft_updates_equal_the_reference(backend, batch, steps):
@@ -534,7 +534,7 @@ def other_tables(draw, batch: AttentionBatch, groups: int):
     return tables, slots
 
 
-@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("backend", swept(TRITON_BACKENDS))
 @GROUP_PARITY
 @given(data=st.data())
 def test_fuzz_guarded_group_builds_and_updates_equal_the_reference(backend, data):

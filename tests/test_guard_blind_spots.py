@@ -15,7 +15,7 @@ import random
 
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, make_builder
+from helpers import BACKEND_PLATFORMS, make_builder, swept
 
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal import errors as E
@@ -144,7 +144,7 @@ def test_the_malformed_batches_draw_the_host_classes():
     assert fields.count("slot_mapping") >= 3 and fields.count("query_start_loc") >= 3, fields
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "torch"])
+@pytest.mark.parametrize("backend", swept(b for b in BACKENDS if b != "torch"))
 def test_host_classes_equal_the_reference_on_every_backend(backend):
     ref = reference_builder(GUARDED_CONFIG)
     builder = make_builder(GUARDED_CONFIG, backend)
@@ -293,7 +293,7 @@ def test_a_dspark_decode_with_an_inverted_span_is_emptied_on_every_backend(backe
 GROUPED_CFG = dataclasses.replace(CFG, num_kv_groups=3)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", swept(BACKENDS))
 @pytest.mark.parametrize("broken", [0, 2])
 def test_a_violation_in_a_group_build_names_its_group(backend, broken):
     """Only one group's table holds a block id past the cache: check() raises the block rule naming that

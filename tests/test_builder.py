@@ -79,7 +79,7 @@ def test_gpu_tiling_in_the_interpreter(backend, monkeypatch):
             assert not compare_with_reference(config, batch, builder.build(batch))
 
 
-@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("backend", swept(TRITON_BACKENDS))
 @pytest.mark.parametrize("queries", [[1] * 6, [3, 20, 17]], ids=["decodes", "prefills"])
 def test_padding_rows_fill_whole_programs(backend, queries, monkeypatch):
     """Rows past the scheduled tokens map to request 0 (docs/semantics.md #per-token-helpers): decode programs

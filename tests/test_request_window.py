@@ -158,7 +158,7 @@ LAYOUT_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("backend", tuple(BACKEND_PLATFORMS))
+@pytest.mark.parametrize("backend", swept(BACKEND_PLATFORMS))
 @pytest.mark.parametrize("shape", tuple(LAYOUT_SHAPES))
 def test_a_layout_is_refreshed_in_place(backend, shape):
     """A captured CUDA graph reads a layout's tensors by address, so SGLang refreshes the captured layout

@@ -149,8 +149,8 @@ test-vllm: $(VLLM_STAMP)
 		-n $(TEST_WORKERS) --dist worksteal $(VLLM_CORE_TESTS)
 
 # `make test`'s suite and `make test-sweep`'s (VLLM_CORE_TESTS among them; `make test-slow`'s release wheel and
-# benchmarks run once, on the main environment) on the pair the engines' next releases move to: torch 2.15.0 with triton 3.9.0 (and
-# numpy 2.4, which 3.9's interpreter runs), in .venv-torch-2.15.0.
+# benchmarks run once, on the main environment) on the pair the engines' next releases move to: torch 2.15.0
+# with triton 3.9.0 (and numpy 2.4, which 3.9's interpreter runs), in .venv-torch-2.15.0.
 # torch 2.15.0 on the registry is a CUDA build that runs on the CPU, but it does not import without its CUDA
 # libraries (libtorch_python links libtorch_cuda, which links cuDNN, cuBLAS, NCCL, ...): they come with it,
 # about 2.9 GB of wheels (a minute or two to fetch). pip keeps no cache of them (PIP_NO_CACHE_DIR): the

@@ -35,7 +35,8 @@ class BuiltinConformance(BackendConformance):
             for i, config_name in enumerate(self.configs):
                 for case in cases({config_name: self.configs[config_name]}):
                     turn = name in START and case.values[1] in ("dspark", kinds[(i + START[name]) % len(kinds)])
-                    grid.append(case if name == "torch" or turn else pytest.param(*case.values, id=case.id, marks=SWEEP))
+                    core = name == "torch" or turn
+                    grid.append(case if core else pytest.param(*case.values, id=case.id, marks=SWEEP))
             metafunc.parametrize("config_name, kind", grid)
         if "draft_config" in metafunc.fixturenames:
             drafts = [n for n in self.draft_update_configs if n in self.configs]

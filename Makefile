@@ -9,7 +9,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.swa-hal-installed
 EXAMPLE := examples/swa-hal-example-backend
 
-.PHONY: run test test-slow lint bench install clean matrix dist check-dist plugin-template
+.PHONY: run test test-slow test-sweep lint bench install clean matrix dist check-dist plugin-template
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,15 +32,22 @@ run: $(STAMP)
 
 # One pytest-xdist worker per core (TEST_WORKERS=0: in this process), work-stealing so the long property
 # tests do not end up queued behind each other; each worker runs torch on one thread (tests/conftest.py).
-# `make test` leaves out the tests marked `slow` (the release wheel installed into a fresh environment with
-# torch, then the kit there: 3-4 minutes of one core, a third of the suite's CPU time; the benchmarks that run on
-# a CPU, two minutes); `make test-slow` runs them, and CI runs both.
+# `make test` is what a change can break, each check once: it leaves out the tests marked `slow` (the release
+# wheel installed into a fresh environment with torch, then the kit there: 3-4 minutes of one core; the
+# benchmarks that run on a CPU, two minutes; the plugin `swa-hal new-backend` writes, pip-installed, running its
+# own tests), which `make test-slow` runs, and those marked `sweep` (the rest of the grids whose covering cases
+# make test runs: the conformance kit's configs x batch kinds on the Triton backends, other tests' configs x
+# backends; and the costly checks of every backend on xpu and rocm, which on a CPU run the cuda backend's
+# kernels again: tests/helpers.py), which `make test-sweep` runs. CI runs all three.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not gpu and not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not gpu and not slow and not sweep"
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "slow and not gpu"
+
+test-sweep: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "sweep and not gpu"
 
 # The per-platform CI recipe for every row of `swa-hal matrix`, on this CPU (.ci/matrix says what it runs):
 # `swa-hal info --assume ROW --expect NAME` per row, and the kit's selection and worked-vector topics per
@@ -152,9 +159,9 @@ test-vllm: $(VLLM_STAMP)
 	TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= VLLM_TARGET_DEVICE=cpu $(VLLM_BIN)/python -m pytest \
 		-p no:cacheprovider $(VLLM_UPSTREAM)
 
-# `make test`'s suite (VLLM_CORE_TESTS among it; `make test-slow`'s release wheel and benchmarks run once, on
-# the main environment) on the pair the engines' next releases move to: torch 2.15.0 with triton 3.9.0 (and
-# numpy 2.4, which 3.9's interpreter runs), in .venv-torch-2.15.0.
+# `make test`'s suite and `make test-sweep`'s (VLLM_CORE_TESTS among them; `make test-slow`'s release wheel and
+# benchmarks run once, on the main environment) on the pair the engines' next releases move to: torch 2.15.0
+# with triton 3.9.0 (and numpy 2.4, which 3.9's interpreter runs), in .venv-torch-2.15.0.
 # torch 2.15.0 on the registry is a CUDA build that runs on the CPU, but it does not import without its CUDA
 # libraries (libtorch_python links libtorch_cuda, which links cuDNN, cuBLAS, NCCL, ...): they come with it,
 # about 2.9 GB of wheels (a minute or two to fetch). pip keeps no cache of them (PIP_NO_CACHE_DIR): the

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The long run of the guarded-output fuzz (docs/semantics.md #guarded-builds): malformed inputs through
-every guarded entry point of each backend, each compared bit for bit with the torch reference on the CPU.
+every guarded entry point of each backend, each compared bit for bit with the torch backend on the CPU.
 
 The cases are the conformance kit's (``swa_hal.testing.guarded``): ``build`` and two draft-step updates of
 its metadata, ``build_groups`` of three malformed groups and a grouped update (now and then views of one

@@ -195,7 +195,7 @@ class PluginRegistry:
         self._register(plugin, record)
 
     def _embed_default(self) -> None:
-        """The reference backend is always there unless the env lists exclude it."""
+        """The torch backend is always there unless the env lists exclude it."""
         if EMBEDDED_NAME in self.backends or self._excluded(EMBEDDED_NAME):
             return
         try:

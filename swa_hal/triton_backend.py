@@ -148,8 +148,6 @@ class TritonBackend(Backend):
         # their per-group block tables and slot mappings in persistent buffers, so it rarely changes.
         self._group_table: tuple[tuple[int, ...], ...] = ()
 
-    supports_group_launch: ClassVar[bool] = True
-
     def allocate(self, buffers: MetadataBuffers) -> None:
         """Read the builder's buffers once: the rows kernel's own pointer arguments, per row kind.
         (Subclasses that allocate more call this first.)"""

@@ -3,7 +3,7 @@
 Each failure raises the BatchValidationError subclass of its kind, with a message that starts with
 the field (and index) and states the constraint. Reads device values, so it synchronises: the
 builder runs it when asked (``validate=True``, the CLI, ``SWA_HAL_DEBUG=1``); the hot path runs only
-the O(1) host checks of ``preflight.py``.
+the O(1) host preflight (docs/kernels.md #words).
 """
 
 from __future__ import annotations

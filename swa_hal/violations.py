@@ -5,7 +5,7 @@ group]``.
 ``SWAMetadataBuilder.check()`` reads it with one host sync, which an engine's step loop never makes. The
 watch reads it a build later instead: each ``poll`` (one per build) first looks at the host copy the
 previous poll started, if that copy has landed, then starts the next one. A non-zero record becomes the
-typed error full validation would have raised (``guard.violation_error``): logged once per kind (a
+typed error full validation would have raised (``rules.violation_error``): logged once per kind (a
 warning naming the field, the request and the value), or raised under ``SWA_HAL_STRICT=1``.
 
 On CUDA the copy goes to pinned host memory with ``copy_(non_blocking=True)`` behind an event that the

@@ -24,6 +24,35 @@ BACKEND_PLATFORMS = {
 }
 TRITON_BACKENDS = ("cuda", "sm12x", "rocm", "xpu")
 
+# On the CPU the four Triton backends run one set of kernels through the interpreter: cuda and xpu the same
+# variant, sm12x the clamped one (every lane address-checked), rocm cuda's and then its ragged form of the
+# decode rows (which the conformance kit's cases check in make test). So a costly check of every backend runs
+# on torch, cuda and sm12x in make test, and on xpu and rocm (cuda's kernels again) in make test-sweep (CI runs
+# both): ``swept`` marks those.
+SWEPT_BACKENDS = ("rocm", "xpu")
+
+
+def swept(backends, also: tuple[str, ...] = ()) -> list:
+    """``backends`` as test parameters, those of SWEPT_BACKENDS (and ``also``) marked ``sweep``."""
+    import pytest
+
+    return [pytest.param(b, marks=pytest.mark.sweep) if b in SWEPT_BACKENDS + also else b for b in backends]
+
+
+def rotated(configs, backends=tuple(BACKEND_PLATFORMS)) -> list:
+    """``config, backend`` parameters over a grid of configs and backends: the torch backend on every config,
+    each config on one of the Triton backends make test keeps (cuda and sm12x, in turn); the other cases, and
+    SWEPT_BACKENDS', marked ``sweep``."""
+    import pytest
+
+    kept = [b for b in backends if b in TRITON_BACKENDS and b not in SWEPT_BACKENDS]
+    out = []
+    for i, config in enumerate(configs):
+        for b in backends:
+            core = b not in TRITON_BACKENDS or (b in kept and kept.index(b) == i % len(kept))
+            out.append(pytest.param(config, b, id=f"{config}-{b}", marks=() if core else pytest.mark.sweep))
+    return out
+
 
 def make_builder(config: SWAConfig, backend: str, **kwargs) -> SWAMetadataBuilder:
     platform = PlatformInfo.from_assume(BACKEND_PLATFORMS[backend])

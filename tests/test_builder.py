@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder
+from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder, swept
 from swa_hal import AttentionBatch, BatchValidationError, LAYER_TYPES, SWAConfig
 from swa_hal.testing import CONFORMANCE_CONFIGS, address_strict, compare_with_reference, random_batch
 
@@ -62,7 +62,7 @@ def test_max_decode_query_len_and_threshold():
     assert md.max_decode_query_len == 1
 
 
-@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("backend", swept(TRITON_BACKENDS))
 def test_gpu_tiling_in_the_interpreter(backend, monkeypatch):
     """GPU-sized tiles on the CPU (2048 entries per prefill program, 512 per decode program), so their program boundaries run too."""
     monkeypatch.setenv("SWA_HAL_TILE_ELEMS", "2048")
@@ -79,7 +79,7 @@ def test_gpu_tiling_in_the_interpreter(backend, monkeypatch):
             assert not compare_with_reference(config, batch, builder.build(batch))
 
 
-@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("backend", swept(TRITON_BACKENDS))
 @pytest.mark.parametrize("queries", [[1] * 6, [3, 20, 17]], ids=["decodes", "prefills"])
 def test_padding_rows_fill_whole_programs(backend, queries, monkeypatch):
     """Rows past the scheduled tokens map to request 0 (docs/semantics.md #per-token-helpers): decode programs

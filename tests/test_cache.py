@@ -69,8 +69,16 @@ def _same(a, b) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("config", [CONFIG, DSPARK], ids=["vision_mtp", "dspark"])
-@pytest.mark.parametrize("backend", ["torch", "cuda"])
+# The Triton backends' host path on one config in make test, on the other in the sweep (tests/helpers.py).
+@pytest.mark.parametrize(
+    "config, backend",
+    [
+        pytest.param(CONFIG, "torch", id="torch-vision_mtp"),
+        pytest.param(DSPARK, "torch", id="torch-dspark"),
+        pytest.param(CONFIG, "cuda", id="cuda-vision_mtp"),
+        pytest.param(DSPARK, "cuda", id="cuda-dspark", marks=pytest.mark.sweep),
+    ],
+)
 def test_build_paths_equal_with_the_cache_off_and_on(config, backend, monkeypatch):
     monkeypatch.setenv("SWA_HAL_CACHE", "1")
     on = _run_paths(config, backend, 11)

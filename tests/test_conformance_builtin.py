@@ -12,11 +12,45 @@ from helpers import BACKEND_PLATFORMS, kit_run
 
 from swa_hal import PlatformInfo
 from swa_hal.testing import BackendConformance, BackendFixtures, SelectionTests, Target, VectorTests
+from swa_hal.testing.batches import KINDS
+from swa_hal.testing.fixtures import cases
+
+# The kit's grid, every config with every batch kind it allows (65 cases for each of the random-batch, plain-model,
+# group-build and address topics) and its three draft-update configs, is an exhaustive sweep. On the CPU the Triton
+# backends run one set of kernels (tests/helpers.py SWEPT_BACKENDS), so make test gives each of cuda, sm12x and
+# rocm each config once, the kinds taken in turn from a different start per backend (every kind at least once on
+# each, different cases on each), the DSpark kind on every DSpark config, and one draft config each; the rest of
+# their grid, and xpu's whole grid (cuda's kernels again), are marked sweep (make test-sweep, in CI). The torch
+# backend, native and quick, runs the whole grid.
+SWEEP = pytest.mark.sweep
+START = {"cuda": 0, "sm12x": 1, "rocm": 2}
+
+
+class BuiltinConformance(BackendConformance):
+    def pytest_generate_tests(self, metafunc):
+        name = self.backend_name
+        if "kind" in metafunc.fixturenames:
+            kinds = [k for k in KINDS if k != "dspark"]
+            grid = []
+            for i, config_name in enumerate(self.configs):
+                for case in cases({config_name: self.configs[config_name]}):
+                    turn = name in START and case.values[1] in ("dspark", kinds[(i + START[name]) % len(kinds)])
+                    core = name == "torch" or turn
+                    grid.append(case if core else pytest.param(*case.values, id=case.id, marks=SWEEP))
+            metafunc.parametrize("config_name, kind", grid)
+        if "draft_config" in metafunc.fixturenames:
+            drafts = [n for n in self.draft_update_configs if n in self.configs]
+            metafunc.parametrize("draft_config", [
+                d if name == "torch" or (name in START and i % len(drafts) == START[name] % len(drafts))
+                else pytest.param(d, marks=SWEEP)
+                for i, d in enumerate(drafts)
+            ])
+
 
 # One conformance class per built-in backend: TestTorchBackend, TestCudaBackend, TestSm12xBackend, ...
 for _name in BACKEND_PLATFORMS:
     _cls = f"Test{_name.capitalize()}Backend"
-    globals()[_cls] = type(_cls, (BackendConformance,), {"backend_name": _name})
+    globals()[_cls] = type(_cls, (BuiltinConformance,), {"backend_name": _name})
 
 
 class TorchOnAnotherPlatform(BackendFixtures):

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from helpers import BACKEND_PLATFORMS, make_builder
+from helpers import BACKEND_PLATFORMS, make_builder, swept
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal.errors import SpeculativeModeError
 from swa_hal.scenarios import synthesize_batch
@@ -19,7 +19,7 @@ def dspark(window, drafts, **kw):
                      num_speculative_tokens=drafts, speculative_method="dspark", **kw)
 
 
-@pytest.mark.parametrize("backend", list(BACKEND_PLATFORMS))
+@pytest.mark.parametrize("backend", swept(BACKEND_PLATFORMS))
 @pytest.mark.parametrize("window, drafts", [(4, 0), (4, 1), (4, 5), (4, 7), (128, 1), (128, 5), (128, 7)])
 def test_dspark_batches_match_reference(backend, window, drafts):
     config = dspark(window, drafts)

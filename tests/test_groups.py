@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder
+from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder, rotated, swept
 
 from swa_hal import SWAConfig
 from swa_hal import errors as E
@@ -31,8 +31,7 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("config_name", list(CONFIGS))
+@pytest.mark.parametrize("config_name, backend", rotated(CONFIGS, BACKENDS))
 def test_group_builds_equal_separate_builds(config_name, backend):
     config = CONFIGS[config_name]
     rng = random.Random(f"groups-{config_name}-{backend}")
@@ -122,8 +121,7 @@ def own_slots(batch, table: torch.Tensor, slots: torch.Tensor, block_size: int) 
     return out
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("config_name", list(CONFIGS))
+@pytest.mark.parametrize("config_name, backend", rotated(CONFIGS, BACKENDS))
 def test_stacked_group_inputs_equal_listed_ones(config_name, backend):
     """docs/semantics.md #group-builds: group inputs stacked in one tensor each build what the same
     tables as lists build, and follow the buffers' contents from step to step."""
@@ -205,7 +203,7 @@ def test_stacked_group_input_errors_name_the_field():
         builder.build_groups(batch, t, list(s))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", swept(BACKENDS))
 def test_listed_tables_with_stacked_slot_mappings_equal_listed_inputs(backend):
     """docs/semantics.md #group-builds: vLLM's layout, a table of its own width per group and the slot
     mappings of every group in one [G, T] buffer (a strided view of it too), builds what the lists build."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import BACKEND_PLATFORMS, make_builder
+from helpers import BACKEND_PLATFORMS, make_builder, swept
 from swa_hal import AttentionBatch, SWAConfig
 from swa_hal.errors import BatchDtypeError, BatchShapeError
 
@@ -83,7 +83,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("validate", [False, True])
-@pytest.mark.parametrize("backend", sorted(BACKEND_PLATFORMS))
+@pytest.mark.parametrize("backend", swept(sorted(BACKEND_PLATFORMS)))
 @pytest.mark.parametrize("kind, field, make, exc, message", CASES, ids=[c[0] for c in CASES])
 def test_a_bad_host_copy_is_refused_on_every_build(backend, validate, kind, field, make, exc, message):
     builder = make_builder(CONFIG, backend)

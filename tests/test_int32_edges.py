@@ -2,7 +2,7 @@
 INT32_MAX, query lengths past int32, int64 token-slot inputs past int32, and valid windows on the last int32
 page of a cache with large pages. Every quantity is a wrapped int32 somewhere in a kernel; the expected
 values below follow from the rules (derived by hand in the comments), never from the code under test, and
-every Triton backend is also compared with the torch reference bit for bit. Lanes are address-checked:
+every Triton backend is also compared with the torch backend bit for bit. Lanes are address-checked:
 every lane on SM12x, every active lane elsewhere."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, assert_check_names, make_builder
+from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, assert_check_names, make_builder, swept
 from test_guard import CFG as GUARD_CFG
 
 from swa_hal import AttentionBatch, SWAConfig
@@ -90,7 +90,7 @@ LENGTH_EDGES = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", swept(BACKENDS))
 @pytest.mark.parametrize("name, make, want, exc, field", LENGTH_EDGES, ids=[e[0] for e in LENGTH_EDGES])
 def test_a_length_at_an_int32_edge_is_recorded_and_its_rows_emptied(backend, name, make, want, exc, field):
     decode_ok, prefill_ok, gather = want

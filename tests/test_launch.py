@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from helpers import make_builder
+from helpers import make_builder, rotated
 from swa_hal.kernels import (
     ragged,
     ragged_launch,
@@ -135,8 +135,8 @@ def test_contracts_import_without_triton():
     assert out.stdout.strip() == "2"
 
 
-@pytest.mark.parametrize("config_name", ["w4b4_mtp", "v4", "w7b3_dspark"])
-def test_every_key_a_build_launches_is_warmed(config_name, monkeypatch):
+@pytest.mark.parametrize("config_name, backend", rotated(["w4b4_mtp", "v4", "w7b3_dspark"], ("cuda", "sm12x", "rocm")))
+def test_every_key_a_build_launches_is_warmed(config_name, backend, monkeypatch):
     config = CONFORMANCE_CONFIGS[config_name]
     used = set()
     real = TritonLaunch.__call__
@@ -146,23 +146,21 @@ def test_every_key_a_build_launches_is_warmed(config_name, monkeypatch):
         return real(self, key, grid, args, **kwargs)
 
     monkeypatch.setattr(TritonLaunch, "__call__", spy)
-    for backend in ("cuda", "sm12x", "rocm"):
-        builder = make_builder(config, backend)
-        builder.warmup()
-        launches = [builder.backend._rows, *(launch for r in getattr(builder.backend, "_ragged", ())
-                                             for launch in (r._scan, r._scatter))]
-        warmed = set().union(*(launch.prepared for launch in launches))
-        assert not used, "warmup() compiles through Triton's warmup API: it launches nothing"
-        rng = random.Random(f"{backend}-{config_name}")
-        for kind in KINDS:
-            if kind == "dspark" and not config.is_dspark:
-                continue
-            for _ in range(2):
-                md = builder.build(random_batch(config, rng, kind))
-                if md.causal and md.num_decode_tokens:
-                    builder.update_draft_decode_metadata(md)
-        assert used <= warmed, f"{backend}: launched keys that warmup() never prepared: {used - warmed}"
-        used.clear()
+    builder = make_builder(config, backend)
+    builder.warmup()
+    launches = [builder.backend._rows, *(launch for r in getattr(builder.backend, "_ragged", ())
+                                         for launch in (r._scan, r._scatter))]
+    warmed = set().union(*(launch.prepared for launch in launches))
+    assert not used, "warmup() compiles through Triton's warmup API: it launches nothing"
+    rng = random.Random(f"{backend}-{config_name}")
+    for kind in KINDS:
+        if kind == "dspark" and not config.is_dspark:
+            continue
+        for _ in range(2):
+            md = builder.build(random_batch(config, rng, kind))
+            if md.causal and md.num_decode_tokens:
+                builder.update_draft_decode_metadata(md)
+    assert used <= warmed, f"{backend}: launched keys that warmup() never prepared: {used - warmed}"
 
 
 def test_keys_depend_on_the_config_only():

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from helpers import BACKEND_PLATFORMS, make_builder
+from helpers import BACKEND_PLATFORMS, make_builder, rotated
 from swa_hal.testing.plain_model import model
 from swa_hal import AttentionBatch, ImageSpans, SWAConfig
 from swa_hal import errors as E
@@ -214,8 +214,7 @@ def test_reference_matches_the_slow_model_with_replay_and_spans(config_name, kin
         assert left == want["left_visible"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("config_name", list(PARITY_CONFIGS))
+@pytest.mark.parametrize("config_name, backend", rotated(PARITY_CONFIGS, BACKENDS))
 def test_backends_equal_the_reference_with_replay_spans_and_draft_updates(config_name, backend):
     config = PARITY_CONFIGS[config_name]
     builder = make_builder(config, backend)

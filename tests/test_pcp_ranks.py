@@ -113,7 +113,8 @@ def check_gathered(job: RankJob, world: int, results: list[dict]) -> int:
     [
         (2, V41, KINDS, True, ("torch", "cuda")),
         (2, V41_DSPARK, KINDS + ("dspark",), False, ("torch",)),
-        (4, V41, KINDS, False, ("torch",)),
+        # A sweep: world 4, V4.1 and replicated decodes are each held in make test by another case.
+        pytest.param(4, V41, KINDS, False, ("torch",), marks=pytest.mark.sweep),
         (4, V41_DSPARK, ("dspark", "mixed", "decode", "prefill"), True, ("torch",)),
     ],
     ids=["pcp2-v41-sharded", "pcp2-dspark-replicated", "pcp4-v41-replicated", "pcp4-dspark-sharded"],

@@ -2,9 +2,10 @@
 packaged inside swa_hal as swa_hal/plugin_template so the command works from a wheel) with every name in it made
 NAME's, as docs/backends.md #writing-a-backend-plugin tells a vendor to start. What it writes builds into a wheel
 that holds the vendor's package and nothing else, and its kit-based tests pass before a line is changed: installed
-next to this swa_hal here, and in a fresh environment (no system site-packages) with swa_hal's own wheel: that one
-is `.ci/check_dist.py --install`'s (tests/test_dist.py), which writes the plugin with the installed wheel's command
-and runs its tests there, so one fresh environment serves both."""
+next to this swa_hal here (a `slow` test: pip and the plugin's whole suite), and in a fresh environment (no system
+site-packages) with swa_hal's own wheel: that one is `.ci/check_dist.py --install`'s (tests/test_dist.py), which
+writes the plugin with the installed wheel's command and runs its tests there, so one fresh environment serves
+both."""
 
 from __future__ import annotations
 
@@ -224,6 +225,7 @@ def _kit_passed(proc: subprocess.CompletedProcess) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_the_written_plugin_passes_its_tests_installed_next_to_swa_hal(tmp_path):
     """pip-installed (no dependencies, no build isolation) into a folder on the path of this environment, which
     has swa_hal; the written tests run from the written folder, as a vendor runs them."""

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder
+from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder, swept
 
 from swa_hal import RequestWindowRows, SWAConfig
 from swa_hal.request_window import build_request_window
@@ -158,7 +158,7 @@ LAYOUT_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("backend", tuple(BACKEND_PLATFORMS))
+@pytest.mark.parametrize("backend", swept(BACKEND_PLATFORMS))
 @pytest.mark.parametrize("shape", tuple(LAYOUT_SHAPES))
 def test_a_layout_is_refreshed_in_place(backend, shape):
     """A captured CUDA graph reads a layout's tensors by address, so SGLang refreshes the captured layout
@@ -263,7 +263,7 @@ def random_rows(rng: random.Random, window: int = 1) -> RequestWindowRows:
     )
 
 
-@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("backend", swept(TRITON_BACKENDS))
 def test_kernel_equals_the_torch_build(backend):
     rng = random.Random(f"request-window-{backend}")
     for _ in range(12):

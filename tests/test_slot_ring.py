@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, fuzz_settings, make_builder, strictness
+from helpers import BACKEND_PLATFORMS, fuzz_settings, make_builder, strictness, swept
 from hypothesis import given, note
 from hypothesis import strategies as st
 from slot_row_models import assert_random_rows_equal_the_slow_model, slow_window
@@ -60,7 +60,7 @@ def random_ring_call(rng: random.Random, window: int, row_dtype: torch.dtype):
     return rows, slow(rows, window)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", swept(BACKENDS))
 def test_random_ring_rows_equal_the_slow_model(backend):
     assert_random_rows_equal_the_slow_model(backend, f"ring-rows-{backend}", random_ring_call)
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from helpers import BACKEND_PLATFORMS, fuzz_settings, make_builder, strictness
+from helpers import BACKEND_PLATFORMS, fuzz_settings, make_builder, strictness, swept
 from hypothesis import given, note
 from hypothesis import strategies as st
 from slot_row_models import assert_random_rows_equal_the_slow_model, slow_window
@@ -66,7 +66,7 @@ def random_call(rng: random.Random, window: int, dtype_rows: torch.dtype):
     return rows, want
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", swept(BACKENDS))
 def test_random_rows_equal_the_slow_model(backend):
     assert_random_rows_equal_the_slow_model(backend, f"slot-rows-{backend}", random_call)
 

@@ -15,7 +15,7 @@ Each kernel has one launch object beside it (``rows_launch.py``, ``slot_rows_lau
   compiled, the tensor itself in the interpreter; the caller applies it to engine tensors at every
   launch and to the builder's buffers once (they never move). A caller keeps one record per launch
   site and refills the fields that change by name before each launch: a keyword constructor call
-  of 37 arguments would cost more host time than the rest of the launch, and every value still
+  of some forty arguments would cost more host time than the rest of the launch, and every value still
   goes in under its name;
 * compilation through Triton's own warmup API (no scratch launch: pointer arguments are given as
   dtypes), and a launch that takes one record.

@@ -1,5 +1,5 @@
 """The guard's rule codes (``swa_hal.rules.Violation``, docs/semantics.md #guarded-builds) as kernel constants:
-the kernels, the torch reference and ``check()`` read one table."""
+the kernels, the torch backend's guard and ``check()`` read one table."""
 
 from __future__ import annotations
 

@@ -287,7 +287,7 @@ def _split_broken(req, begin, end, query, plan):
 def _record(violation_ptr, kind, req, value, rows, group):
     """Record a broken row unless a violation is recorded already: each broken row counts itself with
     an atomic add, and the one that finds the count at 0 writes its kind, request, value and ``group``
-    (g + 1 in a group build's group g, else 0: guard.RECORD_LEN). No
+    (g + 1 in a group build's group g, else 0: swa_hal.rules.RECORD_LEN). No
     block-wide reduction: a block without a broken row pays one compare, its atomics masked off (a
     reduction kept four values live past the stores; docs/performance.md)."""
     broken = kind > 0
@@ -817,7 +817,7 @@ def swa_metadata_kernel(
         dec_idx = decode_idx_ptr + rows_at * DECODE_WIDTH
         dec_lens = decode_lens_ptr + rows_at
         valid_out = is_valid_ptr + rows_at
-        # What a violation of these rows records as its group (guard.RECORD_LEN): g + 1 in a group build;
+        # What a violation of these rows records as its group (swa_hal.rules.RECORD_LEN): g + 1 in a group build;
         # a plain build has one group, g = 0.
         if GROUPED:
             record_group = g + 1

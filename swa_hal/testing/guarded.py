@@ -1,5 +1,5 @@
 """Conformance topic: guarded output (docs/semantics.md #guarded-builds). A guarded build of a malformed
-batch hands out exactly what the torch reference hands out, bit for bit (rows, lens, gather lengths,
+batch hands out exactly what the torch backend's hands out on the CPU, bit for bit (rows, lens, gather lengths,
 per-token helpers, visibility arrays), and records a violation exactly when the reference does. Checked
 for ``build``, ``build_groups`` (views of one storage and disagreeing structures included), single and
 grouped draft updates, ``build_slot_rows`` (paged and ring rows), ``build_request_window`` and each entry
@@ -62,7 +62,7 @@ _NOT_COMPARED = {"tile_sched", "backend", "extras", "inputs"}
 
 
 def reference_builder(config: SWAConfig, **kw: Any) -> SWAMetadataBuilder:
-    """The torch reference on the CPU, guarded (the default)."""
+    """The torch backend on the CPU, guarded (the default): what guarded output is compared with."""
     return SWAMetadataBuilder(
         config, device="cpu", backend="torch", platform=PlatformInfo.from_assume("vendor=cpu"), **kw
     )

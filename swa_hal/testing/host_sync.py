@@ -15,7 +15,7 @@ buffer) are allowed. The Triton interpreter's own host copies (it runs kernels o
 backend's doing and are not counted.
 
 These are the rules of a build that can be captured in a CUDA graph, so the topic is collected for backends
-that claim ``cuda_graphs``: the torch reference backend reads device values on purpose (and a backend built
+that claim ``cuda_graphs``: the torch backend reads device values on purpose (and a backend built
 on it inherits that). What it cannot see: work that does not go through torch (a vendor library reading
 device memory through its own API, a ``torch.cuda.synchronize()``, a NumPy view of device memory), and a
 lazy allocation on the first build of a shape (the topic builds each batch once before watching, as an

@@ -244,7 +244,6 @@ class TorchGuard:
         self.kinds = torch.tensor([int(k) for k in ROW_KINDS], **i32)
         self.value_rows = torch.tensor(VALUE_ROWS, dtype=torch.int64, device=device)
         self.no_key = torch.tensor(NO_KEY, **i32)
-        self.one = torch.tensor(1, **i32)
         self.zero64 = torch.tensor(0, dtype=torch.int64, device=device)
         self.int32_min = torch.tensor(-INT32_LIMIT - 1, dtype=torch.int64, device=device)
         self.none_row = torch.tensor(NONE, dtype=torch.int64, device=device)

@@ -241,12 +241,6 @@ class _Constants(HostCache):
         return self.keep(value, torch.tensor(value, dtype=torch.int32, device=self.device))
 
 
-def _arange(n: int, device: torch.device, workspace: RowWorkspace | None) -> torch.Tensor:
-    if workspace is not None:
-        return workspace.arange[:n]
-    return torch.arange(n, dtype=torch.int32, device=device)
-
-
 class RowGuard:
     """Rules 5 and 6 of a guarded build (docs/semantics.md #guarded-builds), checked while rows are filled.
 

@@ -120,7 +120,7 @@ def _layout(size: int, rank: int) -> dict[str, int]:
 # -- steps ---------------------------------------------------------------------------------------------------
 
 
-class RequestWindow:
+class RequestWindowStandIn:
     """The attributes of DeepSeek-V4.1's ``RequestWindow`` the backend reads, and the layouts it activates."""
 
     def __init__(self, zero_row: int, capacity: int = 256):
@@ -270,7 +270,7 @@ def cuda_backend(step: Step, *, window: bool) -> DeepseekV4AttnBackend:
     return _metadata_backend(
         DeepseekV4AttnBackend,
         step,
-        kv=kv_pool(step.pool, request_window=RequestWindow(zero_row=7) if window else None),
+        kv=kv_pool(step.pool, request_window=RequestWindowStandIn(zero_row=7) if window else None),
         hisparse_coordinator=None,
         enable_decoder_swa_bounded_replay=True,
         online_c128_mtp=SimpleNamespace(prepare_forward=lambda *args, **kwargs: 0),

@@ -342,7 +342,7 @@ def test_shadow_promotes_after_n_equal_calls_and_swa_hal_serves(monkeypatch):
 
 
 def planted(monkeypatch, method, on_call, plant):
-    """``SGLangSWAIndices.method`` with ``plant`` applied to its answer on its ``on_call``-th call."""
+    """The adapter's ``method`` with ``plant`` applied to its answer on its ``on_call``-th call."""
     real = getattr(integ.SGLangSWAIndices, method)
     calls = []
 

@@ -2,7 +2,7 @@
 backend and the torch build, compiled rather than interpreted (int32 arithmetic wraps on the GPU as numpy's
 does, but the compiled kernels are what an engine runs): lengths at INT32_MIN and INT32_MAX, query lengths
 past int32, int64 token-slot inputs past int32 and valid windows on the last int32 page of 64 Ki-token pages,
-against the hand-derived rows and, for the kernels, the torch reference."""
+against the hand-derived rows and, for the kernels, the torch backend."""
 
 from __future__ import annotations
 

@@ -7,10 +7,12 @@ extend and mixed batches, target verify, draft extend, late-layer tails; ``Compu
 for those of the per-request SWA ring, ``swa_req_ring_size``). This module gives the same rows and lens
 from swa_hal's auto-selected backend, and installs itself through SGLang's plugin framework: the entry
 point ``swa_hal`` of the group ``sglang.srt.plugins`` (select it with ``SGLANG_PLUGINS=swa_hal``; turn it
-off with ``SWA_HAL_SGLANG=0``) registers five hooks with ``sglang.srt.plugins.hook_registry.HookRegistry``.
-One gives DeepSeek-V4.1's request-window layout (``window_layout``, docs/semantics.md
-#request-window-layouts) from ``SWAMetadataBuilder.build_request_window``; one the ring's DSpark rows
-(docs/semantics.md #ring-rows) from ``build_slot_rows`` with a ``SlotRing``.
+off with ``SWA_HAL_SGLANG=0``) registers seven AROUND hooks (``HOOKS``) with
+``sglang.srt.plugins.hook_registry.HookRegistry``. One gives DeepSeek-V4.1's request-window layout
+(``window_layout``, docs/semantics.md #request-window-layouts) from ``SWAMetadataBuilder.build_request_window``;
+one the ring's DSpark rows (docs/semantics.md #ring-rows) from ``build_slot_rows`` with a ``SlotRing``. Each has
+SGLang's own function to hand a call it does not know to (docs/engines.md #drift), and on a release outside the
+tested set each lets SGLang's code serve while swa_hal's answer is compared with it (docs/engines.md #shadow-mode).
 
 SGLang's inputs are exactly swa_hal's token-slot rows (docs/semantics.md #token-slot-rows): one row per
 query token given by its position (``seq_lens_casual - 1``), its request-pool row and its floor

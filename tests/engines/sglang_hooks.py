@@ -64,6 +64,17 @@ class Originals:
             setattr(holder, name, func)
 
     @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        """Every target and module-level copy as it is now (hooked or not) put back after the block: a block that
+        runs SGLang's loader again would wrap the hooked functions once more."""
+        saved = [(holder, name, _raw(holder, name)) for holder, name, _ in self._bindings()]
+        try:
+            yield
+        finally:
+            for holder, name, value in saved:
+                setattr(holder, name, value)
+
+    @contextlib.contextmanager
     def sglang_own(self) -> Iterator[None]:
         """SGLang's own functions in place of swa_hal's hooks for the block, the hooks back afterwards."""
         saved = [(holder, name, _raw(holder, name)) for holder, name, _ in self._bindings()]

@@ -52,8 +52,9 @@ from ..builder import SWAMetadataBuilder
 from ..cache import HostCache, tensor_key
 from ..errors import BatchShapeError, BatchValidationError
 from ..metadata import SWAMetadata
+from .aside import drift_reason, step_aside
 from .engine import inputs_from_common_metadata, same_sources, step_image_spans, step_sources
-from .vllm_common import is_swa_hal_builder, log
+from .vllm_common import ENGINE, is_swa_hal_builder, log
 
 MODEL_STATE_MODULE = "vllm.v1.worker.gpu.model_states.default"
 # vLLM's drafters build their draft steps' metadata through this module's ``build_attn_metadata``.
@@ -421,6 +422,19 @@ def open_step(block_tables: Any, slot_mappings: Any, attn_groups: Any, ubatch_id
     return opened(Step(plan, block_tables, slot_mappings))
 
 
+def _step_or_none(block_tables: Any, slot_mappings: Any, attn_groups: Any, ubatch_idx: int) -> opened:
+    """``open_step`` as the hooks call it: a layout it cannot read (an attribute of vLLM's attention groups or
+    builders that this release no longer has) opens no step, so every group builds on its own (drift, counted
+    and logged once); swa_hal's typed errors (a table missing for a group) are raised as ever."""
+    try:
+        return open_step(block_tables, slot_mappings, attn_groups, ubatch_idx)
+    except BatchValidationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - vLLM's call goes on, group by group
+        step_aside(ENGINE, "prepare_attn (step builds)", drift_reason(exc), log)
+        return opened(None)
+
+
 def _refuse_layout(kv_ids: tuple[int, ...], num_tables: int, num_rows: int) -> None:
     """Raise the error naming the first KV-cache group of the plan the call's inputs have no entry for."""
     for name, have, what in (("block_tables", num_tables, "tables"), ("slot_mappings", num_rows, "rows")):
@@ -495,8 +509,17 @@ def install(patched: list[tuple[Any, str, Any]]) -> bool:
         return False
     if getattr(original, "__swa_hal__", False):
         return True
-    if tuple(inspect.signature(original).parameters) != PREPARE_ATTN_PARAMS:
-        log.debug("swa_hal: no step hook (%s.prepare_attn's parameters differ)", MODEL_STATE_MODULE)
+    params = tuple(inspect.signature(original).parameters)
+    if params != PREPARE_ATTN_PARAMS:
+        # A newer vLLM's prepare_attn: every group builds on its own, as vLLM calls its builders (drift).
+        unknown = [p for p in params if p not in PREPARE_ATTN_PARAMS]
+        gone = [p for p in PREPARE_ATTN_PARAMS if p not in params]
+        step_aside(
+            ENGINE,
+            "prepare_attn (step builds)",
+            f"parameters it does not know: {', '.join(unknown) or 'none'}; gone: {', '.join(gone) or 'none'}",
+            log,
+        )
         return False
 
     def prepare_attn(
@@ -511,7 +534,7 @@ def install(patched: list[tuple[Any, str, Any]]) -> bool:
         ubatch_idx: int = 0,
         model_specific_attn_metadata: Any = None,
     ) -> Any:
-        with open_step(block_tables, slot_mappings, attn_groups, ubatch_idx):
+        with _step_or_none(block_tables, slot_mappings, attn_groups, ubatch_idx):
             return original(
                 self,
                 input_batch,
@@ -547,19 +570,22 @@ def _install_drafter(patched: list[tuple[Any, str, Any]]) -> None:
         return
     if getattr(original, "__swa_hal__", False):
         return
-    if not set(BUILD_PARAMS) <= set(inspect.signature(original).parameters):
-        log.debug("swa_hal: no drafter step builds (%s.build_attn_metadata's parameters differ)", DRAFTER_MODULE)
+    gone = [p for p in BUILD_PARAMS if p not in inspect.signature(original).parameters]
+    if gone:
+        step_aside(ENGINE, "build_attn_metadata (drafter step builds)", f"parameters gone: {', '.join(gone)}", log)
         return
 
     def build_attn_metadata(*args: Any, **kwargs: Any) -> Any:
         # The drafter passes keywords only; anything else (positional arguments, a step input left out)
         # builds as vLLM does, which also answers a call it cannot take.
         if args or not STEP_KEYWORDS <= kwargs.keys():
+            missing = sorted(STEP_KEYWORDS - kwargs.keys())
+            why = f"{len(args)} positional arguments" if args else f"no {', '.join(missing)}"
+            step_aside(ENGINE, "build_attn_metadata (drafter step builds)", f"a call it does not know: {why}", log)
             return original(*args, **kwargs)
-        step = open_step(
+        with _step_or_none(
             kwargs["block_tables"], kwargs["slot_mappings"], kwargs["attn_groups"], kwargs.get("ubatch_idx", 0)
-        )
-        with step:
+        ):
             return original(**kwargs)
 
     build_attn_metadata.__swa_hal__ = True  # type: ignore[attr-defined]

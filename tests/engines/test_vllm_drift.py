@@ -320,3 +320,49 @@ def test_shadow_finds_a_shifted_replay_bound_on_its_call(shadowed, vllm_configs,
         build_both(native, ours, batch, ranges)
     report = shadow.report()
     assert report["compared"] == 3 and report["difference"].startswith("call 3 "), report
+
+
+# -- the step hooks -------------------------------------------------------------------------------------------
+
+
+def test_a_newer_prepare_attn_gets_no_step_hook_and_says_why(plugin_log, log_lines, monkeypatch):
+    """A vLLM whose ``DefaultModelState.prepare_attn`` takes a parameter the step hook does not know: the hook is
+    not installed (every SWA group builds on its own, as vLLM calls its builders), counted and logged once."""
+    from swa_hal.integrations import vllm_step
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    def prepare_attn(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups, kv_cache_config,
+                     for_capture=False, ubatch_idx=0, model_specific_attn_metadata=None, dcp_layout=None):
+        return None
+
+    monkeypatch.setattr(DefaultModelState, "prepare_attn", prepare_attn)
+    patched = []
+    assert vllm_step.install(patched) is False and patched == []
+    (entry,) = stepped_aside("vLLM")
+    assert entry["hook"] == "prepare_attn (step builds)" and "does not know: dcp_layout" in entry["reason"]
+    assert len([line for line in log_lines.lines if "dcp_layout" in line]) == 1
+
+
+def test_attention_groups_it_cannot_read_open_no_step(plugin_log, log_lines):
+    """Attention groups in a layout the step hook does not know (a mapping of KV-cache group to its attention
+    groups, where vLLM 0.33 and 0.34 hand a list of lists): no step build, every group builds on its own, the call
+    counted and logged once."""
+    from swa_hal.integrations import vllm_step
+
+    slots = torch.zeros((2, 4), dtype=torch.int64)
+    vllm_step.plans.clear()
+    with vllm_step._step_or_none((slots[0], slots[1]), slots, {0: object(), 1: object()}, 0) as step:
+        assert step is None
+    (entry,) = stepped_aside("vLLM")
+    assert entry["hook"] == "prepare_attn (step builds)" and entry["reason"].startswith("TypeError"), entry
+    assert len([line for line in log_lines.lines if "prepare_attn (step builds)" in line]) == 1
+
+
+def test_the_drafters_call_without_a_step_keyword_is_counted(plugin_log):
+    from vllm.v1.worker.gpu.spec_decode import speculator
+
+    reset_stepped_aside()
+    with pytest.raises(TypeError):  # vLLM's own answer to the call
+        speculator.build_attn_metadata(attn_groups=[], num_reqs=0)
+    (entry,) = stepped_aside("vLLM")
+    assert entry["hook"] == "build_attn_metadata (drafter step builds)" and "block_tables" in entry["reason"]

@@ -316,19 +316,19 @@ class Backend:
     def compute_slot_rows(
         self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int
     ) -> None:
-        """Token-slot rows (docs/semantics.md #token-slot-rows) into ``out``/``lens``; guarded
-        (``self.guard``) rows that break a rule are emptied and recorded in ``record``. Default: the
-        vectorised torch build; backends with a kernel override it."""
-        from .slot_rows import build_slot_rows
-
-        build_slot_rows(rows, self.config.window_size, out, lens, record, guard=self.guard, limit=limit)
+        """Token-slot rows (docs/semantics.md #token-slot-rows, and #ring-rows when ``rows.ring`` is set) into
+        ``out``/``lens``; guarded (``self.guard``) rows that break a rule are emptied and recorded in
+        ``record``, whose cache slots lie in ``[-1, limit)``. The torch backend builds them with vectorised
+        torch ops (``torch_backend/slot_rows.py``), the Triton backends with one launch."""
+        raise NotImplementedError(f"backend {self.name!r} does not build token-slot rows (compute_slot_rows)")
 
     def compute_request_window(self, rows: RequestWindowRows) -> RequestWindowLayout:
-        """A request-window layout (docs/semantics.md #request-window-layouts), in new tensors.
-        Default: the vectorised torch build; backends with a kernel override it."""
-        from .request_window import build_request_window
-
-        return build_request_window(rows, self.config.window_size)
+        """A request-window layout (docs/semantics.md #request-window-layouts), in new tensors. The torch
+        backend builds it with vectorised torch ops (``torch_backend/request_window.py``), the Triton
+        backends with one launch."""
+        raise NotImplementedError(
+            f"backend {self.name!r} does not build request-window layouts (compute_request_window)"
+        )
 
     def make_tile_schedulers(self, num_decode_tokens: int) -> Mapping[str, Any]:
         """One fresh planner object per layer type the model has, None for the rest (the default:

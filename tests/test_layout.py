@@ -74,7 +74,7 @@ def test_the_rules_stand_on_the_config_and_the_errors_alone():
     which reads nothing of theirs (docs/semantics.md #guarded-builds)."""
     assert {d for d in _imports("swa_hal.rules") if d.startswith("swa_hal")} == {"swa_hal.config", "swa_hal.errors"}
     readers = ("swa_hal.kernels.rules", "swa_hal.kernels.rows_launch", "swa_hal.violations", "swa_hal.buffers")
-    for name in readers + ("swa_hal.torch_backend.guard", "swa_hal.torch_backend.rows", "swa_hal.slot_rows"):
+    for name in readers + ("swa_hal.torch_backend.guard", "swa_hal.torch_backend.rows", "swa_hal.torch_backend.slot_rows"):
         assert "swa_hal.rules" in _imports(name), f"{name} does not read the rules from swa_hal.rules"
 
 

@@ -20,6 +20,7 @@ from ..cache import HostCache
 from ..hookspecs import hookimpl
 from ..rules import Violation, block_limit
 from .guard import TorchGuard
+from .request_window import build_request_window
 from .rows import (
     TERMS,
     RowGuard,
@@ -30,6 +31,7 @@ from .rows import (
     fill_dspark_rows,
     request_terms,
 )
+from .slot_rows import build_slot_rows
 
 if TYPE_CHECKING:
     from ..buffers import MetadataBuffers
@@ -481,11 +483,11 @@ class TorchBackend(Backend):
         self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int
     ) -> None:
         with one_thread():
-            super().compute_slot_rows(rows, out, lens, record, limit)
+            build_slot_rows(rows, self.config.window_size, out, lens, record, guard=self.guard, limit=limit)
 
     def compute_request_window(self, rows: RequestWindowRows) -> RequestWindowLayout:
         with one_thread():
-            return super().compute_request_window(rows)
+            return build_request_window(rows, self.config.window_size)
 
     def status(self) -> dict[str, str]:
         return {"kernel": "PyTorch (vectorized, any device)"}

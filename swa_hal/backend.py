@@ -123,23 +123,23 @@ class BuildPlan(NamedTuple):
     """The host-side facts of one build: the split (docs/semantics.md #split) and where each output goes.
 
     Everything here comes from host values (the CPU copy of query_start_loc, max_query_len, sizes),
-    so computing it never synchronises with the device. (A NamedTuple: it is made on every build; made
-    by keyword.)
+    so computing it never synchronises with the device. What the step's inputs hold (``num_tokens``,
+    ``causal``, ``max_query_len``, the tensors) is read from ``inputs``, never copied here. (A NamedTuple: it
+    is made on every build; made by keyword.)
     """
 
     # The step's per-request inputs (for a draft-step update, its decode requests'): what the rows read.
     inputs: StepInputs
     num_reqs: int
-    num_tokens: int
     num_decodes: int
     num_prefills: int
     num_decode_tokens: int
     num_prefill_tokens: int
-    causal: bool
     decode_width: int
     # Decode lens rows [num_decode_tokens, decode_lens_clear_end) are zeroed (docs/semantics.md #fixed-buffers).
     decode_lens_clear_end: int
-    # The bound each request's window starts at (#bounded-replay): the batch's, or the zeros buffer.
+    # The replay bounds the build reads (#bounded-replay), R entries, and hands out as ``md.replay_start``: the
+    # step's ``inputs.replay_start`` (cut to R, or padded with zeros past its entries), or zeros where it has none.
     replay_start: torch.Tensor
     # Whether this build works out image visibility (#vision-spans) from ``inputs.image_spans``.
     images: bool = False
@@ -147,9 +147,8 @@ class BuildPlan(NamedTuple):
     # cheap owner guess, checked before use; docs/semantics.md #per-token-helpers): host values only.
     decode_guess_len: int = 1
     prefill_guess_len: int = 1
-    # The query lengths the host's split admits (docs/semantics.md #guarded-builds, rule 14): every
-    # request's at most max_query_len, a decode's at most decode_query_max (max_decode_query_len).
-    max_query_len: int = INT32_LIMIT
+    # The query length the host's split admits for a decode (docs/semantics.md #guarded-builds, rule 14):
+    # max_decode_query_len (every request's is at most ``inputs.max_query_len``).
     decode_query_max: int = INT32_LIMIT
     # Rule 15 (docs/semantics.md #guarded-builds): the prefills' seq_lens_cpu where a guarded build holds
     # them against seq_lens, on the build's device (entries [num_decodes, num_reqs) meaningful); None where
@@ -182,17 +181,14 @@ def update_plan(metadata: SWAMetadata) -> BuildPlan:
     return BuildPlan(
         inputs=inputs,
         num_reqs=metadata.num_decodes,
-        num_tokens=ndt,
         num_decodes=metadata.num_decodes,
         num_prefills=0,
         num_decode_tokens=ndt,
         num_prefill_tokens=0,
-        causal=metadata.causal,
         decode_width=metadata.decode_swa_width,
         decode_lens_clear_end=ndt,
         replay_start=metadata.replay_start,
         decode_guess_len=mdql,
-        max_query_len=mdql,
         decode_query_max=mdql,
         build_checks=False,
         num_bounds=INT32_LIMIT if bounds is None or bounds >= metadata.num_decodes else bounds,

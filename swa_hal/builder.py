@@ -394,21 +394,16 @@ class SWAMetadataBuilder:
         plan = BuildPlan(
             inputs=inputs,
             num_reqs=num_reqs,
-            num_tokens=num_tokens,
             num_decodes=nd,
             num_prefills=npf,
             num_decode_tokens=ndt,
             num_prefill_tokens=npt,
-            causal=causal,
             decode_width=width,
             decode_lens_clear_end=clear_end,
             replay_start=replay,
             images=images,
             decode_guess_len=dec_guess,
             prefill_guess_len=pre_guess,
-            # A validated build admits an overstated max_query_len of any size (the default path's preflight
-            # bounds it by the capacity): the guard's int32 cap, past which no query length lies.
-            max_query_len=min(mql, INT32_LIMIT),
             decode_query_max=min(mql, threshold),
             host_seq_lens=host_seq,
             num_bounds=num_bounds,
@@ -465,12 +460,12 @@ class SWAMetadataBuilder:
         key = (
             "metadata",
             groups,
-            plan.num_tokens,
+            inputs.num_tokens,
             nd,
             npf,
             plan.num_decode_tokens,
             plan.num_prefill_tokens,
-            plan.causal,
+            inputs.causal,
             plan.images,
             plan.decode_width,
             max_decode_query_len,
@@ -511,20 +506,25 @@ class SWAMetadataBuilder:
         """The fields of group ``group``'s metadata that follow from the build's shape alone (views of
         the fixed buffers, sizes, static facts)."""
         cfg = self.config
-        ndt, npt, causal = plan.num_decode_tokens, plan.num_prefill_tokens, plan.causal
+        ndt, npt, causal, num_tokens = (
+            plan.num_decode_tokens,
+            plan.num_prefill_tokens,
+            plan.inputs.causal,
+            plan.inputs.num_tokens,
+        )
         b = self._group_buffers[group]
         fields: dict[str, Any] = {}
         if npt:
             fields["prefill_swa_indices"] = b.prefill_indices[:npt]
             fields["prefill_swa_lens"] = b.prefill_lens[:npt]
             if plan.images:
-                fields["prefill_left_visible"] = self.buffers.left_visible[: plan.num_tokens]
-                fields["prefill_right_visible"] = self.buffers.right_visible[: plan.num_tokens]
+                fields["prefill_left_visible"] = self.buffers.left_visible[:num_tokens]
+                fields["prefill_right_visible"] = self.buffers.right_visible[:num_tokens]
         if plan.num_prefills:
             fields["prefill_gather_lens"] = self.buffers.gather_lens[: plan.num_prefills]
         return shape_fields(
-            token_to_req_indices=b.token_to_req[: plan.num_tokens],
-            is_valid_token=b.is_valid[: plan.num_tokens],
+            token_to_req_indices=b.token_to_req[:num_tokens],
+            is_valid_token=b.is_valid[:num_tokens],
             decode_swa_indices=b.decode_rows(causal)[:ndt],
             decode_swa_lens=b.decode_lens[:ndt],
             num_decodes=plan.num_decodes,

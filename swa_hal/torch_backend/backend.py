@@ -29,6 +29,7 @@ from .rows import (
     empty_requests,
     fill_causal_rows,
     fill_dspark_rows,
+    gather_lens,
     request_terms,
 )
 from .slot_rows import build_slot_rows
@@ -166,7 +167,8 @@ class TorchBackend(Backend):
         self._shapes = HostCache(limit=256)  # kept as the host cache keeps (swa_hal/cache.py)
 
     def _shape(self, plan: BuildPlan, buffers: MetadataBuffers) -> _Shape:
-        t, ndt, npt, nreq = plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
+        t, ndt, npt, nreq = plan.inputs.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
+        causal = plan.inputs.causal
         key = (
             buffers.group_index,
             t,
@@ -176,7 +178,7 @@ class TorchBackend(Backend):
             plan.num_decodes,
             plan.num_prefills,
             plan.decode_lens_clear_end,
-            plan.causal,
+            causal,
             plan.images,
         )
         s = self._shapes.get(key)
@@ -186,8 +188,8 @@ class TorchBackend(Backend):
         cfg, ws = self.config, self._workspace
         s.t2r, s.valid, s.rows = buffers.token_to_req[:t], buffers.is_valid[:t], ws.arange[:t]
         s.dec_req, s.dec_valid, s.dec_rows1 = s.t2r[:ndt], s.valid[:ndt], ws.arange[1 : ndt + 1]
-        dec_width = cfg.window_size if plan.causal else cfg.noncausal_index_width
-        s.dec_out = buffers.decode_rows(plan.causal)[:ndt].view(ndt, dec_width)
+        dec_width = cfg.window_size if causal else cfg.noncausal_index_width
+        s.dec_out = buffers.decode_rows(causal)[:ndt].view(ndt, dec_width)
         s.dec_lens = buffers.decode_lens[:ndt]
         s.pre_req, s.pre_valid, s.pre_rows1 = s.t2r[ndt:t], s.valid[ndt:t], ws.arange[ndt + 1 : t + 1]
         s.dec_tokens, s.pre_tokens = s.rows[:ndt], s.rows[ndt:t]
@@ -251,38 +253,19 @@ class TorchBackend(Backend):
         with prefills (``plan.prefill_follows``), the first prefill's query length on the device."""
         ws, cfg = self._workspace, self.config
         s = self._shape(plan, buffers)
-        ndt, npt, nreq = plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
+        ndt, npt, nreq, causal = plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs, plan.inputs.causal
         qsl, table = batch.query_start_loc, batch.block_table
-        seq = batch.seq_lens if batch.seq_lens.shape[0] == nreq else batch.seq_lens[:nreq]
-        # The guard checks the batch's own bounds (rule 3; the plan's, padded where the batch has fewer); the
-        # zeros of a batch without any break no rule.
-        checked_replay = None
-        if batch.replay_start is not None:
-            replay = plan.replay_start
-            checked_replay = replay if replay.shape[0] == nreq else replay[:nreq]
         guard = self.guard and probe is None
         # Whether a row may lie past query_start_loc[R] (padding, whose search finds owner R): unknown
         # unless the request test read query_start_loc[R].
         padded = True
         if probe is not None:
-            spans = plan.inputs.image_spans if plan.images else None
-            self._guard.request_quantities(
-                cfg,
-                qsl,
-                seq,
-                checked_replay,
-                spans,
-                nreq,
-                causal=plan.causal,
-                split=plan,
-                values=False,
-                table_positions=table.shape[1] * cfg.block_size,
-            )
+            self._guard.request_quantities(plan, cfg, values=False, table_positions=table.shape[1] * cfg.block_size)
             if not self._guard.requests_clean(nreq):
                 return False
             scheduled = self._guard.scheduled(nreq)
-            padded = scheduled < plan.num_tokens
-            if padded and self._padding_slots(batch, scheduled, plan.num_tokens):
+            padded = scheduled < plan.inputs.num_tokens
+            if padded and self._padding_slots(batch, scheduled, plan.inputs.num_tokens):
                 return False
             probe.clean = True
         ends = qsl[1:]
@@ -295,15 +278,14 @@ class TorchBackend(Backend):
             s.t2r.remainder_(ws.c[nreq])
         torch.ge(batch.slot_mapping, ws.const(0, batch.slot_mapping.dtype), out=s.valid)
         # Causal terms serve causal decode rows and every prefill row; DSpark decode rows have their own.
-        causal_rows, dspark_rows = plan.causal or npt > 0, not plan.causal
+        causal_rows, dspark_rows = causal or npt > 0, not causal
         if causal_rows:
             self._request_terms(True, s, plan, ends)
         if dspark_rows:
             self._request_terms(False, s, plan, ends)
         broken = None
         if guard:
-            spans = plan.inputs.image_spans if plan.images else None
-            self._guard.request_quantities(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan)
+            self._guard.request_quantities(plan, cfg)
             broken = self._guard.first_broken(nreq)
             # A request is checked at its rows with a slot: one without any is recorded by no backend.
             self._guard.only_seen(nreq, s.t2r, s.valid)
@@ -324,7 +306,7 @@ class TorchBackend(Backend):
                 pre_slots = slot_mapping[ndt : ndt + npt]
         self._own_slots(dec_guard, probe, dec_slots, s.dec_tokens)
         if ndt:
-            if plan.causal:
+            if causal:
                 fill_causal_rows(
                     table,
                     s.dec_req,
@@ -343,6 +325,7 @@ class TorchBackend(Backend):
                 # Row widths are checked on the device (rule 7, the guard's request quantities): no sync here.
                 own_pos1 = None
                 if dec_slots is not None:  # p + 1 = S_r - qsl[r + 1] + t + 1
+                    seq = batch.seq_lens if batch.seq_lens.shape[0] == nreq else batch.seq_lens[:nreq]
                     own_pos1 = torch.sub(seq, ends).index_select(0, s.dec_req).add_(s.dec_rows1)
                 fill_dspark_rows(
                     table,
@@ -399,15 +382,7 @@ class TorchBackend(Backend):
         if guard:
             self._empty_padding(s, qsl[nreq], ndt, following, nreq)
         if plan.num_prefills:
-            reference.prefill_gather_lens(
-                batch.seq_lens,
-                qsl,
-                plan.num_decodes,
-                plan.num_prefills,
-                cfg.window_size,
-                replay_start=plan.replay_start,
-                out=s.gather,
-            )
+            gather_lens(plan, cfg.window_size, out=s.gather)
             if broken is not None:
                 # A prefill that broke a rule gets gather length 0 (docs/semantics.md #guarded-builds).
                 s.gather.masked_fill_(broken[s.prefill_reqs], ws.c[0])

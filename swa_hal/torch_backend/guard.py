@@ -11,7 +11,7 @@ candidate and records the first one in the build's violation record.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,29 +21,9 @@ from ..rules import CANDIDATE_LEN, NO_VIOLATION, RECORD_LEN, Violation
 from .rows import NO_KEY
 
 if TYPE_CHECKING:
+    from ..backend import BuildPlan
     from ..batch import ImageSpans
     from ..config import SWAConfig
-
-
-class SplitFacts(Protocol):
-    """What rule 14 compares the device offsets with: the host's split (a ``backend.BuildPlan``)."""
-
-    @property
-    def num_tokens(self) -> int: ...
-    @property
-    def num_decodes(self) -> int: ...
-    @property
-    def num_decode_tokens(self) -> int: ...
-    @property
-    def max_query_len(self) -> int: ...
-    @property
-    def decode_query_max(self) -> int: ...
-    @property
-    def host_seq_lens(self) -> torch.Tensor | None: ...
-    @property
-    def build_checks(self) -> bool: ...
-    @property
-    def num_bounds(self) -> int: ...
 
 
 # -- the torch backend's guard -----------------------------------------------------------------------------
@@ -313,23 +293,14 @@ class TorchGuard:
             v.filled = fills
 
     def request_quantities(
-        self,
-        config: SWAConfig,
-        query_start_loc: torch.Tensor,
-        seq_lens: torch.Tensor,
-        replay_start: torch.Tensor | None,
-        spans: ImageSpans | None,
-        num_reqs: int,
-        *,
-        causal: bool,
-        split: SplitFacts,
-        values: bool = True,
-        table_positions: int | None = None,
+        self, plan: BuildPlan, config: SWAConfig, *, values: bool = True, table_positions: int | None = None
     ) -> None:
-        """Rules 1-4, 7, 14, 15 and 16 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
-        ``seq_lens`` and ``replay_start`` [R] (rule 3 where rows use the bound: every request where
-        ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
-        against ``split``): every request's checked quantities (negative where it breaks a rule), without
+        """Rules 1-4, 7, 14, 15 and 16 (per request) for the requests [0, R) of the build's ``plan``: its step
+        inputs (``plan.inputs``: query_start_loc [R + 1], seq_lens, causal or DSpark rows, image spans where the
+        plan works out images) and the replay bounds it chose (``plan.replay_start``; rule 3 where rows use the
+        bound: every request of a causal build, else the prefills, and only where the step has bounds: the
+        zeros of a step without any break no rule), rule 14 against the plan's split: every request's checked
+        quantities (negative where it breaks a rule), without
         choosing the first broken rule (``first_broken`` does). ``values=False`` (the CPU's first test,
         ``requests_clean``): rule 14's end and start margins are left to ``requests_clean``, which holds
         the host's split against two offsets instead of every request's (the rows read 0).
@@ -338,6 +309,16 @@ class TorchGuard:
         the table). Rows that read no position at or past their request's seq_len (all but image rows,
         docs/semantics.md #vision-spans) read no page past the table where it is not negative, so rule 5
         needs no look at their pages (full validation asks the same of every request)."""
+        inputs, num_reqs = plan.inputs, plan.num_reqs
+        query_start_loc, seq_lens, causal = inputs.query_start_loc, inputs.seq_lens, inputs.causal
+        if seq_lens.shape[0] != num_reqs:  # an engine's longer buffer
+            seq_lens = seq_lens[:num_reqs]
+        replay_start = None
+        if inputs.replay_start is not None:
+            replay_start = plan.replay_start
+            if replay_start.shape[0] != num_reqs:
+                replay_start = replay_start[:num_reqs]
+        spans = inputs.image_spans if plan.images else None
         v = self._request_views(num_reqs)
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
@@ -346,31 +327,31 @@ class TorchGuard:
         # rule 2's P_r = S_r - q_r, rule 16's limit - S_r and rule 14's cap_r - q_r: one subtraction.
         v.seq.copy_(seq_lens)
         # Rule 16 is a build's rule, not a draft update's.
-        limit = config.max_model_len if split.build_checks else NO_MODEL_LIMIT
+        limit = config.max_model_len if plan.build_checks else NO_MODEL_LIMIT
         if table_positions is not None:
             limit = min(limit, table_positions)
-        self._limits(v, num_reqs, split, limit)
+        self._limits(v, num_reqs, plan, limit)
         torch.sub(v.limits, v.operands, out=v.margins)
-        v.split = (split.num_decodes, split.num_decode_tokens, split.num_tokens)
+        v.split = (plan.num_decodes, plan.num_decode_tokens, inputs.num_tokens)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         # Rule 15: a prefill's host seq_lens (the plan's, on this device) equal to the device's.
-        host = split.host_seq_lens
-        held = host is not None and split.num_decodes < num_reqs
+        host = plan.host_seq_lens
+        held = host is not None and plan.num_decodes < num_reqs
         # Rule 3 holds where rows use the bound: every request of a causal build; the prefills of a DSpark
         # step (its decode rows ignore the bound, docs/semantics.md #dspark-rows; its prefill rows and gather
         # lengths do not), as the kernels' prefill and gather programs check it.
-        decodes = 0 if causal else split.num_decodes
+        decodes = 0 if causal else plan.num_decodes
         replay = replay_start is not None and decodes < num_reqs
         self._fill(v, (values, held, replay, checks_spans, not causal))
         if values:
-            self._split_ends(v, num_reqs, split)
+            self._split_ends(v, num_reqs, plan)
         if held:
             assert host is not None
             v.host.copy_(host[:num_reqs])
             torch.sub(v.host, seq_lens, out=v.host_same).abs_().neg_()
-            if split.num_decodes:
-                v.host_same[: split.num_decodes] = 0
-                v.host[: split.num_decodes] = 0
+            if plan.num_decodes:
+                v.host_same[: plan.num_decodes] = 0
+                v.host[: plan.num_decodes] = 0
         if replay:
             assert replay_start is not None
             v.bound.copy_(replay_start)
@@ -400,13 +381,16 @@ class TorchGuard:
             ))  # fmt: skip
         return cut
 
-    def _limits(self, v: _RequestViews, num_reqs: int, split: SplitFacts, model_limit: int) -> None:
+    def _limits(self, v: _RequestViews, num_reqs: int, plan: BuildPlan, model_limit: int) -> None:
         """Rule 14's query caps into the CAP row (a decode's min(decode_query_max, max_query_len), a
         prefill's max_query_len, 0 for a request past the replay bounds, which the host copy makes padding)
         and rule 16's bound into MODEL_LIMIT. Host values: rewritten only when they change (a decode-only
         server's never do)."""
-        nd, bounds = split.num_decodes, split.num_bounds
-        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len, model_limit, bounds)
+        nd, bounds = plan.num_decodes, plan.num_bounds
+        # Into int32: a validated build admits an overstated max_query_len of any size (the default path's
+        # preflight bounds it by the capacity); INT32_LIMIT still admits every query length.
+        cap = min(plan.inputs.max_query_len, INT32_LIMIT)
+        caps = (nd, min(plan.decode_query_max, cap), cap, model_limit, bounds)
         old = v.caps
         if caps == old:
             return
@@ -422,18 +406,18 @@ class TorchGuard:
             v.rules[MODEL_LIMIT].fill_(model_limit)
         v.caps = caps
 
-    def _split_ends(self, v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
+    def _split_ends(self, v: _RequestViews, num_reqs: int, plan: BuildPlan) -> None:
         """Rule 14's end and start margins, per request, in place: negative where the device offsets break
         the host's split (the full guard, which names the request). The end margin is written as an excess
         (``end - limit``) and negated: a tensor minus a number is one op, a number minus a tensor two."""
-        nd = split.num_decodes
+        nd = plan.num_decodes
         _, _, end_dec, end_pre, begin_pre, oe_dec, oe_pre, b_dec, b_pre = self._cuts(v, nd)
         if nd:
             # A decode is inside the decode tokens (so inside num_tokens: the host checked ndt <= T).
-            torch.sub(end_dec, split.num_decode_tokens, out=oe_dec)
+            torch.sub(end_dec, plan.num_decode_tokens, out=oe_dec)
         if nd < num_reqs:
-            torch.sub(end_pre, split.num_tokens, out=oe_pre)
-            torch.sub(begin_pre, split.num_decode_tokens, out=b_pre)
+            torch.sub(end_pre, plan.inputs.num_tokens, out=oe_pre)
+            torch.sub(begin_pre, plan.num_decode_tokens, out=b_pre)
         if v.split_decodes != nd:  # a decode has no start margin: 0 where the last build had a prefill
             b_dec.zero_()
             v.split_decodes = nd

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .backend import Backend, BuildPlan, update_plan
+from .backend import Backend
 from .config import INT32_LIMIT
 from .envs import env_flag
 from .errors import BackendUnavailableError
@@ -19,6 +19,7 @@ from .kernels.launch import CompileKey, KeyedLaunch, record_fields
 from .kernels.request_window_launch import RequestWindowArgs
 from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsFacts, RowsKey
 from .kernels.slot_rows_launch import SlotRowsArgs
+from .plan import BuildPlan, update_plan
 from .preflight import GroupInputs, group_rows
 from .request_window import RequestWindowLayout
 

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from .. import reference
-from ..backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
+from ..backend import Availability, Backend, BackendSpec
 from ..batch import AttentionBatch
 from ..cache import HostCache
 from ..hookspecs import hookimpl
+from ..plan import BuildPlan, update_plan
 from ..rules import Violation, block_limit
 from .guard import TorchGuard
 from .request_window import build_request_window

@@ -21,9 +21,9 @@ from ..rules import CANDIDATE_LEN, NO_VIOLATION, RECORD_LEN, Violation
 from .rows import NO_KEY
 
 if TYPE_CHECKING:
-    from ..backend import BuildPlan
     from ..batch import ImageSpans
     from ..config import SWAConfig
+    from ..plan import BuildPlan
 
 
 # -- the torch backend's guard -----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ..cache import HostCache
 from ..rules import Violation
 
 if TYPE_CHECKING:
-    from ..backend import BuildPlan
+    from ..plan import BuildPlan
 
 # Row-level rules of a guarded build, as plain ints (the keys of the row fill's constants; the request-level
 # rules are the guard's), and the key of a guard candidate that broke no rule (keys are requests, far below it).

@@ -11,7 +11,7 @@ candidate and records the first one in the build's violation record.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -28,57 +28,73 @@ if TYPE_CHECKING:
 
 # -- the torch backend's guard -----------------------------------------------------------------------------
 
-# Rows of a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``), one column per
-# request. The rows up to NONE are the quantities that are negative where a rule is broken, in the order the
-# rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports and the
-# operands of the first four quantities. query_start_loc (R + 1 entries) has its own vector.
-(
-    QUERY,
-    PREFIX,
-    MODEL_LEFT,
-    SPLIT_QUERY,
-    SPLIT_END,
-    SPLIT_BEGIN,
-    HOST_SAME,
-    BOUND,
-    HEADROOM,
-    SPAN_BAD,
-    WIDTH_LEFT,
-    NONE,
-) = range(12)
-# [P; model left; cap - q] = [S; model limit; cap] - [q; S; q] is one subtraction: q is written twice (QUERY
-# and QUERY_AGAIN, by one subtraction too), so QUERY, SEQ and QUERY_AGAIN, APART apart, are one strided view,
-# and SEQ, MODEL_LIMIT and CAP (S, the bound of rule 16 and the query caps of the host's split) one
-# contiguous block.
-APART = NONE + 1
-SEQ, MODEL_LIMIT, CAP, FIRST_SPAN, NEED, HOST = range(APART, APART + 6)
-QUERY_AGAIN = QUERY + 2 * APART
-RULE_ROWS = QUERY_AGAIN + 1
-# Per checked row: the kind it stands for and the row of the value reported.
-ROW_KINDS = (
-    Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
-    Violation.SEQ_SHORT,  # P_r = S_r - q_r < 0 (reports S_r)
+
+class Check(NamedTuple):
+    """One request-level rule as the guard checks it: a row of the rules table (``row``) that holds, per
+    request, a quantity that is negative where the request breaks the rule; the kind a violation of it records
+    and the row of the value it reports; and which builds fill the row (``fill``, one of ``FILLS``; None:
+    every build)."""
+
+    row: str
+    kind: int
+    reports: str
+    fill: str | None = None
+
+
+# The rules a request is checked against, one row each, in the order they are checked: a request's first
+# negative quantity is its first broken rule. Adding a rule is a row here, the rows it reports or reads among
+# ``VALUES`` and the code that fills it (``TorchGuard.request_quantities``).
+CHECKS = (
+    Check("QUERY", Violation.QUERY_ORDER, "QUERY"),  # q_r = qsl[r + 1] - qsl[r] < 0
+    Check("PREFIX", Violation.SEQ_SHORT, "SEQ"),  # P_r = S_r - q_r < 0 (reports S_r)
     # Rule 16: max_model_len - S_r < 0 (reports S_r). In the CPU's first test, the bound is the lower of
     # max_model_len and the block table's width times the page size: there it also proves rule 5 for rows that
     # read nothing past seq_len (``TorchGuard.request_quantities``).
-    Violation.MODEL_LEN,
+    Check("MODEL_LEFT", Violation.MODEL_LEN, "SEQ"),
     # Rule 14, the host split's margins (each reports q_r): a request's query against its cap (a decode's
     # min(max_decode_query_len, max_query_len), a prefill's max_query_len), a decode's end against the decode
     # tokens; a prefill's end against num_tokens and its start against the decode tokens (0 for a decode).
-    Violation.HOST_SPLIT,  # query margin < 0
-    Violation.HOST_SPLIT,  # end margin < 0
-    Violation.HOST_SPLIT,  # start margin < 0
-    Violation.HOST_SEQ,  # -|seq_lens_cpu[r] - S_r| < 0 for a prefill (reports seq_lens_cpu[r]); 0 for a decode
-    Violation.REPLAY,  # replay_start[r] < 0
-    Violation.REPLAY,  # P_r - replay_start[r] < 0 (reports replay_start[r])
-    Violation.SPAN,  # -1 where a span of the request is bad (reports the first)
-    Violation.ROW_WIDTH,  # width - need < 0 (reports need)
-    NO_VIOLATION,  # the NONE row
+    Check("SPLIT_QUERY", Violation.HOST_SPLIT, "QUERY"),  # query margin < 0
+    Check("SPLIT_END", Violation.HOST_SPLIT, "QUERY", fill="values"),  # end margin < 0
+    Check("SPLIT_BEGIN", Violation.HOST_SPLIT, "QUERY", fill="values"),  # start margin < 0
+    # Rule 15: -|seq_lens_cpu[r] - S_r| < 0 for a prefill (reports seq_lens_cpu[r]); 0 for a decode.
+    Check("HOST_SAME", Violation.HOST_SEQ, "HOST", fill="held"),
+    Check("BOUND", Violation.REPLAY, "BOUND", fill="replay"),  # replay_start[r] < 0
+    Check("HEADROOM", Violation.REPLAY, "BOUND", fill="replay"),  # P_r - replay_start[r] < 0 (reports the bound)
+    Check("SPAN_BAD", Violation.SPAN, "FIRST_SPAN", fill="spans"),  # -1 where a span of the request is bad
+    Check("WIDTH_LEFT", Violation.ROW_WIDTH, "NEED", fill="dspark"),  # width - need < 0 (reports need)
+    Check("NONE", NO_VIOLATION, "NONE"),  # always -1: stands for "none"
 )
-VALUE_ROWS = (QUERY, SEQ, SEQ, QUERY, QUERY, QUERY, HOST, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
-# Rows only some builds fill, by what fills them: rule 14's ends and starts (the full guard), rule 15's
-# (prefills with a host copy), replay bounds, spans, DSpark widths.
-OPTIONAL_ROWS = ((SPLIT_END, SPLIT_BEGIN), (HOST_SAME, HOST), (BOUND, HEADROOM), (SPAN_BAD,), (WIDTH_LEFT,))
+# The rows after the checked ones, with the builds that fill them: the values a violation reports and the
+# operands of the first quantities (S, rule 16's bound, rule 14's caps).
+VALUES = (("SEQ", None), ("MODEL_LIMIT", None), ("CAP", None), ("FIRST_SPAN", None), ("NEED", None), ("HOST", "held"))
+# The fills of rows only some builds write, in the order ``TorchGuard._fill`` takes them: rule 14's ends and
+# starts (the full guard's), rule 15's (prefills with a host copy), replay bounds, spans, DSpark widths.
+FILLS = ("values", "held", "replay", "spans", "dspark")
+
+# Each row's number in a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``, one column
+# per request; query_start_loc, R + 1 entries, has its own vector): the checked rows, then ``VALUES``, then
+# QUERY_AGAIN, q written a second time. [P; model left; cap - q] = [S; model limit; cap] - [q; S; q] is then one
+# subtraction: QUERY, SEQ and QUERY_AGAIN, APART apart, are one strided view, PREFIX to SPLIT_QUERY and SEQ to
+# CAP (S, the bound of rule 16 and the query caps of the host's split) contiguous blocks.
+ROW = {name: number for number, name in enumerate([c.row for c in CHECKS] + [name for name, _ in VALUES])}
+APART = len(CHECKS)
+ROW["QUERY_AGAIN"] = ROW["QUERY"] + 2 * APART
+RULE_ROWS = ROW["QUERY_AGAIN"] + 1
+NONE = ROW["NONE"]
+# What that subtraction needs of the tables' order (a rule added among the first four, or a value before CAP,
+# would break it): QUERY, then PREFIX, MODEL_LEFT and SPLIT_QUERY first of CHECKS, NONE last; SEQ, MODEL_LIMIT
+# and CAP first of VALUES.
+assert [c.row for c in CHECKS[:4]] == ["QUERY", "PREFIX", "MODEL_LEFT", "SPLIT_QUERY"] and NONE == APART - 1, CHECKS
+assert [name for name, _ in VALUES[:3]] == ["SEQ", "MODEL_LIMIT", "CAP"], VALUES
+# Per checked row: the kind it records and the row of the value it reports.
+ROW_KINDS = tuple(int(c.kind) for c in CHECKS)
+VALUE_ROWS = tuple(ROW[c.reports] for c in CHECKS)
+# Per fill, the rows it writes (zeroed before a build that does not fill them reads them).
+OPTIONAL_ROWS = tuple(
+    tuple(ROW[row] for row, filled in [(c.row, c.fill) for c in CHECKS] + list(VALUES) if filled == fill)
+    for fill in FILLS
+)
 # Rule 16's bound where it is not checked (draft updates): above every int32 seq_lens.
 NO_MODEL_LIMIT = 1 << 32
 
@@ -221,7 +237,7 @@ class TorchGuard:
         self.value = torch.empty(max_reqs, dtype=torch.int64, device=device)
         self.broken = torch.empty(max_reqs, dtype=torch.bool, device=device)
         self.arange = torch.arange(max_reqs, **i32)
-        self.kinds = torch.tensor([int(k) for k in ROW_KINDS], **i32)
+        self.kinds = torch.tensor(ROW_KINDS, **i32)
         self.value_rows = torch.tensor(VALUE_ROWS, dtype=torch.int64, device=device)
         self.no_key = torch.tensor(NO_KEY, **i32)
         self.zero64 = torch.tensor(0, dtype=torch.int64, device=device)
@@ -261,16 +277,18 @@ class TorchGuard:
         v.qsl_host = v.qsl.numpy() if self.device.type == "cpu" else None
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
         v.begins, v.ends = v.begin.expand(2, r), v.end.expand(2, r)
-        v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
-        v.queries, v.operands = rules[QUERY : QUERY_AGAIN + 1 : 2 * APART], rules[QUERY : QUERY_AGAIN + 1 : APART]
-        v.limits, v.margins = rules[SEQ : CAP + 1], rules[PREFIX : SPLIT_QUERY + 1]
-        v.cap, v.caps, v.split = rules[CAP], None, (0, 0, 0)
-        v.split_end, v.split_begin = rules[SPLIT_END], rules[SPLIT_BEGIN]
-        v.host_same, v.host = rules[HOST_SAME], rules[HOST]
+        row = {name: rules[number] for name, number in ROW.items()}
+        query, query_again, seq = ROW["QUERY"], ROW["QUERY_AGAIN"], ROW["SEQ"]
+        v.seq, v.query, v.prefix = row["SEQ"], row["QUERY"], row["PREFIX"]
+        v.queries, v.operands = rules[query : query_again + 1 : 2 * APART], rules[query : query_again + 1 : APART]
+        v.limits, v.margins = rules[seq : ROW["CAP"] + 1], rules[ROW["PREFIX"] : ROW["SPLIT_QUERY"] + 1]
+        v.cap, v.caps, v.split = row["CAP"], None, (0, 0, 0)
+        v.split_end, v.split_begin = row["SPLIT_END"], row["SPLIT_BEGIN"]
+        v.host_same, v.host = row["HOST_SAME"], row["HOST"]
         v.split_cuts, v.split_decodes = HostCache(limit=64), 0
-        v.bound, v.headroom = rules[BOUND], rules[HEADROOM]
-        v.span_bad, v.first_span = rules[SPAN_BAD], rules[FIRST_SPAN]
-        v.need, v.width_left = rules[NEED], rules[WIDTH_LEFT]
+        v.bound, v.headroom = row["BOUND"], row["HEADROOM"]
+        v.span_bad, v.first_span = row["SPAN_BAD"], row["FIRST_SPAN"]
+        v.need, v.width_left = row["NEED"], row["WIDTH_LEFT"]
         v.checked, v.quantities, v.rules = rules[: NONE + 1], rules[:NONE], rules
         v.flat_quantities = v.quantities.view(-1)
         v.negative = self.negative[:, :r]
@@ -342,7 +360,8 @@ class TorchGuard:
         # lengths do not), as the kernels' prefill and gather programs check it.
         decodes = 0 if causal else plan.num_decodes
         replay = replay_start is not None and decodes < num_reqs
-        self._fill(v, (values, held, replay, checks_spans, not causal))
+        self._fill(v, (values, held, replay, checks_spans, not causal))  # the optional rows it fills, as FILLS
+
         if values:
             self._split_ends(v, num_reqs, plan)
         if held:
@@ -403,7 +422,7 @@ class TorchGuard:
             if bounds < num_reqs:
                 v.cap[bounds:].zero_()
         if old is None or model_limit != old[3]:
-            v.rules[MODEL_LIMIT].fill_(model_limit)
+            v.rules[ROW["MODEL_LIMIT"]].fill_(model_limit)
         v.caps = caps
 
     def _split_ends(self, v: _RequestViews, num_reqs: int, plan: BuildPlan) -> None:

@@ -172,8 +172,8 @@ class Backend:
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         """The draft-step update (docs/semantics.md #draft-updates): recompute token_to_req, is_valid and
         the decode rows and lens (causal or DSpark, as ``metadata.causal`` says) in place from the
-        advanced seq_lens, with the plan ``plan.update_plan`` makes of the build (its replay bounds
-        included); no sync, no allocation."""
+        advanced seq_lens, with the plan ``swa_hal.plan.update_plan`` makes of the build (its replay
+        bounds included); no sync, no allocation."""
         raise NotImplementedError
 
     def compute_groups(

@@ -96,6 +96,7 @@ def vllm_paths(reqs: int):
 
     def added() -> None:  # what a compared call does besides vLLM's own build
         call = every.turn()
+        assert call is not None  # every call of ``every`` is compared
         ours = vllm_shadow._snapshot(compared.swa_hal_build(0, cm))
         every.compare(call, "benchmark", vllm_shadow.build_checks(vllm_md, ours, cm))
 
@@ -146,6 +147,7 @@ def sglang_paths(reqs: int):
 
     def added() -> None:  # what a compared call does besides SGLang's own op
         call = every.turn()
+        assert call is not None  # every call of ``every`` is compared
         integ._compare_causal(every, call, own, (BuildCausalSwaPageIndices,), kwargs, sglang_rows, None)
 
     paths = {
@@ -189,9 +191,9 @@ def main() -> int:
         ratio = statistics.median(a / b for a, b in zip(v, times[own]))
         print(f"{name:<22} {statistics.median(v):>12.0f} ({min(v):.0f}-{max(v):.0f}) {ratio:>7.2f}x")
     work, idle, served = (times[n] for n in ("compared call's own work", "uncompared call's own work", names[1]))
-    ratio = [w / s for w, s in zip(work, served)]
+    ratios = [w / s for w, s in zip(work, served)]
     print(
-        f"a compared call adds {statistics.median(work):.0f} us to the engine's own call ({statistics.median(ratio):.2f}x "
+        f"a compared call adds {statistics.median(work):.0f} us to the engine's own call ({statistics.median(ratios):.2f}x "
         f"swa_hal serving it); an uncompared one {statistics.median(idle):.1f} us"
     )
     print(f"comparisons equal: {shadows[0].equal} of {shadows[0].compared}")

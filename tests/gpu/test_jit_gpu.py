@@ -80,7 +80,7 @@ def _dummy_args(tokens, key):
         num_prefills=0, num_decode_tokens=tokens, num_prefill_tokens=0, decode_clear_end=tokens, dec_progs=1,
         pre_progs=0, clear_progs=0, search_chunks=1, num_groups=1, group_rows=tokens, decode_guess_len=1,
         prefill_guess_len=1, num_spans=0, max_query_len=tokens, decode_query_max=tokens, max_model_len=1 << 20,
-        build_checks=1,
+        build_checks=1, num_bounds=1, prefill_follows=0,
     )
     return [getattr(args, name) for name in record_fields(RowsArgs)]
 

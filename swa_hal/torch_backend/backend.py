@@ -9,7 +9,7 @@ source checkout that was never installed) the registry registers this package di
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -78,6 +78,22 @@ class one_thread:
             torch.set_num_threads(self.threads)
 
 
+class _Part(NamedTuple):
+    """One part of a build's rows (its decodes' or its prefills'): each row's owner, whether it has a slot,
+    its position + 1 in the build (``rows1``) and its index (``tokens``), its row and length outputs, its
+    image visibility outputs, and its row guard (guarded builds; None otherwise or for an empty part)."""
+
+    req: torch.Tensor
+    valid: torch.Tensor
+    rows1: torch.Tensor
+    tokens: torch.Tensor
+    out: torch.Tensor
+    lens: torch.Tensor
+    left: torch.Tensor
+    right: torch.Tensor
+    guard: RowGuard | None
+
+
 class _Shape:
     """Every cut of the fixed buffers (and workspace) one build shape uses, made once per shape: slicing
     costs about as much as a small operation, and a decode-heavy server repeats a few shapes."""
@@ -86,30 +102,13 @@ class _Shape:
         "t2r",
         "valid",
         "rows",
-        "dec_req",
-        "dec_valid",
-        "dec_rows1",
-        "dec_out",
-        "dec_lens",
-        "pre_req",
-        "pre_valid",
-        "pre_rows1",
-        "pre_out",
-        "pre_lens",
+        "dec",
+        "pre",
         "clear",
         "gather",
-        "pre_left",
-        "pre_right",
-        "dec_left",
-        "dec_right",
         "terms",
         "term_rows",
-        "dec_guard",
-        "pre_guard",
-        "num_prefills",
         "prefill_reqs",
-        "dec_tokens",
-        "pre_tokens",
         "causal_rows",
         "dspark_rows",
     )
@@ -117,30 +116,13 @@ class _Shape:
     t2r: torch.Tensor
     valid: torch.Tensor
     rows: torch.Tensor
-    dec_req: torch.Tensor
-    dec_valid: torch.Tensor
-    dec_rows1: torch.Tensor
-    dec_out: torch.Tensor
-    dec_lens: torch.Tensor
-    pre_req: torch.Tensor
-    pre_valid: torch.Tensor
-    pre_rows1: torch.Tensor
-    pre_out: torch.Tensor
-    pre_lens: torch.Tensor
+    dec: _Part
+    pre: _Part
     clear: torch.Tensor | None
     gather: torch.Tensor
-    pre_left: torch.Tensor
-    pre_right: torch.Tensor
-    dec_left: torch.Tensor
-    dec_right: torch.Tensor
     terms: dict[bool, torch.Tensor]
     term_rows: dict[bool, tuple[torch.Tensor, ...]]
-    dec_guard: RowGuard | None
-    pre_guard: RowGuard | None
-    num_prefills: int
     prefill_reqs: slice
-    dec_tokens: torch.Tensor
-    pre_tokens: torch.Tensor
     # Which per-request terms the build's rows gather: causal terms serve causal decode rows and every prefill
     # row, DSpark decode rows have their own.
     causal_rows: bool
@@ -194,28 +176,35 @@ class TorchBackend(Backend):
         s = self._shapes.keep(key, _Shape())
         cfg, ws = self.config, self._workspace
         s.t2r, s.valid, s.rows = buffers.token_to_req[:t], buffers.is_valid[:t], ws.arange[:t]
-        s.dec_req, s.dec_valid, s.dec_rows1 = s.t2r[:ndt], s.valid[:ndt], ws.arange[1 : ndt + 1]
         dec_width = cfg.window_size if causal else cfg.noncausal_index_width
-        s.dec_out = buffers.decode_rows(causal)[:ndt].view(ndt, dec_width)
-        s.dec_lens = buffers.decode_lens[:ndt]
-        s.pre_req, s.pre_valid, s.pre_rows1 = s.t2r[ndt:t], s.valid[ndt:t], ws.arange[ndt + 1 : t + 1]
-        s.dec_tokens, s.pre_tokens = s.rows[:ndt], s.rows[ndt:t]
-        s.pre_out = buffers.prefill_indices[:npt].view(npt, cfg.prefill_index_width)
-        s.pre_lens = buffers.prefill_lens[:npt]
+        guard = self._guard if self.guard else None
+        s.dec = _Part(
+            s.t2r[:ndt],
+            s.valid[:ndt],
+            ws.arange[1 : ndt + 1],
+            s.rows[:ndt],
+            buffers.decode_rows(causal)[:ndt].view(ndt, dec_width),
+            buffers.decode_lens[:ndt],
+            buffers.left_visible[:ndt],
+            buffers.right_visible[:ndt],
+            RowGuard(self._limit, *guard.row_candidates(nreq, 0, ndt)) if guard is not None and ndt else None,
+        )
+        s.pre = _Part(
+            s.t2r[ndt:t],
+            s.valid[ndt:t],
+            ws.arange[ndt + 1 : t + 1],
+            s.rows[ndt:t],
+            buffers.prefill_indices[:npt].view(npt, cfg.prefill_index_width),
+            buffers.prefill_lens[:npt],
+            buffers.left_visible[ndt:t],
+            buffers.right_visible[ndt:t],
+            RowGuard(self._limit, *guard.row_candidates(nreq, ndt, npt)) if guard is not None and npt else None,
+        )
         s.clear = buffers.decode_lens[ndt : plan.decode_lens_clear_end] if plan.decode_lens_clear_end > ndt else None
         s.gather = buffers.gather_lens[: plan.num_prefills]
-        s.dec_left, s.dec_right = buffers.left_visible[:ndt], buffers.right_visible[:ndt]
-        s.pre_left, s.pre_right = buffers.left_visible[ndt:t], buffers.right_visible[ndt:t]
         s.terms = {kind: self._terms[kind][:, :nreq] for kind in (True, False)}
         s.term_rows = {kind: terms.unbind(0) for kind, terms in s.terms.items()}
         s.causal_rows, s.dspark_rows = causal or npt > 0, not causal
-        if self.guard:
-            g = self._guard
-            s.dec_guard = RowGuard(self._limit, *g.row_candidates(nreq, 0, ndt)) if ndt else None
-            s.pre_guard = RowGuard(self._limit, *g.row_candidates(nreq, ndt, npt)) if npt else None
-        else:
-            s.dec_guard = s.pre_guard = None
-        s.num_prefills = plan.num_prefills
         s.prefill_reqs = slice(plan.num_decodes, plan.num_decodes + plan.num_prefills)
         return s
 
@@ -379,40 +368,27 @@ class TorchBackend(Backend):
         slots: torch.Tensor | None,
     ) -> bool:
         """The decode rows and lens (causal or DSpark); False where the probe saw a rule that may have broken."""
-        cfg, ws = self.config, self._workspace
-        row_guard = s.dec_guard if guard else None
-        self._own_slots(row_guard, probe, slots, s.dec_tokens)
+        part = s.dec
+        row_guard = part.guard if guard else None
+        self._own_slots(row_guard, probe, slots, part.tokens)
         if plan.inputs.causal:
-            fill_causal_rows(
-                batch.block_table,
-                s.dec_req,
-                s.dec_valid,
-                s.dec_rows1,
-                s.terms[True],
-                s.dec_out,
-                s.dec_lens,
-                window_size=cfg.window_size,
-                block_size=cfg.block_size,
-                ws=ws,
-                guard=row_guard,
-                probe=probe,
-            )
+            self._fill_causal(batch, s, part, row_guard, probe)
         else:
             # Row widths are checked on the device (rule 7, the guard's request quantities): no sync here.
             own_pos1 = None
             if slots is not None:  # p + 1 = S_r - qsl[r + 1] + t + 1
                 nreq, seq = plan.num_reqs, batch.seq_lens
                 seq = seq if seq.shape[0] == nreq else seq[:nreq]
-                own_pos1 = torch.sub(seq, ends).index_select(0, s.dec_req).add_(s.dec_rows1)
+                own_pos1 = torch.sub(seq, ends).index_select(0, part.req).add_(part.rows1)
             fill_dspark_rows(
                 batch.block_table,
-                s.dec_req,
-                s.dec_valid,
+                part.req,
+                part.valid,
                 s.terms[False],
-                s.dec_out,
-                s.dec_lens,
-                block_size=cfg.block_size,
-                ws=ws,
+                part.out,
+                part.lens,
+                block_size=self.config.block_size,
+                ws=self._workspace,
                 guard=row_guard,
                 probe=probe,
                 own_pos1=own_pos1,
@@ -430,32 +406,48 @@ class TorchBackend(Backend):
     ) -> bool:
         """The prefill rows and lens, widened by image visibility where the plan works it out (the decode
         rows' visibility is 0); False where the probe saw a rule that may have broken."""
-        cfg = self.config
-        row_guard = s.pre_guard if guard else None
-        self._own_slots(row_guard, probe, slots, s.pre_tokens)
-        left = right = None
+        part = s.pre
+        row_guard = part.guard if guard else None
+        self._own_slots(row_guard, probe, slots, part.tokens)
+        visible = None
         if plan.images:
-            s.dec_left.zero_()
-            s.dec_right.zero_()
-            left, right = reference.image_visibility(
+            s.dec.left.zero_()
+            s.dec.right.zero_()
+            visible = reference.image_visibility(
                 batch.query_start_loc,
                 batch.seq_lens,
                 s.t2r,
                 plan.inputs.image_spans,  # type: ignore[arg-type]  # plan.images: spans are given
                 token_offset=plan.num_decode_tokens,
                 num_rows=plan.num_prefill_tokens,
-                max_image_tokens=cfg.max_image_tokens,
-                out_left=s.pre_left,
-                out_right=s.pre_right,
+                max_image_tokens=self.config.max_image_tokens,
+                out_left=part.left,
+                out_right=part.right,
             )
+        self._fill_causal(batch, s, part, row_guard, probe, visible)
+        return probe is None or probe.clean
+
+    def _fill_causal(
+        self,
+        batch: AttentionBatch,
+        s: _Shape,
+        part: _Part,
+        row_guard: RowGuard | None,
+        probe: RowProbe | None,
+        visible: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """``part``'s causal rows, from the causal per-request terms (``visible``: the rows' image
+        visibility, left and right, where the build works it out)."""
+        left, right = visible if visible is not None else (None, None)
+        cfg = self.config
         fill_causal_rows(
             batch.block_table,
-            s.pre_req,
-            s.pre_valid,
-            s.pre_rows1,
+            part.req,
+            part.valid,
+            part.rows1,
             s.terms[True],
-            s.pre_out,
-            s.pre_lens,
+            part.out,
+            part.lens,
             window_size=cfg.window_size,
             block_size=cfg.block_size,
             ws=self._workspace,
@@ -464,7 +456,6 @@ class TorchBackend(Backend):
             guard=row_guard,
             probe=probe,
         )
-        return probe is None or probe.clean
 
     @staticmethod
     def _own_slots(
@@ -497,15 +488,14 @@ class TorchBackend(Backend):
         decode tokens: rule 14 of request ``num_reqs`` (the update's R), its value ``following``, that
         prefill's query."""
         pad = (s.rows >= scheduled) & s.valid
-        parts = ((s.dec_out, s.dec_lens, s.dec_guard, 0), (s.pre_out, s.pre_lens, s.pre_guard, ndt))
         kind = Violation.PADDING_SLOT if following is None else Violation.HOST_SPLIT
-        for out, lens, guard, start in parts:
-            n = lens.shape[0]
+        for part, start in ((s.dec, 0), (s.pre, ndt)):
+            n, guard = part.lens.shape[0], part.guard
             if n == 0 or guard is None:
                 continue
             mask = pad[start : start + n]
-            out.masked_fill_(mask[:, None], -1)
-            lens.masked_fill_(mask, 0)
+            part.out.masked_fill_(mask[:, None], -1)
+            part.lens.masked_fill_(mask, 0)
             guard.kind.masked_fill_(mask, int(kind))
             if following is None:
                 torch.where(mask, s.rows[start : start + n], guard.value, out=guard.value)

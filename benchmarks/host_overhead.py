@@ -81,7 +81,7 @@ def main() -> int:
     out["mixed: _plan (split)"] = med(lambda: _plan(builder, mixed, whole=True))
     plan, query = _plan(builder, mixed, whole=True)
     out["mixed: _metadatas"] = med(
-        lambda: builder._metadatas(mixed.inputs, plan, query, (mixed.block_table,), (mixed.slot_mapping,)))
+        lambda: builder._metadatas(plan, query, (mixed.block_table,), (mixed.slot_mapping,)))
     type(launcher).__call__ = real_call
     out["mixed: backend.compute (the launch)"] = med(lambda: builder.backend.compute(plan, mixed, builder.buffers))
     plan_d = _plan(builder, batch)

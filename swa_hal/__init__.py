@@ -7,7 +7,7 @@ plugins found through the ``swa_hal.backends`` entry-point group and chosen per 
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from .backend import Availability, Backend, BackendSpec, BuildPlan
+from .backend import Availability, Backend, BackendSpec
 from .batch import AttentionBatch, ImageSpans
 from .builder import SWAMetadataBuilder
 from .config import LAYER_TYPES, SWAConfig
@@ -22,6 +22,7 @@ from .errors import (
 )
 from .hookspecs import hookimpl, hookspec
 from .metadata import SWAMetadata
+from .plan import BuildPlan
 from .platform import PlatformInfo, probe_platform
 from .request_window import RequestWindowLayout, RequestWindowRows
 from .selection import Selection, select_backend

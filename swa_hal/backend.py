@@ -13,10 +13,9 @@ import dataclasses
 import importlib
 import re
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .config import INT32_LIMIT, LAYER_TYPES
-from .step_inputs import StepInputs
+from .config import LAYER_TYPES
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     from .buffers import MetadataBuffers
     from .config import SWAConfig
     from .metadata import SWAMetadata
+    from .plan import BuildPlan
     from .platform import PlatformInfo
     from .preflight import GroupInputs
     from .request_window import RequestWindowLayout, RequestWindowRows
@@ -119,108 +119,6 @@ class BackendSpec:
         return obj
 
 
-class BuildPlan(NamedTuple):
-    """The host-side facts of one build: the split (docs/semantics.md #split) and where each output goes.
-
-    Everything here comes from host values (the CPU copy of query_start_loc, max_query_len, sizes),
-    so computing it never synchronises with the device. (A NamedTuple: it is made on every build; made
-    by keyword.)
-    """
-
-    # The step's per-request inputs (for a draft-step update, its decode requests'): what the rows read.
-    inputs: StepInputs
-    num_reqs: int
-    num_tokens: int
-    num_decodes: int
-    num_prefills: int
-    num_decode_tokens: int
-    num_prefill_tokens: int
-    causal: bool
-    decode_width: int
-    # Decode lens rows [num_decode_tokens, decode_lens_clear_end) are zeroed (docs/semantics.md #fixed-buffers).
-    decode_lens_clear_end: int
-    # The bound each request's window starts at (#bounded-replay): the batch's, or the zeros buffer.
-    replay_start: torch.Tensor
-    # Whether this build works out image visibility (#vision-spans) from ``inputs.image_spans``.
-    images: bool = False
-    # The query length every request of the decode / prefill part is likely to have (the kernel's
-    # cheap owner guess, checked before use; docs/semantics.md #per-token-helpers): host values only.
-    decode_guess_len: int = 1
-    prefill_guess_len: int = 1
-    # The query lengths the host's split admits (docs/semantics.md #guarded-builds, rule 14): every
-    # request's at most max_query_len, a decode's at most decode_query_max (max_decode_query_len).
-    max_query_len: int = INT32_LIMIT
-    decode_query_max: int = INT32_LIMIT
-    # Rule 15 (docs/semantics.md #guarded-builds): the prefills' seq_lens_cpu where a guarded build holds
-    # them against seq_lens, on the build's device (entries [num_decodes, num_reqs) meaningful); None where
-    # there is nothing to hold (no prefill, no host copy, an unguarded build).
-    host_seq_lens: torch.Tensor | None = None
-    # Rules 16 and 17 are a build's: max_model_len, and each row's slot_mapping entry its own slot. A draft-step
-    # update checks neither (an engine's draft step may run its drafts past max_model_len, whose tokens it
-    # leaves without a slot, and may hand the update the slot mapping it had at the build).
-    build_checks: bool = True
-    # Rule 14: the requests before ``num_bounds`` have a replay bound; the host copy makes those after them
-    # padding (no query tokens, so no bound: docs/semantics.md #bounded-replay), which the device offsets
-    # must keep. INT32_LIMIT: every request has one.
-    num_bounds: int = INT32_LIMIT
-    # Rule 14 in a draft-step update of a build with prefills: the host's split starts the first prefill at
-    # num_decode_tokens, so a decode row past the decodes' end on the device is that prefill's, not padding.
-    prefill_follows: bool = False
-
-
-def update_plan(metadata: SWAMetadata) -> BuildPlan:
-    """The plan of a draft-step update (docs/semantics.md #draft-updates): the decode part of the build
-    that made ``metadata``, recomputed from its (advanced) seq_lens and replay bounds. Its requests are the
-    decodes alone (``StepInputs.of_update``): a decode token's owner counts the decodes' ends only (the same
-    owner as the build's wherever the offsets never decrease), and only they are checked, against the build's
-    split (rule 14: a decode row past the decodes' end on the device is the first prefill's where the build had
-    prefills, and a decode past the build's replay bounds has no query token)."""
-    ndt, mdql = metadata.num_decode_tokens, metadata.max_decode_query_len
-    inputs = update_inputs(metadata)
-    built = metadata.inputs
-    bounds = None if built is None or built.replay_start is None else built.replay_start.shape[0]
-    return BuildPlan(
-        inputs=inputs,
-        num_reqs=metadata.num_decodes,
-        num_tokens=ndt,
-        num_decodes=metadata.num_decodes,
-        num_prefills=0,
-        num_decode_tokens=ndt,
-        num_prefill_tokens=0,
-        causal=metadata.causal,
-        decode_width=metadata.decode_swa_width,
-        decode_lens_clear_end=ndt,
-        replay_start=metadata.replay_start,
-        decode_guess_len=mdql,
-        max_query_len=mdql,
-        decode_query_max=mdql,
-        build_checks=False,
-        num_bounds=INT32_LIMIT if bounds is None or bounds >= metadata.num_decodes else bounds,
-        prefill_follows=metadata.num_prefills > 0,
-    )
-
-
-def update_inputs(metadata: SWAMetadata) -> StepInputs:
-    """The inputs of a draft-step update of ``metadata`` (docs/semantics.md #draft-updates): the decode
-    requests of its build (views of the metadata's tensors), at their advanced ``seq_lens``, with the
-    build's replay bounds and without the prefills' image spans. Every other input is the build's own
-    (``metadata.inputs``; metadata an engine made from its own has none, and reads its fields)."""
-    nd = metadata.num_decodes
-    decodes: dict[str, Any] = dict(
-        seq_lens=metadata.seq_lens[:nd],
-        query_start_loc=metadata.query_start_loc[: nd + 1],
-        query_start_loc_cpu=metadata.query_start_loc_cpu[: nd + 1],
-        seq_lens_cpu=None,
-        max_query_len=min(metadata.max_decode_query_len, INT32_LIMIT),
-        num_tokens=metadata.num_decode_tokens,
-        causal=metadata.causal,
-        replay_start=metadata.replay_start,
-        image_spans=None,
-    )
-    built = metadata.inputs
-    return StepInputs(**decodes) if built is None else built.replace(**decodes)
-
-
 # The name of the spec whose factory is running (``starting``): ``Backend.__init__`` takes it as the
 # instance's name, so a subclass's own ``__init__`` already sees it after ``super().__init__``.
 _STARTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("swa_hal_starting_backend", default=None)
@@ -274,7 +172,8 @@ class Backend:
     def recompute_decode_rows(self, metadata: SWAMetadata, buffers: MetadataBuffers) -> None:
         """The draft-step update (docs/semantics.md #draft-updates): recompute token_to_req, is_valid and
         the decode rows and lens (causal or DSpark, as ``metadata.causal`` says) in place from the
-        advanced seq_lens and ``metadata.replay_start``; no sync, no allocation."""
+        advanced seq_lens, with the plan ``swa_hal.plan.update_plan`` makes of the build (its replay
+        bounds included); no sync, no allocation."""
         raise NotImplementedError
 
     def compute_groups(
@@ -316,19 +215,19 @@ class Backend:
     def compute_slot_rows(
         self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int
     ) -> None:
-        """Token-slot rows (docs/semantics.md #token-slot-rows) into ``out``/``lens``; guarded
-        (``self.guard``) rows that break a rule are emptied and recorded in ``record``. Default: the
-        vectorised torch build; backends with a kernel override it."""
-        from .slot_rows import build_slot_rows
-
-        build_slot_rows(rows, self.config.window_size, out, lens, record, guard=self.guard, limit=limit)
+        """Token-slot rows (docs/semantics.md #token-slot-rows, and #ring-rows when ``rows.ring`` is set) into
+        ``out``/``lens``; guarded (``self.guard``) rows that break a rule are emptied and recorded in
+        ``record``, whose cache slots lie in ``[-1, limit)``. The torch backend builds them with vectorised
+        torch ops (``torch_backend/slot_rows.py``), the Triton backends with one launch."""
+        raise NotImplementedError(f"backend {self.name!r} does not build token-slot rows (compute_slot_rows)")
 
     def compute_request_window(self, rows: RequestWindowRows) -> RequestWindowLayout:
-        """A request-window layout (docs/semantics.md #request-window-layouts), in new tensors.
-        Default: the vectorised torch build; backends with a kernel override it."""
-        from .request_window import build_request_window
-
-        return build_request_window(rows, self.config.window_size)
+        """A request-window layout (docs/semantics.md #request-window-layouts), in new tensors. The torch
+        backend builds it with vectorised torch ops (``torch_backend/request_window.py``), the Triton
+        backends with one launch."""
+        raise NotImplementedError(
+            f"backend {self.name!r} does not build request-window layouts (compute_request_window)"
+        )
 
     def make_tile_schedulers(self, num_decode_tokens: int) -> Mapping[str, Any]:
         """One fresh planner object per layer type the model has, None for the rest (the default:

@@ -48,3 +48,10 @@ class HostCache(dict):
                 self.clear()
             self[key] = value
         return value
+
+    def head(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        """``t[:n]`` of a per-request input longer than the step's ``n`` requests (an engine's persistent
+        buffer), kept by the tensor's identity."""
+        key = ("head", n, tensor_key(t))
+        head = self.get(key)
+        return head if head is not None else self.keep(key, t[:n])

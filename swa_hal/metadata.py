@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
 
-from .errors import ConfigError
+from .errors import BatchCapacityError, BatchDtypeError, BatchShapeError, ConfigError
+from .preflight import preflight_tensor
 
 if TYPE_CHECKING:
     from .step_inputs import StepInputs
@@ -211,6 +212,49 @@ class SWAMetadata:
             chunk_size=chunk_size,
             has_compressed=has_compressed,
         )
+
+    def preflight_update(self, device_index: int, capacity: int) -> None:
+        """The preflight of a draft-step update of this metadata (the O(1) host checks, with the helpers of
+        ``preflight.py``): the tensors it reads in place are still what the build checked (an engine may have
+        swapped one for another view), and the sizes it launches with are the build's (an engine that rebuilt
+        the metadata may claim more decode tokens than its rows hold). ``device_index`` and ``capacity``:
+        the builder's."""
+        ndt, nd = self.num_decode_tokens, self.num_decodes
+        for name, value in (("num_decode_tokens", ndt), ("num_decodes", nd)):
+            if value.__class__ is not int:
+                raise BatchDtypeError(name, f"{name} must be an int, got {value!r}")
+        if self.causal.__class__ is not bool:
+            raise BatchDtypeError("causal", f"causal must be a bool, got {self.causal!r}")
+        if not 0 <= ndt <= capacity:
+            raise BatchCapacityError(
+                "num_decode_tokens", f"num_decode_tokens={ndt} is outside [0, {capacity}] (the builder's capacity)"
+            )
+        rows, lens = self.decode_swa_indices, self.decode_swa_lens
+        if rows.shape[0] != ndt or lens.shape[0] != ndt:
+            raise BatchShapeError(
+                "num_decode_tokens",
+                f"num_decode_tokens={ndt}, but the metadata's decode rows hold {rows.shape[0]} rows and lens "
+                f"{lens.shape[0]}: an update rewrites the rows its build made",
+            )
+        num_reqs = self.query_start_loc.shape[0] - 1
+        if not 0 <= nd <= num_reqs:
+            raise BatchShapeError("num_decodes", f"num_decodes={nd} is outside [0, {num_reqs}] (the requests)")
+        preflight_tensor("seq_lens", self.seq_lens, torch.int32, device_index)
+        preflight_tensor("query_start_loc", self.query_start_loc, torch.int32, device_index)
+        preflight_tensor("block_table", self.block_table, torch.int32, device_index, 2)
+        preflight_tensor("slot_mapping", self.slot_mapping, torch.int64, device_index)
+        preflight_tensor("replay_start", self.replay_start, torch.int32, device_index)
+        if self.seq_lens.shape[0] < num_reqs or self.block_table.shape[0] < num_reqs:
+            raise BatchShapeError("seq_lens", f"seq_lens / block_table have fewer rows than the {num_reqs} requests")
+        if self.slot_mapping.shape[0] < self.num_decode_tokens:
+            raise BatchShapeError(
+                "slot_mapping",
+                f"slot_mapping has {self.slot_mapping.shape[0]} entries for {self.num_decode_tokens} decode tokens",
+            )
+        if self.replay_start.shape[0] < num_reqs:
+            raise BatchShapeError(
+                "replay_start", f"replay_start has {self.replay_start.shape[0]} entries for {num_reqs} requests"
+            )
 
     # Aliases under the engines' names.
     @property

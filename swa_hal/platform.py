@@ -1,4 +1,6 @@
-"""What hardware this is. The only module that asks torch (or NVML) about the machine.
+"""What hardware this is. The only module that asks torch (or NVML) about the machine: the platform a
+builder's backend is chosen for (``probe_platform``) and whether a device can hold its builds
+(``builder_device``).
 
 ``PlatformInfo`` is a plain frozen value so tests and ``--assume`` can describe any platform by hand;
 backends decide availability from it alone, never by probing again.
@@ -8,9 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .envs import FALSE_WORDS, TRUE_WORDS, env_flag
+from .errors import DeviceError
+
+if TYPE_CHECKING:
+    import torch
 
 # The keys ``--assume`` takes (PlatformInfo.from_assume), the other spellings it accepts for some, and the
 # prefix of a third-party backend's own facts.
@@ -243,3 +249,40 @@ def probe_platform(device: Any = None) -> PlatformInfo:
     if dev_type not in (None, "cpu", "cuda", "xpu"):
         return PlatformInfo(vendor=dev_type, **common)
     return PlatformInfo(vendor="cpu", **common)
+
+
+def builder_device(device: Any) -> torch.device:
+    """``device`` as the torch.device a builder runs on (``cuda`` with its index), or a ``DeviceError``
+    naming it where no build can run: not a device name torch knows, ``meta`` (no data), or a CUDA or XPU
+    device this torch cannot reach (a CPU-only build, no device visible, an index past the last device).
+    Checked up front: torch's own error for the last kind is an AssertionError from deep inside its lazy
+    initialisation, which names neither the device nor what to do."""
+    import torch
+
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise DeviceError(f"device {device!r} is not a torch device ({' '.join(str(exc).split())})") from None
+    if device.type == "meta":
+        raise DeviceError(
+            f"device {str(device)!r} holds no data (meta tensors have shapes only), so a builder has nowhere "
+            f"to write its outputs: use the engine's device (cpu, cuda, cuda:1, ...)"
+        )
+    if device.type in ("cuda", "xpu"):
+        module = getattr(torch, device.type, None)
+        count = module.device_count() if module is not None and module.is_available() else 0
+        if count == 0:
+            kind = device.type.upper()
+            if device.type == "cuda" and not (torch.version.cuda or torch.version.hip):
+                why = f"this torch ({torch.__version__}) was built without CUDA support"
+            else:
+                why = f"no {kind} device is visible to this process (or this torch was built without {kind} support)"
+            raise DeviceError(f"device {str(device)!r}: {why}; build on 'cpu', or on a device this torch can reach")
+        if device.index is not None and device.index >= count:
+            raise DeviceError(
+                f"device {str(device)!r}: there are {count} {device.type.upper()} device(s) here "
+                f"(indices 0 to {count - 1})"
+            )
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device

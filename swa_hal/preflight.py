@@ -1,13 +1,15 @@
-"""Preflight: the O(1) host checks every build, update and token-slot build runs before its launch, and
-the group table a group build's checked inputs make.
+"""Preflight: the O(1) host checks a build and a draft-step update run before their launch, and the group
+table a group build's checked inputs make.
 
 They read host facts only (dtypes, devices, dimensions, strides, sizes, capacity), never a device
 value, so they cost a few attribute reads and never synchronise. They keep every kernel launch inside
 its inputs and outputs; the rules that need the data are checked by full validation
 (``validation.py``, on request) or by the build itself when it is guarded (``rules.py``,
 docs/semantics.md #guarded-builds). The step's per-request inputs check themselves
-(``StepInputs.preflight``); the checks here are those of each KV-cache group's inputs (a draft update's are the builder's, with
-the same helpers).
+(``StepInputs.preflight``, with the helpers here), and so does the metadata a draft update reads
+(``SWAMetadata.preflight_update``); the checks here are those of each KV-cache group's inputs and the
+DSpark rows' host check of a build's plan (``preflight_noncausal``). Token-slot, ring and request-window
+calls check their own inputs (``slot_rows.py``, ``slot_ring.py``, ``request_window.py``).
 
 Group inputs (docs/semantics.md #group-builds): each KV-cache group's block table and slot mapping,
 handed in as two lists of tensors, stacked in one tensor each, or as a list of block tables with the slot
@@ -24,13 +26,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import torch
 
 from .config import INT32_LIMIT
-from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError
+from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError, SpeculativeModeError
 
 if TYPE_CHECKING:
     from .cache import HostCache
+    from .config import SWAConfig
 
 
 def _refuse(name: str, t: object, want: torch.dtype, device_index: int, ndim: int) -> None:
@@ -128,6 +132,38 @@ def check_unbounded_padding(num_bounds: int, num_reqs: int, query_start_loc_cpu:
 # Address of group g's block table, address of its slot mapping, the table's row stride and width
 # (in elements): one row of the group table the kernel reads.
 GroupRow = tuple[int, int, int, int]
+
+
+def preflight_noncausal(
+    config: SWAConfig, query_start_loc_cpu: torch.Tensor, max_query_len: int, num_decodes: int
+) -> int:
+    """A step's DSpark rows (docs/semantics.md #dspark-rows), its first ``num_decodes`` requests' (the host's
+    split of ``query_start_loc_cpu``): only legal with DSpark, and never truncated. A decode's
+    row needs min(q_r + W, S_r) entries, and its host ``seq_lens_cpu`` is only an upper bound of S_r
+    (vLLM's async scheduling hands in one): the host refuses only a row that cannot fit whatever S_r is,
+    q_r > width (S_r >= q_r); every other row too wide is the device's to find (rule 7 of a guarded
+    build: emptied and recorded), never a refusal of a step that may be valid. Returns the decode rows' width
+    (``config.noncausal_index_width``)."""
+    cfg = config
+    if not cfg.is_dspark:
+        raise SpeculativeModeError(
+            "causal",
+            f"causal=False is only legal with DSpark drafting; speculative_method={cfg.speculative_method!r}",
+        )
+    width = cfg.noncausal_index_width
+    if min(max_query_len, cfg.decode_threshold) > width and num_decodes:
+        qsl_cpu = query_start_loc_cpu.numpy()
+        query = np.diff(qsl_cpu[: num_decodes + 1]).astype(np.int64)
+        over = np.flatnonzero(query > width)
+        if over.size:
+            r = int(over[0])
+            raise SpeculativeModeError(
+                "query_start_loc",
+                f"request {r}: its DSpark row needs at least its {int(query[r])} query tokens, wider than the "
+                f"non-causal width {width}; refusing to truncate",
+                r,
+            )
+    return width
 
 
 class GroupInputs(NamedTuple):

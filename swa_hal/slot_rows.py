@@ -16,9 +16,8 @@ row per query token, each given by its own position, pool row and floor, so no s
 Entry values are ``slot_map[token slot]``; a token slot of -1 gives -1, as does every column at or
 past lens. With ``ring`` (docs/semantics.md #ring-rows, ``slot_ring.py``) the same windows hold rows of a
 per-request SWA ring instead, computed from the positions (no ``req_to_token``, no slot map, no
-``block_slots``). This module holds the inputs, their O(1) host preflight, and the vectorised torch build
-that every backend without a kernel of its own runs (the Triton backends launch
-``kernels/slot_rows.py``).
+``block_slots``). This module holds the inputs and their O(1) host preflight; the builds are the backends'
+(the torch backend's ``torch_backend/slot_rows.py``, the Triton backends' ``kernels/slot_rows.py``).
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ import torch
 
 from .config import INT32_LIMIT, MAX_ROW_WIDTH
 from .errors import BatchCapacityError, BatchDeviceError, BatchDtypeError, BatchShapeError, BlockGeometryError
-from .rules import Violation, record_candidate
-from .slot_ring import SlotRing, build_ring_rows, preflight_ring, row_prefixes
+from .slot_ring import SlotRing, preflight_ring
 
 if TYPE_CHECKING:
     from .config import SWAConfig
@@ -207,101 +205,3 @@ def check_outputs(out: torch.Tensor, lens: torch.Tensor, n: int, width: int, dev
             raise BatchDeviceError(name, f"{name} is on {t.device}; the builder's device is {device}")
         if tuple(t.shape) != shape or not t.is_contiguous():
             raise BatchShapeError(name, f"{name} must be contiguous with shape {shape}; got {tuple(t.shape)}")
-
-
-def _first_bad(values: torch.Tensor, low: int, high: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row: whether an entry lies outside [low, high], which entry is the first, and its value."""
-    bad = torch.ne(values, values.clamp(low, high))
-    any_bad, first = torch.max(bad, 1)
-    return any_bad, first, values.gather(1, first[:, None])[:, 0]
-
-
-def build_slot_rows(
-    rows: SlotRows,
-    window: int,
-    out: torch.Tensor,
-    lens: torch.Tensor,
-    record: torch.Tensor,
-    *,
-    guard: bool,
-    limit: int,
-) -> None:
-    """The torch build of token-slot rows into ``out``/``lens`` (no host sync). Guarded: a row that
-    breaks a rule is handed out empty and the lowest such row is recorded in ``record`` (``rules.py``),
-    with its first broken rule; a fixed number of operations whatever the rows."""
-    if rows.ring is not None:
-        build_ring_rows(rows, window, out, lens, record, guard=guard)
-        return
-    n = rows.num_rows
-    if n == 0:
-        return
-    dev = out.device
-    i64 = torch.int64
-    width = out.shape[1]
-    nb = rows.block
-    cols = torch.arange(width, device=dev)
-    rt, slot_map = rows.req_to_token, rows.slot_map
-    assert rt is not None and slot_map is not None  # the preflight's
-    num_pools, positions = rt.shape
-    p, pool, head = row_prefixes(rows, rows.row_ends.to(i64))
-    pool_at = pool.clamp(0, max(num_pools - 1, 0))
-    if nb:
-        ctx = p.clamp(0, window)
-        if rows.floors is not None:
-            floor = rows.floors.to(i64)[pool_at]
-            ctx = torch.minimum(ctx, (p - floor).clamp_min(0))
-        row_lens = torch.where(p >= 0, ctx + nb, 0)
-        first_q = p - ctx  # context positions ascend from P - ctx
-        top = p - 1  # the highest context position read
-    else:
-        lo = (p - (window - 1)).clamp_min(0)
-        if rows.floors is not None:
-            lo = torch.maximum(lo, rows.floors[:n].to(i64))
-        row_lens = (p + 1 - lo).clamp_min(0)
-        ctx = row_lens
-        first_q = p  # positions descend from p
-        top = p
-    live = cols[None, :] < row_lens[:, None]
-    # Token slots: req_to_token[pool, q], read through one flat index (q clamped into the pool's row).
-    if positions and num_pools:
-        # The pools' rows as one flat view (unit inner stride: the preflight's), row r at r * stride(0).
-        table = rt.as_strided(((num_pools - 1) * rt.stride(0) + positions,), (1,))
-        base = pool_at * rt.stride(0)
-        q = first_q[:, None] + cols if nb else first_q[:, None] - cols
-        index = q.clamp_(0, positions - 1).add_(base[:, None])
-        token = torch.index_select(table, 0, index.view(-1)).view(n, width)
-    else:
-        token = torch.full((n, width), -1, dtype=rt.dtype, device=dev)
-    if nb:
-        assert rows.block_slots is not None and head is not None
-        at = (head[:, None] + cols[None, :] - ctx[:, None]).clamp_(0, n - 1)
-        from_table = cols[None, :] < ctx[:, None]
-        token = torch.where(from_table, token, torch.index_select(rows.block_slots, 0, at.view(-1)).view(n, width))
-    token = torch.where(live, token, -1)
-    map_len = slot_map.shape[0]
-    if map_len:
-        at_map = token.clamp(0, map_len - 1)
-        has = (at_map == token) & live
-        slot = torch.where(has, torch.index_select(slot_map, 0, at_map.view(-1)).view(n, width), -1)
-    else:
-        slot = torch.full((n, width), -1, dtype=slot_map.dtype, device=dev)
-    if guard:
-        # Rules 8-11 per row, in order (rules.py): pool, position, token slot, cache slot. Entries past
-        # lens are -1 here, which both slot rules accept.
-        bad_token, _, token_value = _first_bad(token, -1, map_len - 1)
-        bad_slot, _, slot_value = _first_bad(slot, -1, limit - 1)
-        broken_by = torch.stack(
-            [(row_lens > 0) & (pool != pool_at), (ctx > 0) & (top >= positions), bad_token, bad_slot]
-        )
-        broken, rule = torch.max(broken_by, 0)
-        values = torch.stack([pool, top, token_value.to(i64), slot_value.to(i64)])
-        value = values.gather(0, rule[None, :])[0].clamp_(-INT32_LIMIT - 1, INT32_LIMIT)
-        key = torch.where(broken, torch.arange(n, device=dev), n)
-        first = key.argmin(0, keepdim=True)
-        found = torch.index_select(broken, 0, first)
-        new = torch.cat([found, rule[first] + int(Violation.POOL), first, value[first]]).to(record.dtype)
-        record_candidate(record, found, new)
-        row_lens = torch.where(broken, 0, row_lens)
-        slot = torch.where(broken[:, None], -1, slot)
-    out.copy_(slot)
-    lens.copy_(row_lens)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .backend import Backend, BuildPlan, update_plan
+from .backend import Backend
 from .config import INT32_LIMIT
 from .envs import env_flag
 from .errors import BackendUnavailableError
@@ -19,6 +19,7 @@ from .kernels.launch import CompileKey, KeyedLaunch, record_fields
 from .kernels.request_window_launch import RequestWindowArgs
 from .kernels.rows_launch import CLEAR_BLOCK, RowsArgs, RowsFacts, RowsKey
 from .kernels.slot_rows_launch import SlotRowsArgs
+from .plan import BuildPlan, update_plan
 from .preflight import GroupInputs, group_rows
 from .request_window import RequestWindowLayout
 
@@ -180,10 +181,10 @@ class TritonBackend(Backend):
         this row kind, whose builder-owned fields were set once. Every other field is set here."""
         inputs = plan.inputs
         ptr = self._rows.pointer
-        args = self._records.get(plan.causal) if buffers is self._buffers else None
+        args = self._records.get(inputs.causal) if buffers is self._buffers else None
         no_spans = self._no_spans
         if args is None:  # buffers this backend was not given (a caller's own): a record of their own
-            args = rows_record(buffers, plan.causal, ptr)
+            args = rows_record(buffers, inputs.causal, ptr)
             no_spans = (ptr(buffers.no_span_indptr), ptr(buffers.span_starts), ptr(buffers.span_ends))
         spans: ImageSpans | None = inputs.image_spans if plan.images else None
         if spans is None:
@@ -204,7 +205,7 @@ class TritonBackend(Backend):
         args.bt_stride = table.stride()[0]
         args.max_pages = table.shape[1]
         args.num_reqs = plan.num_reqs
-        args.num_tokens = plan.num_tokens
+        args.num_tokens = inputs.num_tokens
         args.num_decodes = plan.num_decodes
         args.num_prefills = plan.num_prefills
         args.num_decode_tokens = ndt
@@ -220,7 +221,7 @@ class TritonBackend(Backend):
         args.prefill_guess_len = plan.prefill_guess_len
         # Into int32: a validated build admits an overstated max_query_len of any size (the default path's
         # preflight bounds it by the capacity); INT32_LIMIT still admits every query length.
-        args.max_query_len = min(plan.max_query_len, INT32_LIMIT)
+        args.max_query_len = min(inputs.max_query_len, INT32_LIMIT)
         args.decode_query_max = min(plan.decode_query_max, INT32_LIMIT)
         args.max_model_len = self.config.max_model_len if plan.build_checks else INT32_LIMIT
         args.build_checks = int(plan.build_checks)
@@ -236,7 +237,7 @@ class TritonBackend(Backend):
         buffers: MetadataBuffers,
         groups: int = 1,
     ) -> None:
-        key = self._rows.key_for((plan.causal, self.guard, groups > 1))  # RowsFacts' values (KeyedLaunch)
+        key = self._rows.key_for((plan.inputs.causal, self.guard, groups > 1))  # RowsFacts' values (KeyedLaunch)
         args = self.rows_args(key, plan, table, slots, buffers, groups)
         self._rows(key, args.programs(), args)
 

@@ -11,7 +11,7 @@ there, by parsing the tree (nothing is imported):
   top folder (``kernels/launch.py``, ``h200/info.txt``): the file or folder is there (``*`` matches a name part);
 * a bare file name (``rules.py``, ``bench_cpu.txt``): a file of that name is in the repository, or a script
   of it names it (an output it writes);
-* a Python file's path followed by ``:name`` or ``::name`` (``swa_hal/builder.py:preflight_update``): the file
+* a Python file's path followed by ``:name`` or ``::name`` (``swa_hal/preflight.py:preflight_noncausal``): the file
   defines ``name``;
 * a dotted name in one of the packages, the built-in backends' and the example plugin's included
   (``swa_hal.torch_backend.guard.TorchGuard.requests_clean``, ``swa_hal.integrations.sglang:load_plugin``):
@@ -471,7 +471,7 @@ def test_a_stale_name_of_each_kind_is_found():
         "swa_hal/guard.py": "swa_hal/rules.py",
         "kernels/guard.py": "kernels/rules.py",
         "benchmarks/results/h200/gone.txt": "benchmarks/results/h200/info.txt",
-        "swa_hal/builder.py:_no_such_name": "swa_hal/builder.py:preflight_update",
+        "swa_hal/preflight.py:_no_such_name": "swa_hal/preflight.py:preflight_noncausal",
         "swa_hal.reference_backend": "swa_hal.torch_backend",
         "swa_hal.torch_backend.guard.violation_error": "swa_hal.rules.violation_error",
         "swa_hal.torch_backend:ReferenceBackend": "swa_hal.torch_backend:TorchBackend",

@@ -48,7 +48,7 @@ class CpuOfABuffer(CudaBackend):
 
 class AllocatesInCompute(CudaBackend):
     def compute(self, plan, batch, buffers):
-        scratch = torch.zeros(plan.num_tokens, dtype=torch.int32, device=self.device)
+        scratch = torch.zeros(plan.inputs.num_tokens, dtype=torch.int32, device=self.device)
         super().compute(plan, batch, buffers)
         scratch.add_(1)
 

@@ -13,7 +13,7 @@ import torch
 from helpers import BACKEND_PLATFORMS, TRITON_BACKENDS, make_builder, swept
 
 from swa_hal import RequestWindowRows, SWAConfig
-from swa_hal.request_window import build_request_window
+from swa_hal.torch_backend.request_window import build_request_window
 from swa_hal.testing import address_strict
 from swa_hal.errors import BatchCapacityError, BatchConsistencyError, BatchDtypeError, BatchRangeError, BatchShapeError
 

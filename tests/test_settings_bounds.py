@@ -18,10 +18,10 @@ from swa_hal import ConfigError, RequestWindowRows, SWAConfig, SWAMetadataBuilde
 from swa_hal import errors as E
 from swa_hal.integrations import EngineSWABuilder
 from swa_hal.integrations import sglang as S
-from swa_hal.request_window import build_request_window
 from swa_hal.scenarios import synthesize_batch
 from swa_hal.slot_ring import SlotRing
 from swa_hal.slot_rows import SlotRows
+from swa_hal.torch_backend.request_window import build_request_window
 
 BACKENDS = tuple(BACKEND_PLATFORMS)
 MAX_ROW = 2**20

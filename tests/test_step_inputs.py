@@ -21,7 +21,7 @@ from swa_hal.integrations.engine import (
     same_sources,
     step_sources,
 )
-from swa_hal.backend import update_inputs
+from swa_hal.plan import update_inputs
 from swa_hal.step_inputs import FIELDS, StepInputs
 from swa_hal.testing.batches import random_batch
 from swa_hal.testing.groups import other_groups

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 # Requests compared per step of the owner search: the whole batch in one step up to 512 requests.
 MAX_SEARCH_BLOCK = 512
+# Rows per lens-clearing program and prefills per gather program: fixed sizes the kernel reads as its own
+# constants (not compile-key fields), and the grid divides by.
 CLEAR_BLOCK = 1024
 GATHER_BLOCK = 256
 
@@ -36,15 +38,11 @@ class RowsKey(CompileKey):
     BLOCK_TP: int
     BLOCK_WP: int
     SEARCH_BLOCK: int
-    CLEAR_BLOCK: int
-    GATHER_BLOCK: int
     MAX_IMAGE: int
     NONCAUSAL: bool
     GUARD: bool
     BLOCK_LIMIT: int
     GROUPED: bool
-    DECODE_ROW_PAGES: int
-    PREFILL_ROW_PAGES: int
     CLAMP: bool
 
 
@@ -144,12 +142,6 @@ def search_block(config: SWAConfig) -> int:
     return min(MAX_SEARCH_BLOCK, next_pow2(max(16, config.max_num_seqs)))
 
 
-def row_pages(width: int, block_size: int) -> int:
-    """The most pages ``width`` consecutive positions can touch: up to 4, the kernel loads each page's
-    block once per row instead of once per entry."""
-    return (width + block_size - 2) // block_size + 1
-
-
 def rows_key(
     config: SWAConfig, *, causal: bool, clamp: bool, device_type: str, guard: bool = False, grouped: bool = False
 ) -> RowsKey:
@@ -166,15 +158,11 @@ def rows_key(
         BLOCK_TP=block_tp,
         BLOCK_WP=block_wp,
         SEARCH_BLOCK=search_block(config),
-        CLEAR_BLOCK=CLEAR_BLOCK,
-        GATHER_BLOCK=GATHER_BLOCK,
         MAX_IMAGE=config.max_image_tokens,
         NONCAUSAL=not causal,
         GUARD=guard,
         BLOCK_LIMIT=block_limit(config),
         GROUPED=grouped,
-        DECODE_ROW_PAGES=row_pages(width, config.block_size),
-        PREFILL_ROW_PAGES=row_pages(config.prefill_index_width, config.block_size),
         CLAMP=clamp,
     )
 

@@ -28,9 +28,13 @@ Every masked load passes ``other=`` (XPU leaves masked lanes undefined otherwise
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import triton
 import triton.language as tl
 
+from .rows_launch import CLEAR_BLOCK as CLEAR_ROWS
+from .rows_launch import GATHER_BLOCK as GATHER_ROWS
 from .rows_launch import ROWS_ENGINE, ROWS_INTS
 from .rules import (
     BLOCK,
@@ -53,20 +57,95 @@ NO_SPAN = tl.constexpr(1073741824)
 # A guarded build looks at no more spans per block of rows than this (a malformed indptr could
 # otherwise make a program loop for billions of iterations); rows past it are checked by their own block.
 MAX_SPAN_SCAN = tl.constexpr(65536)
+# Rows per lens-clearing program and prefills per gather program: fixed sizes, which the host's grid
+# (``rows_launch.RowsArgs.programs``) divides by too.
+CLEAR_BLOCK = tl.constexpr(CLEAR_ROWS)
+GATHER_BLOCK = tl.constexpr(GATHER_ROWS)
+
+
+# The launch facts the helpers share, bundled by the kernel and read by name (Triton keeps a NamedTuple's
+# fields through jit calls; each is a compile-time bundle of the kernel's own values, so no instruction
+# changes). A field added to one is read where it is used, and no unpacking elsewhere can shift.
+class Requests(NamedTuple):
+    """The requests' inputs: their offsets and lengths (``host_seq_ptr``: the prefills' host seq_lens on the
+    device, rule 15, or seq_lens itself), the replay bounds the build reads, and the owner search's size."""
+
+    qsl_ptr: Any
+    seq_lens_ptr: Any
+    host_seq_ptr: Any
+    replay_ptr: Any
+    num_reqs: Any
+    search_chunks: Any
+
+
+class Spans(NamedTuple):
+    """The image span CSR (docs/semantics.md #vision-spans) and its span count."""
+
+    indptr_ptr: Any
+    starts_ptr: Any
+    ends_ptr: Any
+    count: Any
+
+
+class Plan(NamedTuple):
+    """The host's split and bounds (docs/semantics.md #split, #guarded-builds): the sizes, rule 14's query caps
+    (``max_query_len``, ``decode_query_max``) and the requests with a bound (``num_bounds``), rule 16's bound,
+    whether rule 17 is checked (``build_checks``) and whether a prefill follows a draft update's decodes."""
+
+    num_tokens: Any
+    num_decodes: Any
+    num_decode_tokens: Any
+    max_query_len: Any
+    decode_query_max: Any
+    max_model_len: Any
+    build_checks: Any
+    num_bounds: Any
+    prefill_follows: Any
+
+
+class Table(NamedTuple):
+    """One KV-cache group's block table and slot mapping, the table's row stride and its width in pages."""
+
+    block_table_ptr: Any
+    slot_mapping_ptr: Any
+    stride: Any
+    pages: Any
+
+
+class Part(NamedTuple):
+    """A program's part of the rows: its first row, the part's row count and first token, and the owner
+    guess (the part's first request, and the query length its requests likely have)."""
+
+    first_row: Any
+    num_rows: Any
+    token_offset: Any
+    guess_req: Any
+    guess_len: Any
+
+
+class Out(NamedTuple):
+    """A part's outputs: its rows and their lengths."""
+
+    indices_ptr: Any
+    lens_ptr: Any
+
+
+class Shared(NamedTuple):
+    """The per-token outputs the groups share, and the violation record."""
+
+    token_to_req_ptr: Any
+    is_valid_ptr: Any
+    left_ptr: Any
+    right_ptr: Any
+    violation_ptr: Any
 
 
 @triton.jit
 def _owner_of(
     tok,
     row_ok,
-    qsl_ptr,
-    seq_lens_ptr,
-    replay_ptr,
-    num_reqs,
-    search_chunks,
-    guess_req,
-    guess_tok,
-    guess_len,
+    requests,
+    part,
     BLOCK_T: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr,
     EAGER_PADDING: tl.constexpr,
@@ -76,8 +155,8 @@ def _owner_of(
     """Request owning each token (the number of ends qsl[1..R] at or before it; R, past the scheduled
     tokens, maps to 0), with the request's start and end offsets, sequence length and replay bound.
 
-    A batch whose requests of this segment are all ``guess_len`` long (decode, MTP, equal prefill
-    chunks) takes a shortcut: the owner of t is guess_req + (t - guess_tok) // guess_len, and its
+    A batch whose requests of this segment are all ``part.guess_len`` long (decode, MTP, equal prefill
+    chunks) takes a shortcut: the owner of t is guess_req + (t - token_offset) // guess_len, and its
     offsets, length and bound are loaded with the check, in one round of loads; only a block with a
     wrong guess searches, then loads.
 
@@ -90,7 +169,11 @@ def _owner_of(
     A guarded build takes the shortcut only where the offsets never decrease: a guess inside its
     request's offsets is then its owner, but where qsl decreases somewhere the count of ends can differ
     from it (docs/semantics.md #guarded-builds), so every block counts."""
-    guess = tl.minimum(tl.maximum(guess_req + (tok - guess_tok) // tl.maximum(guess_len, 1), 0), num_reqs - 1)
+    qsl_ptr, seq_lens_ptr, replay_ptr = requests.qsl_ptr, requests.seq_lens_ptr, requests.replay_ptr
+    num_reqs, search_chunks = requests.num_reqs, requests.search_chunks
+    guess = tl.minimum(
+        tl.maximum(part.guess_req + (tok - part.token_offset) // tl.maximum(part.guess_len, 1), 0), num_reqs - 1
+    )
     lo = tl.load(qsl_ptr + guess)
     hi = tl.load(qsl_ptr + guess + 1)
     seq = tl.load(seq_lens_ptr + guess)
@@ -210,11 +293,9 @@ def _image_visibility(
     right stops at the request's last position seq - 1 (a span past it: a chunk that ends inside its
     image; docs/semantics.md #vision-spans): min(min(e, seq - 1) - pos, MAX_IMAGE), 0 where pos is past
     seq - 1 (only where the offsets decrease). Where pos < seq, seq - 1 does not wrap and min(e, seq - 1)
-    >= pos inside the span, so the capped distance is exact. ``spans``: the span CSR (indptr, starts, ends) and
-    its span count."""
-    span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans = spans
-    lo = tl.load(span_indptr_ptr + req, mask=row_ok, other=0)
-    hi = tl.load(span_indptr_ptr + req + 1, mask=row_ok, other=0)
+    >= pos inside the span, so the capped distance is exact."""
+    lo = tl.load(spans.indptr_ptr + req, mask=row_ok, other=0)
+    hi = tl.load(spans.indptr_ptr + req + 1, mask=row_ok, other=0)
     left = tl.zeros([BLOCK_T], dtype=tl.int32)
     right = tl.zeros([BLOCK_T], dtype=tl.int32)
     bad_span = tl.full([BLOCK_T], NO_SPAN, dtype=tl.int32)
@@ -223,14 +304,14 @@ def _image_visibility(
     stop = tl.max(tl.where(row_ok, hi, 0), axis=0)
     # Only spans that exist are read, whatever the CSR says (a malformed one is the guard's to report).
     first = tl.maximum(first, 0)
-    stop = tl.minimum(stop, num_spans)
+    stop = tl.minimum(stop, spans.count)
     if GUARD:
         stop = tl.minimum(stop, first + MAX_SPAN_SCAN)
     written = pos < seq
     last = seq - 1
     for i in range(first, stop):
-        a = tl.load(span_starts_ptr + i)
-        e = tl.load(span_ends_ptr + i)
+        a = tl.load(spans.starts_ptr + i)
+        e = tl.load(spans.ends_ptr + i)
         mine = (i >= lo) & (i < hi)
         inside = mine & (pos >= a) & (pos <= e)
         left = tl.where(inside, _capped_distance(pos, a, MAX_IMAGE - 1), left)
@@ -243,17 +324,16 @@ def _image_visibility(
 
 @triton.jit
 def _decode_without_images(
-    visibility, tok_at, shared, pos, req, row_ok, seq, spans, BLOCK_T: tl.constexpr, MAX_IMAGE: tl.constexpr,
+    out, tok_at, shared, pos, req, row_ok, seq, spans, BLOCK_T: tl.constexpr, MAX_IMAGE: tl.constexpr,
     GUARD: tl.constexpr,
 ):  # fmt: skip
     """Decode rows (causal or DSpark) of a vision model see no image: their visibility is 0. Guarded, the
     first span of the row's request that breaks rule 4, else NO_SPAN: the rule holds for every request,
     decodes included (decode rows never use spans, but the request is malformed; docs/semantics.md
-    #guarded-builds). ``visibility``: the left and right outputs."""
-    left_ptr, right_ptr = visibility
+    #guarded-builds). ``out``: the per-token outputs (``Shared``)."""
     zero = tl.zeros([BLOCK_T], dtype=tl.int32)
-    tl.store(left_ptr + tok_at, zero, mask=shared)
-    tl.store(right_ptr + tok_at, zero, mask=shared)
+    tl.store(out.left_ptr + tok_at, zero, mask=shared)
+    tl.store(out.right_ptr + tok_at, zero, mask=shared)
     bad_span = tl.full([BLOCK_T], NO_SPAN, dtype=tl.int32)
     if GUARD:
         bad_span = _image_visibility(pos, req, row_ok, seq, spans, BLOCK_T, MAX_IMAGE, GUARD)[2]
@@ -273,14 +353,13 @@ def _split_broken(req, begin, end, query, plan):
     (docs/semantics.md #guarded-builds): longer than max_query_len, ending past the batch's tokens, a
     decode longer than max_decode_query_len or ending past the decode tokens, a prefill starting before
     them, a request past the replay bounds (padding in the host copy, without a bound) with query tokens.
-    Compared, never subtracted. ``plan``: the host's split (``_window_rows``)."""
-    num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, _, _, num_bounds, _ = plan
-    decode = req < num_decodes
+    Compared, never subtracted. ``plan``: the host's split (``Plan``)."""
+    decode = req < plan.num_decodes
     # A request the host copy makes padding has no query token: its cap is 0.
-    cap = tl.where(req < num_bounds, max_query_len, 0)
-    broken = (query > cap) | (end > num_tokens)
-    broken |= decode & ((query > decode_query_max) | (end > num_decode_tokens))
-    return broken | (~decode & (begin < num_decode_tokens))
+    cap = tl.where(req < plan.num_bounds, plan.max_query_len, 0)
+    broken = (query > cap) | (end > plan.num_tokens)
+    broken |= decode & ((query > plan.decode_query_max) | (end > plan.num_decode_tokens))
+    return broken | (~decode & (begin < plan.num_decode_tokens))
 
 
 @triton.jit
@@ -417,8 +496,7 @@ def _request_rules(kind, value, checked, tok, req, begin, end, seq, requests, pl
     """The request-level rules a guarded build checks at each row with a slot (docs/semantics.md
     #guarded-builds): 13 (a slot past the scheduled tokens), 1, 2, 16, 14 and, in prefill programs, 15.
     Returns the rows' kinds, values and the requests their records name."""
-    qsl_ptr, _, host_seq_ptr, _, num_reqs, _ = requests
-    _, num_decodes, _, _, _, max_model_len, _, _, prefill_follows = plan
+    qsl_ptr, num_reqs, prefill_follows = requests.qsl_ptr, requests.num_reqs, plan.prefill_follows
     query = end - begin
     # A row past the scheduled tokens (padding) has no request: a slot there is the engine's mistake,
     # and request 0's window would be handed out for it (its value: the row's token). In a draft-step
@@ -435,7 +513,7 @@ def _request_rules(kind, value, checked, tok, req, begin, end, seq, requests, pl
     # INT32_MIN) and wraps to a prefix >= 0. A query below 0 with end >= begin wrapped (begin near
     # INT32_MIN): it is past int32, longer than any S_r.
     kind, value = _flag(kind, value, checked & ((seq < query) | (query < 0)), SEQ_SHORT, seq)
-    kind, value = _flag(kind, value, checked & (seq > max_model_len), MODEL_LEN, seq)
+    kind, value = _flag(kind, value, checked & (seq > plan.max_model_len), MODEL_LEN, seq)
     # The split was made on the host from the host copies; the rows follow the device offsets. A
     # request whose device offsets the split does not admit breaks rule 14 (its value: the query).
     kind, value = _flag(kind, value, checked & _split_broken(req, begin, end, query, plan), HOST_SPLIT, query)
@@ -443,8 +521,8 @@ def _request_rules(kind, value, checked, tok, req, begin, end, seq, requests, pl
         # Rule 15 (prefill programs; a decode program's row of a prefill broke rule 14 already): the
         # chunk plan reads a prefill's host seq_lens, which must be the device's (its value: the host's).
         # host_seq_ptr is seq_lens itself where there is no host copy to hold (equal by construction).
-        host = tl.load(host_seq_ptr + req, mask=checked, other=0)
-        kind, value = _flag(kind, value, checked & (req >= num_decodes) & (host != seq), HOST_SEQ, host)
+        host = tl.load(requests.host_seq_ptr + req, mask=checked, other=0)
+        kind, value = _flag(kind, value, checked & (req >= plan.num_decodes) & (host != seq), HOST_SEQ, host)
     return kind, value, tl.where(inside, num_reqs, req)
 
 
@@ -463,7 +541,7 @@ def _row_window(
     seq,
     bound,
     num_decodes,
-    visibility,
+    shared_out,
     spans,
     WINDOW: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -475,9 +553,8 @@ def _row_window(
 ):
     """Each row's window, (start, lens) before the row's width caps it: causal (from its replay bound,
     widened by image visibility in prefill programs of a vision model, docs/semantics.md #vision-spans)
-    or DSpark (#dspark-rows); with the guard's rules 3 and 4. ``visibility``: the left and right outputs;
-    ``spans``: the image span CSR and its span count."""
-    left_ptr, right_ptr = visibility
+    or DSpark (#dspark-rows); with the guard's rules 3 and 4. ``shared_out``: the per-token outputs
+    (``Shared``), whose image visibility prefill rows write."""
     prefix = seq - (end - begin)
     pos = seq - end + tok  # P_r + (t - qsl[r])
     if NONCAUSAL:
@@ -493,8 +570,8 @@ def _row_window(
         last = pos
         if IMAGES:
             left, right, bad_span = _image_visibility(pos, req, row_ok, seq, spans, BLOCK_T, MAX_IMAGE, GUARD)
-            tl.store(left_ptr + tok_at, left, mask=shared)
-            tl.store(right_ptr + tok_at, right, mask=shared)
+            tl.store(shared_out.left_ptr + tok_at, left, mask=shared)
+            tl.store(shared_out.right_ptr + tok_at, right, mask=shared)
             start = tl.maximum(pos - (WINDOW - 1) - tl.maximum(left - (WINDOW - 1), 0), 0)
             last = pos + right
         else:
@@ -510,7 +587,7 @@ def _row_window(
         # Decode rows (the decode programs', which never work out images), causal or DSpark, see no image:
         # their visibility is cleared and their spans checked.
         bad_span = _decode_without_images(
-            visibility, tok_at, shared, pos, req, row_ok, seq, spans, BLOCK_T, MAX_IMAGE, GUARD
+            shared_out, tok_at, shared, pos, req, row_ok, seq, spans, BLOCK_T, MAX_IMAGE, GUARD
         )
         if GUARD:
             kind, value = _flag(kind, value, checked & (bad_span != NO_SPAN), SPAN, bad_span)
@@ -571,51 +648,37 @@ def _window_rows(
     MAX_IMAGE: tl.constexpr,
     GUARD: tl.constexpr,
     BLOCK_LIMIT: tl.constexpr,
-    ROW_PAGES: tl.constexpr,
     EAGER_PADDING: tl.constexpr,
     CHECK_HOST_SEQ: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
     """One program's block of decode or prefill rows (docs/semantics.md #causal-rows, #dspark-rows): each
     row's owner, its per-token helpers, its window's entries and length, guarded where GUARD. The launch
-    facts come in named tuples of the kernel's arguments (``swa_metadata_kernel``):
-
-      out         (indices, lens) of this part's rows
-      shared_out  (token_to_req, is_valid, left, right, violation record): per token, shared by the groups
-      requests    (query_start_loc, seq_lens, host seq_lens, replay bounds, num_reqs, search_chunks)
-      table       (block table, slot mapping, the table's row stride, its width)
-      spans       (span indptr, starts, ends, span count)
-      plan        the host's split and bounds: (num_tokens, num_decodes, num_decode_tokens,
-                  max_query_len, decode_query_max, max_model_len, build_checks, num_bounds,
-                  prefill_follows)
-      part        (first row, row count, token offset, guessed first request, guessed query length)
+    facts come in the named tuples the kernel bundles its arguments in (``swa_metadata_kernel``): ``out``
+    (``Out``, this part's rows), ``shared_out`` (``Shared``, per token, shared by the groups), ``requests``
+    (``Requests``), ``table`` (``Table``, this group's), ``spans`` (``Spans``), ``plan`` (``Plan``) and
+    ``part`` (``Part``, this program's rows).
     """
-    out_idx_ptr, out_lens_ptr = out
-    token_to_req_ptr, is_valid_ptr, left_ptr, right_ptr, violation_ptr = shared_out
-    qsl_ptr, seq_lens_ptr, _, replay_ptr, num_reqs, search_chunks = requests
-    block_table_ptr, slot_mapping_ptr, bt_stride, max_pages = table
-    num_tokens, num_decodes, _, _, _, _, build_checks, _, _ = plan
-    row0, n_rows, token_offset, guess_req, guess_len = part
-    rows, row_ok, rows_at = _row_block(row0, n_rows, BLOCK_T, CLAMP)
-    tok = token_offset + rows
+    max_pages = table.pages
+    rows, row_ok, rows_at = _row_block(part.first_row, part.num_rows, BLOCK_T, CLAMP)
+    tok = part.token_offset + rows
     tok_at = tok
     if CLAMP:
-        tok_at = tl.minimum(tok, num_tokens - 1)
+        tok_at = tl.minimum(tok, plan.num_tokens - 1)
 
     # Issued before the owner check: a load after a block-wide reduction waits for it.
-    slot = tl.load(slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
+    slot = tl.load(table.slot_mapping_ptr + tok_at, mask=row_ok, other=-1)
     req, begin, end, seq, bound = _owner_of(
-        tok, row_ok, qsl_ptr, seq_lens_ptr, replay_ptr, num_reqs, search_chunks, guess_req, token_offset, guess_len,
-        BLOCK_T, SEARCH_BLOCK, EAGER_PADDING, GUARD, CLAMP,
-    )  # fmt: skip
+        tok, row_ok, requests, part, BLOCK_T, SEARCH_BLOCK, EAGER_PADDING, GUARD, CLAMP
+    )
     valid = slot >= 0
     # Per-request outputs are shared by every KV-cache group: the first group (record_group 0 in a plain
     # build, 1 in a group build) writes them. A select rather than `row_ok & (record_group <= 1)`: Triton's
     # interpreter widens a scalar comparison to int32 when it meets a block, and triton 3.9's refuses an
     # int32 mask (docs/kernels.md #triton-versions); compiled, both are one predicate.
     shared = tl.where(record_group <= 1, row_ok, False)
-    tl.store(token_to_req_ptr + tok_at, req, mask=shared)
-    tl.store(is_valid_ptr + tok_at, valid, mask=row_ok)
+    tl.store(shared_out.token_to_req_ptr + tok_at, req, mask=shared)
+    tl.store(shared_out.is_valid_ptr + tok_at, valid, mask=row_ok)
 
     kind = tl.zeros([BLOCK_T], dtype=tl.int32)
     value = tl.zeros([BLOCK_T], dtype=tl.int32)
@@ -625,8 +688,8 @@ def _window_rows(
             kind, value, checked, tok, req, begin, end, seq, requests, plan, CHECK_HOST_SEQ
         )
     start, lens, kind, value = _row_window(
-        kind, value, checked, shared, row_ok, tok, tok_at, req, begin, end, seq, bound, num_decodes,
-        (left_ptr, right_ptr), spans, WINDOW, BLOCK_T, NONCAUSAL, IMAGES, CLEAR_IMAGES, MAX_IMAGE, GUARD,
+        kind, value, checked, shared, row_ok, tok, tok_at, req, begin, end, seq, bound, plan.num_decodes,
+        shared_out, spans, WINDOW, BLOCK_T, NONCAUSAL, IMAGES, CLEAR_IMAGES, MAX_IMAGE, GUARD,
     )  # fmt: skip
     if GUARD and NONCAUSAL:
         kind, value = _flag(kind, value, checked & (lens > WIDTH), ROW_WIDTH, lens)
@@ -635,10 +698,12 @@ def _window_rows(
     # reference does (docs/semantics.md #vision-spans).
     lens = tl.where(checked, tl.minimum(lens, WIDTH), 0)
 
-    row_table = block_table_ptr + req * bt_stride
+    row_table = table.block_table_ptr + req * table.stride
+    # The most pages a row of WIDTH consecutive positions can touch: up to 4, each page's block is loaded
+    # once per row instead of once per entry.
     base, kind, value = _row_bases(
-        row_table, start, lens, max_pages, kind, value, BLOCK_SIZE, BLOCK_T, BLOCK_W, BLOCK_LIMIT, ROW_PAGES, GUARD,
-        CLAMP,
+        row_table, start, lens, max_pages, kind, value, BLOCK_SIZE, BLOCK_T, BLOCK_W, BLOCK_LIMIT,
+        (WIDTH + BLOCK_SIZE - 2) // BLOCK_SIZE + 1, GUARD, CLAMP,
     )  # fmt: skip
     if GUARD:
         # A broken row is handed out empty: zeroing its lens empties it entry by entry for free.
@@ -646,8 +711,8 @@ def _window_rows(
         # Rule 17 after: a row whose slot_mapping entry is not its own slot is recorded and keeps its rows,
         # which the table and seq_lens define inside the cache (docs/semantics.md #guarded-builds).
         kind, value = _own_slot(
-            kind, value, checked, lens, seq - end + tok, tok, slot, row_table, max_pages, build_checks, BLOCK_SIZE,
-            CLAMP,
+            kind, value, checked, lens, seq - end + tok, tok, slot, row_table, max_pages, plan.build_checks,
+            BLOCK_SIZE, CLAMP,
         )  # fmt: skip
     cols = tl.arange(0, BLOCK_W)
     idx = tl.where(cols[None, :] < lens[:, None], base + cols[None, :], -1)
@@ -659,11 +724,11 @@ def _window_rows(
         store_ok = row_ok[:, None]  # the same along a row: the compiler may store vectors
     else:
         store_ok = row_ok[:, None] & (cols[None, :] < WIDTH)
-    tl.store(out_idx_ptr + rows_at[:, None] * WIDTH + cols_at[None, :], idx, mask=store_ok)
-    tl.store(out_lens_ptr + rows_at, lens, mask=row_ok)
+    tl.store(out.indices_ptr + rows_at[:, None] * WIDTH + cols_at[None, :], idx, mask=store_ok)
+    tl.store(out.lens_ptr + rows_at, lens, mask=row_ok)
     if GUARD:
         # After the stores: its block-wide reduction would otherwise hold them back.
-        _record(violation_ptr, kind, named, value, rows, record_group)
+        _record(shared_out.violation_ptr, kind, named, value, rows, record_group)
 
 
 @triton.jit
@@ -683,15 +748,13 @@ def _gather_lens(
     """The prefills' gather lengths (docs/semantics.md #prefill-metadata), GATHER_BLOCK prefills per
     program (``program``: this one's index among the gather programs), shared by the KV-cache groups;
     ``requests``, ``spans`` and ``plan`` as ``_window_rows`` takes them."""
-    qsl_ptr, seq_lens_ptr, host_seq_ptr, replay_ptr, _, _ = requests
-    _, num_decodes, _, _, _, max_model_len, _, _, _ = plan
     _, real, i = _row_block(program * GATHER_BLOCK, num_prefills, GATHER_BLOCK, CLAMP)
-    req = num_decodes + i
-    seq = tl.load(seq_lens_ptr + req, mask=real, other=0)
-    begin = tl.load(qsl_ptr + req, mask=real, other=0)
-    end = tl.load(qsl_ptr + req + 1, mask=real, other=0)
+    req = plan.num_decodes + i
+    seq = tl.load(requests.seq_lens_ptr + req, mask=real, other=0)
+    begin = tl.load(requests.qsl_ptr + req, mask=real, other=0)
+    end = tl.load(requests.qsl_ptr + req + 1, mask=real, other=0)
     query = end - begin
-    bound = tl.load(replay_ptr + req, mask=real, other=0)
+    bound = tl.load(requests.replay_ptr + req, mask=real, other=0)
     visible = tl.minimum(tl.maximum(seq - query - bound, 0), WINDOW - 1)
     gather = query + visible
     if GUARD:
@@ -700,9 +763,9 @@ def _gather_lens(
         # (docs/semantics.md #guarded-builds). Compared, not subtracted (the row programs' rules 1 and
         # 2): a query that wrapped is past int32.
         broken = (end < begin) | (seq < query) | (query < 0)  # QUERY_ORDER, SEQ_SHORT
-        broken |= seq > max_model_len  # MODEL_LEN
+        broken |= seq > plan.max_model_len  # MODEL_LEN
         broken |= _split_broken(req, begin, end, query, plan)  # HOST_SPLIT
-        broken |= tl.load(host_seq_ptr + req, mask=real, other=0) != seq  # HOST_SEQ
+        broken |= tl.load(requests.host_seq_ptr + req, mask=real, other=0) != seq  # HOST_SEQ
         broken |= (bound < 0) | (bound > seq - query)  # REPLAY
         if MAX_IMAGE > 0:
             no_pos = tl.zeros([GATHER_BLOCK], dtype=tl.int32)
@@ -774,24 +837,20 @@ def swa_metadata_kernel(
     BLOCK_TP: tl.constexpr,
     BLOCK_WP: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr,
-    CLEAR_BLOCK: tl.constexpr,
-    GATHER_BLOCK: tl.constexpr,
     MAX_IMAGE: tl.constexpr,
     NONCAUSAL: tl.constexpr,
     GUARD: tl.constexpr,
     BLOCK_LIMIT: tl.constexpr,
     GROUPED: tl.constexpr,
-    DECODE_ROW_PAGES: tl.constexpr,
-    PREFILL_ROW_PAGES: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     group_progs = dec_progs + pre_progs + clear_progs
     # What the row programs and the gather programs both read (``_window_rows``): the requests' inputs, the
     # image spans, the host's split and bounds.
-    requests = (qsl_ptr, seq_lens_ptr, host_seq_ptr, replay_ptr, num_reqs, search_chunks)
-    spans = (span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans)
-    plan = (
+    requests = Requests(qsl_ptr, seq_lens_ptr, host_seq_ptr, replay_ptr, num_reqs, search_chunks)
+    spans = Spans(span_indptr_ptr, span_starts_ptr, span_ends_ptr, num_spans)
+    plan = Plan(
         num_tokens, num_decodes, num_decode_tokens, max_query_len, decode_query_max, max_model_len, build_checks,
         num_bounds, prefill_follows,
     )  # fmt: skip
@@ -824,17 +883,17 @@ def swa_metadata_kernel(
         else:
             record_group = g
         # Decode and prefill rows: the same function, its launch facts in named tuples (``_window_rows``).
-        shared_out = (token_to_req_ptr, valid_out, left_ptr, right_ptr, violation_ptr)
-        kv = (table, slots, stride, pages)
+        shared_out = Shared(token_to_req_ptr, valid_out, left_ptr, right_ptr, violation_ptr)
+        kv = Table(table, slots, stride, pages)
         if local < dec_progs:
             _window_rows(
-                out=(dec_idx, dec_lens),
+                out=Out(dec_idx, dec_lens),
                 shared_out=shared_out,
                 requests=requests,
                 table=kv,
                 spans=spans,
                 plan=plan,
-                part=(local * BLOCK_T, num_decode_tokens, 0, 0, decode_guess_len),
+                part=Part(local * BLOCK_T, num_decode_tokens, 0, 0, decode_guess_len),
                 record_group=record_group,
                 WINDOW=WINDOW,
                 WIDTH=DECODE_WIDTH,
@@ -848,20 +907,19 @@ def swa_metadata_kernel(
                 MAX_IMAGE=MAX_IMAGE,
                 GUARD=GUARD,
                 BLOCK_LIMIT=BLOCK_LIMIT,
-                ROW_PAGES=DECODE_ROW_PAGES,
                 EAGER_PADDING=True,
                 CHECK_HOST_SEQ=False,
                 CLAMP=CLAMP,
             )
         elif local < dec_progs + pre_progs:
             _window_rows(
-                out=(prefill_idx_ptr + rows_at * PREFILL_WIDTH, prefill_lens_ptr + rows_at),
+                out=Out(prefill_idx_ptr + rows_at * PREFILL_WIDTH, prefill_lens_ptr + rows_at),
                 shared_out=shared_out,
                 requests=requests,
                 table=kv,
                 spans=spans,
                 plan=plan,
-                part=(
+                part=Part(
                     (local - dec_progs) * BLOCK_TP,
                     num_prefill_tokens,
                     num_decode_tokens,
@@ -881,7 +939,6 @@ def swa_metadata_kernel(
                 MAX_IMAGE=MAX_IMAGE,
                 GUARD=GUARD,
                 BLOCK_LIMIT=BLOCK_LIMIT,
-                ROW_PAGES=PREFILL_ROW_PAGES,
                 EAGER_PADDING=False,
                 CHECK_HOST_SEQ=GUARD,
                 CLAMP=CLAMP,

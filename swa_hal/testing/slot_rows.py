@@ -1,7 +1,8 @@
 """Conformance topic: token-slot rows (docs/semantics.md #token-slot-rows), the layout of engines that address
 their cache through ``req_to_token`` (SGLang), and their ring flavour (docs/semantics.md #ring-rows, a
-per-request SWA ring). Every backend has them: its own kernel, or the torch build it inherits. Compared with
-the torch build (``swa_hal.slot_rows.build_slot_rows``) bit for bit on the worked vectors and random calls; a
+per-request SWA ring). Every backend has them: its own kernel, or the torch backend's build it inherits.
+Compared with that build (``swa_hal.torch_backend.slot_rows.build_slot_rows``) bit for bit on the worked
+vectors and random calls; a
 guarded call on garbage input hands out only -1 or slots of the cache (ring rows: rows of the ring)."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 from ..builder import SWAMetadataBuilder
 from ..config import SWAConfig
 from ..slot_ring import SlotRing
-from ..slot_rows import SlotRows, build_slot_rows, slot_limit
+from ..slot_rows import SlotRows, slot_limit
+from ..torch_backend.slot_rows import build_slot_rows
 from .fixtures import BackendFixtures, MakeBuilder, Target, expect_equal
 from .interpreter import address_strict
 

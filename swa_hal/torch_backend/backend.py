@@ -9,17 +9,19 @@ source checkout that was never installed) the registry registers this package di
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from .. import reference
-from ..backend import Availability, Backend, BackendSpec, BuildPlan, update_plan
+from ..backend import Availability, Backend, BackendSpec
 from ..batch import AttentionBatch
 from ..cache import HostCache
 from ..hookspecs import hookimpl
+from ..plan import BuildPlan, update_plan
 from ..rules import Violation, block_limit
 from .guard import TorchGuard
+from .request_window import build_request_window
 from .rows import (
     TERMS,
     RowGuard,
@@ -28,8 +30,10 @@ from .rows import (
     empty_requests,
     fill_causal_rows,
     fill_dspark_rows,
+    gather_lens,
     request_terms,
 )
+from .slot_rows import build_slot_rows
 
 if TYPE_CHECKING:
     from ..buffers import MetadataBuffers
@@ -74,6 +78,22 @@ class one_thread:
             torch.set_num_threads(self.threads)
 
 
+class _Part(NamedTuple):
+    """One part of a build's rows (its decodes' or its prefills'): each row's owner, whether it has a slot,
+    its position + 1 in the build (``rows1``) and its index (``tokens``), its row and length outputs, its
+    image visibility outputs, and its row guard (guarded builds; None otherwise or for an empty part)."""
+
+    req: torch.Tensor
+    valid: torch.Tensor
+    rows1: torch.Tensor
+    tokens: torch.Tensor
+    out: torch.Tensor
+    lens: torch.Tensor
+    left: torch.Tensor
+    right: torch.Tensor
+    guard: RowGuard | None
+
+
 class _Shape:
     """Every cut of the fixed buffers (and workspace) one build shape uses, made once per shape: slicing
     costs about as much as a small operation, and a decode-heavy server repeats a few shapes."""
@@ -82,59 +102,31 @@ class _Shape:
         "t2r",
         "valid",
         "rows",
-        "dec_req",
-        "dec_valid",
-        "dec_rows1",
-        "dec_out",
-        "dec_lens",
-        "pre_req",
-        "pre_valid",
-        "pre_rows1",
-        "pre_out",
-        "pre_lens",
+        "dec",
+        "pre",
         "clear",
         "gather",
-        "pre_left",
-        "pre_right",
-        "dec_left",
-        "dec_right",
         "terms",
         "term_rows",
-        "dec_guard",
-        "pre_guard",
-        "num_prefills",
         "prefill_reqs",
-        "dec_tokens",
-        "pre_tokens",
+        "causal_rows",
+        "dspark_rows",
     )
 
     t2r: torch.Tensor
     valid: torch.Tensor
     rows: torch.Tensor
-    dec_req: torch.Tensor
-    dec_valid: torch.Tensor
-    dec_rows1: torch.Tensor
-    dec_out: torch.Tensor
-    dec_lens: torch.Tensor
-    pre_req: torch.Tensor
-    pre_valid: torch.Tensor
-    pre_rows1: torch.Tensor
-    pre_out: torch.Tensor
-    pre_lens: torch.Tensor
+    dec: _Part
+    pre: _Part
     clear: torch.Tensor | None
     gather: torch.Tensor
-    pre_left: torch.Tensor
-    pre_right: torch.Tensor
-    dec_left: torch.Tensor
-    dec_right: torch.Tensor
     terms: dict[bool, torch.Tensor]
     term_rows: dict[bool, tuple[torch.Tensor, ...]]
-    dec_guard: RowGuard | None
-    pre_guard: RowGuard | None
-    num_prefills: int
     prefill_reqs: slice
-    dec_tokens: torch.Tensor
-    pre_tokens: torch.Tensor
+    # Which per-request terms the build's rows gather: causal terms serve causal decode rows and every prefill
+    # row, DSpark decode rows have their own.
+    causal_rows: bool
+    dspark_rows: bool
 
 
 class TorchBackend(Backend):
@@ -164,7 +156,8 @@ class TorchBackend(Backend):
         self._shapes = HostCache(limit=256)  # kept as the host cache keeps (swa_hal/cache.py)
 
     def _shape(self, plan: BuildPlan, buffers: MetadataBuffers) -> _Shape:
-        t, ndt, npt, nreq = plan.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
+        t, ndt, npt, nreq = plan.inputs.num_tokens, plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
+        causal = plan.inputs.causal
         key = (
             buffers.group_index,
             t,
@@ -174,7 +167,7 @@ class TorchBackend(Backend):
             plan.num_decodes,
             plan.num_prefills,
             plan.decode_lens_clear_end,
-            plan.causal,
+            causal,
             plan.images,
         )
         s = self._shapes.get(key)
@@ -183,28 +176,35 @@ class TorchBackend(Backend):
         s = self._shapes.keep(key, _Shape())
         cfg, ws = self.config, self._workspace
         s.t2r, s.valid, s.rows = buffers.token_to_req[:t], buffers.is_valid[:t], ws.arange[:t]
-        s.dec_req, s.dec_valid, s.dec_rows1 = s.t2r[:ndt], s.valid[:ndt], ws.arange[1 : ndt + 1]
-        dec_width = cfg.window_size if plan.causal else cfg.noncausal_index_width
-        s.dec_out = buffers.decode_rows(plan.causal)[:ndt].view(ndt, dec_width)
-        s.dec_lens = buffers.decode_lens[:ndt]
-        s.pre_req, s.pre_valid, s.pre_rows1 = s.t2r[ndt:t], s.valid[ndt:t], ws.arange[ndt + 1 : t + 1]
-        s.dec_tokens, s.pre_tokens = s.rows[:ndt], s.rows[ndt:t]
-        s.pre_out = buffers.prefill_indices[:npt].view(npt, cfg.prefill_index_width)
-        s.pre_lens = buffers.prefill_lens[:npt]
+        dec_width = cfg.window_size if causal else cfg.noncausal_index_width
+        guard = self._guard if self.guard else None
+        s.dec = _Part(
+            s.t2r[:ndt],
+            s.valid[:ndt],
+            ws.arange[1 : ndt + 1],
+            s.rows[:ndt],
+            buffers.decode_rows(causal)[:ndt].view(ndt, dec_width),
+            buffers.decode_lens[:ndt],
+            buffers.left_visible[:ndt],
+            buffers.right_visible[:ndt],
+            RowGuard(self._limit, *guard.row_candidates(nreq, 0, ndt)) if guard is not None and ndt else None,
+        )
+        s.pre = _Part(
+            s.t2r[ndt:t],
+            s.valid[ndt:t],
+            ws.arange[ndt + 1 : t + 1],
+            s.rows[ndt:t],
+            buffers.prefill_indices[:npt].view(npt, cfg.prefill_index_width),
+            buffers.prefill_lens[:npt],
+            buffers.left_visible[ndt:t],
+            buffers.right_visible[ndt:t],
+            RowGuard(self._limit, *guard.row_candidates(nreq, ndt, npt)) if guard is not None and npt else None,
+        )
         s.clear = buffers.decode_lens[ndt : plan.decode_lens_clear_end] if plan.decode_lens_clear_end > ndt else None
         s.gather = buffers.gather_lens[: plan.num_prefills]
-        s.dec_left, s.dec_right = buffers.left_visible[:ndt], buffers.right_visible[:ndt]
-        s.pre_left, s.pre_right = buffers.left_visible[ndt:t], buffers.right_visible[ndt:t]
-        # Causal terms serve the causal decode rows and every prefill row; DSpark decode rows have their own.
-        s.terms = {causal: self._terms[causal][:, :nreq] for causal in (True, False)}
-        s.term_rows = {causal: terms.unbind(0) for causal, terms in s.terms.items()}
-        if self.guard:
-            g = self._guard
-            s.dec_guard = RowGuard(self._limit, *g.row_candidates(nreq, 0, ndt)) if ndt else None
-            s.pre_guard = RowGuard(self._limit, *g.row_candidates(nreq, ndt, npt)) if npt else None
-        else:
-            s.dec_guard = s.pre_guard = None
-        s.num_prefills = plan.num_prefills
+        s.terms = {kind: self._terms[kind][:, :nreq] for kind in (True, False)}
+        s.term_rows = {kind: terms.unbind(0) for kind, terms in s.terms.items()}
+        s.causal_rows, s.dspark_rows = causal or npt > 0, not causal
         s.prefill_reqs = slice(plan.num_decodes, plan.num_decodes + plan.num_prefills)
         return s
 
@@ -233,8 +233,9 @@ class TorchBackend(Backend):
         # checks and builds unguarded; only a batch that may break a rule pays for the full guard, which
         # rewrites every output. Both give the same outputs and record (tests/test_guard_probe.py).
         probed = self.guard and self.probe_first and self.device.type == "cpu"
-        if not (probed and self._build(plan, batch, buffers, probe=self._probe)):
-            self._build(plan, batch, buffers, probe=None, following=following)
+        if probed and self._build(plan, batch, buffers, probe=self._probe):
+            return
+        self._build(plan, batch, buffers, probe=None, following=following)
 
     def _build(
         self,
@@ -244,174 +245,217 @@ class TorchBackend(Backend):
         probe: RowProbe | None,
         following: torch.Tensor | None = None,
     ) -> bool:
-        """One build; with ``probe``, unguarded once the request checks pass, and False (the outputs are
-        partly written) as soon as a rule may have broken. ``following``: in a draft-step update of a build
-        with prefills (``plan.prefill_follows``), the first prefill's query length on the device."""
-        ws, cfg = self._workspace, self.config
+        """One build, in the order of its outputs: owners, per-request terms, decode rows, prefill rows, gather
+        lengths. Unguarded without ``probe``, or guarded where the backend is (``self.guard``: the request
+        rules, every row's, padding and the record); with ``probe`` (the CPU's first build), unguarded once
+        the request test passes, and False (the outputs are partly written) as soon as a rule may have broken.
+        ``following``: in a draft-step update of a build with prefills (``plan.prefill_follows``), the first
+        prefill's query length on the device."""
         s = self._shape(plan, buffers)
-        ndt, npt, nreq = plan.num_decode_tokens, plan.num_prefill_tokens, plan.num_reqs
-        qsl, table = batch.query_start_loc, batch.block_table
-        seq = batch.seq_lens if batch.seq_lens.shape[0] == nreq else batch.seq_lens[:nreq]
-        # The guard checks the batch's own bounds (rule 3; the plan's, padded where the batch has fewer); the
-        # zeros of a batch without any break no rule.
-        checked_replay = None
-        if batch.replay_start is not None:
-            replay = plan.replay_start
-            checked_replay = replay if replay.shape[0] == nreq else replay[:nreq]
         guard = self.guard and probe is None
         # Whether a row may lie past query_start_loc[R] (padding, whose search finds owner R): unknown
-        # unless the request test read query_start_loc[R].
+        # unless the probe's request test read query_start_loc[R].
         padded = True
         if probe is not None:
-            spans = plan.inputs.image_spans if plan.images else None
-            self._guard.request_quantities(
-                cfg,
-                qsl,
-                seq,
-                checked_replay,
-                spans,
-                nreq,
-                causal=plan.causal,
-                split=plan,
-                values=False,
-                table_positions=table.shape[1] * cfg.block_size,
+            tested = self._probe_requests(plan, batch)
+            if tested is None:
+                return False
+            padded, probe.clean = tested, True
+        ends = batch.query_start_loc[1:]
+        self._owners(s, ends, batch.slot_mapping, plan.num_reqs, searched=guard, padded=padded)
+        broken = self._requests(plan, s, ends, guard)
+        # Rule 17 (builds, not draft updates): each part's rows hold their slot_mapping entries.
+        dec_slots, pre_slots = self._own_slot_parts(plan, batch.slot_mapping, guard or probe is not None)
+        if plan.num_decode_tokens and not self._decode_rows(plan, batch, s, ends, guard, probe, dec_slots):
+            return False
+        if s.clear is not None:
+            s.clear.zero_()
+        if plan.num_prefill_tokens and not self._prefill_rows(plan, batch, s, guard, probe, pre_slots):
+            return False
+        nreq = plan.num_reqs
+        if guard:
+            self._empty_padding(s, batch.query_start_loc[nreq], plan.num_decode_tokens, following, nreq)
+        if plan.num_prefills:
+            gather_lens(plan, self.config.window_size, out=s.gather)
+            if broken is not None:
+                # A prefill that broke a rule gets gather length 0 (docs/semantics.md #guarded-builds).
+                s.gather.masked_fill_(broken[s.prefill_reqs], self._workspace.c[0])
+        if guard:
+            self._guard.record(
+                buffers.violation, nreq + plan.num_decode_tokens + plan.num_prefill_tokens, buffers.record_group
             )
-            if not self._guard.requests_clean(nreq):
-                return False
-            scheduled = self._guard.scheduled(nreq)
-            padded = scheduled < plan.num_tokens
-            if padded and self._padding_slots(batch, scheduled, plan.num_tokens):
-                return False
-            probe.clean = True
-        ends = qsl[1:]
-        # docs/semantics.md #per-token-helpers (reference.token_to_req, reference.valid_tokens). The owner
-        # is the count of ends at or before t: a guarded build searches the sorted ends, since the offsets
-        # may decrease (a valid batch's ends are sorted already, which an unguarded build trusts).
-        searched = torch.sort(ends).values if guard else ends
-        torch.searchsorted(searched, s.rows, right=True, out_int32=True, out=s.t2r)
-        if padded:  # padding rows' owner R becomes 0 (every owner is then a request)
-            s.t2r.remainder_(ws.c[nreq])
-        torch.ge(batch.slot_mapping, ws.const(0, batch.slot_mapping.dtype), out=s.valid)
-        # Causal terms serve causal decode rows and every prefill row; DSpark decode rows have their own.
-        causal_rows, dspark_rows = plan.causal or npt > 0, not plan.causal
+        return True
+
+    def _probe_requests(self, plan: BuildPlan, batch: AttentionBatch) -> bool | None:
+        """The CPU's first build's request test (docs/semantics.md #guarded-builds): None where a request may
+        have broken a rule, or a padding row holds a slot (rule 13); else whether rows lie past
+        query_start_loc[R] (padding rows, read on the host)."""
+        cfg, nreq, num_tokens = self.config, plan.num_reqs, plan.inputs.num_tokens
+        self._guard.request_quantities(
+            plan, cfg, values=False, table_positions=batch.block_table.shape[1] * cfg.block_size
+        )
+        if not self._guard.requests_clean(nreq):
+            return None
+        scheduled = self._guard.scheduled(nreq)
+        padded = scheduled < num_tokens
+        if padded and self._padding_slots(batch, scheduled, num_tokens):
+            return None
+        return padded
+
+    def _owners(
+        self,
+        s: _Shape,
+        ends: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_reqs: int,
+        *,
+        searched: bool,
+        padded: bool,
+    ) -> None:
+        """docs/semantics.md #per-token-helpers (reference.token_to_req, reference.valid_tokens). The owner
+        is the count of ends at or before t: a guarded build (``searched``) searches the sorted ends, since
+        the offsets may decrease (a valid batch's ends are sorted already, which an unguarded build trusts);
+        where rows may be ``padded``, their owner R becomes 0 (every owner is then a request)."""
+        ws = self._workspace
+        torch.searchsorted(torch.sort(ends).values if searched else ends, s.rows, right=True, out_int32=True, out=s.t2r)
+        if padded:
+            s.t2r.remainder_(ws.c[num_reqs])
+        torch.ge(slot_mapping, ws.const(0, slot_mapping.dtype), out=s.valid)
+
+    def _requests(self, plan: BuildPlan, s: _Shape, ends: torch.Tensor, guard: bool) -> torch.Tensor | None:
+        """The per-request terms the rows gather: causal terms serve causal decode rows and every prefill row,
+        DSpark decode rows have their own. Guarded, the request rules too: returns the requests that broke
+        one (bool [R]), whose terms then give rows without entries; None unguarded."""
+        causal_rows, dspark_rows = s.causal_rows, s.dspark_rows
         if causal_rows:
             self._request_terms(True, s, plan, ends)
         if dspark_rows:
             self._request_terms(False, s, plan, ends)
-        broken = None
-        if guard:
-            spans = plan.inputs.image_spans if plan.images else None
-            self._guard.request_quantities(cfg, qsl, seq, checked_replay, spans, nreq, causal=plan.causal, split=plan)
-            broken = self._guard.first_broken(nreq)
-            # A request is checked at its rows with a slot: one without any is recorded by no backend.
-            self._guard.only_seen(nreq, s.t2r, s.valid)
-            # Every row of a request that broke a rule is handed out empty.
-            if causal_rows:
-                empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)
-            if dspark_rows:
-                empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
-        dec_guard, pre_guard = (s.dec_guard, s.pre_guard) if guard else (None, None)
-        # Rule 17 (builds, not draft updates): each part's rows hold their slot_mapping entries.
-        own_slots = plan.build_checks and (guard or probe is not None)
-        dec_slots = pre_slots = None
-        if own_slots:
-            slot_mapping = batch.slot_mapping
-            if ndt:
-                dec_slots = slot_mapping if slot_mapping.shape[0] == ndt else slot_mapping[:ndt]
-            if npt:
-                pre_slots = slot_mapping[ndt : ndt + npt]
-        self._own_slots(dec_guard, probe, dec_slots, s.dec_tokens)
-        if ndt:
-            if plan.causal:
-                fill_causal_rows(
-                    table,
-                    s.dec_req,
-                    s.dec_valid,
-                    s.dec_rows1,
-                    s.terms[True],
-                    s.dec_out,
-                    s.dec_lens,
-                    window_size=cfg.window_size,
-                    block_size=cfg.block_size,
-                    ws=ws,
-                    guard=dec_guard,
-                    probe=probe,
-                )
-            else:
-                # Row widths are checked on the device (rule 7, the guard's request quantities): no sync here.
-                own_pos1 = None
-                if dec_slots is not None:  # p + 1 = S_r - qsl[r + 1] + t + 1
-                    own_pos1 = torch.sub(seq, ends).index_select(0, s.dec_req).add_(s.dec_rows1)
-                fill_dspark_rows(
-                    table,
-                    s.dec_req,
-                    s.dec_valid,
-                    s.terms[False],
-                    s.dec_out,
-                    s.dec_lens,
-                    block_size=cfg.block_size,
-                    ws=ws,
-                    guard=dec_guard,
-                    probe=probe,
-                    own_pos1=own_pos1,
-                )
-            if probe is not None and not probe.clean:
-                return False
-        if s.clear is not None:
-            s.clear.zero_()
-        if npt:
-            self._own_slots(pre_guard, probe, pre_slots, s.pre_tokens)
-            left = right = None
-            if plan.images:
-                s.dec_left.zero_()
-                s.dec_right.zero_()
-                left, right = reference.image_visibility(
-                    qsl,
-                    batch.seq_lens,
-                    s.t2r,
-                    plan.inputs.image_spans,  # type: ignore[arg-type]  # plan.images: spans are given
-                    token_offset=ndt,
-                    num_rows=npt,
-                    max_image_tokens=cfg.max_image_tokens,
-                    out_left=s.pre_left,
-                    out_right=s.pre_right,
-                )
-            fill_causal_rows(
-                table,
-                s.pre_req,
-                s.pre_valid,
-                s.pre_rows1,
-                s.terms[True],
-                s.pre_out,
-                s.pre_lens,
-                window_size=cfg.window_size,
-                block_size=cfg.block_size,
-                ws=ws,
-                left=left,
-                right=right,
-                guard=pre_guard,
+        if not guard:
+            return None
+        nreq, ws = plan.num_reqs, self._workspace
+        self._guard.request_quantities(plan, self.config)
+        broken = self._guard.first_broken(nreq)
+        # A request is checked at its rows with a slot: one without any is recorded by no backend.
+        self._guard.only_seen(nreq, s.t2r, s.valid)
+        # Every row of a request that broke a rule is handed out empty.
+        if causal_rows:
+            empty_requests(s.term_rows[True], broken, causal=True, workspace=ws)
+        if dspark_rows:
+            empty_requests(s.term_rows[False], broken, causal=False, workspace=ws)
+        return broken
+
+    @staticmethod
+    def _own_slot_parts(
+        plan: BuildPlan, slot_mapping: torch.Tensor, checked: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The decode and prefill rows' slot_mapping entries where rule 17 is ``checked`` (a guarded or
+        probed build, not a draft update), else None."""
+        ndt, npt = plan.num_decode_tokens, plan.num_prefill_tokens
+        if not (plan.build_checks and checked):
+            return None, None
+        dec_slots = (slot_mapping if slot_mapping.shape[0] == ndt else slot_mapping[:ndt]) if ndt else None
+        return dec_slots, (slot_mapping[ndt : ndt + npt] if npt else None)
+
+    def _decode_rows(
+        self,
+        plan: BuildPlan,
+        batch: AttentionBatch,
+        s: _Shape,
+        ends: torch.Tensor,
+        guard: bool,
+        probe: RowProbe | None,
+        slots: torch.Tensor | None,
+    ) -> bool:
+        """The decode rows and lens (causal or DSpark); False where the probe saw a rule that may have broken."""
+        part = s.dec
+        row_guard = part.guard if guard else None
+        self._own_slots(row_guard, probe, slots, part.tokens)
+        if plan.inputs.causal:
+            self._fill_causal(batch, s, part, row_guard, probe)
+        else:
+            # Row widths are checked on the device (rule 7, the guard's request quantities): no sync here.
+            own_pos1 = None
+            if slots is not None:  # p + 1 = S_r - qsl[r + 1] + t + 1
+                nreq, seq = plan.num_reqs, batch.seq_lens
+                seq = seq if seq.shape[0] == nreq else seq[:nreq]
+                own_pos1 = torch.sub(seq, ends).index_select(0, part.req).add_(part.rows1)
+            fill_dspark_rows(
+                batch.block_table,
+                part.req,
+                part.valid,
+                s.terms[False],
+                part.out,
+                part.lens,
+                block_size=self.config.block_size,
+                ws=self._workspace,
+                guard=row_guard,
                 probe=probe,
+                own_pos1=own_pos1,
             )
-            if probe is not None and not probe.clean:
-                return False
-        if guard:
-            self._empty_padding(s, qsl[nreq], ndt, following, nreq)
-        if plan.num_prefills:
-            reference.prefill_gather_lens(
+        return probe is None or probe.clean
+
+    def _prefill_rows(
+        self,
+        plan: BuildPlan,
+        batch: AttentionBatch,
+        s: _Shape,
+        guard: bool,
+        probe: RowProbe | None,
+        slots: torch.Tensor | None,
+    ) -> bool:
+        """The prefill rows and lens, widened by image visibility where the plan works it out (the decode
+        rows' visibility is 0); False where the probe saw a rule that may have broken."""
+        part = s.pre
+        row_guard = part.guard if guard else None
+        self._own_slots(row_guard, probe, slots, part.tokens)
+        visible = None
+        if plan.images:
+            s.dec.left.zero_()
+            s.dec.right.zero_()
+            visible = reference.image_visibility(
+                batch.query_start_loc,
                 batch.seq_lens,
-                qsl,
-                plan.num_decodes,
-                plan.num_prefills,
-                cfg.window_size,
-                replay_start=plan.replay_start,
-                out=s.gather,
+                s.t2r,
+                plan.inputs.image_spans,  # type: ignore[arg-type]  # plan.images: spans are given
+                token_offset=plan.num_decode_tokens,
+                num_rows=plan.num_prefill_tokens,
+                max_image_tokens=self.config.max_image_tokens,
+                out_left=part.left,
+                out_right=part.right,
             )
-            if broken is not None:
-                # A prefill that broke a rule gets gather length 0 (docs/semantics.md #guarded-builds).
-                s.gather.masked_fill_(broken[s.prefill_reqs], ws.c[0])
-        if guard:
-            self._guard.record(buffers.violation, nreq + ndt + npt, buffers.record_group)
-        return True
+        self._fill_causal(batch, s, part, row_guard, probe, visible)
+        return probe is None or probe.clean
+
+    def _fill_causal(
+        self,
+        batch: AttentionBatch,
+        s: _Shape,
+        part: _Part,
+        row_guard: RowGuard | None,
+        probe: RowProbe | None,
+        visible: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """``part``'s causal rows, from the causal per-request terms (``visible``: the rows' image
+        visibility, left and right, where the build works it out)."""
+        left, right = visible if visible is not None else (None, None)
+        cfg = self.config
+        fill_causal_rows(
+            batch.block_table,
+            part.req,
+            part.valid,
+            part.rows1,
+            s.terms[True],
+            part.out,
+            part.lens,
+            window_size=cfg.window_size,
+            block_size=cfg.block_size,
+            ws=self._workspace,
+            left=left,
+            right=right,
+            guard=row_guard,
+            probe=probe,
+        )
 
     @staticmethod
     def _own_slots(
@@ -444,15 +488,14 @@ class TorchBackend(Backend):
         decode tokens: rule 14 of request ``num_reqs`` (the update's R), its value ``following``, that
         prefill's query."""
         pad = (s.rows >= scheduled) & s.valid
-        parts = ((s.dec_out, s.dec_lens, s.dec_guard, 0), (s.pre_out, s.pre_lens, s.pre_guard, ndt))
         kind = Violation.PADDING_SLOT if following is None else Violation.HOST_SPLIT
-        for out, lens, guard, start in parts:
-            n = lens.shape[0]
+        for part, start in ((s.dec, 0), (s.pre, ndt)):
+            n, guard = part.lens.shape[0], part.guard
             if n == 0 or guard is None:
                 continue
             mask = pad[start : start + n]
-            out.masked_fill_(mask[:, None], -1)
-            lens.masked_fill_(mask, 0)
+            part.out.masked_fill_(mask[:, None], -1)
+            part.lens.masked_fill_(mask, 0)
             guard.kind.masked_fill_(mask, int(kind))
             if following is None:
                 torch.where(mask, s.rows[start : start + n], guard.value, out=guard.value)
@@ -481,11 +524,11 @@ class TorchBackend(Backend):
         self, rows: SlotRows, out: torch.Tensor, lens: torch.Tensor, record: torch.Tensor, limit: int
     ) -> None:
         with one_thread():
-            super().compute_slot_rows(rows, out, lens, record, limit)
+            build_slot_rows(rows, self.config.window_size, out, lens, record, guard=self.guard, limit=limit)
 
     def compute_request_window(self, rows: RequestWindowRows) -> RequestWindowLayout:
         with one_thread():
-            return super().compute_request_window(rows)
+            return build_request_window(rows, self.config.window_size)
 
     def status(self) -> dict[str, str]:
         return {"kernel": "PyTorch (vectorized, any device)"}

@@ -11,7 +11,7 @@ candidate and records the first one in the build's violation record.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -23,82 +23,78 @@ from .rows import NO_KEY
 if TYPE_CHECKING:
     from ..batch import ImageSpans
     from ..config import SWAConfig
-
-
-class SplitFacts(Protocol):
-    """What rule 14 compares the device offsets with: the host's split (a ``backend.BuildPlan``)."""
-
-    @property
-    def num_tokens(self) -> int: ...
-    @property
-    def num_decodes(self) -> int: ...
-    @property
-    def num_decode_tokens(self) -> int: ...
-    @property
-    def max_query_len(self) -> int: ...
-    @property
-    def decode_query_max(self) -> int: ...
-    @property
-    def host_seq_lens(self) -> torch.Tensor | None: ...
-    @property
-    def build_checks(self) -> bool: ...
-    @property
-    def num_bounds(self) -> int: ...
+    from ..plan import BuildPlan
 
 
 # -- the torch backend's guard -----------------------------------------------------------------------------
 
-# Rows of a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``), one column per
-# request. The rows up to NONE are the quantities that are negative where a rule is broken, in the order the
-# rules are checked (NONE, always -1, stands for "none"); the rest hold values a violation reports and the
-# operands of the first four quantities. query_start_loc (R + 1 entries) has its own vector.
-(
-    QUERY,
-    PREFIX,
-    MODEL_LEFT,
-    SPLIT_QUERY,
-    SPLIT_END,
-    SPLIT_BEGIN,
-    HOST_SAME,
-    BOUND,
-    HEADROOM,
-    SPAN_BAD,
-    WIDTH_LEFT,
-    NONE,
-) = range(12)
-# [P; model left; cap - q] = [S; model limit; cap] - [q; S; q] is one subtraction: q is written twice (QUERY
-# and QUERY_AGAIN, by one subtraction too), so QUERY, SEQ and QUERY_AGAIN, APART apart, are one strided view,
-# and SEQ, MODEL_LIMIT and CAP (S, the bound of rule 16 and the query caps of the host's split) one
-# contiguous block.
-APART = NONE + 1
-SEQ, MODEL_LIMIT, CAP, FIRST_SPAN, NEED, HOST = range(APART, APART + 6)
-QUERY_AGAIN = QUERY + 2 * APART
-RULE_ROWS = QUERY_AGAIN + 1
-# Per checked row: the kind it stands for and the row of the value reported.
-ROW_KINDS = (
-    Violation.QUERY_ORDER,  # q_r = qsl[r + 1] - qsl[r] < 0
-    Violation.SEQ_SHORT,  # P_r = S_r - q_r < 0 (reports S_r)
+
+class Check(NamedTuple):
+    """One request-level rule as the guard checks it: a row of the rules table (``row``) that holds, per
+    request, a quantity that is negative where the request breaks the rule; the kind a violation of it records
+    and the row of the value it reports; and which builds fill the row (``fill``, one of ``FILLS``; None:
+    every build)."""
+
+    row: str
+    kind: int
+    reports: str
+    fill: str | None = None
+
+
+# The rules a request is checked against, one row each, in the order they are checked: a request's first
+# negative quantity is its first broken rule. Adding a rule is a row here, the rows it reports or reads among
+# ``VALUES`` and the code that fills it (``TorchGuard.request_quantities``).
+CHECKS = (
+    Check("QUERY", Violation.QUERY_ORDER, "QUERY"),  # q_r = qsl[r + 1] - qsl[r] < 0
+    Check("PREFIX", Violation.SEQ_SHORT, "SEQ"),  # P_r = S_r - q_r < 0 (reports S_r)
     # Rule 16: max_model_len - S_r < 0 (reports S_r). In the CPU's first test, the bound is the lower of
     # max_model_len and the block table's width times the page size: there it also proves rule 5 for rows that
     # read nothing past seq_len (``TorchGuard.request_quantities``).
-    Violation.MODEL_LEN,
+    Check("MODEL_LEFT", Violation.MODEL_LEN, "SEQ"),
     # Rule 14, the host split's margins (each reports q_r): a request's query against its cap (a decode's
     # min(max_decode_query_len, max_query_len), a prefill's max_query_len), a decode's end against the decode
     # tokens; a prefill's end against num_tokens and its start against the decode tokens (0 for a decode).
-    Violation.HOST_SPLIT,  # query margin < 0
-    Violation.HOST_SPLIT,  # end margin < 0
-    Violation.HOST_SPLIT,  # start margin < 0
-    Violation.HOST_SEQ,  # -|seq_lens_cpu[r] - S_r| < 0 for a prefill (reports seq_lens_cpu[r]); 0 for a decode
-    Violation.REPLAY,  # replay_start[r] < 0
-    Violation.REPLAY,  # P_r - replay_start[r] < 0 (reports replay_start[r])
-    Violation.SPAN,  # -1 where a span of the request is bad (reports the first)
-    Violation.ROW_WIDTH,  # width - need < 0 (reports need)
-    NO_VIOLATION,  # the NONE row
+    Check("SPLIT_QUERY", Violation.HOST_SPLIT, "QUERY"),  # query margin < 0
+    Check("SPLIT_END", Violation.HOST_SPLIT, "QUERY", fill="values"),  # end margin < 0
+    Check("SPLIT_BEGIN", Violation.HOST_SPLIT, "QUERY", fill="values"),  # start margin < 0
+    # Rule 15: -|seq_lens_cpu[r] - S_r| < 0 for a prefill (reports seq_lens_cpu[r]); 0 for a decode.
+    Check("HOST_SAME", Violation.HOST_SEQ, "HOST", fill="held"),
+    Check("BOUND", Violation.REPLAY, "BOUND", fill="replay"),  # replay_start[r] < 0
+    Check("HEADROOM", Violation.REPLAY, "BOUND", fill="replay"),  # P_r - replay_start[r] < 0 (reports the bound)
+    Check("SPAN_BAD", Violation.SPAN, "FIRST_SPAN", fill="spans"),  # -1 where a span of the request is bad
+    Check("WIDTH_LEFT", Violation.ROW_WIDTH, "NEED", fill="dspark"),  # width - need < 0 (reports need)
+    Check("NONE", NO_VIOLATION, "NONE"),  # always -1: stands for "none"
 )
-VALUE_ROWS = (QUERY, SEQ, SEQ, QUERY, QUERY, QUERY, HOST, BOUND, BOUND, FIRST_SPAN, NEED, NONE)
-# Rows only some builds fill, by what fills them: rule 14's ends and starts (the full guard), rule 15's
-# (prefills with a host copy), replay bounds, spans, DSpark widths.
-OPTIONAL_ROWS = ((SPLIT_END, SPLIT_BEGIN), (HOST_SAME, HOST), (BOUND, HEADROOM), (SPAN_BAD,), (WIDTH_LEFT,))
+# The rows after the checked ones, with the builds that fill them: the values a violation reports and the
+# operands of the first quantities (S, rule 16's bound, rule 14's caps).
+VALUES = (("SEQ", None), ("MODEL_LIMIT", None), ("CAP", None), ("FIRST_SPAN", None), ("NEED", None), ("HOST", "held"))
+# The fills of rows only some builds write, in the order ``TorchGuard._fill`` takes them: rule 14's ends and
+# starts (the full guard's), rule 15's (prefills with a host copy), replay bounds, spans, DSpark widths.
+FILLS = ("values", "held", "replay", "spans", "dspark")
+
+# Each row's number in a request count's rules table (int64 [RULE_ROWS, R], ``_RequestViews.rules``, one column
+# per request; query_start_loc, R + 1 entries, has its own vector): the checked rows, then ``VALUES``, then
+# QUERY_AGAIN, q written a second time. [P; model left; cap - q] = [S; model limit; cap] - [q; S; q] is then one
+# subtraction: QUERY, SEQ and QUERY_AGAIN, APART apart, are one strided view, PREFIX to SPLIT_QUERY and SEQ to
+# CAP (S, the bound of rule 16 and the query caps of the host's split) contiguous blocks.
+ROW = {name: number for number, name in enumerate([c.row for c in CHECKS] + [name for name, _ in VALUES])}
+APART = len(CHECKS)
+ROW["QUERY_AGAIN"] = ROW["QUERY"] + 2 * APART
+RULE_ROWS = ROW["QUERY_AGAIN"] + 1
+NONE = ROW["NONE"]
+# What that subtraction needs of the tables' order (a rule added among the first four, or a value before CAP,
+# would break it): QUERY, then PREFIX, MODEL_LEFT and SPLIT_QUERY first of CHECKS, NONE last; SEQ, MODEL_LIMIT
+# and CAP first of VALUES.
+assert [c.row for c in CHECKS[:4]] == ["QUERY", "PREFIX", "MODEL_LEFT", "SPLIT_QUERY"] and NONE == APART - 1, CHECKS
+assert [name for name, _ in VALUES[:3]] == ["SEQ", "MODEL_LIMIT", "CAP"], VALUES
+# Per checked row: the kind it records and the row of the value it reports.
+ROW_KINDS = tuple(int(c.kind) for c in CHECKS)
+VALUE_ROWS = tuple(ROW[c.reports] for c in CHECKS)
+# Per fill, the rows it writes (zeroed before a build that does not fill them reads them).
+OPTIONAL_ROWS = tuple(
+    tuple(ROW[row] for row, filled in [(c.row, c.fill) for c in CHECKS] + list(VALUES) if filled == fill)
+    for fill in FILLS
+)
 # Rule 16's bound where it is not checked (draft updates): above every int32 seq_lens.
 NO_MODEL_LIMIT = 1 << 32
 
@@ -241,7 +237,7 @@ class TorchGuard:
         self.value = torch.empty(max_reqs, dtype=torch.int64, device=device)
         self.broken = torch.empty(max_reqs, dtype=torch.bool, device=device)
         self.arange = torch.arange(max_reqs, **i32)
-        self.kinds = torch.tensor([int(k) for k in ROW_KINDS], **i32)
+        self.kinds = torch.tensor(ROW_KINDS, **i32)
         self.value_rows = torch.tensor(VALUE_ROWS, dtype=torch.int64, device=device)
         self.no_key = torch.tensor(NO_KEY, **i32)
         self.zero64 = torch.tensor(0, dtype=torch.int64, device=device)
@@ -281,16 +277,18 @@ class TorchGuard:
         v.qsl_host = v.qsl.numpy() if self.device.type == "cpu" else None
         v.begin, v.end = v.qsl[:r], v.qsl[1 : r + 1]
         v.begins, v.ends = v.begin.expand(2, r), v.end.expand(2, r)
-        v.seq, v.query, v.prefix = rules[SEQ], rules[QUERY], rules[PREFIX]
-        v.queries, v.operands = rules[QUERY : QUERY_AGAIN + 1 : 2 * APART], rules[QUERY : QUERY_AGAIN + 1 : APART]
-        v.limits, v.margins = rules[SEQ : CAP + 1], rules[PREFIX : SPLIT_QUERY + 1]
-        v.cap, v.caps, v.split = rules[CAP], None, (0, 0, 0)
-        v.split_end, v.split_begin = rules[SPLIT_END], rules[SPLIT_BEGIN]
-        v.host_same, v.host = rules[HOST_SAME], rules[HOST]
+        row = {name: rules[number] for name, number in ROW.items()}
+        query, query_again, seq = ROW["QUERY"], ROW["QUERY_AGAIN"], ROW["SEQ"]
+        v.seq, v.query, v.prefix = row["SEQ"], row["QUERY"], row["PREFIX"]
+        v.queries, v.operands = rules[query : query_again + 1 : 2 * APART], rules[query : query_again + 1 : APART]
+        v.limits, v.margins = rules[seq : ROW["CAP"] + 1], rules[ROW["PREFIX"] : ROW["SPLIT_QUERY"] + 1]
+        v.cap, v.caps, v.split = row["CAP"], None, (0, 0, 0)
+        v.split_end, v.split_begin = row["SPLIT_END"], row["SPLIT_BEGIN"]
+        v.host_same, v.host = row["HOST_SAME"], row["HOST"]
         v.split_cuts, v.split_decodes = HostCache(limit=64), 0
-        v.bound, v.headroom = rules[BOUND], rules[HEADROOM]
-        v.span_bad, v.first_span = rules[SPAN_BAD], rules[FIRST_SPAN]
-        v.need, v.width_left = rules[NEED], rules[WIDTH_LEFT]
+        v.bound, v.headroom = row["BOUND"], row["HEADROOM"]
+        v.span_bad, v.first_span = row["SPAN_BAD"], row["FIRST_SPAN"]
+        v.need, v.width_left = row["NEED"], row["WIDTH_LEFT"]
         v.checked, v.quantities, v.rules = rules[: NONE + 1], rules[:NONE], rules
         v.flat_quantities = v.quantities.view(-1)
         v.negative = self.negative[:, :r]
@@ -313,23 +311,14 @@ class TorchGuard:
             v.filled = fills
 
     def request_quantities(
-        self,
-        config: SWAConfig,
-        query_start_loc: torch.Tensor,
-        seq_lens: torch.Tensor,
-        replay_start: torch.Tensor | None,
-        spans: ImageSpans | None,
-        num_reqs: int,
-        *,
-        causal: bool,
-        split: SplitFacts,
-        values: bool = True,
-        table_positions: int | None = None,
+        self, plan: BuildPlan, config: SWAConfig, *, values: bool = True, table_positions: int | None = None
     ) -> None:
-        """Rules 1-4, 7, 14, 15 and 16 (per request) for requests [0, num_reqs) of ``query_start_loc`` [R + 1],
-        ``seq_lens`` and ``replay_start`` [R] (rule 3 where rows use the bound: every request where
-        ``causal``, else the prefills; None: no replay bounds, which is the same as bounds of 0; rule 14
-        against ``split``): every request's checked quantities (negative where it breaks a rule), without
+        """Rules 1-4, 7, 14, 15 and 16 (per request) for the requests [0, R) of the build's ``plan``: its step
+        inputs (``plan.inputs``: query_start_loc [R + 1], seq_lens, causal or DSpark rows, image spans where the
+        plan works out images) and the replay bounds it chose (``plan.replay_start``; rule 3 where rows use the
+        bound: every request of a causal build, else the prefills, and only where the step has bounds: the
+        zeros of a step without any break no rule), rule 14 against the plan's split: every request's checked
+        quantities (negative where it breaks a rule), without
         choosing the first broken rule (``first_broken`` does). ``values=False`` (the CPU's first test,
         ``requests_clean``): rule 14's end and start margins are left to ``requests_clean``, which holds
         the host's split against two offsets instead of every request's (the rows read 0).
@@ -338,6 +327,16 @@ class TorchGuard:
         the table). Rows that read no position at or past their request's seq_len (all but image rows,
         docs/semantics.md #vision-spans) read no page past the table where it is not negative, so rule 5
         needs no look at their pages (full validation asks the same of every request)."""
+        inputs, num_reqs = plan.inputs, plan.num_reqs
+        query_start_loc, seq_lens, causal = inputs.query_start_loc, inputs.seq_lens, inputs.causal
+        if seq_lens.shape[0] != num_reqs:  # an engine's longer buffer
+            seq_lens = seq_lens[:num_reqs]
+        replay_start = None
+        if inputs.replay_start is not None:
+            replay_start = plan.replay_start
+            if replay_start.shape[0] != num_reqs:
+                replay_start = replay_start[:num_reqs]
+        spans = inputs.image_spans if plan.images else None
         v = self._request_views(num_reqs)
         # int64: a difference of int32 inputs never overflows (int32 minus int64 is computed in int64).
         v.qsl.copy_(query_start_loc)
@@ -346,31 +345,32 @@ class TorchGuard:
         # rule 2's P_r = S_r - q_r, rule 16's limit - S_r and rule 14's cap_r - q_r: one subtraction.
         v.seq.copy_(seq_lens)
         # Rule 16 is a build's rule, not a draft update's.
-        limit = config.max_model_len if split.build_checks else NO_MODEL_LIMIT
+        limit = config.max_model_len if plan.build_checks else NO_MODEL_LIMIT
         if table_positions is not None:
             limit = min(limit, table_positions)
-        self._limits(v, num_reqs, split, limit)
+        self._limits(v, num_reqs, plan, limit)
         torch.sub(v.limits, v.operands, out=v.margins)
-        v.split = (split.num_decodes, split.num_decode_tokens, split.num_tokens)
+        v.split = (plan.num_decodes, plan.num_decode_tokens, inputs.num_tokens)
         checks_spans = spans is not None and config.max_image_tokens > 0 and spans.starts.shape[0] > 0
         # Rule 15: a prefill's host seq_lens (the plan's, on this device) equal to the device's.
-        host = split.host_seq_lens
-        held = host is not None and split.num_decodes < num_reqs
+        host = plan.host_seq_lens
+        held = host is not None and plan.num_decodes < num_reqs
         # Rule 3 holds where rows use the bound: every request of a causal build; the prefills of a DSpark
         # step (its decode rows ignore the bound, docs/semantics.md #dspark-rows; its prefill rows and gather
         # lengths do not), as the kernels' prefill and gather programs check it.
-        decodes = 0 if causal else split.num_decodes
+        decodes = 0 if causal else plan.num_decodes
         replay = replay_start is not None and decodes < num_reqs
-        self._fill(v, (values, held, replay, checks_spans, not causal))
+        self._fill(v, (values, held, replay, checks_spans, not causal))  # the optional rows it fills, as FILLS
+
         if values:
-            self._split_ends(v, num_reqs, split)
+            self._split_ends(v, num_reqs, plan)
         if held:
             assert host is not None
             v.host.copy_(host[:num_reqs])
             torch.sub(v.host, seq_lens, out=v.host_same).abs_().neg_()
-            if split.num_decodes:
-                v.host_same[: split.num_decodes] = 0
-                v.host[: split.num_decodes] = 0
+            if plan.num_decodes:
+                v.host_same[: plan.num_decodes] = 0
+                v.host[: plan.num_decodes] = 0
         if replay:
             assert replay_start is not None
             v.bound.copy_(replay_start)
@@ -400,13 +400,16 @@ class TorchGuard:
             ))  # fmt: skip
         return cut
 
-    def _limits(self, v: _RequestViews, num_reqs: int, split: SplitFacts, model_limit: int) -> None:
+    def _limits(self, v: _RequestViews, num_reqs: int, plan: BuildPlan, model_limit: int) -> None:
         """Rule 14's query caps into the CAP row (a decode's min(decode_query_max, max_query_len), a
         prefill's max_query_len, 0 for a request past the replay bounds, which the host copy makes padding)
         and rule 16's bound into MODEL_LIMIT. Host values: rewritten only when they change (a decode-only
         server's never do)."""
-        nd, bounds = split.num_decodes, split.num_bounds
-        caps = (nd, min(split.decode_query_max, split.max_query_len), split.max_query_len, model_limit, bounds)
+        nd, bounds = plan.num_decodes, plan.num_bounds
+        # Into int32: a validated build admits an overstated max_query_len of any size (the default path's
+        # preflight bounds it by the capacity); INT32_LIMIT still admits every query length.
+        cap = min(plan.inputs.max_query_len, INT32_LIMIT)
+        caps = (nd, min(plan.decode_query_max, cap), cap, model_limit, bounds)
         old = v.caps
         if caps == old:
             return
@@ -419,21 +422,21 @@ class TorchGuard:
             if bounds < num_reqs:
                 v.cap[bounds:].zero_()
         if old is None or model_limit != old[3]:
-            v.rules[MODEL_LIMIT].fill_(model_limit)
+            v.rules[ROW["MODEL_LIMIT"]].fill_(model_limit)
         v.caps = caps
 
-    def _split_ends(self, v: _RequestViews, num_reqs: int, split: SplitFacts) -> None:
+    def _split_ends(self, v: _RequestViews, num_reqs: int, plan: BuildPlan) -> None:
         """Rule 14's end and start margins, per request, in place: negative where the device offsets break
         the host's split (the full guard, which names the request). The end margin is written as an excess
         (``end - limit``) and negated: a tensor minus a number is one op, a number minus a tensor two."""
-        nd = split.num_decodes
+        nd = plan.num_decodes
         _, _, end_dec, end_pre, begin_pre, oe_dec, oe_pre, b_dec, b_pre = self._cuts(v, nd)
         if nd:
             # A decode is inside the decode tokens (so inside num_tokens: the host checked ndt <= T).
-            torch.sub(end_dec, split.num_decode_tokens, out=oe_dec)
+            torch.sub(end_dec, plan.num_decode_tokens, out=oe_dec)
         if nd < num_reqs:
-            torch.sub(end_pre, split.num_tokens, out=oe_pre)
-            torch.sub(begin_pre, split.num_decode_tokens, out=b_pre)
+            torch.sub(end_pre, plan.inputs.num_tokens, out=oe_pre)
+            torch.sub(begin_pre, plan.num_decode_tokens, out=b_pre)
         if v.split_decodes != nd:  # a decode has no start margin: 0 where the last build had a prefill
             b_dec.zero_()
             v.split_decodes = nd

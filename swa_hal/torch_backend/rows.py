@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .. import reference
 from ..cache import HostCache
 from ..rules import Violation
 
 if TYPE_CHECKING:
-    from ..backend import BuildPlan
+    from ..plan import BuildPlan
 
 # Row-level rules of a guarded build, as plain ints (the keys of the row fill's constants; the request-level
 # rules are the guard's), and the key of a guard candidate that broke no rule (keys are requests, far below it).
@@ -496,6 +497,23 @@ def request_terms(
         start.sub_(window_size if ws is None else ws.c[window_size]).clamp_min_(0)
         torch.sub(seq, start, out=second)
     return out
+
+
+def gather_lens(plan: BuildPlan, window_size: int, *, out: torch.Tensor) -> None:
+    """The prefills' gather lengths (docs/semantics.md #prefill-metadata) into ``out`` [num_prefills], by the
+    reference's arithmetic (``reference.prefill_gather_lens``) read from the build's plan as ``request_terms``
+    reads it: its step inputs (``plan.inputs``) and the bounds it chose (``plan.replay_start``), so the
+    backend's call of this names no input (docs/kernels.md #adding-a-per-request-input)."""
+    inputs = plan.inputs
+    reference.prefill_gather_lens(
+        inputs.seq_lens,
+        inputs.query_start_loc,
+        plan.num_decodes,
+        plan.num_prefills,
+        window_size,
+        replay_start=plan.replay_start,
+        out=out,
+    )
 
 
 def empty_requests(

@@ -1800,7 +1800,7 @@ def test_a_draft_update_carries_the_builds_own_inputs(
     """Every draft-step update of vLLM's metadata runs on the inputs its build read (``SWAMetadata.inputs``),
     alone or in a step build: none is made again from vLLM's fields, where an input it has no field for
     would fall back to its default (docs/semantics.md #draft-updates)."""
-    from swa_hal import backend as B
+    from swa_hal import plan as B
     from swa_hal.integrations import engine, vllm_step
 
     made = engine.inputs_from_common_metadata

@@ -100,9 +100,9 @@ def test_compiled_launch_equals_triton_launch_path(report):
         t.fill_(-5)
     backend = builder.backend
     plan, _ = builder._plan(batch.inputs, batch.inputs.num_reqs, 1)
-    key = backend.kernel_key(plan.causal)
+    key = backend.kernel_key(plan.inputs.causal)
     args = backend.rows_args(key, plan, batch.block_table, batch.slot_mapping, builder.buffers, 1)
-    tensors = rows_record(builder.buffers, plan.causal, lambda t: t)
+    tensors = rows_record(builder.buffers, plan.inputs.causal, lambda t: t)
     for name in record_fields(RowsArgs):
         if name not in OWNED_ROWS_FIELDS and name != "group_rows":
             setattr(tensors, name, getattr(args, name))

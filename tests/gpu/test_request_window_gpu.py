@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from swa_hal import RequestWindowRows, SWAConfig
-from swa_hal.request_window import build_request_window
+from swa_hal.torch_backend.request_window import build_request_window
 
 pytestmark = pytest.mark.gpu
 

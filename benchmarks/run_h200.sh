@@ -11,7 +11,7 @@
 # python3 benchmarks/sglang_site.py on one with it first: it writes .device/sglang/ (SGLang's own files of that import
 # chain, and wheels of the packages in it that a GPU machine's image lacks), which those steps then take
 # (CARRIED_SGLANG=DIR for another folder).
-# STEPS="info bench" runs only some steps (fuzz, memcheck, abwindow, abguard, abstep, vllmstep, hostfloor and hostprofile run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
+# STEPS="info bench" runs only some steps (fuzz (FUZZ_ENTRIES, FUZZ_BACKENDS pick some), memcheck, abwindow, abguard, abstep, vllmstep, hostfloor and hostprofile run only when named); TARGET_ARGS="--reps 5", BENCH_ARGS,
 # SGLWINDOW_ARGS and PYTEST_ARGS pass options on.
 set -uo pipefail
 OUT=${OUT:-benchmarks/out/h200}
@@ -101,17 +101,24 @@ for step in $STEPS; do
       # one process per window, the ring rows FUZZ_SHARDS ways (each shard its own seeds).
       fuzz_run() { timeout ${FUZZ_TIMEOUT:-540} python3 benchmarks/fuzz_guarded.py --device cuda --backends "$@" \
         --cases ${FUZZ_CASES:-5000} --seed ${FUZZ_SEED:-long}; }
+      # FUZZ_ENTRIES and FUZZ_BACKENDS pick some (default: every entry point of every backend).
       shards=${FUZZ_SHARDS:-2}
-      for b in cuda sm12x rocm xpu torch; do
-        fuzz_run $b --entries build > "$OUT/fuzz_$b-build.part" 2>&1 &
-        fuzz_run $b --entries groups > "$OUT/fuzz_$b-groups.part" 2>&1 &
-        fuzz_run $b --entries settings > "$OUT/fuzz_$b-settings.part" 2>&1 &
-        fuzz_run $b --entries validated > "$OUT/fuzz_$b-validated.part" 2>&1 &
+      entries=" ${FUZZ_ENTRIES:-build groups settings validated slot_rows ring_rows request_window} "
+      for b in ${FUZZ_BACKENDS:-cuda sm12x rocm xpu torch}; do
+        for e in build groups settings validated; do
+          if [[ $entries == *" $e "* ]]; then fuzz_run $b --entries $e > "$OUT/fuzz_$b-$e.part" 2>&1 & fi
+        done
         for w in 8 20; do
-          fuzz_run $b --entries slot_rows --windows $w > "$OUT/fuzz_$b-slot-$w.part" 2>&1 &
-          fuzz_run $b --entries request_window --windows $w > "$OUT/fuzz_$b-window-$w.part" 2>&1 &
+          if [[ $entries == *" slot_rows "* ]]; then
+            fuzz_run $b --entries slot_rows --windows $w > "$OUT/fuzz_$b-slot-$w.part" 2>&1 &
+          fi
+          if [[ $entries == *" request_window "* ]]; then
+            fuzz_run $b --entries request_window --windows $w > "$OUT/fuzz_$b-window-$w.part" 2>&1 &
+          fi
           for ((k = 0; k < shards; k++)); do
-            fuzz_run $b --entries ring_rows --windows $w --shard $k/$shards > "$OUT/fuzz_$b-ring-$w-$k.part" 2>&1 &
+            if [[ $entries == *" ring_rows "* ]]; then
+              fuzz_run $b --entries ring_rows --windows $w --shard $k/$shards > "$OUT/fuzz_$b-ring-$w-$k.part" 2>&1 &
+            fi
           done
         done
       done

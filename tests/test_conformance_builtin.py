@@ -128,8 +128,9 @@ def test_every_kit_failure_says_what_failed(tmp_path):
     proc = kit_run(tmp_path, "-q", "-rf", files={"test_broken_kit.py": BROKEN_BACKEND})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
-    assert "2 failed" in out, out
+    assert "3 failed" in out, out
     assert "says unavailable without a reason" in out
+    assert "(W=61, B=64, a 7-token DSpark decode and a 10-token prefill): decode_swa_lens" in out, out
     assert "decode_swa_lens: the backend gives" in out and "[0, 0]" in out and "[4, 4]" in out
     assert not re.search(r"^E\s+AssertionError\s*$", out, re.M), out  # never a bare AssertionError
 

@@ -86,6 +86,27 @@ def test_a_host_upper_bound_past_the_width_refuses_no_valid_step(backend, valida
     assert not compare_with_reference(config, batch, md)
 
 
+@pytest.mark.parametrize("validate", [False, True])
+@pytest.mark.parametrize("backend", list(BACKEND_PLATFORMS))
+def test_a_prefill_of_a_dspark_step_is_a_causal_row(backend, validate):
+    # docs/semantics.md #dspark-rows, vector S3: rule 7 is a DSpark row's. S2's decode beside a prefill S=200, q=10
+    # (P=190), BT [4, 5, 6, 7]: its rows are causal, 61 entries each, though q + W = 71 is past the DSpark width 64.
+    # The torch backend's guarded build once held the prefill to the DSpark width: rows and gather length emptied,
+    # rule 7 recorded, on a valid step.
+    config = dspark(61, 3, block_size=64, parallel_drafting=True)
+    batch = AttentionBatch.from_lists([63, 200], [7, 10], [[3], [4, 5, 6, 7]], causal=False, block_size=64)
+    builder = make_builder(config, backend)
+    md = builder.build(batch, validate=validate)
+    builder.check()
+    assert (md.num_decodes, md.num_prefills) == (1, 1)
+    assert md.decode_swa_lens.tolist() == [63] * 7
+    assert md.prefill_gather_lens.tolist() == [70]
+    assert md.prefill_swa_lens.tolist() == [61] * 10
+    assert md.prefill_swa_indices[0, 0].tolist() == list(range(386, 447))  # positions 130..190
+    assert md.prefill_swa_indices[9, 0].tolist() == list(range(395, 456))  # positions 139..199
+    assert not compare_with_reference(config, batch, md)
+
+
 @pytest.mark.parametrize("backend", ["torch", "cuda"])
 def test_causal_false_needs_dspark(backend):
     config = SWAConfig(window_size=4, block_size=4, max_model_len=64, max_num_batched_tokens=16,

@@ -386,6 +386,10 @@ class TorchGuard:
         if not causal:
             torch.minimum(v.seq, v.query + config.window_size, out=v.need)
             torch.sub(v.need, config.noncausal_index_width, out=v.width_left).neg_()
+            # Rule 7 is a DSpark row's: the step's prefill rows are causal rows, which their own width holds
+            # whatever q + W is (docs/semantics.md #dspark-rows, vector S3).
+            if decodes < num_reqs:
+                v.width_left[decodes:] = 0
 
     @staticmethod
     def _cuts(v: _RequestViews, nd: int) -> tuple[torch.Tensor, ...]:

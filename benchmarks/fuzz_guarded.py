@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import sys
 import time
 from functools import partial
@@ -107,7 +108,12 @@ def main() -> int:
         flush=True,
     )
     total = failed = outside = 0
+    # A run stopped by SIGTERM (a time limit's ``timeout``) still reports the cases it finished.
+    signal.signal(signal.SIGTERM, _stop)
+    stopped = False
     for name in args.backends:
+        if stopped:
+            break
         if device.type == "cpu":
             platform = _own_platform(name)
         else:
@@ -117,6 +123,8 @@ def main() -> int:
         # leaves on for the others (what any GPU requires).
         strict = partial(address_strict, active_only=name != "sm12x") if args.address_strict else guarded.unchecked
         for entry in args.entries:
+            if stopped:
+                break
             t0 = time.perf_counter()
             bad: list[str] = []
             n = 0
@@ -125,13 +133,19 @@ def main() -> int:
             per_config = max(1, args.cases // max(1, len(configs[entry])) // shards)
             planned, shown_at = per_config * len(chosen), t0
             for config in chosen:
+                if stopped:
+                    break
                 builder = SWAMetadataBuilder(config, device=device, backend=name, platform=platform)
                 ref = guarded.reference_builder(config)
                 limit = slot_limit(config)
                 tail = f"-{shard}/{shards}" if shards > 1 else ""
                 rng = random.Random(f"{args.seed}-{name}-{entry}-{config.window_size}{tail}")
                 for k in range(per_config):
-                    problems = cases[entry](guarded.Draw(builder, ref, rng, device, k, strict))
+                    try:
+                        problems = cases[entry](guarded.Draw(builder, ref, rng, device, k, strict))
+                    except _Stopped:
+                        stopped = True  # the case under way is not counted
+                        break
                     n += 1
                     if problems:
                         bad.append(problems[0])
@@ -151,13 +165,22 @@ def main() -> int:
             dt = time.perf_counter() - t0
             part = f" {shard}/{shards}" if shards > 1 else ""
             shown = f" w{','.join(str(c.window_size) for c in chosen)}" if windows else ""
-            print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s{shown}{part}", flush=True)
+            cut = f" (stopped at {n} of {planned})" if stopped else ""
+            print(f"{name:<6} {entry:<10} {n:>7} cases  {len(bad):>4} differ  {dt:7.1f} s{shown}{part}{cut}", flush=True)
             for line in bad[: args.show]:
                 # The case first, then what differed: a long case summary must not hide the difference.
                 print(f"    {line if len(line) <= 1600 else line[:600] + ' ... ' + line[-1000:]}")
     print("classes drawn: " + ", ".join(f"{name} {count}" for name, count in sorted(guarded.DRAWN.items())))
     print(f"total: {total} malformed inputs, {failed} differ from the reference, {outside} indices outside the cache")
     return 1 if failed or outside else 0
+
+
+class _Stopped(BaseException):
+    """SIGTERM arrived: the run reports what it finished and ends (a BaseException: no case catches it)."""
+
+
+def _stop(signum, frame):
+    raise _Stopped
 
 
 def _own_platform(name: str):

@@ -26,14 +26,15 @@ def random_batch(
     replay: float = 0.3,
     spans: float = 0.7,
     departures: bool = False,
+    dspark_prefills: float = 0.5,
 ) -> AttentionBatch:
     """A valid batch of ``kind`` (one of KINDS) within the config's limits.
 
     decode: one token per request. mtp: decodes of 1..decode_threshold tokens. mixed: decodes, then
     prefills, with short requests after the first long one (they are prefills too). prefill: only
     prefills. padded: padding rows and zero-length padding requests. invalid: real tokens without a
-    slot. short_context: contexts shorter than the window. dspark: a non-causal DSpark draft step, half the
-    time with prefills after its drafts.
+    slot. short_context: contexts shorter than the window. dspark: a non-causal DSpark draft step, with
+    probability ``dspark_prefills`` with prefills after its drafts.
     Block tables are exactly as wide as needed, or a little wider.
     With probability ``replay`` the batch carries replay bounds (docs/semantics.md #bounded-replay)
     anywhere in [0, prefix], the edges favoured; with probability ``spans``, when the config has
@@ -92,8 +93,8 @@ def random_batch(
             raise ValueError(f"W={w} with {config.num_speculative_tokens} drafts leaves no room in a DSpark row")
         for _ in range(rng.randint(1, max(1, min(reqs_cap, cap // max(1, block))))):
             add(rng.randint(1, max(1, block)))
-        # Half the steps also prefill after the drafts: causal rows, whose q + W may pass the DSpark width.
-        if rng.random() < 0.5 and thr + 1 <= min(budget, ctx_cap):
+        # Prefills after the drafts: causal rows, whose q + W may pass the DSpark width.
+        if rng.random() < dspark_prefills and thr + 1 <= min(budget, ctx_cap):
             for _ in range(rng.randint(1, 2)):
                 add(rng.randint(thr + 1, max(thr + 1, min(budget, ctx_cap, 2 * w + thr))))
         invalid = rng.choice((0, 0, 1, 2))

@@ -1062,7 +1062,8 @@ def test_rocm_draft_updates_equal_a_fresh_build(plugin_log, vllm_configs, rocm, 
     kinds = ["decode", "mtp", "padded"] + (["dspark"] if ALL_VARIANTS[variant].dspark else [])
     moved = 0
     for kind in kinds:
-        batch, ranges = H.draw(cfg, rng, kind, replay=0.5, extra_pages=1)
+        # Decode-only steps: ROCm's ragged rows are the decodes'.
+        batch, ranges = H.draw(cfg, rng, kind, replay=0.5, extra_pages=1, dspark_prefills=0)
         md = ours.build(0, H.common_metadata(batch, image_ranges=ranges), replay_start=batch.replay_start)
         assert md.num_prefills == 0 and md.num_decode_tokens > 0, kind
         ragged = (md.decode_swa_ragged_indices, md.decode_swa_ragged_indptr)
